@@ -1,0 +1,9 @@
+"""kvviz: see how an LLM generates text, and why the KV cache matters."""
+from kvviz.checkpoints import LoadedModel, load_model
+from kvviz.errors import KVVizError
+from kvviz.events import Run, StepEvent
+from kvviz.generate import CAPTURE_ALL, Capture, generate, iter_generate
+
+__all__ = ["CAPTURE_ALL", "Capture", "KVVizError", "LoadedModel", "Run", "StepEvent", "generate",
+           "iter_generate", "load_model"]
+__version__ = "0.1.0"

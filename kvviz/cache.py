@@ -1,0 +1,147 @@
+"""KV caches: a preallocated static cache and a grow-by-``torch.cat`` concat cache.
+
+Both share one small API (nanochat's engine): ``pos``, ``advance(n)``, ``reset()``,
+``layer(i)`` and ``update(layer_idx, k, v)``. Attention layers only call ``update``; the
+generator alone moves ``pos`` forward, so a layer can never silently advance the cache.
+
+Byte accounting is exact (it is what the app and the memory calculator compare against):
+``bytes_allocated`` is the storage the tensors hold; ``bytes_used`` is what the ``pos``
+filled positions occupy.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from kvviz.model import GPTConfig
+
+
+def kv_bytes_per_token(config: GPTConfig, dtype: torch.dtype, batch: int = 1) -> int:
+    """K and V for one token across all layers: 2 * L * n_kv_head * head_dim * bytes * batch."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layer * config.kv_heads * config.head_dim * itemsize * batch
+
+
+class KVCache(ABC):
+    kind: str = ""
+
+    def __init__(self, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> None:
+        self.config = config
+        self.batch = batch
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.pos = 0  # tokens committed so far; only the generator moves it
+        self.bytes_copied = 0  # cumulative bytes this cache wrote or copied (O(T) vs O(T^2))
+
+    def advance(self, n: int) -> None:
+        if self.pos + n > self.config.block_size:
+            raise ValueError(f"cache overflow: {self.pos} + {n} > block_size {self.config.block_size}")
+        self.pos += n
+
+    @property
+    def bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.config, self.dtype, self.batch)
+
+    @property
+    def bytes_used(self) -> int:
+        return self.pos * self.bytes_per_token
+
+    @property
+    @abstractmethod
+    def bytes_allocated(self) -> int: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    @abstractmethod
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled part of layer i: K and V, each (B, nkv, pos, hs)."""
+
+    @abstractmethod
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nkv, T, hs) at positions pos..pos+T; return all K, V up to pos+T."""
+
+
+class StaticKVCache(KVCache):
+    """Preallocated (B, nkv, block_size, hs) K and V per layer, written in place (gpt-fast)."""
+
+    kind = "static"
+
+    def __init__(self, config: GPTConfig, batch: int = 1, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(config, batch, device, dtype)
+        shape = (batch, config.kv_heads, config.block_size, config.head_dim)
+        self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
+    def reset(self) -> None:
+        # Zeroing is not needed for correctness (reads stop at pos) but keeps views honest.
+        for t in self.k + self.v:
+            t.zero_()
+        self.pos = 0
+        self.bytes_copied = 0
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i][:, :, : self.pos], self.v[i][:, :, : self.pos]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.pos, self.pos + k.shape[2]
+        kc, vc = self.k[layer_idx], self.v[layer_idx]
+        # Slice assignment copies into the preallocated buffer: no allocation per step.
+        kc[:, :, start:end] = k
+        vc[:, :, start:end] = v
+        self.bytes_copied += k.nbytes + v.nbytes
+        return kc[:, :, :end], vc[:, :, :end]  # views (B, nkv, end, hs)
+
+
+class ConcatKVCache(KVCache):
+    """Grows by ``torch.cat`` every step, like the seed code and transformers' DynamicLayer.
+
+    Kept on purpose: every step allocates a new tensor and copies the whole history, so total
+    bytes copied grow as O(T^2). The app and the benchmark show that cost.
+    """
+
+    kind = "concat"
+
+    def __init__(self, config: GPTConfig, batch: int = 1, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(config, batch, device, dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        empty = (self.batch, self.config.kv_heads, 0, self.config.head_dim)
+        self.k = [torch.empty(empty, device=self.device, dtype=self.dtype) for _ in range(self.config.n_layer)]
+        self.v = [torch.empty(empty, device=self.device, dtype=self.dtype) for _ in range(self.config.n_layer)]
+        self.pos = 0
+        self.bytes_copied = 0
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i][:, :, : self.pos], self.v[i][:, :, : self.pos]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The layer may be written twice before advance() only in misuse; slice to pos first.
+        old_k = self.k[layer_idx][:, :, : self.pos]
+        old_v = self.v[layer_idx][:, :, : self.pos]
+        nk = torch.cat([old_k, k], dim=2)  # (B, nkv, pos+T, hs): a fresh allocation + full copy
+        nv = torch.cat([old_v, v], dim=2)
+        self.k[layer_idx], self.v[layer_idx] = nk, nv
+        self.bytes_copied += nk.nbytes + nv.nbytes
+        return nk, nv
+
+
+CACHE_KINDS: dict[str, type[KVCache]] = {"static": StaticKVCache, "concat": ConcatKVCache}
+
+
+def make_cache(kind: str, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
+    if kind not in CACHE_KINDS:
+        raise ValueError(f"unknown cache kind {kind!r}; choose one of {sorted(CACHE_KINDS)}")
+    return CACHE_KINDS[kind](config, batch=batch, device=device, dtype=dtype)

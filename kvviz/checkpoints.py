@@ -1,0 +1,300 @@
+"""Load, save and export models. Safetensors only: a pickle file is never opened.
+
+``load_model`` takes:
+- ``"default"``: the shipped Tiny Shakespeare model in ``assets/models/shakespeare``;
+- ``"random:NAME"``: seeded random weights for a named shape (timing demos);
+- a folder: kvviz's own layout (config.json with ``model_type: kvviz-gpt``) or a Hugging Face
+  GPT-2 folder (``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvviz.errors import KVVizError
+from kvviz.model import GPT, GPTConfig
+from kvviz.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL_DIR = ASSETS / "models" / "shakespeare"
+KVVIZ_MODEL_TYPE = "kvviz-gpt"
+MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few KB; refuse anything huge before parsing
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Named random shapes. Vocabulary 256 means the byte tokenizer covers every id.
+RANDOM_SHAPES: dict[str, GPTConfig] = {
+    "tiny": GPTConfig(vocab_size=256, block_size=1024, n_layer=4, n_head=4, n_embd=256),
+    "tiny-gqa": GPTConfig(vocab_size=256, block_size=1024, n_layer=4, n_head=8, n_kv_head=2, n_embd=256),
+    "tiny-mqa": GPTConfig(vocab_size=256, block_size=1024, n_layer=4, n_head=8, n_kv_head=1, n_embd=256),
+    "gpt2-small": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
+                            eos_token_id=50256),
+    "gpt2-medium": GPTConfig(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024,
+                             eos_token_id=50256),
+}
+
+
+class NoTokenizer:
+    """For a checkpoint shipped without tokenizer.json: ids only, shown as ``<|id|>``."""
+
+    name = "none"
+    eos_token_id = None
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        raise KVVizError("this model has no tokenizer.json: give prompt ids instead of text")
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"<|{i}|>" for i in ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b""
+
+    def token_display(self, token_id: int) -> str:
+        return f"<|{token_id}|>"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to generate: weights (eval, on device), tokenizer and where it came from."""
+
+    gpt: GPT
+    tokenizer: Tokenizer
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    has_tokenizer: bool = True
+    source: str = ""
+    info: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.gpt.config
+
+    @property
+    def dtype_name(self) -> str:
+        return next(k for k, v in DTYPES.items() if v == self.dtype)
+
+    @property
+    def num_params(self) -> int:
+        return self.gpt.num_params()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise KVVizError("CUDA was asked for, but no CUDA device is available here; use cpu or auto")
+        return torch.device(device)
+    if device == "cpu":
+        return torch.device("cpu")
+    raise KVVizError(f"unknown device {device!r}; choose auto, cpu or cuda")
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32  # exact figures by default; half precision is opt-in
+    if dtype not in DTYPES:
+        raise KVVizError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    dev, dt = resolve_device(device), resolve_dtype(dtype)
+    spec = str(name_or_path)
+    t0 = time.perf_counter()
+    if spec.startswith("random:"):
+        shape = spec.split(":", 1)[1]
+        if shape not in RANDOM_SHAPES:
+            raise KVVizError(f"unknown random shape {shape!r}; choose one of {', '.join(RANDOM_SHAPES)}")
+        cfg = RANDOM_SHAPES[shape]
+        gpt = GPT(cfg)
+        gpt.init_weights(torch.Generator().manual_seed(0))  # same weights every time
+        tok: Tokenizer = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
+        out = _finish(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
+    else:
+        folder = DEFAULT_MODEL_DIR if spec == "default" else Path(spec)
+        if spec == "default" and not (folder / "model.safetensors").exists():
+            raise KVVizError(f"the default model is missing from {folder}; see assets/models/shakespeare/README.md")
+        out = load_folder(folder, dev, dt, name="default" if spec == "default" else folder.name)
+    out.info["load_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _finish(gpt: GPT, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
+            source: str, info: dict[str, Any] | None = None) -> LoadedModel:
+    gpt = gpt.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
+    return LoadedModel(gpt, tok, name, dev, dt, has_tok, source, dict(info or {}))
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise KVVizError(f"model folder {folder} does not exist")
+    if not path.is_file():
+        raise KVVizError(f"{folder.name}/ has no config.json")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise KVVizError(f"{folder.name}/config.json is over {MAX_CONFIG_BYTES:,} bytes; that is not a model config")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KVVizError(f"{folder.name}/config.json is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise KVVizError(f"{folder.name}/config.json must hold a JSON object")
+    return raw
+
+
+def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[GPTConfig, bool]:
+    """(GPTConfig, is_hf_gpt2) from a kvviz or Hugging Face GPT-2 config.json object."""
+    mtype = raw.get("model_type")
+    if mtype == KVVIZ_MODEL_TYPE:
+        fields = {k: raw.get(k) for k in GPTConfig.__dataclass_fields__ if k in raw}
+        hf = False
+    elif mtype == "gpt2":
+        act = raw.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise KVVizError(f"{where}: activation_function {act!r} is not supported (kvviz implements gelu_new)")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if raw.get(flag):
+                raise KVVizError(f"{where}: {flag}=true is not supported")
+        if raw.get("scale_attn_weights") is False:
+            raise KVVizError(f"{where}: scale_attn_weights=false is not supported")
+        n_embd = raw.get("n_embd")
+        n_inner = raw.get("n_inner")
+        if n_inner is not None and isinstance(n_embd, int) and n_inner != 4 * n_embd:
+            raise KVVizError(f"{where}: n_inner={n_inner} is not supported (kvviz's MLP is 4 x n_embd)")
+        fields = dict(
+            vocab_size=raw.get("vocab_size"), block_size=raw.get("n_positions"), n_layer=raw.get("n_layer"),
+            n_head=raw.get("n_head"), n_embd=n_embd, bias=True,
+            layer_norm_epsilon=raw.get("layer_norm_epsilon", 1e-5), eos_token_id=raw.get("eos_token_id"),
+        )
+        hf = True
+    else:
+        raise KVVizError(f"{where}: model_type {mtype!r} is not supported; kvviz loads 'gpt2' and '{KVVIZ_MODEL_TYPE}'")
+    missing = [k for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd") if fields.get(k) is None]
+    if missing:
+        raise KVVizError(f"{where}: missing {', '.join(missing)}")
+    eos = fields.get("eos_token_id")
+    if isinstance(eos, list):  # some configs list several; the first is the one generate stops on
+        fields["eos_token_id"] = eos[0] if eos else None
+    try:
+        cfg = GPTConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise KVVizError(f"{where}: {e}") from None
+    if cfg.eos_token_id is not None and not 0 <= cfg.eos_token_id < cfg.vocab_size:
+        cfg = GPTConfig(**{**cfg.to_dict(), "eos_token_id": None})
+    return cfg, hf
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise KVVizError(f"{path.parent.name}/{path.name} is not a valid safetensors file ({e})") from None
+
+
+def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
+    folder = Path(folder)
+    raw = read_config(folder)
+    cfg, hf = config_from_json(raw, f"{folder.name}/config.json")
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        hint = f" (found {', '.join(pickles)}: kvviz never loads pickle files)" if pickles else ""
+        raise KVVizError(f"{folder.name}/ has no model.safetensors{hint}")
+    sd = _read_safetensors(weights)
+    gpt = GPT(cfg)
+    gpt.load_state_dict(_map_state_dict(sd, gpt, hf, folder.name), strict=True)
+
+    tok_path = folder / "tokenizer.json"
+    has_tok = True
+    tok: Tokenizer
+    if tok_path.is_file():
+        tok = HFTokenizer(tok_path, cfg.eos_token_id)
+    elif not hf and raw.get("tokenizer", "bytes") == "bytes":
+        tok = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
+    else:
+        tok, has_tok = NoTokenizer(cfg.vocab_size), False
+    info: dict[str, Any] = {"folder": str(folder)}
+    tj = folder / "training.json"
+    if tj.is_file():
+        try:
+            info["training"] = json.loads(tj.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            info["training"] = None
+    return _finish(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
+
+
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # GPT-2's old mask buffers, not weights
+
+
+def _map_state_dict(sd: dict[str, torch.Tensor], gpt: GPT, hf: bool, where: str) -> dict[str, torch.Tensor]:
+    """Rename and transpose a checkpoint's tensors to kvviz's, checking every shape."""
+    expected = {k: v for k, v in gpt.state_dict().items() if k != "lm_head.weight"}
+    out: dict[str, torch.Tensor] = {}
+    for key, t in sd.items():
+        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
+            continue  # lm_head is tied to wte
+        k = key if key.startswith("transformer.") else "transformer." + key
+        out[k] = t  # kvviz's Conv1D uses HF's (in, out) layout: no transpose
+    missing = sorted(set(expected) - set(out))
+    unexpected = sorted(set(out) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+    for k in sorted(set(expected) & set(out)):
+        if tuple(out[k].shape) != tuple(expected[k].shape):
+            problems.append(f"{k} has shape {tuple(out[k].shape)}, config.json implies {tuple(expected[k].shape)}")
+    if problems:
+        raise KVVizError(f"{where}/model.safetensors does not match its config.json: " + "; ".join(problems[:6]))
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return {k: v.float() for k, v in out.items()}
+
+
+def save_model(gpt: GPT, folder: Path, extra_config: dict[str, Any] | None = None) -> None:
+    """kvviz's own layout: config.json (GPTConfig + model_type) and model.safetensors."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {"model_type": KVVIZ_MODEL_TYPE, **gpt.config.to_dict(), "tokenizer": "bytes", **(extra_config or {})}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    sd = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in gpt.state_dict().items()
+          if k != "lm_head.weight"}  # tied: stored once, as wte
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt", "model_type": KVVIZ_MODEL_TYPE})
+
+
+def export_hf_gpt2(gpt: GPT, folder: Path) -> None:
+    """Write a Hugging Face GPT-2 folder (Conv1D layout) that transformers can load."""
+    from safetensors.torch import save_file
+
+    c = gpt.config
+    if c.kv_heads != c.n_head:
+        raise KVVizError("GPT-2 has no grouped-query attention: only MHA models export to HF GPT-2")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_cfg = {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
+        "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head,
+        "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": c.layer_norm_epsilon,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": True,
+        "bos_token_id": c.eos_token_id, "eos_token_id": c.eos_token_id,
+    }
+    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n", encoding="utf-8")
+    sd = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in gpt.state_dict().items()
+          if k != "lm_head.weight"}  # Conv1D weights are already (in, out), HF's layout
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+

@@ -1,0 +1,221 @@
+"""``python -m kvviz {generate,bench,memory,eval,train}``.
+
+Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout. Bad
+arguments and bad input get argparse-style messages (``kvviz <cmd>: error: ...``) and exit 2;
+a traceback means a bug.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kvviz.errors import KVVizError
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
+    return v
+
+
+def _id_list(s: str) -> list[int]:
+    try:
+        ids = [int(x) for x in s.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 1,2,3, got {s!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
+def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
+    if args.json:
+        print(json.dumps(obj, ensure_ascii=False))
+    else:
+        print(text)
+
+
+# ----------------------------------------------------------------------------- generate
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text and report every step")
+    p.add_argument("--model", default="default", help="default | random:NAME | path to a model folder")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", type=_id_list, help="comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
+    p.add_argument("--cache-kind", choices=["static", "concat"], default="static")
+    samp = p.add_mutually_exclusive_group()
+    samp.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    samp.add_argument("--temperature", type=_float, help="sample at this temperature")
+    p.add_argument("--top-k", type=_positive_int)
+    p.add_argument("--top-p", type=_float)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.checkpoints import load_model
+    from kvviz.generate import generate
+
+    if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
+        parser.error("--top-k and --top-p need --temperature")
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    run = generate(
+        model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
+        use_cache=not args.no_cache, cache_kind=args.cache_kind,
+        greedy=None if args.temperature is not None else True, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+    )
+    obj = {
+        "model": run.model, "device": run.device, "use_cache": run.use_cache,
+        "prompt_ids": list(run.prompt_ids), "generated_ids": run.generated_ids, "text": run.text,
+        "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
+    }
+    _emit(args, obj, run.text)
+
+
+# ----------------------------------------------------------------------------- eval
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="bits per byte of a model on a text file")
+    p.add_argument("--model", default="default")
+    p.add_argument("--text-file", required=True, type=Path)
+    p.add_argument("--last-fraction", type=_float, default=1.0, help="score only the last fraction of the bytes")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.checkpoints import load_model
+    from kvviz.evaluate import bits_per_byte, read_eval_text
+
+    text = read_eval_text(args.text_file, args.last_fraction)
+    model = load_model(args.model, device=args.device)
+    res = bits_per_byte(model, text)
+    _emit(args, res.to_dict(), f"{res.bits_per_byte:.4f} bits/byte over {res.bytes:,} bytes ({res.tokens:,} tokens)")
+
+
+# ----------------------------------------------------------------------------- train
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from kvviz.train import TrainConfig
+
+    d = TrainConfig(corpus="")
+    p = sub.add_parser("train", help="train the byte-level GPT on a corpus")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", default=d.out)
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "warmup",
+                 "eval_every", "eval_batches", "seed"):
+        p.add_argument("--" + name.replace("_", "-"), type=_positive_int if name != "seed" else _nonneg_int,
+                       default=getattr(d, name))
+    for name in ("dropout", "lr", "min_lr", "weight_decay", "grad_clip"):
+        p.add_argument("--" + name.replace("_", "-"), type=_float, default=getattr(d, name))
+    p.add_argument("--threads", type=_nonneg_int, default=0)
+    p.add_argument("--amp", choices=["bf16", "off"], default=d.amp, help="bf16 autocast (fp32 master weights) or off")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
+    p.add_argument("--no-final-eval", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.train import TrainConfig, train
+
+    fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}
+    fields["final_eval"] = not args.no_final_eval
+    tc = TrainConfig(**fields)
+    summary = train(tc, resume=args.resume, progress=not (args.no_progress or args.json))
+    _emit(args, summary, f"saved {tc.out} after {summary['steps']} steps "
+                         f"(val bits/byte {summary.get('val_bits_per_byte', 'n/a')})")
+
+
+# ----------------------------------------------------------------------------- memory
+def _add_memory(sub: argparse._SubParsersAction) -> None:
+    from kvviz.memory_cli import add_memory_arguments
+
+    p = sub.add_parser("memory", help="KV-cache memory for a model config")
+    add_memory_arguments(p)
+    p.set_defaults(func=_cmd_memory)
+
+
+def _cmd_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.memory_cli import run_memory
+
+    obj, text = run_memory(args)
+    _emit(args, obj, text)
+
+
+# ----------------------------------------------------------------------------- bench
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from kvviz.bench import add_bench_arguments
+
+    p = sub.add_parser("bench", help="tokens/s: kvviz cached vs uncached vs transformers")
+    add_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.bench import run_bench
+
+    obj, text = run_bench(args)
+    _emit(args, obj, text)
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_generate, _add_bench, _add_memory, _add_eval, _add_train,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvviz", description="See how an LLM generates text, and why the KV cache matters.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    try:
+        args.func(args, sub)
+    except KVVizError as e:
+        sub.error(str(e))  # prints usage + "kvviz <cmd>: error: ..." and exits 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

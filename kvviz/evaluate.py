@@ -1,0 +1,83 @@
+"""Held-out quality: bits per byte, tokenizer-independent (total nats / ln 2 / bytes).
+
+Windows of ``block_size`` tokens slide with a stride of half a block; each window scores only
+the tokens the previous one did not, so every scored token sees at least half a block of
+context (the first window scores all of its tokens after the first).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kvviz.checkpoints import LoadedModel
+from kvviz.errors import KVVizError
+
+MAX_EVAL_BYTES = 20_000_000
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    bits_per_byte: float
+    nats_per_token: float
+    tokens: int  # tokens scored
+    bytes: int  # UTF-8 bytes of the scored tokens
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"bits_per_byte": self.bits_per_byte, "nats_per_token": self.nats_per_token,
+                "tokens": self.tokens, "bytes": self.bytes}
+
+
+def read_eval_text(path: Path, last_fraction: float) -> str:
+    if not 0.0 < last_fraction <= 1.0:
+        raise KVVizError(f"--last-fraction must be in (0, 1] (got {last_fraction})")
+    path = Path(path)
+    if not path.is_file():
+        raise KVVizError(f"text file {path} does not exist")
+    data = path.read_bytes()
+    if len(data) > MAX_EVAL_BYTES / last_fraction:
+        raise KVVizError(f"{path.name} is too large to evaluate here")
+    # The split is on bytes (as training's validation split is); a cut through a multibyte
+    # character is dropped rather than scored as a replacement character.
+    tail = data[len(data) - int(len(data) * last_fraction):]
+    return tail.decode("utf-8", errors="ignore")
+
+
+def bits_per_byte(model: LoadedModel, text: str, batch_windows: int = 8) -> EvalResult:
+    if not model.has_tokenizer:
+        raise KVVizError(f"model {model.name!r} has no tokenizer, so it cannot score text")
+    ids = model.tokenizer.encode(text)
+    if len(ids) < 2:
+        raise KVVizError("the text is too short to evaluate (needs at least 2 tokens)")
+    block = model.config.block_size
+    stride = max(1, block // 2)
+    # (window start, first scored target index within the window)
+    windows: list[tuple[int, int]] = []
+    start, scored_to = 0, 1  # token 0 has no context and is never scored
+    while scored_to < len(ids):
+        s = max(0, min(start, len(ids) - block))
+        windows.append((s, scored_to - s))
+        scored_to = min(len(ids), s + block)
+        start = s + stride
+    total_nats = 0.0
+    scored_ids: list[int] = []
+    dev = model.device
+    with torch.inference_mode():
+        for i in range(0, len(windows), batch_windows):
+            chunk = windows[i:i + batch_windows]
+            for s, first in chunk:
+                seq = torch.tensor(ids[s:s + block], device=dev)[None]  # (1, T)
+                logits = model.gpt(seq[:, :-1] if seq.shape[1] > 1 else seq)  # (1, T-1, V)
+                targets = seq[:, 1:]  # (1, T-1)
+                # logits[j] predicts token j+1; score targets from index `first` on.
+                lp = F.log_softmax(logits[0, first - 1:].float(), dim=-1)  # (n, V)
+                tgt = targets[0, first - 1:]
+                total_nats -= lp.gather(-1, tgt[:, None]).sum().item()
+                scored_ids.extend(tgt.tolist())
+    n_bytes = sum(len(model.tokenizer.token_bytes(t)) for t in scored_ids)
+    if n_bytes == 0:
+        raise KVVizError("the scored tokens have no bytes; is this the model's tokenizer?")
+    return EvalResult(total_nats / math.log(2) / n_bytes, total_nats / len(scored_ids), len(scored_ids), n_bytes)

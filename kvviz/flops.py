@@ -1,0 +1,78 @@
+"""Analytic FLOP and byte counts for one forward pass of kvviz's GPT (pure Python, no torch).
+
+Counted: the matrix multiplies (2 FLOPs per multiply-add) of the QKV projection, attention
+scores (QK^T), attention-weighted values (AV), the output projection, the MLP and the LM head.
+Not counted: LayerNorm, GELU, softmax, residual adds and embeddings (a few % at these sizes).
+Attention counts only the causal work: query at position p attends to p + 1 keys.
+
+Bytes (for arithmetic intensity) count what a forward must move at least once: every weight
+read once, the K/V cache read once, the new K/V written. Activations are not counted.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Shape(Protocol):  # GPTConfig satisfies it; so does any object with these fields
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
+def _dims(c: Any) -> tuple[int, int, int, int, int]:
+    return c.n_layer, c.n_embd, c.kv_heads * c.head_dim, c.vocab_size, c.n_head
+
+
+def forward_flops(c: Shape, n_new: int, start: int = 0, n_logits: int = 1, batch: int = 1) -> int:
+    """FLOPs of one forward: ``n_new`` tokens at positions start..start+n_new-1.
+
+    A cached decode step is (n_new=1, start=t-1); an uncached step over t tokens is
+    (n_new=t, start=0). ``n_logits`` is how many positions get LM-head logits.
+    """
+    L, C, kvd, V, _ = _dims(c)
+    T = n_new
+    # Sum over queries of the keys each one sees: sum_{i=0}^{T-1} (start + i + 1).
+    keys_seen = T * start + T * (T + 1) // 2
+    per_layer = (
+        2 * T * C * (C + 2 * kvd)  # c_attn: q (C) + k, v (kvd each)
+        + 2 * 2 * C * keys_seen  # QK^T and AV, over all query heads (n_head * head_dim = C)
+        + 2 * T * C * C  # attention output projection
+        + 2 * 2 * T * C * 4 * C  # MLP up and down (4x wide)
+    )
+    return batch * (L * per_layer + 2 * n_logits * C * V)
+
+
+def weight_bytes(c: Shape, dtype_bytes: int) -> int:
+    """Bytes of the weights a forward reads (matmul weights, biases, norms, tied LM head)."""
+    L, C, kvd, V, _ = _dims(c)
+    per_layer = C * (C + 2 * kvd) + (C + 2 * kvd) + C * C + C + 8 * C * C + 5 * C + 4 * C
+    return dtype_bytes * (L * per_layer + V * C + 2 * C)
+
+
+def forward_bytes(c: Shape, n_new: int, start: int = 0, dtype_bytes: int = 4, batch: int = 1,
+                  cached: bool = True) -> int:
+    """Minimum bytes moved by one forward (weights once + K/V read + K/V written)."""
+    L, _, kvd, _, _ = _dims(c)
+    kv_read = 2 * L * kvd * start * dtype_bytes * batch if cached else 0
+    kv_write = 2 * L * kvd * n_new * dtype_bytes * batch if cached else 0
+    return weight_bytes(c, dtype_bytes) + kv_read + kv_write
+
+
+def arithmetic_intensity(c: Shape, n_new: int, start: int = 0, dtype_bytes: int = 4, batch: int = 1) -> float:
+    """FLOPs per byte moved for one cached forward."""
+    return forward_flops(c, n_new, start, 1, batch) / forward_bytes(c, n_new, start, dtype_bytes, batch)
+
+
+def generation_flops(c: Shape, prompt_len: int, new_tokens: int, cached: bool) -> list[int]:
+    """Per-step FLOPs of a whole generation (step 0 = prefill), cached or recomputing."""
+    out = [forward_flops(c, prompt_len, 0)]
+    for i in range(1, new_tokens):
+        t = prompt_len + i  # tokens in the sequence fed at this step
+        out.append(forward_flops(c, 1, t - 1) if cached else forward_flops(c, t, 0))
+    return out

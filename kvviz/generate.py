@@ -1,0 +1,290 @@
+"""ONE loop for cached and uncached generation; it yields a ``StepEvent`` per step.
+
+Cached: step 0 feeds the whole prompt (prefill), each later step feeds one token and reads the
+cache. Uncached: every step re-runs the full sequence, as the naive seed code did. Same loop,
+same event type, same sampler, so the two modes can be compared token for token.
+
+The loop owns the cache position (``cache.advance``); the clock covers the forward pass and
+sampling only, synchronized on CUDA, and stops before any capture or event work.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from kvviz.cache import make_cache
+from kvviz.checkpoints import LoadedModel
+from kvviz.errors import KVVizError
+from kvviz.events import Run, StepEvent, TopToken
+from kvviz.flops import forward_flops
+from kvviz.model import ForwardCapture
+from kvviz.sampling import SamplingParams, make_generator, sample
+
+MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
+MAX_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What to record besides timings. Everything is off by default and bounded in size."""
+
+    attention: bool | tuple[int, ...] = False  # newest query row's weights: True = all layers
+    kv_norms: bool = False  # L2 norm of every new K/V head vector, all layers
+    kv_layer: int | None = None  # raw new K/V values of this one layer
+    logits: bool = False  # last-position logits (tests; V floats per step)
+
+    def attention_layers(self, n_layer: int) -> tuple[int, ...]:
+        if self.attention is True:
+            return tuple(range(n_layer))
+        if not self.attention:
+            return ()
+        return tuple(sorted(set(int(i) for i in self.attention if 0 <= int(i) < n_layer)))
+
+    def ref_layers(self, n_layer: int) -> frozenset[int]:
+        layers = set(self.attention_layers(n_layer))
+        if self.kv_norms:
+            layers.update(range(n_layer))
+        if self.kv_layer is not None and 0 <= self.kv_layer < n_layer:
+            layers.add(self.kv_layer)
+        return frozenset(layers)
+
+
+CAPTURE_ALL = Capture(attention=True, kv_norms=True, kv_layer=0)
+
+
+@dataclass
+class GenerationStream:
+    """Iterate it for StepEvents; ``run`` is the Run so far (partial if iteration stopped)."""
+
+    model: LoadedModel
+    prompt_ids: list[int]
+    prompt_text: str
+    max_new_tokens: int
+    use_cache: bool
+    cache_kind: str
+    params: SamplingParams
+    stop: tuple[str, ...]
+    capture: Capture
+    batch_size: int
+    events: list[StepEvent] = field(default_factory=list)
+    stop_reason: str | None = None
+    stop_string: str | None = None
+    _iter: Iterator[StepEvent] | None = None
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        if self._iter is None:
+            self._iter = self._loop()
+        return self._iter
+
+    @property
+    def text(self) -> str:
+        text = self.model.tokenizer.decode([e.token_id for e in self.events])
+        if self.stop_string is not None:
+            text = text[: text.find(self.stop_string)]
+        return text
+
+    @property
+    def run(self) -> Run:
+        m, c = self.model, self.model.config
+        run = Run(
+            model=m.name, device=str(m.device), dtype=m.dtype_name, use_cache=self.use_cache,
+            cache_kind=self.cache_kind if self.use_cache else "none", sampling=self.params.describe(),
+            prompt_ids=tuple(self.prompt_ids), prompt_text=self.prompt_text,
+            max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=tuple(self.events),
+            n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
+            block_size=c.block_size,
+        )
+        reason = self.stop_reason
+        note = ""
+        if reason is None:  # iteration was abandoned (Stop click, rerun, error upstream)
+            reason, note = "stopped", f"stopped by the user after {len(self.events)} tokens"
+        return run.finish(reason, self.text, self.stop_string, note)
+
+    def _loop(self) -> Iterator[StepEvent]:
+        m = self.model
+        gpt, cfg, tok, dev = m.gpt, m.config, m.tokenizer, m.device
+        B, N, n_new = self.batch_size, len(self.prompt_ids), self.max_new_tokens
+        on_cuda = dev.type == "cuda"
+        ref_layers = self.capture.ref_layers(cfg.n_layer)
+        attn_layers = self.capture.attention_layers(cfg.n_layer)
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        eos = tok.eos_token_id if B == 1 else None  # batch rows run to max_new_tokens together
+        gen = None if self.params.greedy else make_generator(self.params, dev)
+        t_start = time.perf_counter()
+        with torch.inference_mode():
+            # Every token of the run lives in one preallocated buffer: (B, N + n_new).
+            tokens = torch.empty((B, N + n_new), dtype=torch.long, device=dev)
+            tokens[:, :N] = torch.tensor(self.prompt_ids, dtype=torch.long, device=dev)
+            positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
+            cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype) if self.use_cache else None
+            for step in range(n_new):
+                t = N + step  # tokens in the sequence before this step's sample
+                start = 0 if (cache is None or step == 0) else t - 1
+                inp = tokens[:, start:t]  # (B, T_in)
+                fc = ForwardCapture(ref_layers) if ref_layers else None
+
+                if on_cuda:
+                    torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                logits = gpt(inp, positions[start:t], cache, fc, last_only=True)[:, -1, :]  # (B, V)
+                nxt = sample(logits.float(), self.params, gen)  # (B,)
+                tokens[:, t] = nxt
+                ids = nxt.tolist()  # the one host sync per step (also waits for CUDA)
+                latency_ms = (time.perf_counter() - t0) * 1000.0
+
+                if cache is not None:
+                    cache.advance(t - start)
+                ev = self._event(step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start)
+                self.events.append(ev)
+                yield ev
+                if eos is not None and ids[0] == eos:
+                    self.stop_reason = "eos"
+                    return
+                if self.stop and self._hit_stop():
+                    self.stop_reason = "stop_string"
+                    return
+        self.stop_reason = "max_new_tokens"
+
+    def _hit_stop(self) -> bool:
+        text = self.model.tokenizer.decode([e.token_id for e in self.events])
+        hits = [(text.find(s), s) for s in self.stop if s and s in text]
+        if hits:
+            self.stop_string = min(hits)[1]
+            return True
+        return False
+
+    def _event(self, step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start):  # type: ignore[no-untyped-def]
+        m, cfg, tok = self.model, self.model.config, self.model.tokenizer
+        probs = torch.softmax(logits[0].float(), dim=-1)  # (V,)
+        p, i = torch.topk(probs, min(5, probs.shape[-1]))
+        top = tuple(TopToken(int(a), tok.token_display(int(a)), float(b)) for a, b in zip(i.tolist(), p.tolist()))
+        n_in = t - start
+        cached = cache is not None
+        flops = forward_flops(cfg, n_in, start, 1, self.batch_size)
+        # New K/V columns: those written this step (cached), or the newest one when recomputing
+        # (the others were recomputed identically, which is the point the no-cache view makes).
+        kv_start = start if (cached or step == 0) else t - 1
+        attn = kv_norms = kv_values = None
+        if fc is not None:
+            if attn_layers:
+                rows = []
+                for layer in attn_layers:
+                    q = fc.q_last[layer][0].float()  # (nh, 1, hs)
+                    k = fc.k[layer][0].float()  # (nkv, S, hs)
+                    k = k.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=0)  # (nh, S, hs)
+                    # The newest query is the last position, so no mask is needed: it sees all S.
+                    w = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)  # (nh, 1, S)
+                    rows.append(w[:, 0, :])
+                attn = torch.stack(rows).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
+            if self.capture.kv_norms:
+                norms = [
+                    torch.stack([fc.k[layer][0, :, kv_start:t].float().norm(dim=-1),
+                                 fc.v[layer][0, :, kv_start:t].float().norm(dim=-1)])  # (2, nkv, Tn)
+                    for layer in range(cfg.n_layer)
+                ]
+                kv_norms = torch.stack(norms).to(torch.float16).cpu().numpy()  # (L, 2, nkv, Tn)
+            kl = self.capture.kv_layer
+            if kl is not None and kl in fc.k:
+                kv_values = torch.stack([fc.k[kl][0, :, kv_start:t], fc.v[kl][0, :, kv_start:t]]).to(
+                    torch.float16).cpu().numpy()  # (2, nkv, Tn, hs)
+        return StepEvent(
+            step=step, phase="prefill" if step == 0 else "decode", token_id=ids[0],
+            token_text=tok.token_display(ids[0]), position=t, input_len=n_in,
+            cache_len=cache.pos if cached else 0,
+            cache_bytes_used=cache.bytes_used if cached else 0,
+            cache_bytes_allocated=cache.bytes_allocated if cached else 0,
+            cache_bytes_copied=cache.bytes_copied if cached else 0,
+            latency_ms=latency_ms, flops=flops, elapsed_ms=(time.perf_counter() - t_start) * 1000.0,
+            top=top, token_ids=tuple(ids), attn=attn, attn_layers=tuple(attn_layers) if attn is not None else (),
+            kv_norms=kv_norms, kv_layer=self.capture.kv_layer if kv_values is not None else None,
+            kv_values=kv_values, kv_start=kv_start,
+            logits=logits[0].float().cpu().numpy() if self.capture.logits else None,
+        )
+
+
+def sampling_params(greedy: bool | None, temperature: float | None, top_k: int | None,
+                    top_p: float | None, seed: int) -> SamplingParams:
+    """Greedy unless a temperature (or top-k/top-p) is given, as the API contract reads."""
+    if greedy is None:
+        greedy = temperature is None and top_k is None and top_p is None
+    if greedy and temperature is not None and temperature > 0:
+        raise KVVizError("choose greedy or a temperature, not both")
+    return SamplingParams(greedy=greedy, temperature=1.0 if temperature is None else float(temperature),
+                          top_k=top_k, top_p=top_p, seed=seed)
+
+
+def iter_generate(
+    model: LoadedModel,
+    prompt: str | None = None,
+    prompt_ids: Sequence[int] | None = None,
+    max_new_tokens: int = 64,
+    use_cache: bool = True,
+    cache_kind: str = "static",
+    greedy: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    stop: Sequence[str] | None = None,
+    capture: Capture | None = None,
+    batch_size: int = 1,
+) -> GenerationStream:
+    """Validate the request (before any compute) and return a stream of StepEvents."""
+    params = sampling_params(greedy, temperature, top_k, top_p, seed)
+    ids, text = resolve_prompt(model, prompt, prompt_ids)
+    check_budget(model, len(ids), max_new_tokens)
+    if cache_kind not in ("static", "concat"):
+        raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise KVVizError(f"batch_size must be between 1 and {MAX_BATCH} (got {batch_size!r})")
+    stops = tuple(s for s in (stop or ()) if s)
+    return GenerationStream(model, ids, text, max_new_tokens, use_cache, cache_kind, params, stops,
+                            capture or Capture(), batch_size)
+
+
+def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]
+    """Run ``iter_generate`` to the end and return the collected Run."""
+    stream = iter_generate(model, **kwargs)
+    for _ in stream:
+        pass
+    return stream.run
+
+
+def resolve_prompt(model: LoadedModel, prompt: str | None, prompt_ids: Sequence[int] | None) -> tuple[list[int], str]:
+    tok = model.tokenizer
+    if prompt is not None and prompt_ids is not None:
+        raise KVVizError("give a prompt or prompt_ids, not both")
+    if prompt_ids is not None:
+        ids = [int(i) for i in prompt_ids]
+        bad = [i for i in ids if not 0 <= i < model.config.vocab_size]
+        if bad:
+            raise KVVizError(f"prompt ids must be in [0, {model.config.vocab_size}); got {bad[:5]}")
+        text = tok.decode(ids) if model.has_tokenizer else ""
+    else:
+        if prompt is None or prompt == "":
+            raise KVVizError("the prompt is empty: type some text to start from")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise KVVizError(f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+        if not model.has_tokenizer:
+            raise KVVizError(f"model {model.name!r} has no tokenizer.json: pass prompt_ids instead of text")
+        ids, text = tok.encode(prompt), prompt
+    if not ids:
+        raise KVVizError("the prompt encodes to zero tokens")
+    return ids, text
+
+
+def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
+    """Reject, before any compute, a request that cannot fit in the model's context."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise KVVizError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
+    block = model.config.block_size
+    if n_prompt + max_new_tokens > block:
+        raise KVVizError(
+            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {n_prompt + max_new_tokens} "
+            f"exceeds the model's context of {block} tokens"
+        )
+

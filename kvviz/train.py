@@ -1,0 +1,239 @@
+"""Train kvviz's byte-level GPT (the shipped default model) on a text corpus.
+
+AdamW with linear warmup and cosine decay, gradient clipping, a fixed seed, periodic validation
+on the last 10% of the corpus's bytes, and resumable checkpoints. The resume state (weights,
+optimizer moments, RNG) is stored as safetensors + JSON: like every kvviz checkpoint, no pickle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kvviz.checkpoints import DEFAULT_MODEL_DIR, load_folder, resolve_device, save_model
+from kvviz.errors import KVVizError
+from kvviz.evaluate import bits_per_byte
+from kvviz.model import GPT, GPTConfig
+
+VAL_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    corpus: str
+    out: str = str(DEFAULT_MODEL_DIR)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 256
+    block_size: int = 512
+    dropout: float = 0.1
+    batch_size: int = 16
+    steps: int = 3000
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_batches: int = 8
+    seed: int = 1337
+    device: str = "auto"
+    threads: int = 0  # 0 = torch's default
+    amp: str = "bf16"  # "bf16": autocast matmuls to bfloat16 (fp32 master weights); "off": pure fp32
+    final_eval: bool = True  # exact bits/byte on the whole validation split at the end
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    progress = min(1.0, (step - tc.warmup) / max(1, tc.steps - tc.warmup))
+    return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def load_corpus(path: Path) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(train bytes, validation bytes, sha256): validation is the last 10% of the bytes."""
+    if not path.is_file():
+        raise KVVizError(f"corpus {path} does not exist")
+    data = path.read_bytes()
+    if len(data) < 64:
+        raise KVVizError(f"corpus {path} is too small to train on ({len(data)} bytes)")
+    sha = hashlib.sha256(data).hexdigest()
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+    n_val = int(len(data) * VAL_FRACTION)
+    return t[: len(data) - n_val], t[len(data) - n_val:], sha
+
+
+def get_batch(data: torch.Tensor, block: int, batch: int, gen: torch.Generator, dev: torch.device):
+    # Random windows; a corpus shorter than a block trains on what it has.
+    T = min(block, len(data) - 1)
+    ix = torch.randint(0, len(data) - T, (batch,), generator=gen)
+    x = torch.stack([data[i:i + T] for i in ix])  # (B, T)
+    y = torch.stack([data[i + 1:i + 1 + T] for i in ix])  # (B, T)
+    return x.to(dev), y.to(dev)
+
+
+def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+
+
+@torch.no_grad()
+def estimate_loss(model: GPT, data: torch.Tensor, tc: TrainConfig, dev: torch.device) -> float:
+    model.eval()
+    gen = torch.Generator().manual_seed(tc.seed + 1)  # the same validation windows every time
+    losses = [loss_of(model, *get_batch(data, tc.block_size, tc.batch_size, gen, dev)).item()
+              for _ in range(tc.eval_batches)]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def _save_state(path: Path, model: GPT, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
+                history: list[dict], elapsed: float, tokens: int) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+               if k != "lm_head.weight"}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    tensors[f"opt.{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
+    tensors["rng"] = gen.get_state()
+    save_file(tensors, str(path / "state.safetensors"))
+    meta = {"step": step, "elapsed": elapsed, "tokens": tokens, "history": history}
+    (path / "state.json").write_text(json.dumps(meta), encoding="utf-8")
+
+
+def _load_state(path: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
+    from safetensors.torch import load_file
+
+    if not (path / "state.safetensors").is_file():
+        raise KVVizError(f"--resume: no training state in {path}")
+    tensors = load_file(str(path / "state.safetensors"))
+    sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    model.load_state_dict(sd)
+    meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    for n, p in model.named_parameters():
+        if f"opt.{n}.exp_avg" in tensors:
+            opt.state[p] = {
+                "step": torch.tensor(float(meta["step"])),
+                "exp_avg": tensors[f"opt.{n}.exp_avg"].to(p.device),
+                "exp_avg_sq": tensors[f"opt.{n}.exp_avg_sq"].to(p.device),
+            }
+    gen.set_state(tensors["rng"])
+    return meta
+
+
+def make_optimizer(model: GPT, tc: TrainConfig) -> torch.optim.Optimizer:
+    # As nanoGPT: weight decay on every matrix (embeddings included), none on biases and gains.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95))
+
+
+def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    dev = resolve_device(tc.device)
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    train_data, val_data, sha = load_corpus(Path(tc.corpus))
+    cfg = GPTConfig(vocab_size=256, block_size=tc.block_size, n_layer=tc.n_layer, n_head=tc.n_head,
+                    n_embd=tc.n_embd, dropout=tc.dropout)
+    model = GPT(cfg)
+    model.init_weights(torch.Generator().manual_seed(tc.seed))
+    model.to(dev).train()
+    opt = make_optimizer(model, tc)
+    gen = torch.Generator().manual_seed(tc.seed)
+    out = Path(tc.out)
+    state_dir = out / "train_state"
+    step, elapsed, tokens, history = 0, 0.0, 0, []
+    if resume:
+        meta = _load_state(state_dir, model, opt, gen)
+        step, elapsed, tokens, history = meta["step"], meta["elapsed"], meta["tokens"], meta["history"]
+
+    per_step = tc.batch_size * min(tc.block_size, len(train_data) - 1)
+    bar = tqdm(total=tc.steps, initial=step, disable=not progress, dynamic_ncols=True, desc="train")
+    t_last = time.perf_counter()
+    while step < tc.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, tc)
+        x, y = get_batch(train_data, tc.block_size, tc.batch_size, gen, dev)
+        with _autocast(tc, dev):
+            loss = loss_of(model, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        step += 1
+        tokens += per_step
+        now = time.perf_counter()
+        elapsed += now - t_last
+        t_last = now
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens / max(elapsed, 1e-9):,.0f}")
+        if step % tc.eval_every == 0 or step == tc.steps:
+            val = estimate_loss(model, val_data, tc, dev)
+            history.append({"step": step, "train_loss": round(loss.item(), 4), "val_loss": round(val, 4),
+                            "elapsed_s": round(elapsed, 1)})
+            bar.write(f"step {step}: train {loss.item():.4f}  val {val:.4f}  ({elapsed / 60:.1f} min)")
+            _save_state(state_dir, model, opt, step, gen, history, elapsed, tokens)
+            t_last = time.perf_counter()  # checkpoint I/O is not training time
+    bar.close()
+
+    model.eval()
+    save_model(model, out)
+    summary = {
+        "steps": step,
+        "tokens_seen": tokens,
+        "wall_time_s": round(elapsed, 1),
+        "device": _device_name(dev),
+        "final_train_loss": history[-1]["train_loss"] if history else None,
+        "final_val_loss_estimate": history[-1]["val_loss"] if history else None,
+        "corpus": Path(tc.corpus).name,
+        "corpus_sha256": sha,
+        "corpus_bytes": len(train_data) + len(val_data),
+        "val_split": "last 10% of the corpus bytes",
+        "config": asdict(tc),
+        "model": {k: v for k, v in cfg.to_dict().items()},
+        "params": model.num_params(),
+        "command": "python -m kvviz train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if
+                   sys.argv[1:2] == ["train"] else None,
+        "history": history,
+    }
+    if tc.final_eval:
+        lm = load_folder(out, torch.device("cpu"), torch.float32, name="trained")
+        text = val_data.to(torch.uint8).numpy().tobytes().decode("utf-8", errors="ignore")
+        res = bits_per_byte(lm, text)
+        summary["val_bits_per_byte"] = round(res.bits_per_byte, 4)
+        summary["val_nats_per_byte"] = round(res.bits_per_byte * math.log(2), 4)
+    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _autocast(tc: TrainConfig, dev: torch.device):  # type: ignore[no-untyped-def]
+    # Mixed precision: 1.6x faster on an AVX512-BF16 CPU (measured), weights and optimizer in fp32.
+    if tc.amp not in ("bf16", "off"):
+        raise KVVizError(f"--amp must be bf16 or off (got {tc.amp!r})")
+    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=tc.amp == "bf16")
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
