@@ -1,5 +1,175 @@
-def add_bench_arguments(p):
+"""``python -m kvviz bench``: tokens/s of kvviz cached, kvviz uncached and transformers, side by side.
+
+Every variant runs in this one process on the same random weights (kvviz's model exported to a
+Hugging Face GPT-2 folder and loaded back with ``from_pretrained``), greedy, batch 1, with a
+16-token prompt. Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
+machine's load hits all of them alike; each figure is the median of the repeats, with min and
+max. Ratios are taken between medians of the same run. The first run of each variant is a
+warm-up and is discarded. Throughput is wall-clock: prefill + every decode step + the event
+bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before reading clocks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable
+
+import torch
+
+from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model
+from kvviz.errors import KVVizError
+from kvviz.generate import generate
+
+DEFAULT_OUT = Path("bench-results") / "bench.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: str  # a kvviz.checkpoints.RANDOM_SHAPES name
+    new_tokens: int
+    variants: tuple[str, ...]  # kvviz_static, kvviz_concat, kvviz_uncached, hf
+
+
+CASES = (
+    Case("tiny", 256, ("kvviz_static", "kvviz_uncached", "hf")),
+    Case("gpt2-small", 64, ("kvviz_static", "kvviz_uncached", "hf")),
+    Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
+)
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=["tiny", "gpt2-small"], help="run only the cases of this random shape")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per variant (after one warm-up)")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--quick", action="store_true", help="short runs (for smoke tests): 16 new tokens, 2 repeats")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON results")
     p.add_argument("--json", action="store_true")
 
-def run_bench(args):
-    raise NotImplementedError
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _hf_model(model: LoadedModel, folder: Path) -> Any:
+    from transformers import GPT2LMHeadModel
+
+    export_hf_gpt2(model.gpt, folder)
+    hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).to(model.device).eval()
+    hf.generation_config.eos_token_id = None  # run exactly new_tokens steps, like kvviz
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
+    if variant == "hf":
+        ids = torch.tensor([prompt], device=model.device)
+
+        def run_hf() -> list[int]:
+            with torch.inference_mode():
+                out = hf.generate(ids, max_new_tokens=n, do_sample=False, use_cache=True)
+            return out[0, len(prompt):].tolist()
+        return run_hf
+    use_cache = variant != "kvviz_uncached"
+    kind = "concat" if variant == "kvviz_concat" else "static"
+    return lambda: generate(model, prompt_ids=prompt, max_new_tokens=n, use_cache=use_cache,
+                            cache_kind=kind).generated_ids
+
+
+def _timed(fn: Callable[[], list[int]], device: torch.device) -> tuple[float, list[int]]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    ids = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0, ids
+
+
+def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: bool,
+               new_tokens: int | None = None) -> dict[str, Any]:
+    model = load_model(f"random:{case.shape}", device=device)
+    n = new_tokens or case.new_tokens
+    prompt = [(7 * i + 3) % 256 for i in range(prompt_len)]  # fixed bytes: same input every run
+    variants = [v for v in case.variants if with_hf or v != "hf"]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = _hf_model(model, Path(tmp) / "hf") if "hf" in variants else None
+        runners = {v: _runner(v, model, hf, prompt, n) for v in variants}
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        tokens: dict[str, list[int]] = {}
+        for r in range(repeats + 1):
+            for v in variants:
+                dt, ids = _timed(runners[v], model.device)
+                tokens[v] = ids
+                if r > 0:  # run 0 warms caches and allocators
+                    times[v].append(dt)
+    ref = tokens[variants[0]]
+    res: dict[str, Any] = {"shape": case.shape, "new_tokens": n, "prompt_len": prompt_len,
+                           "params": model.num_params, "dtype": model.dtype_name, "variants": {}}
+    for v in variants:
+        tps = sorted(n / t for t in times[v])
+        res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
+                              "runs": len(tps), "tokens_match": tokens[v] == ref}
+    med = {v: res["variants"][v]["tok_s_median"] for v in variants}
+    ratios = {}
+    if "hf" in med:
+        ratios["kvviz_static_vs_hf"] = med["kvviz_static"] / med["hf"]
+    if "kvviz_uncached" in med:
+        ratios["cached_vs_uncached"] = med["kvviz_static"] / med["kvviz_uncached"]
+    if "kvviz_concat" in med:
+        ratios["static_vs_concat"] = med["kvviz_static"] / med["kvviz_concat"]
+    res["ratios"] = ratios
+    return res
+
+
+def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.repeats < 1 or args.prompt_len < 1:
+        raise KVVizError("--repeats and --prompt-len must be at least 1")
+    cases = [c for c in CASES if args.model in (None, c.shape)]
+    repeats = 2 if args.quick else args.repeats
+    results = [bench_case(c, repeats, args.prompt_len, args.device, not args.no_hf,
+                          16 if args.quick else None) for c in cases]
+    dev = load_model("random:tiny", device=args.device).device
+    obj = {"machine": machine_info(dev), "repeats": repeats, "results": results,
+           "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    obj["out"] = str(args.out)
+    return obj, format_table(obj)
+
+
+def format_table(obj: dict[str, Any]) -> str:
+    m = obj["machine"]
+    lines = [f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)"
+             f" · device {m['device']}{' · ' + m['gpu'] if 'gpu' in m else ''}",
+             f"median of {obj['repeats']} interleaved runs (min-max), greedy, batch 1", ""]
+    lines.append(f"{'shape':<11} {'new':>4}  {'variant':<15} {'tok/s':>9}  {'min-max':>17}  same tokens")
+    for r in obj["results"]:
+        for v, d in r["variants"].items():
+            lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<15} {d['tok_s_median']:>9.1f}  "
+                         f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {'yes' if d['tokens_match'] else 'NO'}")
+        for k, val in r["ratios"].items():
+            lines.append(f"{'':<11} {'':>4}  ratio {k}: {val:.2f}x")
+        lines.append("")
+    lines.append(f"JSON written to {obj.get('out', '')}")
+    return "\n".join(lines)

@@ -61,7 +61,7 @@ class GenerationStream:
     """Iterate it for StepEvents; ``run`` is the Run so far (partial if iteration stopped)."""
 
     model: LoadedModel
-    prompt_ids: list[int]
+    prompt_rows: list[list[int]]  # (B, N): one row per batch element, equal lengths
     prompt_text: str
     max_new_tokens: int
     use_cache: bool
@@ -93,7 +93,7 @@ class GenerationStream:
         run = Run(
             model=m.name, device=str(m.device), dtype=m.dtype_name, use_cache=self.use_cache,
             cache_kind=self.cache_kind if self.use_cache else "none", sampling=self.params.describe(),
-            prompt_ids=tuple(self.prompt_ids), prompt_text=self.prompt_text,
+            prompt_ids=tuple(self.prompt_rows[0]), prompt_text=self.prompt_text,
             max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=tuple(self.events),
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
             block_size=c.block_size,
@@ -107,7 +107,7 @@ class GenerationStream:
     def _loop(self) -> Iterator[StepEvent]:
         m = self.model
         gpt, cfg, tok, dev = m.gpt, m.config, m.tokenizer, m.device
-        B, N, n_new = self.batch_size, len(self.prompt_ids), self.max_new_tokens
+        B, N, n_new = self.batch_size, len(self.prompt_rows[0]), self.max_new_tokens
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
         attn_layers = self.capture.attention_layers(cfg.n_layer)
@@ -118,7 +118,7 @@ class GenerationStream:
         with torch.inference_mode():
             # Every token of the run lives in one preallocated buffer: (B, N + n_new).
             tokens = torch.empty((B, N + n_new), dtype=torch.long, device=dev)
-            tokens[:, :N] = torch.tensor(self.prompt_ids, dtype=torch.long, device=dev)
+            tokens[:, :N] = torch.tensor(self.prompt_rows, dtype=torch.long, device=dev)
             positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
             cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype) if self.use_cache else None
             for step in range(n_new):
@@ -220,7 +220,7 @@ def sampling_params(greedy: bool | None, temperature: float | None, top_k: int |
 def iter_generate(
     model: LoadedModel,
     prompt: str | None = None,
-    prompt_ids: Sequence[int] | None = None,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
     max_new_tokens: int = 64,
     use_cache: bool = True,
     cache_kind: str = "static",
@@ -235,14 +235,20 @@ def iter_generate(
 ) -> GenerationStream:
     """Validate the request (before any compute) and return a stream of StepEvents."""
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
-    ids, text = resolve_prompt(model, prompt, prompt_ids)
-    check_budget(model, len(ids), max_new_tokens)
+    rows, text = resolve_prompt(model, prompt, prompt_ids)
+    if len(rows) > 1:
+        if batch_size not in (1, len(rows)):
+            raise KVVizError(f"batch_size {batch_size} does not match the {len(rows)} prompt rows")
+        batch_size = len(rows)
+    elif isinstance(batch_size, int) and not isinstance(batch_size, bool):
+        rows = rows * batch_size  # the same prompt on every row
+    check_budget(model, len(rows[0]), max_new_tokens)
     if cache_kind not in ("static", "concat"):
         raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
     if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
         raise KVVizError(f"batch_size must be between 1 and {MAX_BATCH} (got {batch_size!r})")
     stops = tuple(s for s in (stop or ()) if s)
-    return GenerationStream(model, ids, text, max_new_tokens, use_cache, cache_kind, params, stops,
+    return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
                             capture or Capture(), batch_size)
 
 
@@ -254,16 +260,25 @@ def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-de
     return stream.run
 
 
-def resolve_prompt(model: LoadedModel, prompt: str | None, prompt_ids: Sequence[int] | None) -> tuple[list[int], str]:
+def resolve_prompt(model: LoadedModel, prompt: str | None,
+                   prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None) -> tuple[list[list[int]], str]:
+    """Token rows (one per batch row, equal length) and the text of row 0."""
     tok = model.tokenizer
     if prompt is not None and prompt_ids is not None:
         raise KVVizError("give a prompt or prompt_ids, not both")
     if prompt_ids is not None:
-        ids = [int(i) for i in prompt_ids]
-        bad = [i for i in ids if not 0 <= i < model.config.vocab_size]
+        seq = list(prompt_ids)
+        rows = [list(r) for r in seq] if seq and isinstance(seq[0], (list, tuple)) else [seq]
+        try:
+            rows = [[int(i) for i in r] for r in rows]
+        except (TypeError, ValueError):
+            raise KVVizError("prompt_ids must be integers (or equal-length rows of integers)") from None
+        if len({len(r) for r in rows}) > 1:
+            raise KVVizError(f"batched prompt rows must have equal lengths (got {sorted({len(r) for r in rows})})")
+        bad = [i for r in rows for i in r if not 0 <= i < model.config.vocab_size]
         if bad:
             raise KVVizError(f"prompt ids must be in [0, {model.config.vocab_size}); got {bad[:5]}")
-        text = tok.decode(ids) if model.has_tokenizer else ""
+        text = tok.decode(rows[0]) if model.has_tokenizer else ""
     else:
         if prompt is None or prompt == "":
             raise KVVizError("the prompt is empty: type some text to start from")
@@ -271,10 +286,10 @@ def resolve_prompt(model: LoadedModel, prompt: str | None, prompt_ids: Sequence[
             raise KVVizError(f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
         if not model.has_tokenizer:
             raise KVVizError(f"model {model.name!r} has no tokenizer.json: pass prompt_ids instead of text")
-        ids, text = tok.encode(prompt), prompt
-    if not ids:
+        rows, text = [tok.encode(prompt)], prompt
+    if not rows or not rows[0]:
         raise KVVizError("the prompt encodes to zero tokens")
-    return ids, text
+    return rows, text
 
 
 def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
