@@ -208,7 +208,12 @@ class GenerationStream:
 
 def sampling_params(greedy: bool | None, temperature: float | None, top_k: int | None,
                     top_p: float | None, seed: int) -> SamplingParams:
-    """Greedy unless a temperature (or top-k/top-p) is given, as the API contract reads."""
+    """Greedy unless a temperature (or top-k/top-p) is given, as the API contract reads.
+
+    temperature=0 means greedy (the usual convention: the limit of sharpening is the argmax).
+    """
+    if temperature is not None and temperature == 0 and greedy is not False:
+        greedy, temperature = True, None
     if greedy is None:
         greedy = temperature is None and top_k is None and top_p is None
     if greedy and temperature is not None and temperature > 0:

@@ -151,7 +151,9 @@ class CausalSelfAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return F.dropout(self.c_proj(y), self.dropout, self.training)
+        y = self.c_proj(y)
+        # Guarded: even a no-op F.dropout costs a dispatcher call per layer per decode step.
+        return F.dropout(y, self.dropout, True) if self.training and self.dropout > 0 else y
 
 
 class MLP(nn.Module):
@@ -163,7 +165,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # GPT-2's "gelu_new" is the tanh approximation; exact GELU would break HF parity.
-        return F.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")), self.dropout, self.training)
+        y = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return F.dropout(y, self.dropout, True) if self.training and self.dropout > 0 else y
 
 
 class Block(nn.Module):
