@@ -1,0 +1,61 @@
+"""Shared fixtures for the core engine tests (browser tests keep their own conftest)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+# `pytest tests` (not only `python -m pytest`) must find the kvviz package in the repo root.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kvviz.checkpoints import LoadedModel, _finish, load_model  # noqa: E402
+from kvviz.model import GPT, GPTConfig  # noqa: E402
+from kvviz.tokenizer import ByteTokenizer  # noqa: E402
+
+# The test models are tiny: one thread runs them fastest, and on a 2-core box shared with other
+# work (a training run, a second pytest) torch's default thread pool oversubscribes the cores
+# and runs 30-100x slower.
+torch.set_num_threads(1)
+
+# Small enough that a forward pass costs microseconds, big enough for 4 heads and GQA.
+SMALL: dict[str, Any] = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32)
+
+
+def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                name: str = "test") -> LoadedModel:
+    gpt = GPT(cfg)
+    gpt.init_weights(torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        # GPT-2's 0.02 init gives nearly flat logits; a 10x final LayerNorm gain spreads them out
+        # (without touching the residual stream), so argmax never sits on a near-tie that float
+        # noise (batched vs single row, cached vs not) could flip.
+        gpt.transformer.ln_f.weight.mul_(10.0)
+    return _finish(gpt, ByteTokenizer(cfg.vocab_size, cfg.eos_token_id), name, torch.device("cpu"), dtype,
+                   True, "tests")
+
+
+@pytest.fixture(scope="session")
+def make_model() -> Callable[..., LoadedModel]:
+    """Factory: make_model(n_kv_head=1, dtype=torch.bfloat16, seed=3, **GPTConfig overrides)."""
+
+    def make(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> LoadedModel:
+        return build_model(GPTConfig(**{**SMALL, **overrides}), seed=seed, dtype=dtype)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def small_model(make_model: Callable[..., LoadedModel]) -> LoadedModel:
+    """A 2-layer MHA byte model with block_size 64 (read-only: never mutate it)."""
+    return make_model()
+
+
+@pytest.fixture(scope="session")
+def random_models() -> dict[str, LoadedModel]:
+    """The named random shapes, loaded once per session (MHA, GQA, MQA)."""
+    return {name: load_model(f"random:{name}", device="cpu") for name in ("tiny", "tiny-gqa", "tiny-mqa")}
