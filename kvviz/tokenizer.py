@@ -88,6 +88,12 @@ class HFTokenizer:
         self.name = path.name
 
     def encode(self, text: str) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates (pasted broken text) cannot cross into Rust: make them U+FFFD, as
+            # the byte tokenizer's decode would show them, instead of raising TypeError.
+            text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:

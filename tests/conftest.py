@@ -59,3 +59,23 @@ def small_model(make_model: Callable[..., LoadedModel]) -> LoadedModel:
 def random_models() -> dict[str, LoadedModel]:
     """The named random shapes, loaded once per session (MHA, GQA, MQA)."""
     return {name: load_model(f"random:{name}", device="cpu") for name in ("tiny", "tiny-gqa", "tiny-mqa")}
+
+
+BPE_TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
+            "The slings and arrows of outrageous fortune,\n") * 20
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 style byte-level BPE (300 tokens, <|endoftext|> = 0) saved as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    tok.train_from_iterator([BPE_TEXT], trainer)
+    path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
+    tok.save(str(path))
+    return path
