@@ -1,5 +1,148 @@
-def add_memory_arguments(p):
+"""``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.memory.
+
+Also home of ``builtin_specs()``: kvviz's own models as calculator entries, derived from
+``kvviz.checkpoints.RANDOM_SHAPES`` and the shipped model's config.json so nothing is duplicated.
+It lives here rather than in memory.py because checkpoints.py imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from kvviz.errors import KVVizError
+from kvviz.memory import (
+    DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, KVVIZ_MODEL_TYPE,
+    SCALE_DTYPE_BYTES, CalcError, ConfigError, MemoryRequest, ModelSpec, calculate, find_preset, load_config_file,
+    load_presets, parse_config, summary_text,
+)
+
+BUILTIN_PREFIX = "kvviz:"
+_SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def builtin_specs() -> dict[str, ModelSpec]:
+    """kvviz's shipped model (when its config.json exists) and every random shape, keyed 'kvviz:...'."""
+    from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES  # torch: keep it out of memory.py
+
+    out: dict[str, ModelSpec] = {}
+    cfg = DEFAULT_MODEL_DIR / "config.json"
+    if cfg.is_file():
+        try:
+            out[BUILTIN_PREFIX + "default"] = load_config_file(
+                cfg, name="kvviz default (shipped model)", key=BUILTIN_PREFIX + "default",
+                source="assets/models/shakespeare/config.json")
+        except ConfigError:
+            pass  # half-written while the model trains: list the other built-ins anyway
+    for shape, gcfg in RANDOM_SHAPES.items():
+        key = f"{BUILTIN_PREFIX}random:{shape}"
+        out[key] = parse_config({"model_type": KVVIZ_MODEL_TYPE, **gcfg.to_dict()}, key, name=f"kvviz random:{shape}",
+                                source="kvviz/checkpoints.py RANDOM_SHAPES", key=key)
+    return out
+
+
+def all_presets() -> dict[str, ModelSpec]:
+    """Published presets first, then kvviz's own models."""
+    return {**load_presets(), **builtin_specs()}
+
+
+def parse_count(s: str) -> int:
+    """A parameter count: '6738415616', '6,738,415,616', '6.7e9' or '6.7B'."""
+    t = s.strip().lower().replace(",", "").replace("_", "")
+    mult = 1
+    if t and t[-1] in _SUFFIXES:
+        t, mult = t[:-1], _SUFFIXES[t[-1]]
+    try:
+        v = float(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a parameter count like 6738415616 or 6.7B, got {s!r}") from None
+    if not math.isfinite(v) or v < 1 or v > 1e15:
+        raise argparse.ArgumentTypeError(f"expected a parameter count between 1 and 1e15, got {s!r}")
+    return int(round(v))
+
+
+def _pos_int(s: str) -> int:
+    try:
+        v = int(s.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _gib(s: str) -> float:
+    try:
+        v = float(s.lower().removesuffix("gib").removesuffix("gb").strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU memory in GiB such as 80, got {s!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive amount of GiB, got {s!r}")
+    return v
+
+
+def _fraction(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {s!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {s!r}")
+    return v
+
+
+def add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", metavar="NAME", help="a preset key or name (see --list-presets)")
+    src.add_argument("--config", type=Path, metavar="config.json", help="a Hugging Face or kvviz config.json")
+    src.add_argument("--list-presets", action="store_true", help="list the presets with their sources")
+    p.add_argument("--seq-len", type=_pos_int, metavar="N", help="tokens per sequence: prompt + output (required)")
+    p.add_argument("--batch", type=_pos_int, default=1, help="concurrent requests (default 1)")
+    p.add_argument("--beams", type=_pos_int, default=1, help="parallel samples / beams per request (default 1)")
+    p.add_argument("--dtype", choices=DTYPES, default="fp16", help="KV-cache dtype (default fp16)")
+    p.add_argument("--weight-dtype", choices=DTYPES, default="fp16", help="weight dtype (default fp16)")
+    p.add_argument("--group-size", type=_pos_int, default=DEFAULT_GROUP_SIZE,
+                   help=f"int8/int4: values per scale (default {DEFAULT_GROUP_SIZE})")
+    p.add_argument("--scale-dtype", choices=tuple(SCALE_DTYPE_BYTES), default="fp16",
+                   help="int8/int4: scale dtype (default fp16)")
+    p.add_argument("--zero-point", action="store_true", help="int8/int4: count a zero point per group too")
+    p.add_argument("--paged", action="store_true", help="vLLM-style paging: round tokens up to whole blocks")
+    p.add_argument("--block-size", type=_pos_int, default=DEFAULT_BLOCK_SIZE,
+                   help=f"paging block size in tokens (default {DEFAULT_BLOCK_SIZE})")
+    p.add_argument("--no-windows", action="store_true", help="ignore sliding windows: every layer keeps every token")
+    p.add_argument("--params", type=parse_count, metavar="COUNT",
+                   help="parameter count (e.g. 6.7B); overrides the config's, needed when it is unknown")
+    p.add_argument("--gpu", type=_gib, metavar="GIB",
+                   help=f"GPU memory in GiB for the fit check ({', '.join(map(str, GPU_PRESETS_GIB))} or any)")
+    p.add_argument("--reserve", type=_fraction, default=DEFAULT_RESERVE,
+                   help=f"fraction of the GPU kept free for activations and the CUDA context (default {DEFAULT_RESERVE})")
     p.add_argument("--json", action="store_true")
 
-def run_memory(args):
-    raise NotImplementedError
+
+def _list(presets: dict[str, ModelSpec]) -> tuple[dict[str, Any], str]:
+    rows = [{"key": k, "name": s.name, "attention": s.attention, "n_layers": s.n_layers, "n_heads": s.n_heads,
+             "n_kv_heads": None if s.mla else s.n_kv_heads, "head_dim": s.head_dim, "params": s.params,
+             "max_position_embeddings": s.max_positions, "source": s.source} for k, s in presets.items()]
+    text = "\n".join(f"{r['key']:24} {r['attention']:4} {r['name']}  <{r['source']}>" for r in rows)
+    return {"presets": rows}, text
+
+
+def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    presets = all_presets() if (args.list_presets or args.preset) else {}
+    if args.list_presets:
+        return _list(presets)
+    if args.seq_len is None:
+        raise KVVizError("--seq-len N is required (tokens per sequence: prompt + output)")
+    try:
+        spec = find_preset(args.preset, presets) if args.preset else load_config_file(args.config)
+        req = MemoryRequest(
+            seq_len=args.seq_len, batch=args.batch, beams=args.beams, kv_dtype=args.dtype,
+            weight_dtype=args.weight_dtype, group_size=args.group_size, scale_dtype=args.scale_dtype,
+            zero_point=args.zero_point, paged=args.paged, block_size=args.block_size,
+            use_windows=not args.no_windows, params=args.params, gpu_gib=args.gpu, reserve=args.reserve,
+        )
+        res = calculate(spec, req)
+    except CalcError as e:
+        raise KVVizError(str(e)) from None
+    return res.to_dict(), summary_text(res)
