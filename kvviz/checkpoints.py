@@ -43,10 +43,10 @@ class NoTokenizer:
     """For a checkpoint shipped without tokenizer.json: ids only, shown as ``<|id|>``."""
 
     name = "none"
-    eos_token_id = None
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None) -> None:
         self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id  # config.json's EOS still ends generation, as in transformers
 
     def encode(self, text: str) -> list[int]:
         raise KVVizError("this model has no tokenizer.json: give prompt ids instead of text")
@@ -225,7 +225,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
     elif not hf and raw.get("tokenizer", "bytes") == "bytes":
         tok = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
     else:
-        tok, has_tok = NoTokenizer(cfg.vocab_size), False
+        tok, has_tok = NoTokenizer(cfg.vocab_size, cfg.eos_token_id), False
     info: dict[str, Any] = {"folder": str(folder)}
     tj = folder / "training.json"
     if tj.is_file():
@@ -242,6 +242,12 @@ _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # GPT-2's old mask buff
 def _map_state_dict(sd: dict[str, torch.Tensor], gpt: GPT, hf: bool, where: str) -> dict[str, torch.Tensor]:
     """Rename and transpose a checkpoint's tensors to kvviz's, checking every shape."""
     expected = {k: v for k, v in gpt.state_dict().items() if k != "lm_head.weight"}
+    head = sd.get("lm_head.weight")
+    wte = sd.get("transformer.wte.weight", sd.get("wte.weight"))
+    if head is not None and wte is not None and not torch.equal(head, wte):
+        # kvviz's head is tied to wte; dropping a distinct head would load a different model.
+        raise KVVizError(f"{where}/model.safetensors has an untied lm_head.weight; kvviz supports "
+                         "only GPT-2's tied LM head (tie_word_embeddings=true)")
     out: dict[str, torch.Tensor] = {}
     for key, t in sd.items():
         if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
@@ -296,5 +302,13 @@ def export_hf_gpt2(gpt: GPT, folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n", encoding="utf-8")
     sd = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in gpt.state_dict().items()
           if k != "lm_head.weight"}  # Conv1D weights are already (in, out), HF's layout
+    if not c.bias:
+        # GPT-2 always has biases (and so does a gpt2 config.json read back): zeros are exact.
+        C = c.n_embd
+        widths = {"ln_1.bias": C, "attn.c_attn.bias": 3 * C, "attn.c_proj.bias": C, "ln_2.bias": C,
+                  "mlp.c_fc.bias": 4 * C, "mlp.c_proj.bias": C}
+        for i in range(c.n_layer):
+            sd.update({f"transformer.h.{i}.{k}": torch.zeros(n) for k, n in widths.items()})
+        sd["transformer.ln_f.bias"] = torch.zeros(C)
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
