@@ -1,0 +1,104 @@
+"""Analytic FLOPs and bytes: hand arithmetic, torch's own FLOP counter, and parameter counts."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import kvviz
+from kvviz.cache import StaticKVCache, kv_bytes_per_token
+from kvviz.checkpoints import RANDOM_SHAPES, LoadedModel
+from kvviz.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
+from kvviz.model import GPT, GPTConfig
+
+# L=2 layers, C=4 wide, 2 query heads of head_dim 2, 1 K/V head (kv_dim 2), V=10.
+TINY = GPTConfig(vocab_size=10, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=4)
+
+
+def test_forward_flops_by_hand_prefill() -> None:
+    # 3 new tokens from position 0: the causal keys seen are 1 + 2 + 3 = 6.
+    per_layer = (
+        2 * 3 * 4 * (4 + 2 + 2)  # c_attn: T x C @ C x (C + 2 kv_dim) = 192
+        + 2 * 4 * 6  # QK^T: each (query, key) pair is a dot product over n_head * head_dim = 4: 48
+        + 2 * 4 * 6  # AV: the same count again: 48
+        + 2 * 3 * 4 * 4  # c_proj: 96
+        + 2 * 3 * 4 * 16 + 2 * 3 * 16 * 4  # MLP up and down: 384 + 384
+    )
+    assert per_layer == 1152
+    lm_head = 2 * 1 * 4 * 10  # logits for the last position only: 80
+    assert forward_flops(TINY, 3, 0) == 2 * per_layer + lm_head == 2384
+    assert forward_flops(TINY, 3, 0, n_logits=3) == 2 * per_layer + 3 * lm_head
+    assert forward_flops(TINY, 3, 0, batch=5) == 5 * 2384
+
+
+def test_forward_flops_by_hand_decode() -> None:
+    # One token at position 5 sees 6 keys.
+    per_layer = 2 * 1 * 4 * 8 + 2 * 4 * 6 + 2 * 4 * 6 + 2 * 1 * 4 * 4 + 2 * 2 * 1 * 4 * 16
+    assert per_layer == 64 + 48 + 48 + 32 + 256 == 448
+    assert forward_flops(TINY, 1, 5) == 2 * 448 + 80 == 976
+
+
+def _torch_matmul_flops(gpt: GPT, idx: torch.Tensor, cache: StaticKVCache | None) -> int:
+    """FLOPs torch itself counts for the linear layers and the LM head (attention excluded)."""
+    with FlopCounterMode(display=False) as counter:
+        gpt(idx, cache=cache, last_only=True)
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for k, v in counts.items() if str(k) in ("aten.mm", "aten.addmm", "aten.matmul", "aten.linear"))
+
+
+@pytest.mark.parametrize("kv", [4, 2, 1])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_forward_flops_against_torch_flop_counter(make_model: Callable[..., LoadedModel], kv: int, batch: int) -> None:
+    m = make_model(n_kv_head=kv)
+    c = m.config
+    N = 9
+    attn = lambda keys_seen: batch * c.n_layer * 2 * 2 * c.n_embd * keys_seen  # noqa: E731 (QK^T + AV)
+    with torch.inference_mode():
+        cache = StaticKVCache(c, batch=batch)
+        idx = torch.randint(0, 256, (batch, N), generator=torch.Generator().manual_seed(0))
+        prefill = _torch_matmul_flops(m.gpt, idx, cache)
+        cache.advance(N)
+        decode = _torch_matmul_flops(m.gpt, idx[:, :1], cache)
+    assert forward_flops(c, N, 0, batch=batch) == prefill + attn(N * (N + 1) // 2)
+    assert forward_flops(c, 1, N, batch=batch) == decode + attn(N + 1)
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_head=2), dict(n_kv_head=1), dict(n_layer=3, n_embd=48)])
+def test_weight_bytes_equal_the_parameters_a_forward_reads(overrides: dict) -> None:
+    cfg = GPTConfig(**{**dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32), **overrides})
+    gpt = GPT(cfg)
+    wpe = cfg.block_size * cfg.n_embd  # position embeddings are looked up, not streamed
+    assert weight_bytes(cfg, 4) == 4 * (gpt.num_params() - wpe)
+    assert weight_bytes(cfg, 2) == 2 * (gpt.num_params() - wpe)
+    assert sum(p.nbytes for p in gpt.parameters()) - wpe * 4 == weight_bytes(cfg, 4)
+
+
+def test_gpt2_small_parameter_count() -> None:
+    # GPT-2 small has 124,439,808 parameters (tied head), of which wpe is 1024 x 768.
+    assert weight_bytes(RANDOM_SHAPES["gpt2-small"], 4) // 4 + 1024 * 768 == 124_439_808
+
+
+def test_forward_bytes_count_weights_and_kv_traffic() -> None:
+    c = RANDOM_SHAPES["tiny-gqa"]
+    per_token = kv_bytes_per_token(c, torch.float32)  # 2 * 4 layers * 2 heads * 32 * 4 bytes = 2048
+    assert per_token == 2048
+    w = weight_bytes(c, 4)
+    assert forward_bytes(c, 1, 100, 4) == w + 100 * per_token + per_token
+    assert forward_bytes(c, 1, 100, 4, cached=False) == w
+    assert forward_bytes(c, 1, 100, 2, batch=3) == weight_bytes(c, 2) + 3 * 101 * per_token // 2
+    assert arithmetic_intensity(c, 1, 100) == forward_flops(c, 1, 100) / forward_bytes(c, 1, 100)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_step_events_carry_the_step_flops(small_model: LoadedModel, use_cache: bool) -> None:
+    run = kvviz.generate(small_model, prompt_ids=[1, 2, 3, 4, 5], max_new_tokens=6, use_cache=use_cache)
+    c = small_model.config
+    expected = generation_flops(c, 5, 6, cached=use_cache)
+    assert [e.flops for e in run.events] == expected
+    by_hand = [forward_flops(c, 5, 0)] + [forward_flops(c, 1, 5 + i - 1) if use_cache else forward_flops(c, 5 + i, 0)
+                                          for i in range(1, 6)]
+    assert expected == by_hand
+    if not use_cache:
+        assert sum(expected) > sum(generation_flops(c, 5, 6, cached=True))
