@@ -1,0 +1,155 @@
+"""`python -m kvviz generate|eval`: the JSON contract, and argparse-style errors with exit code 2.
+
+Only three tests start a real process (each pays ~3 s of torch import); the rest call
+``kvviz.cli.main`` in-process, which runs the same code and raises on any traceback.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvviz
+from kvviz.checkpoints import LoadedModel
+from kvviz.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_KEYS = {"model", "device", "use_cache", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}
+STEP_KEYS = {"step", "phase", "token_id", "position", "input_len", "cache_len", "cache_bytes", "latency_ms"}
+TINY_BYTES_PER_TOKEN = 2 * 4 * 4 * 64 * 4  # K and V, 4 layers, 4 heads of 64, fp32
+
+
+def _kvviz(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvviz", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _check_contract(obj: dict, n_prompt: int, n_new: int, cached: bool) -> None:
+    assert set(obj) == RUN_KEYS
+    assert all(set(s) == STEP_KEYS for s in obj["steps"])
+    steps = obj["steps"]
+    assert [s["step"] for s in steps] == list(range(n_new))
+    assert [s["phase"] for s in steps] == ["prefill"] + ["decode"] * (n_new - 1)
+    assert [s["token_id"] for s in steps] == obj["generated_ids"]
+    assert [s["position"] for s in steps] == list(range(n_prompt, n_prompt + n_new))
+    if cached:
+        assert [s["input_len"] for s in steps] == [n_prompt] + [1] * (n_new - 1)
+        assert [s["cache_len"] for s in steps] == list(range(n_prompt, n_prompt + n_new))
+        assert [s["cache_bytes"] for s in steps] == [n * TINY_BYTES_PER_TOKEN for n in range(n_prompt, n_prompt + n_new)]
+    else:
+        assert [s["input_len"] for s in steps] == list(range(n_prompt, n_prompt + n_new))
+        assert [s["cache_len"] for s in steps] == [0] * n_new and [s["cache_bytes"] for s in steps] == [0] * n_new
+    assert all(isinstance(s["latency_ms"], float) and s["latency_ms"] > 0 for s in steps)
+
+
+def test_generate_json_cached(random_models: dict[str, LoadedModel]) -> None:
+    p = _kvviz("generate", "--model", "random:tiny", "--prompt", "Hello", "--max-new-tokens", "6", "--json")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1  # one JSON object on stdout, nothing else
+    obj = json.loads(lines[0])
+    _check_contract(obj, 5, 6, cached=True)
+    ref = kvviz.generate(random_models["tiny"], prompt="Hello", max_new_tokens=6)
+    assert obj["model"] == "random:tiny" and obj["device"] == "cpu" and obj["use_cache"] is True
+    assert obj["prompt_ids"] == list(b"Hello") and obj["generated_ids"] == ref.generated_ids
+    assert obj["text"] == ref.text and obj["stop_reason"] == "max_new_tokens"
+
+
+def test_generate_json_uncached_sampling(random_models: dict[str, LoadedModel]) -> None:
+    p = _kvviz("generate", "--model", "random:tiny", "--prompt-ids", "72,105,33", "--max-new-tokens", "5",
+               "--no-cache", "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "3", "--json")
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    _check_contract(obj, 3, 5, cached=False)
+    ref = kvviz.generate(random_models["tiny"], prompt_ids=[72, 105, 33], max_new_tokens=5, use_cache=False,
+                         temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    assert obj["use_cache"] is False and obj["generated_ids"] == ref.generated_ids
+
+
+def test_generate_error_exits_2_without_traceback() -> None:
+    p = _kvviz("generate", "--model", "random:tiny", "--prompt", "a" * 1020, "--max-new-tokens", "10", "--json")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "kvviz generate: error:" in p.stderr and "Traceback" not in p.stderr
+    assert all(n in p.stderr for n in ("1020", "10", "1024"))
+
+
+def _main_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--prompt", "hi", "--max-new-tokens", "0"], "expected a positive integer, got 0"),
+    (["--prompt", "hi", "--max-new-tokens", "-4"], "expected a positive integer"),
+    (["--prompt", "hi", "--max-new-tokens", "many"], "expected a positive integer"),
+    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt-ids", "1,x"], "comma-separated token ids"),
+    (["--prompt-ids", "999"], r"[0, 256)"),
+    (["--prompt", "hi", "--prompt-ids", "1"], "not allowed with argument"),
+    (["--prompt", "hi", "--top-k", "5"], "need --temperature"),
+    (["--prompt", "hi", "--greedy", "--temperature", "1"], "not allowed with argument"),
+    (["--prompt", "hi", "--temperature", "nan"], "finite number"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature"),
+    (["--prompt", "hi", "--temperature", "1", "--top-p", "2"], "top_p"),
+    (["--prompt", "hi", "--seed", "-1"], "integer >= 0"),
+    (["--prompt", "hi", "--device", "tpu"], "invalid choice"),
+])
+def test_generate_bad_arguments(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
+    err = _main_error(capsys, "generate", "--model", "random:tiny", *extra)
+    assert "kvviz generate: error:" in err and needle in err
+
+
+@pytest.mark.parametrize("model, needle", [
+    ("/no/such/model-folder", "does not exist"),
+    ("random:nope", "unknown random shape"),
+])
+def test_generate_bad_model(capsys: pytest.CaptureFixture[str], model: str, needle: str) -> None:
+    err = _main_error(capsys, "generate", "--model", model, "--prompt", "hi")
+    assert "kvviz generate: error:" in err and needle in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_generate_cuda_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _main_error(capsys, "generate", "--model", "random:tiny", "--prompt", "hi", "--device", "cuda")
+    assert "no CUDA device" in err
+
+
+def test_generate_plain_text_output(capsys: pytest.CaptureFixture[str], random_models: dict[str, LoadedModel]) -> None:
+    assert main(["generate", "--model", "random:tiny", "--prompt-ids", "104,105", "--max-new-tokens", "4"]) == 0
+    ref = kvviz.generate(random_models["tiny"], prompt_ids=[104, 105], max_new_tokens=4)
+    assert capsys.readouterr().out == ref.text + "\n"
+
+
+def test_eval_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, random_models: dict[str, LoadedModel]) -> None:
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3
+    f = tmp_path / "t.txt"
+    f.write_text(text, encoding="utf-8")
+    assert main(["eval", "--model", "random:tiny", "--text-file", str(f), "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert {"bits_per_byte", "tokens", "bytes"} <= set(obj)
+    n = len(text.encode("utf-8"))
+    assert obj["tokens"] == n - 1 and obj["bytes"] == n - 1  # the first byte has no context
+    assert 7.0 < obj["bits_per_byte"] < 9.5  # random weights: close to uniform (8 bits)
+    assert main(["eval", "--model", "random:tiny", "--text-file", str(f), "--last-fraction", "0.5", "--json"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert half["bytes"] == int(n * 0.5) - 1  # the last int(n * fraction) bytes are read
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--text-file", "/no/such/file.txt"], "does not exist"),
+    (["--text-file", "{f}", "--last-fraction", "0"], "--last-fraction must be in (0, 1]"),
+    (["--text-file", "{f}", "--model", "random:tiny", "--device", "gpu"], "invalid choice"),
+])
+def test_eval_bad_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], needle: str) -> None:
+    f = tmp_path / "t.txt"
+    f.write_text("hello there", encoding="utf-8")
+    err = _main_error(capsys, "eval", "--model", "random:tiny", *[a.replace("{f}", str(f)) for a in extra])
+    assert "kvviz eval: error:" in err and needle in err
