@@ -1,0 +1,113 @@
+"""Plotly figures for the KV memory calculator: plain numbers in, go.Figure out.
+
+No streamlit and no torch: the page computes bytes with kvviz.memory and hands them here, so the
+same figures can be rebuilt in a notebook or a test. Byte counts arrive as exact ints and are
+converted to GiB (float32, as every chart in kvviz sends) only for plotting; hover text shows GB too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+GIB = 1024**3
+GB = 10**9
+HEIGHT = 420  # fixed: Streamlit otherwise resizes charts on every rerun
+_CAPACITY_COLORS = ("#c92a2a", "#e8590c", "#5f3dc4", "#2b8a3e")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One line of the memory-vs-context chart."""
+
+    label: str
+    contexts: tuple[int, ...]  # tokens
+    bytes: tuple[int, ...]  # memory at each context
+
+
+def _plain(text: str) -> str:
+    """Plotly renders a subset of HTML in titles, names and hover text; model names can come from an
+    imported config.json, so they are shown as text, never as markup."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _gib(values: Sequence[int | float]) -> np.ndarray:
+    return np.asarray([v / GIB for v in values], dtype=np.float32)
+
+
+def _gb(values: Sequence[int | float]) -> np.ndarray:
+    return np.asarray([v / GB for v in values], dtype=np.float32)
+
+
+def _tokens_label(n: int) -> str:
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n:,}"
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+    fig.update_layout(title=_plain(title), height=HEIGHT, margin=dict(l=60, r=20, t=60, b=50), hovermode="closest")
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title)
+    return fig
+
+
+def memory_vs_context(curves: Sequence[Curve], capacities: Sequence[tuple[str, int]] = (), log_axes: bool = False,
+                      title: str = "KV cache vs context length") -> go.Figure:
+    """One line per (model, dtype); dashed horizontal lines for GPU capacities (label, bytes)."""
+    fig = go.Figure()
+    for c in curves:
+        fig.add_trace(go.Scatter(
+            x=np.asarray(c.contexts, dtype=np.float32), y=_gib(c.bytes), customdata=_gb(c.bytes),
+            name=_plain(c.label), mode="lines+markers",
+            hovertemplate="%{x:,} tokens: %{y:.3f} GiB (%{customdata:.3f} GB)<extra>" + _plain(c.label) + "</extra>"))
+    xs = sorted({x for c in curves for x in c.contexts}) or [1]
+    for i, (label, cap) in enumerate(capacities):
+        # A trace, not add_hline: shape annotations on log axes are placed in log units and would
+        # blow the autorange up; a two-point line works on both axis types and shows in the legend.
+        fig.add_trace(go.Scatter(
+            x=np.asarray([xs[0], xs[-1]], dtype=np.float32), y=_gib([cap, cap]), name=label, mode="lines",
+            line=dict(dash="dash", color=_CAPACITY_COLORS[i % len(_CAPACITY_COLORS)]),
+            hovertemplate=f"{_plain(label)}: %{{y:.2f}} GiB<extra></extra>"))
+    _layout(fig, title, "context length (tokens)", "memory (GiB)")
+    ticks = [x for x in xs if x & (x - 1) == 0]  # the powers of two, labelled 1K, 2K, ... 1M
+    fig.update_xaxes(tickvals=ticks, ticktext=[_tokens_label(x) for x in ticks])
+    if log_axes:
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def weights_and_kv_by_batch(batches: Sequence[int], weights_bytes: int, kv_bytes: Sequence[int],
+                            capacity: tuple[str, int] | None = None,
+                            title: str = "Weights + KV cache vs batch size") -> go.Figure:
+    """Stacked bars: the weights (constant) under the KV cache (grows with the batch)."""
+    x = [str(b) for b in batches]  # categorical: evenly spaced bars for 1, 2, 4, ... 256
+    w = [weights_bytes] * len(batches)
+    fig = go.Figure([
+        go.Bar(x=x, y=_gib(w), customdata=_gb(w), name="weights",
+               hovertemplate="batch %{x}: weights %{y:.2f} GiB (%{customdata:.2f} GB)<extra></extra>"),
+        go.Bar(x=x, y=_gib(kv_bytes), customdata=_gb(kv_bytes), name="KV cache",
+               hovertemplate="batch %{x}: KV %{y:.2f} GiB (%{customdata:.2f} GB)<extra></extra>"),
+    ])
+    fig.update_layout(barmode="stack", legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+    fig.update_xaxes(type="category")  # digits would otherwise become a numeric axis
+    if capacity is not None:
+        fig.add_hline(y=capacity[1] / GIB, line_dash="dash", line_color=_CAPACITY_COLORS[0],
+                      annotation_text=_plain(capacity[0]), annotation_position="top left")
+    return _layout(fig, title, "batch size (requests)", "memory (GiB)")
+
+
+def attention_variants(variants: Sequence[tuple[str, int]], title: str = "Same shape, different attention") -> go.Figure:
+    """One bar per attention kind (label, KV bytes), labelled with its size."""
+    labels = [_plain(v[0]) for v in variants]
+    vals = [v[1] for v in variants]
+    fig = go.Figure(go.Bar(
+        x=labels, y=_gib(vals), customdata=_gb(vals), text=[f"{b / GIB:.3g} GiB" for b in vals],
+        textposition="outside", hovertemplate="%{x}: %{y:.3f} GiB (%{customdata:.3f} GB)<extra></extra>"))
+    top = max(vals) / GIB if vals else 1.0
+    fig.update_yaxes(range=[0, top * 1.15 if top > 0 else 1])  # room for the text above the tallest bar
+    return _layout(fig, title, "attention kind", "KV cache (GiB)")
