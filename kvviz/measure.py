@@ -1,0 +1,456 @@
+"""The measurement harness behind the race, prefill/decode and batching views.
+
+Every measurement is a generator, so the UI can stream it, draw a progress bar, and stop it
+(a stopped sweep keeps the samples it already yielded). Runs go one after another, never
+concurrently, and all timings come from ``iter_generate`` (forward + sampling, synchronized on
+CUDA) or from this module's own synchronized clock (the roofline probe).
+
+Nothing here knows about Streamlit; the analysis of what is measured lives in ``perf_stats``.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from statistics import median
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from kvviz.cache import kv_bytes_per_token
+from kvviz.checkpoints import LoadedModel
+from kvviz.events import Run, StepEvent
+from kvviz.flops import forward_bytes, forward_flops
+from kvviz.generate import GenerationStream, iter_generate
+from kvviz.perf_stats import MODES, MachineProbe, Sample
+
+SWEEP_NS = (32, 64, 128, 256, 512)  # new tokens for the total-time sweep
+BATCH_SIZES = (1, 2, 4, 8, 16)
+SHORT_QUESTION = "What does the KV cache store?"
+# The "long pasted document": cycled to fill the context, so any tokenizer gets real text.
+DOCUMENT = (
+    "A transformer generates one token at a time. Each new token attends to every token before it, "
+    "so without a cache the model would recompute the keys and values of the whole sequence at every "
+    "step. The KV cache keeps those keys and values, layer by layer, so each step only computes the "
+    "newest token and reads the rest from memory. Reading is cheap compared with recomputing, but it "
+    "is not free: the cache grows with the context and the batch, and decoding becomes a question of "
+    "memory bandwidth rather than arithmetic. "
+)
+# Distinct texts for "different prompts" batches, cut to one common token length.
+DIFFERENT_TEXTS = (
+    "Once upon a time, in a kingdom by the sea, ",
+    "The quick brown fox jumps over the lazy dog, ",
+    "To be, or not to be, that is the question: ",
+    "In the beginning the Universe was created. ",
+    "It was the best of times, it was the worst of times, ",
+    "Call me Ishmael. Some years ago, never mind how long, ",
+    "All happy families are alike; each unhappy family ",
+    "It is a truth universally acknowledged, that a single ",
+    "Shall I compare thee to a summer's day? Thou art ",
+    "Four score and seven years ago our fathers brought ",
+    "The sky above the port was the color of television, ",
+    "Happy families are all alike, said the old teacher, ",
+    "Whether I shall turn out to be the hero of my own life, ",
+    "Now is the winter of our discontent made glorious ",
+    "We hold these truths to be self-evident, that all ",
+    "I am an invisible man. No, I am not a spook like ",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What every run of a comparison shares: prompt rows, length and sampling."""
+
+    prompt_ids: tuple[tuple[int, ...], ...]  # (B, N): equal-length rows, B >= 1
+    max_new_tokens: int
+    greedy: bool = True
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    prompt: str | None = None  # the text, when the rows came from one (kept for the Run)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids[0])
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompt_ids)
+
+    def with_(self, **changes: object) -> "Request":
+        from dataclasses import replace
+
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def kwargs(self, mode: str) -> dict[str, object]:
+        """iter_generate arguments for one mode: "static", "concat" or "none"."""
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+        src: dict[str, object]
+        if self.prompt is not None and self.batch_size == 1:
+            src = {"prompt": self.prompt}
+        else:
+            rows = [list(r) for r in self.prompt_ids]
+            src = {"prompt_ids": rows if len(rows) > 1 else rows[0]}
+        sampling: dict[str, object] = {"greedy": True} if self.greedy else {
+            "greedy": False, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        return {**src, "max_new_tokens": self.max_new_tokens, "use_cache": mode != "none",
+                "cache_kind": "static" if mode == "none" else mode, "seed": self.seed, **sampling}
+
+
+def request_from_text(model: LoadedModel, prompt: str, max_new_tokens: int, **sampling: object) -> Request:
+    ids = tuple(model.tokenizer.encode(prompt))
+    return Request(prompt_ids=(ids,), max_new_tokens=max_new_tokens, prompt=prompt, **sampling)  # type: ignore[arg-type]
+
+
+def start(model: LoadedModel, req: Request, mode: str) -> GenerationStream:
+    return iter_generate(model, **req.kwargs(mode))  # type: ignore[arg-type]
+
+
+def run_once(model: LoadedModel, req: Request, mode: str) -> Run:
+    stream = start(model, req, mode)
+    for _ in stream:
+        pass
+    return stream.run
+
+
+def warmup(model: LoadedModel, modes: Sequence[str] = MODES, tokens: int = 3) -> None:
+    """A few throwaway steps per mode: the first forward pays for allocator and thread-pool setup."""
+    n = min(8, model.config.block_size - tokens)
+    req = Request(prompt_ids=(tuple([0] * n),), max_new_tokens=tokens)
+    for mode in modes:
+        run_once(model, req, mode)
+
+
+# --- the race -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RaceTick:
+    """One step of one mode; ``event`` is None once that mode has finished."""
+
+    mode: str
+    event: StepEvent | None
+    stream: GenerationStream
+
+    @property
+    def run(self) -> Run:
+        return self.stream.run
+
+
+def iter_race(model: LoadedModel, req: Request, modes: Sequence[str] = MODES,
+              warm: bool = True) -> Iterator[RaceTick]:
+    """Run each mode to the end, one after another, with the same request; stream every step."""
+    if warm:
+        warmup(model, modes)
+    for mode in modes:
+        stream = start(model, req, mode)
+        for ev in stream:
+            yield RaceTick(mode, ev, stream)
+        yield RaceTick(mode, None, stream)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    identical: bool  # every compared step matched, on every batch row
+    compared: int  # steps compared (the shortest run's length)
+    lengths: dict[str, int]
+    first_diff: int | None  # first step whose tokens differ
+    message: str
+
+
+def compare_outputs(runs: dict[str, Run]) -> Agreement:
+    """Token-for-token comparison of the generated ids (all batch rows) of several runs."""
+    lengths = {m: len(r.events) for m, r in runs.items()}
+    if len(runs) < 2:
+        return Agreement(True, min(lengths.values(), default=0), lengths, None, "only one mode ran")
+    seqs = {m: [e.token_ids or (e.token_id,) for e in r.events] for m, r in runs.items()}
+    n = min(lengths.values())
+    ref_mode = next(iter(seqs))
+    first = next((i for i in range(n) if any(seqs[m][i] != seqs[ref_mode][i] for m in seqs)), None)
+    same_len = len(set(lengths.values())) == 1
+    if first is not None:
+        diff = {m: seqs[m][first] for m in seqs}
+        msg = f"outputs differ at step {first}: " + ", ".join(f"{m}={v}" for m, v in diff.items())
+        return Agreement(False, n, lengths, first, msg)
+    if not same_len:
+        msg = f"the first {n} tokens match, but the runs have different lengths: {lengths}"
+        return Agreement(False, n, lengths, None, msg)
+    return Agreement(True, n, lengths, None, f"all {len(runs)} modes produced the same {n} tokens, token for token")
+
+
+# --- prompts of a given length ----------------------------------------------------------------
+
+def cycle_to(ids: Sequence[int], length: int) -> tuple[int, ...]:
+    """``ids`` repeated and cut to exactly ``length`` tokens (keeps any tokenizer's ids valid)."""
+    if not ids:
+        raise ValueError("cannot build a prompt from zero tokens")
+    reps = -(-length // len(ids))
+    return tuple((list(ids) * reps)[:length])
+
+
+def document_ids(model: LoadedModel, length: int, fallback: Sequence[int] = (0,)) -> tuple[int, ...]:
+    """A "pasted document" of exactly ``length`` tokens."""
+    base = model.tokenizer.encode(DOCUMENT) if model.has_tokenizer else list(fallback)
+    return cycle_to(base, length)
+
+
+def batch_rows(model: LoadedModel, base: Sequence[int], batch: int, length: int,
+               different: bool) -> tuple[tuple[int, ...], ...]:
+    """(batch, length) prompt rows: ``base`` repeated, or distinct texts cut to one length."""
+    if not different:
+        return (cycle_to(base, length),) * batch
+    rows = []
+    for i in range(batch):
+        if model.has_tokenizer:
+            ids = model.tokenizer.encode(DIFFERENT_TEXTS[i % len(DIFFERENT_TEXTS)] + DOCUMENT)
+        else:  # ids only: rotate the base so each row still differs
+            ids = list(base[i % len(base):]) + list(base[: i % len(base)])
+        rows.append(cycle_to(ids, length))
+    return tuple(rows)
+
+
+def sweep_ns(prompt_len: int, block_size: int, ns: Sequence[int] = SWEEP_NS) -> list[int]:
+    """The sweep's N values that fit the context (prompt + N <= block_size)."""
+    return [n for n in ns if prompt_len + n <= block_size]
+
+
+def prompt_lengths(block_size: int, first: int = 16, n_new: int = 1) -> list[int]:
+    """16, 24, 32, 48, ... (a x1.5 / x1.33 grid) up to the longest prompt that still fits."""
+    top = block_size - n_new
+    out, p = [], first
+    while p < top:
+        out.append(p)
+        p = p * 3 // 2 if p & (p - 1) == 0 else p * 4 // 3  # 16, 24, 32, 48, 64, ...
+    out.append(top)
+    return sorted(set(x for x in out if 1 <= x <= top))
+
+
+# --- sweeps ---------------------------------------------------------------------------------
+
+def _decode_ms(run: Run) -> float:
+    dec = [e.latency_ms for e in run.events[1:]]
+    return float(median(dec)) if dec else float("nan")
+
+
+def _tag(model: LoadedModel) -> dict[str, str]:
+    return {"device": str(model.device), "dtype": model.dtype_name}
+
+
+def sweep_total_time(model: LoadedModel, req: Request, ns: Sequence[int], repeats: int = 3,
+                     modes: Sequence[str] = ("static", "none"), warm: bool = True) -> Iterator[Sample]:
+    """Total generation time vs N new tokens, each mode, ``repeats`` times; small N first.
+
+    Modes alternate inside each repeat so that slow drift (another job, thermal) hits both alike.
+    """
+    if warm:
+        warmup(model, modes)
+    total, done = len(ns) * repeats * len(modes), 0
+    for n in ns:
+        for rep in range(repeats):
+            for mode in modes:
+                run = run_once(model, req.with_(max_new_tokens=n), mode)
+                done += 1
+                yield Sample("total_time", mode, n, rep, {
+                    "total_ms": run.total_ms, "ttft_ms": run.ttft_ms or 0.0, "tpot_ms": _decode_ms(run),
+                    "tokens": len(run.events), "flops": run.total_flops,
+                }, done=done, total=total, **_tag(model))
+
+
+def sweep_ttft(model: LoadedModel, base: Sequence[int], lengths: Sequence[int], repeats: int = 3,
+               warm: bool = True) -> Iterator[Sample]:
+    """Time to first token (the prefill forward) vs prompt length, with its FLOPs and bytes."""
+    if warm:
+        warmup(model, ("static",))
+    cfg, nbytes = model.config, _dtype_bytes(model)
+    total, done = len(lengths) * repeats, 0
+    # Repeats on the outside: a drift (another job) spreads over all lengths, and a stopped
+    # sweep still has the whole curve.
+    for rep in range(repeats):
+        for length in lengths:
+            req = Request(prompt_ids=(cycle_to(base, length),), max_new_tokens=1)
+            ev = run_once(model, req, "static").events[0]
+            done += 1
+            flops = forward_flops(cfg, length, 0)
+            byts = forward_bytes(cfg, length, 0, nbytes)
+            yield Sample("ttft", "prefill", length, rep, {
+                "ttft_ms": ev.latency_ms, "flops": flops, "bytes": byts, "intensity": flops / byts,
+                "flops_per_s": flops / (ev.latency_ms / 1000.0),
+            }, done=done, total=total, **_tag(model))
+
+
+def sweep_decode(model: LoadedModel, base: Sequence[int], repeats: int = 3, prompt_len: int = 16,
+                 max_context: int | None = None, warm: bool = True) -> Iterator[Sample]:
+    """Per-token decode latency vs context length: one long cached run per repeat, a sample per step."""
+    if warm:
+        warmup(model, ("static",))
+    cfg, nbytes = model.config, _dtype_bytes(model)
+    top = min(max_context or cfg.block_size, cfg.block_size)
+    n_new = top - prompt_len
+    if n_new < 2:
+        raise ValueError(f"a {prompt_len}-token prompt leaves no room to decode in a {top}-token context")
+    req = Request(prompt_ids=(cycle_to(base, prompt_len),), max_new_tokens=n_new)
+    total, done = repeats * (n_new - 1), 0
+    for rep in range(repeats):
+        for ev in start(model, req, "static"):
+            if ev.phase != "decode":
+                continue
+            done += 1
+            start_pos = ev.cache_len - 1  # the new token sits at cache_len - 1 and sees cache_len keys
+            byts = forward_bytes(cfg, 1, start_pos, nbytes)
+            yield Sample("decode", "decode", ev.cache_len, rep, {
+                "latency_ms": ev.latency_ms, "flops": ev.flops, "bytes": byts, "intensity": ev.flops / byts,
+                "flops_per_s": ev.flops / (ev.latency_ms / 1000.0),
+            }, done=done, total=total, **_tag(model))
+
+
+def sweep_short_long(model: LoadedModel, short: Sequence[int], long_len: int, n_new: int = 32,
+                     repeats: int = 3, warm: bool = True) -> Iterator[Sample]:
+    """The seeds' example: a short question vs a long pasted document, same number of new tokens."""
+    if warm:
+        warmup(model, ("static",))
+    cfg = model.config
+    long_len = min(long_len, cfg.block_size - n_new)
+    cases = (("short question", tuple(short)[: long_len]), ("long document", document_ids(model, long_len, short)))
+    total, done = repeats * len(cases), 0
+    for rep in range(repeats):
+        for name, ids in cases:
+            run = run_once(model, Request(prompt_ids=(tuple(ids),), max_new_tokens=n_new), "static")
+            done += 1
+            yield Sample("short_long", name, len(ids), rep, {
+                "ttft_ms": run.ttft_ms or 0.0, "tpot_ms": _decode_ms(run),
+                "decode_tokens_per_s": run.decode_tokens_per_s or 0.0, "prompt_len": len(ids),
+            }, done=done, total=total, **_tag(model))
+
+
+def batch_sizes(model: LoadedModel, prompt_len: int, n_new: int, candidates: Sequence[int] = BATCH_SIZES,
+                mem_fraction: float = 0.25, free_bytes: int | None = None) -> list[int]:
+    """The candidate batch sizes whose cache + activations fit in a fraction of free memory."""
+    free = free_bytes if free_bytes is not None else free_memory(model.device)
+    return [b for b in candidates if batch_memory(model, b, prompt_len, n_new) <= mem_fraction * free]
+
+
+def batch_memory(model: LoadedModel, batch: int, prompt_len: int, n_new: int) -> int:
+    """Rough peak bytes of one cached batched run: the static cache (whole context, preallocated)
+    plus prefill activations (a dozen (B, T, 4C) buffers and one (B, nh, T, T) score matrix)."""
+    cfg, nbytes = model.config, _dtype_bytes(model)
+    kv = kv_bytes_per_token(cfg, model.dtype, batch) * cfg.block_size
+    acts = batch * prompt_len * (12 * 4 * cfg.n_embd + cfg.vocab_size) * 4
+    scores = batch * cfg.n_head * prompt_len * prompt_len * nbytes
+    return kv + acts + scores
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on the device: CUDA's own count, else the OS's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def sweep_batch(model: LoadedModel, base: Sequence[int], sizes: Sequence[int], prompt_len: int = 32,
+                n_new: int = 32, repeats: int = 3, different: bool = False,
+                warm: bool = True) -> Iterator[Sample]:
+    """Cached decode at each batch size: per-request latency, aggregate tokens/s and KV bytes."""
+    if warm:
+        warmup(model, ("static",))
+    series = "different prompts" if different else "same prompt"
+    total, done = len(sizes) * repeats, 0
+    for rep in range(repeats):  # repeats outside, as in sweep_ttft
+        for b in sizes:
+            req = Request(prompt_ids=batch_rows(model, base, b, prompt_len, different), max_new_tokens=n_new)
+            run = run_once(model, req, "static")
+            done += 1
+            last = run.events[-1]
+            tpot = _decode_ms(run)
+            yield Sample("batch", series, b, rep, {
+                "tpot_ms": tpot, "ttft_ms": run.ttft_ms or 0.0, "total_ms": run.total_ms,
+                "request_ms": run.total_ms,  # every request of a batch finishes with the batch
+                "tokens_per_s": b * 1000.0 / tpot if tpot > 0 else 0.0,
+                "e2e_tokens_per_s": run.tokens_per_s or 0.0,
+                "kv_bytes_allocated": last.cache_bytes_allocated, "kv_bytes_used": last.cache_bytes_used,
+                "distinct_outputs": len({tuple(r) for r in zip(*[e.token_ids for e in run.events])}),
+            }, done=done, total=total, **_tag(model))
+
+
+# --- the roofline probe ---------------------------------------------------------------------
+
+def _dtype_bytes(model: LoadedModel) -> int:
+    return torch.empty((), dtype=model.dtype).element_size()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Fastest of ``repeats`` synchronized calls (after one warm-up): the least disturbed one."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def probe_machine(device: torch.device | str, dtype: torch.dtype = torch.float32, matmul_n: int | None = None,
+                  copy_mb: int | None = None, repeats: int = 5) -> MachineProbe:
+    """Peak matmul FLOP/s (n x n @ n x n) and memory bandwidth (copy, sum) of this machine.
+
+    Sizes default to what takes about a second: n = 1024 and 256 MB on a CPU, n = 8192 and
+    1 GB on a GPU, so the copied tensor is far bigger than any cache level.
+    """
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    n = matmul_n or (8192 if cuda else 1024)
+    mb = copy_mb or (1024 if cuda else 256)
+    t_start = time.perf_counter()
+    with torch.inference_mode():
+        g = torch.Generator(device=dev).manual_seed(0)
+        a = torch.randn((n, n), device=dev, dtype=torch.float32, generator=g).to(dtype)  # (n, n)
+        b = torch.randn((n, n), device=dev, dtype=torch.float32, generator=g).to(dtype)  # (n, n)
+        out = torch.empty((n, n), device=dev, dtype=dtype)
+        t_mm = _best_seconds(lambda: torch.matmul(a, b, out=out), dev, repeats)
+        peak = 2.0 * n**3 / t_mm
+        del a, b, out
+        elems = mb * 2**20 // 4
+        src = torch.ones(elems, device=dev, dtype=torch.float32)  # (elems,)
+        dst = torch.empty_like(src)
+        t_copy = _best_seconds(lambda: dst.copy_(src), dev, repeats)
+        t_sum = _best_seconds(lambda: src.sum(), dev, repeats)
+        bw = max(2.0 * src.nbytes / t_copy, src.nbytes / t_sum)  # copy reads and writes; sum only reads
+        nbytes = src.nbytes
+        del src, dst
+    dtype_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+    return MachineProbe(device=device_name(dev), dtype=dtype_name, peak_flops=peak, bandwidth=bw, matmul_n=n,
+                        copy_bytes=nbytes, seconds=time.perf_counter() - t_start)
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(dev)})"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def machine_busy() -> str | None:
+    """A warning when other processes compete for the CPU (timings are then noisier)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load > 0.75 * cores:
+        return (f"The CPU is busy (load average {load:.1f} on {cores} cores): other work is competing, "
+                "so timings are noisier than usual. Medians over repeats help; the spread shows the noise.")
+    return None
