@@ -36,24 +36,25 @@ DOCUMENT = (
     "is not free: the cache grows with the context and the batch, and decoding becomes a question of "
     "memory bandwidth rather than arithmetic. "
 )
-# Distinct texts for "different prompts" batches, cut to one common token length.
+# Distinct texts for "different prompts" batches, cut to one common token length. Their first
+# letters all differ, so even rows cut to a single byte are different prompts.
 DIFFERENT_TEXTS = (
-    "Once upon a time, in a kingdom by the sea, ",
-    "The quick brown fox jumps over the lazy dog, ",
-    "To be, or not to be, that is the question: ",
-    "In the beginning the Universe was created. ",
+    "All happy families are alike; each unhappy family is unhappy in its own way. ",
+    "Buck did not read the newspapers, or he would have known that trouble was brewing. ",
+    "Call me Ishmael. Some years ago, never mind how long precisely, ",
+    "Dorothy lived in the midst of the great Kansas prairies, ",
+    "Every morning the lighthouse keeper counted the boats in the bay. ",
+    "Four score and seven years ago our fathers brought forth on this continent ",
+    "Gaul is divided into three parts, one of which the Belgae inhabit. ",
+    "Happy the man, whose wish and care a few paternal acres bound. ",
     "It was the best of times, it was the worst of times, ",
-    "Call me Ishmael. Some years ago, never mind how long, ",
-    "All happy families are alike; each unhappy family ",
-    "It is a truth universally acknowledged, that a single ",
-    "Shall I compare thee to a summer's day? Thou art ",
-    "Four score and seven years ago our fathers brought ",
-    "The sky above the port was the color of television, ",
-    "Happy families are all alike, said the old teacher, ",
-    "Whether I shall turn out to be the hero of my own life, ",
-    "Now is the winter of our discontent made glorious ",
-    "We hold these truths to be self-evident, that all ",
-    "I am an invisible man. No, I am not a spook like ",
+    "Last night I dreamt I went to Manderley again. ",
+    "Many years later, as he faced the firing squad, ",
+    "Now is the winter of our discontent made glorious summer. ",
+    "Once upon a time, in a kingdom by the sea, ",
+    "Shall I compare thee to a summer's day? Thou art more lovely. ",
+    "To be, or not to be, that is the question: ",
+    "We hold these truths to be self-evident, that all men are created equal. ",
 )
 
 
@@ -414,27 +415,30 @@ def probe_machine(device: torch.device | str, dtype: torch.dtype = torch.float32
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     n = matmul_n or (8192 if cuda else 1024)
-    mb = copy_mb or (1024 if cuda else 256)
+    nbytes = (copy_mb or (1024 if cuda else 256)) * 2**20
     t_start = time.perf_counter()
     with torch.inference_mode():
-        g = torch.Generator(device=dev).manual_seed(0)
-        a = torch.randn((n, n), device=dev, dtype=torch.float32, generator=g).to(dtype)  # (n, n)
-        b = torch.randn((n, n), device=dev, dtype=torch.float32, generator=g).to(dtype)  # (n, n)
-        out = torch.empty((n, n), device=dev, dtype=dtype)
-        t_mm = _best_seconds(lambda: torch.matmul(a, b, out=out), dev, repeats)
-        peak = 2.0 * n**3 / t_mm
-        del a, b, out
-        elems = mb * 2**20 // 4
-        src = torch.ones(elems, device=dev, dtype=torch.float32)  # (elems,)
-        dst = torch.empty_like(src)
-        t_copy = _best_seconds(lambda: dst.copy_(src), dev, repeats)
-        t_sum = _best_seconds(lambda: src.sum(), dev, repeats)
-        bw = max(2.0 * src.nbytes / t_copy, src.nbytes / t_sum)  # copy reads and writes; sum only reads
-        nbytes = src.nbytes
-        del src, dst
+        peak = _matmul_flops(dev, dtype, n, repeats)
+        bw = _bandwidth(dev, nbytes, repeats)
     dtype_name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
     return MachineProbe(device=device_name(dev), dtype=dtype_name, peak_flops=peak, bandwidth=bw, matmul_n=n,
                         copy_bytes=nbytes, seconds=time.perf_counter() - t_start)
+
+
+def _matmul_flops(dev: torch.device, dtype: torch.dtype, n: int, repeats: int) -> float:
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn((n, n), device=dev, generator=g).to(dtype)  # (n, n)
+    b = torch.randn((n, n), device=dev, generator=g).to(dtype)  # (n, n)
+    out = torch.empty((n, n), device=dev, dtype=dtype)  # (n, n): no allocation inside the clock
+    return 2.0 * n**3 / _best_seconds(lambda: torch.matmul(a, b, out=out), dev, repeats)
+
+
+def _bandwidth(dev: torch.device, nbytes: int, repeats: int) -> float:
+    src = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)  # (nbytes / 4,)
+    dst = torch.empty_like(src)
+    t_copy = _best_seconds(lambda: dst.copy_(src), dev, repeats)
+    t_sum = _best_seconds(lambda: src.sum(), dev, repeats)
+    return max(2.0 * src.nbytes / t_copy, src.nbytes / t_sum)  # a copy reads and writes; a sum only reads
 
 
 def device_name(dev: torch.device) -> str:

@@ -1,0 +1,131 @@
+"""What the three measurement pages (race, prefill/decode, batching) share.
+
+- ``page_model``: the sidebar's Settings and the shared model, or a clear message.
+- ``measurement_lock``: one lock per server, so measurements from several browser sessions
+  never overlap (overlapping runs would time each other).
+- ``drive``: runs a measurement generator with a progress bar, storing every sample in the
+  session as it arrives, so a Stop click (which interrupts the script) keeps what was measured.
+- ``machine_probe``: the roofline probe, measured once per session per (device, dtype).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import streamlit as st
+
+from kvviz import KVVizError, LoadedModel
+from kvviz.measure import machine_busy, probe_machine
+from kvviz.perf_stats import MachineProbe, Sample
+from kvviz.ui.settings import Settings
+from kvviz.ui.state import get_model
+
+REDRAW_S = 0.5  # sweeps redraw their live chart at most twice a second
+
+
+def settings() -> Settings:
+    s = st.session_state.get("settings")
+    return s if isinstance(s, Settings) else Settings()
+
+
+def page_model() -> tuple[Settings, LoadedModel] | None:
+    """The sidebar's settings and model; None (with an error shown) when the model will not load."""
+    s = settings()
+    try:
+        return s, get_model(s.model, s.device, s.dtype)
+    except KVVizError as e:
+        st.error(f"This model cannot be loaded: {e}")
+        return None
+
+
+def where(model: LoadedModel) -> str:
+    """Named on every measurement: which model, on which device, in which dtype."""
+    return f"{model.name} · {model.device} · {model.dtype_name}"
+
+
+def results_key(prefix: str, model: LoadedModel) -> str:
+    """Session key for one page's results of one (model, device, dtype)."""
+    return f"{prefix}::{model.name}::{model.device}::{model.dtype_name}"
+
+
+@st.cache_resource
+def measurement_lock() -> threading.Lock:
+    return threading.Lock()
+
+
+class Busy(Exception):
+    """Another session holds the measurement lock."""
+
+
+def acquire(timeout_s: float = 2.0) -> threading.Lock:
+    lock = measurement_lock()
+    if not lock.acquire(timeout=timeout_s):
+        raise Busy("another browser session is measuring right now; try again when it has finished, "
+                   "so the two do not slow each other down")
+    return lock
+
+
+def busy_note() -> None:
+    note = machine_busy()
+    if note:
+        st.caption(":material/warning: " + note)
+
+
+def drive(samples: Iterator[Sample], store: list[Sample], progress_text: str,
+          redraw: Callable[[list[Sample]], None] | None = None) -> bool:
+    """Run a sweep to the end, appending each sample to ``store`` (a list in session_state).
+
+    Returns True when the sweep finished. A Stop click interrupts this at the next Streamlit
+    call; the samples already appended stay in the session and the page shows them as stopped.
+    """
+    bar = st.progress(0.0, text=progress_text)
+    last = 0.0
+    for s in samples:
+        store.append(s)
+        frac = s.done / s.total if s.total else 1.0
+        bar.progress(min(1.0, frac), text=f"{progress_text} {s.done}/{s.total}")
+        now = time.monotonic()
+        if redraw is not None and (now - last >= REDRAW_S or s.done == s.total):
+            redraw(store)
+            last = now
+    bar.empty()
+    return True
+
+
+def machine_probe(model: LoadedModel) -> MachineProbe:
+    """Peak FLOP/s and bandwidth of this device in the model's dtype, measured once per session."""
+    probes: dict[Any, MachineProbe] = st.session_state.setdefault("pd_probes", {})
+    key = (str(model.device), model.dtype_name)
+    if key not in probes:
+        with st.spinner("Measuring this machine's peak matmul FLOP/s and memory bandwidth (a second or two)…"):
+            probes[key] = probe_machine(model.device, model.dtype)
+    return probes[key]
+
+
+class SweepState:
+    """Running / stopped / done bookkeeping for one sweep, kept in session_state.
+
+    A sweep marks itself running before it starts and done when it ends; if the page is drawn
+    while the mark still says running, the sweep was interrupted (Stop or another widget).
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    @property
+    def status(self) -> str | None:
+        return st.session_state.get(self.key)
+
+    def begin(self) -> None:
+        st.session_state[self.key] = "running"
+
+    def end(self) -> None:
+        st.session_state[self.key] = "done"
+
+    def settle(self) -> str | None:
+        """On a fresh script run: a sweep still marked running was stopped."""
+        if st.session_state.get(self.key) == "running":
+            st.session_state[self.key] = "stopped"
+        return st.session_state.get(self.key)

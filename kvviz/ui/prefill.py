@@ -1,0 +1,192 @@
+"""Prefill vs decode: TTFT vs prompt length, decode latency vs context, a roofline of this machine,
+and the short-question vs long-document example."""
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from kvviz import LoadedModel
+from kvviz import perf_charts as pc
+from kvviz.measure import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
+from kvviz.perf_stats import Sample, aggregate, phase_verdict, roofline_points
+from kvviz.ui.perf_common import (
+    Busy, SweepState, acquire, busy_note, drive, machine_probe, page_model, results_key, where,
+)
+
+INTRO = (
+    "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
+    "every weight read from memory is used for many tokens, so it is usually **compute-bound**. **Decode** "
+    "feeds one token per forward pass: all the weights (and the growing KV cache) are read again for a single "
+    "token, so it is usually **memory-bound**. Below, both are measured on this machine and placed on its "
+    "roofline."
+)
+
+
+def page() -> None:
+    st.title("Prefill vs decode")
+    st.markdown(INTRO)
+    got = page_model()
+    if got is None:
+        return
+    s, model = got
+    sweep_state, example_state = SweepState("pd_status"), SweepState("pd_example_status")
+    sweep_state.settle()
+    example_state.settle()
+    busy_note()
+    results: dict[str, list[Sample]] = st.session_state.setdefault(results_key("pd_results", model), {})
+    ctx = _context_limit(model)
+    _sweeps(model, results, sweep_state, ctx)
+    st.divider()
+    prompt_ids = tuple(model.tokenizer.encode(s.prompt)) if (s.prompt and model.has_tokenizer) else ()
+    _example(model, results, example_state, prompt_ids, ctx)
+
+
+def _context_limit(model: LoadedModel) -> int:
+    """How far the sweeps go: the full context by default, less for a quick look at a big model."""
+    block = model.config.block_size
+    options = sorted({c for c in (64, 128, 256, 512, 1024, 2048) if c < block} | {block})
+    return int(st.select_slider("Longest context to measure (tokens)", options, value=block, key="pd_max_context",
+                                help="The prompt-length sweep, the decode sweep and the long document stop here. "
+                                     "The model's own context is the right-most value."))
+
+
+def _base_ids(model: LoadedModel) -> list[int]:
+    """Real text for the sweeps' prompts (cycled to length), whatever the tokenizer."""
+    return list(document_ids(model, 256))
+
+
+def _decode_bin(ctx: int) -> int:
+    return max(8, ctx // 32)
+
+
+def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState, ctx: int) -> None:
+    lengths = prompt_lengths(ctx)
+    st.subheader("TTFT vs prompt length, decode latency vs context")
+    st.caption(f"Prompt lengths {', '.join(map(str, lengths))} · decode from a 16-token prompt to a "
+               f"{ctx:,}-token context · {where(model)}")
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        repeats = st.number_input("Repeats", 1, 10, 3, key="pd_repeats", width=140,
+                                  help="Every point is the median of this many runs; bars and bands show min–max")
+        run_it = st.button("Measure prefill and decode", key="pd_run", type="primary")
+        st.button("Stop", key="pd_stop", help="Stop the sweep; the points measured so far are kept")
+    live = st.empty()
+    if run_it:
+        try:
+            lock = acquire()
+        except Busy as e:
+            st.warning(str(e))
+            return
+        state.begin()
+        try:
+            machine_probe(model)
+            base = _base_ids(model)
+            results["ttft"], results["decode"] = [], []
+            drive(sweep_ttft(model, base, lengths, int(repeats)), results["ttft"], "Prefill sweep…",
+                  lambda xs: live.plotly_chart(pc.ttft_chart(aggregate(xs, "ttft_ms"), where(model)),
+                                               key=f"pd_live_ttft_{len(xs)}"))
+            drive(sweep_decode(model, base, int(repeats), max_context=ctx), results["decode"], "Decode sweep…",
+                  lambda xs: live.plotly_chart(
+                      pc.decode_chart(aggregate(xs, "latency_ms", _decode_bin(ctx)), where(model)),
+                      key=f"pd_live_decode_{len(xs)}"))
+            state.end()
+        finally:
+            lock.release()
+        live.empty()
+    if not results.get("ttft"):
+        st.info("Press **Measure prefill and decode** (it probes this machine first, once per session).")
+        return
+    if state.status == "stopped":
+        st.warning("The sweep was stopped: the charts show the points it measured.")
+    _sweep_results(model, results)
+
+
+def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None:
+    dec = results.get("decode", [])
+    ctx = int(max((x.x for x in dec), default=64))  # bin by the range actually measured
+    sub = where(model)
+    n = len(results.get("ttft", [])) + len(results.get("decode", []))
+    a, b = st.columns(2)
+    a.plotly_chart(pc.ttft_chart(aggregate(results["ttft"], "ttft_ms"), sub), key=f"pd_ttft_{n}")
+    if results.get("decode"):
+        b.plotly_chart(pc.decode_chart(aggregate(results["decode"], "latency_ms", _decode_bin(ctx)), sub),
+                       key=f"pd_decode_{n}")
+    probe = st.session_state.get("pd_probes", {}).get((str(model.device), model.dtype_name))
+    if probe is None:
+        return
+    points = {"prefill": roofline_points(results["ttft"])}
+    if results.get("decode"):
+        points["decode"] = roofline_points(results["decode"], 4 * _decode_bin(ctx))
+    a, b = st.columns([3, 2])
+    a.plotly_chart(pc.roofline(probe, points), key=f"pd_roofline_{n}")
+    with b:
+        st.markdown("**This machine** (probed once per session)")
+        st.caption(probe.describe() + f" · probe took {probe.seconds:.1f} s")
+        st.markdown("**Verdict, from the measurements**")
+        for phase, df in points.items():
+            if not len(df):
+                continue
+            # Prefill at its longest prompt; decode at the middle of the context range.
+            row = df.iloc[-1] if phase == "prefill" else df.iloc[len(df) // 2]
+            unit = "prompt" if phase == "prefill" else "context"
+            st.markdown(f"- At a {int(row['x']):,}-token {unit}: "
+                        f"{phase_verdict(phase, float(row['intensity']), float(row['median']), probe)}")
+        st.caption("Intensity = analytic matmul FLOPs / minimum bytes moved (weights once + KV read and written); "
+                   "achieved GFLOP/s = those FLOPs / the measured time.")
+
+
+# --- the seeds' example ------------------------------------------------------------------------
+
+def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState,
+             prompt_ids: tuple[int, ...], ctx: int) -> None:
+    st.subheader("A short question vs a long pasted document")
+    short = tuple(model.tokenizer.encode(SHORT_QUESTION)) if model.has_tokenizer else prompt_ids[:16]
+    if not short:
+        st.info("This model has no tokenizer: type a prompt in the sidebar to use as the short question.")
+        return
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        n_new = int(st.number_input("New tokens", 8, max(8, min(256, ctx // 2)), min(32, ctx // 2), step=8,
+                                    key="pd_example_tokens", width=160,
+                                    help="Generated after each prompt; the per-token rate is their median"))
+        run_it = st.button("Run the example", key="pd_example", type="primary")
+        st.button("Stop", key="pd_example_stop", help="Stop; the runs that finished are kept")
+    long_len = ctx - n_new
+    st.caption(f"Question: “{SHORT_QUESTION}” ({len(short)} tokens) vs a document that fills the context "
+               f"({long_len:,} tokens); {n_new} new tokens after each; 3 repeats · {where(model)}")
+    if run_it:
+        try:
+            lock = acquire()
+        except Busy as e:
+            st.warning(str(e))
+            return
+        state.begin()
+        results["example"] = []
+        try:
+            drive(sweep_short_long(model, short, long_len, n_new, repeats=3), results["example"], "Measuring…")
+            state.end()
+        finally:
+            lock.release()
+    samples = results.get("example")
+    if not samples:
+        return
+    if state.status == "stopped":
+        st.warning("Stopped: showing the runs that finished.")
+    ttft, tpot = aggregate(samples, "ttft_ms"), aggregate(samples, "tpot_ms")
+    st.plotly_chart(pc.short_long_chart(ttft, tpot, where(model)), key=f"pd_example_chart_{len(samples)}")
+    st.markdown(_example_sentence(ttft, tpot))
+
+
+def _example_sentence(ttft: Any, tpot: Any) -> str:
+    def get(df: Any, series: str) -> tuple[float, float] | None:
+        row = df[df["series"] == series]
+        return (float(row["median"].iloc[0]), float(row["x"].iloc[0])) if len(row) else None
+
+    s_t, l_t = get(ttft, "short question"), get(ttft, "long document")
+    s_d, l_d = get(tpot, "short question"), get(tpot, "long document")
+    if not (s_t and l_t and s_d and l_d):
+        return ""
+    return (f"The document is {l_t[1] / s_t[1]:,.0f}× longer than the question. Its time to first token grew "
+            f"{l_t[0] / s_t[0]:,.1f}× ({s_t[0]:,.1f} → {l_t[0]:,.1f} ms): the prefill must read the whole prompt. "
+            f"After that, each new token took {s_d[0]:,.2f} vs {l_d[0]:,.2f} ms ({(l_d[0] / s_d[0] - 1) * 100:+.0f}%): "
+            "with the cache, a decode step processes one token whatever came before; only the attention over "
+            "the longer cache adds a little.")

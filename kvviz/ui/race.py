@@ -1,0 +1,286 @@
+"""Cache vs no cache: a live race of the three modes, its charts, an N sweep, static vs concat bytes."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import streamlit as st
+
+from kvviz import KVVizError, LoadedModel, Run
+from kvviz import perf_charts as pc
+from kvviz.flops import weight_bytes
+from kvviz.generate import GenerationStream
+from kvviz.measure import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
+from kvviz.measure import start as start_stream
+from kvviz.perf_stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
+from kvviz.ui.perf_common import (
+    Busy, SweepState, acquire, busy_note, drive, machine_probe, page_model, results_key, where,
+)
+from kvviz.ui.settings import Settings
+
+LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
+
+INTRO = (
+    "One click generates the same continuation three times: with the **static** KV cache (preallocated, "
+    "written in place), the **concat** cache (grows by `torch.cat`) and **no cache** (re-runs the whole "
+    "sequence every step). Same prompt, seed and sampling, run one after another so the timings stay clean. "
+    "The text must come out identical; the work does not."
+)
+
+
+def page() -> None:
+    st.title("Cache vs no cache")
+    st.markdown(INTRO)
+    got = page_model()
+    if got is None:
+        return
+    s, model = got
+    race_state = SweepState("race_status")
+    sweep_state = SweepState("race_sweep_status")
+    race_state.settle()
+    sweep_state.settle()
+    busy_note()
+    _race(s, model, race_state)
+    st.divider()
+    _sweep(s, model, sweep_state)
+
+
+# --- the race ---------------------------------------------------------------------------------
+
+def _request(s: Settings, model: LoadedModel) -> Request:
+    ids = tuple(model.tokenizer.encode(s.prompt)) if s.prompt else ()
+    return Request(prompt_ids=(ids,), max_new_tokens=s.max_new_tokens, prompt=s.prompt,
+                   **s.sampling_kwargs())
+
+
+def _sampling_text(s: Settings) -> str:
+    if s.greedy:
+        return "greedy"
+    parts = [f"temperature {s.temperature:g}"]
+    if s.top_k:
+        parts.append(f"top-k {s.top_k}")
+    if s.top_p:
+        parts.append(f"top-p {s.top_p:g}")
+    return ", ".join(parts) + f", seed {s.seed}"
+
+
+def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
+    st.subheader("The race")
+    st.caption(f"{s.max_new_tokens} new tokens · {_sampling_text(s)} · {where(model)} · prompt and settings "
+               "come from the sidebar")
+    with st.container(horizontal=True):
+        start = st.button("Start the race", key="race_start", type="primary",
+                          help="Run static cache, concat cache and no cache, one after another")
+        st.button("Stop", key="race_stop", help="Stop after the current step; what ran so far is kept")
+
+    key = results_key("race_runs", model)
+    cols = st.columns(3)
+    slots: dict[str, tuple[Any, Any]] = {}
+    for col, mode in zip(cols, MODES):
+        with col:
+            st.markdown(f"**{MODE_LABELS[mode]}**")
+            slots[mode] = (st.empty(), st.container(key=f"race_out_{mode}").empty())
+    live_chart = st.empty()
+
+    if start:
+        _run_race(s, model, key, slots, live_chart, state)
+    stored = st.session_state.get(key)
+    if not stored:
+        st.info("Press **Start the race**. Tip: 200+ new tokens make the no-cache slope obvious.")
+        return
+    if not start:
+        for mode, run in stored["runs"].items():
+            status, text = slots[mode]
+            status.caption(_status_line(run))
+            text.code(run.text or " ", language=None, wrap_lines=True)
+    if state.status == "stopped" and not stored.get("complete"):
+        st.warning("The race was stopped: the charts show the steps that ran.")
+    _results(model, stored)
+
+
+def _status_line(run: Run, running: bool = False) -> str:
+    n = len(run.events)
+    if not n:
+        return "waiting…"
+    tpot = run.median_tpot_ms
+    reason = run.stop_reason or "done"
+    head = "running" if running else ("done" if reason == "max_new_tokens" else reason)
+    return (f"{head} · {n} tokens · total {run.total_ms / 1000:.2f} s · TTFT {run.ttft_ms:.1f} ms"
+            + (f" · {tpot:.2f} ms/token (median)" if tpot else ""))
+
+
+def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[Any, Any]], live_chart: Any,
+              state: SweepState) -> None:
+    req = _request(s, model)
+    try:
+        start_stream(model, req, "static")  # validates prompt and budget before any compute
+    except KVVizError as e:
+        st.error(str(e))
+        return
+    try:
+        lock = acquire()
+    except Busy as e:
+        st.warning(str(e))
+        return
+    race_id = st.session_state.get("race_next_id", 0) + 1
+    st.session_state["race_next_id"] = race_id
+    streams: dict[str, GenerationStream] = {}
+    finished: set[str] = set()
+    last_draw, draws = 0.0, 0
+    state.begin()
+    try:
+        for tick in iter_race(model, req):
+            status, text = slots[tick.mode]
+            streams[tick.mode] = tick.stream
+            if tick.event is None:
+                finished.add(tick.mode)
+                status.caption(_status_line(tick.run))
+                continue
+            text.code(tick.stream.text or " ", language=None, wrap_lines=True)
+            now = time.monotonic()
+            if now - last_draw >= LIVE_REDRAW_S:
+                run = tick.run
+                status.caption(_status_line(run, running=True))
+                so_far = {m: st_.run for m, st_ in streams.items()}
+                draws += 1
+                live_chart.plotly_chart(pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
+                last_draw = now
+        state.end()
+    finally:
+        # Runs also when a Stop click interrupts the loop: keep what was measured.
+        lock.release()
+        runs = {m: st_.run for m, st_ in streams.items()}
+        st.session_state[key] = {"id": race_id, "runs": runs, "complete": finished == set(MODES)}
+    live_chart.empty()
+    machine_probe(model)  # for the explanation below; measured once per session
+
+
+def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
+    runs: dict[str, Run] = stored["runs"]
+    rid = stored["id"]
+    agree = compare_outputs(runs)
+    with st.container(key="race_verdict"):
+        if agree.identical:
+            st.success(f"Identical output: {agree.message}.", icon=":material/check_circle:")
+        elif stored.get("complete"):
+            st.error(f"BUG: the three modes do not agree. {agree.message}. Cached and uncached generation "
+                     "must produce the same tokens; please report this with the prompt and settings.",
+                     icon=":material/bug_report:")
+        else:
+            st.warning(f"Partial race: {agree.message}.")
+
+    cols = st.columns(len(runs) + 1)
+    for col, (mode, run) in zip(cols, runs.items()):
+        col.metric(f"{MODE_LABELS[mode]}: total", f"{run.total_ms / 1000:.2f} s",
+                   help="Sum of the measured step latencies (forward + sampling), synchronized on CUDA")
+    if "static" in runs and "none" in runs and runs["static"].total_ms > 0:
+        speed = runs["none"].total_ms / runs["static"].total_ms
+        flop = runs["none"].total_flops / max(1, runs["static"].total_flops)
+        cols[-1].metric("Speedup (static vs none)", f"{speed:.1f}×", f"FLOP ratio {flop:.1f}×", delta_color="off")
+
+    a, b = st.columns(2)
+    a.plotly_chart(pc.race_latency(runs), key=f"race_latency_{rid}")
+    b.plotly_chart(pc.race_cumulative(runs), key=f"race_cumulative_{rid}")
+    a, b = st.columns(2)
+    a.plotly_chart(pc.race_tokens(runs), key=f"race_tokens_{rid}")
+    b.plotly_chart(pc.race_flops(runs), key=f"race_flops_{rid}")
+    a, b = st.columns([3, 2])
+    a.plotly_chart(pc.race_speedup(runs), key=f"race_speedup_{rid}")
+    with b:
+        st.markdown("**Why the measured speedup is not the FLOP ratio**")
+        if "static" in runs and "none" in runs:
+            probes = st.session_state.get("pd_probes", {})
+            probe = probes.get((str(model.device), model.dtype_name))
+            nbytes = model.gpt.transformer.wte.weight.element_size()
+            st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe))
+
+    st.subheader("Static vs concat cache: what the bytes do")
+    st.markdown(
+        "The **static** cache allocates K/V buffers for the whole context up front and writes one column per "
+        "step in place: O(T) bytes written. The **concat** cache holds exactly what is used, but every step "
+        "`torch.cat` allocates a new tensor and copies the whole history: O(T²) bytes copied."
+    )
+    if "static" in runs and "concat" in runs and runs["static"].events and runs["concat"].events:
+        ls, lc = runs["static"].events[-1], runs["concat"].events[-1]
+        m = st.columns(4)
+        m[0].metric("Static: allocated", f"{ls.cache_bytes_allocated / 1e6:,.2f} MB")
+        m[1].metric("Concat: allocated", f"{lc.cache_bytes_allocated / 1e6:,.2f} MB")
+        m[2].metric("Static: bytes written", f"{ls.cache_bytes_copied / 1e6:,.2f} MB")
+        m[3].metric("Concat: bytes copied", f"{lc.cache_bytes_copied / 1e6:,.2f} MB",
+                    f"{lc.cache_bytes_copied / max(1, ls.cache_bytes_copied):,.1f}× static", delta_color="off")
+    a, b = st.columns(2)
+    a.plotly_chart(pc.cache_bytes(runs), key=f"race_bytes_{rid}")
+    b.plotly_chart(pc.cache_copied(runs), key=f"race_copied_{rid}")
+
+
+# --- the sweep --------------------------------------------------------------------------------
+
+def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
+    st.subheader("Sweep: total time vs N")
+    st.markdown(
+        "Runs the static cache and no cache at several numbers of new tokens N, each repeated, and fits "
+        "the slope of log(time) vs log(N) on the large-N points: about **1** means linear (the cache), "
+        "about **2** quadratic (recomputing everything). Medians over repeats, min–max bars."
+    )
+    ids = tuple(model.tokenizer.encode(s.prompt)) if s.prompt else ()
+    options = sweep_ns(len(ids), model.config.block_size)
+    if not ids or not options:
+        st.warning("The sweep needs a prompt that leaves room for at least 32 new tokens in the context.")
+        return
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        ns = st.multiselect("New tokens N", options, default=options, key="race_sweep_ns", width=420,
+                            help="Bounded by the context: prompt + N must fit")
+        repeats = st.number_input("Repeats", 1, 10, 3, key="race_sweep_repeats", width=140,
+                                  help="Each point is the median of this many runs; bars show min–max")
+        run_it = st.button("Run the sweep", key="race_sweep", type="primary")
+        st.button("Stop", key="race_sweep_stop", help="Stop the sweep; the points measured so far are kept")
+
+    key = results_key("race_sweep", model)
+    charts = st.empty()
+    if run_it and ns:
+        req = Request(prompt_ids=(ids,), max_new_tokens=max(ns), **s.sampling_kwargs())
+        try:
+            lock = acquire()
+        except Busy as e:
+            st.warning(str(e))
+            return
+        samples: list[Sample] = []
+        st.session_state[key] = samples
+        state.begin()
+        draws = [0]
+
+        def redraw(store: list[Sample]) -> None:
+            draws[0] += 1
+            agg = aggregate(store, "total_ms")
+            charts.plotly_chart(pc.sweep_time(agg, {}, False, where(model)), key=f"race_sweep_live_{draws[0]}")
+
+        try:
+            drive(sweep_total_time(model, req, sorted(ns), int(repeats)), samples, "Measuring…", redraw)
+            state.end()
+        finally:
+            lock.release()
+        charts.empty()
+    samples = st.session_state.get(key)
+    if not samples:
+        return
+    if state.status == "stopped":
+        st.warning(f"The sweep was stopped after {len(samples)} runs; these are the points it measured.")
+    _sweep_results(model, samples)
+
+
+def _sweep_results(model: LoadedModel, samples: list[Sample]) -> None:
+    agg = aggregate(samples, "total_ms")
+    fits = fits_by_series(agg)
+    sub = where(model)
+    a, b = st.columns(2)
+    a.plotly_chart(pc.sweep_time(agg, fits, False, sub), key=f"race_sweep_lin_{len(samples)}")
+    b.plotly_chart(pc.sweep_time(agg, fits, True, sub), key=f"race_sweep_log_{len(samples)}")
+    if fits:
+        parts = [f"**{MODE_LABELS.get(m, m)}**: slope {f.slope:.2f} (fitted on N = {f.x_min:.0f}…{f.x_max:.0f})"
+                 for m, f in fits.items()]
+        st.markdown("Fitted log-log slopes: " + " · ".join(parts) + ". Expect ≈1 with the cache and ≈2 without, "
+                    "once N is large enough that fixed costs stop dominating.")
+    table = speedup_table(agg)
+    if len(table):
+        st.dataframe(table, hide_index=True, key="race_sweep_table",
+                     column_config={"speedup": st.column_config.NumberColumn(format="%.2f×")})

@@ -1,0 +1,200 @@
+"""AppTest over the race, prefill/decode and batching pages on random:tiny with small N.
+
+Each script renders the real sidebar and then the page, exactly as app.py does for it (AppTest
+cannot switch to a function page). The machine probe is pre-seeded with fixed numbers: the real
+probe allocates hundreds of MB, which a unit test has no business doing (test_measure covers it).
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvviz.perf_stats import MachineProbe, Sample
+
+PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,
+                     copy_bytes=2**20, seconds=0.1)
+
+
+def _race() -> None:
+    import streamlit as st
+
+    from kvviz.ui import race
+    from kvviz.ui.sidebar import render_sidebar
+
+    st.session_state["settings"] = render_sidebar()
+    race.page()
+
+
+def _prefill() -> None:
+    import streamlit as st
+
+    from kvviz.ui import prefill
+    from kvviz.ui.sidebar import render_sidebar
+
+    st.session_state["settings"] = render_sidebar()
+    prefill.page()
+
+
+def _batching() -> None:
+    import streamlit as st
+
+    from kvviz.ui import batching
+    from kvviz.ui.sidebar import render_sidebar
+
+    st.session_state["settings"] = render_sidebar()
+    batching.page()
+
+
+@pytest.fixture(autouse=True)
+def tiny_default(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
+
+
+def fresh(script: Callable[[], None], max_new_tokens: int | None = 8) -> AppTest:
+    at = AppTest.from_function(script, default_timeout=120)
+    at.session_state["pd_probes"] = {("cpu", "fp32"): PROBE}
+    at.run()
+    if max_new_tokens is not None:
+        at.number_input(key="max_new_tokens").set_value(max_new_tokens).run()
+    return at
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def titles(at: AppTest) -> list[str]:
+    return [f["layout"]["title"]["text"] for f in figures(at)]
+
+
+def no_problems(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+# --- race ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def raced() -> AppTest:
+    import os
+
+    os.environ.setdefault("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    at = fresh(_race)
+    return at.button(key="race_start").click().run()
+
+
+def test_race_page_loads_with_instructions() -> None:
+    at = fresh(_race, None)
+    no_problems(at)
+    assert at.title[0].value == "Cache vs no cache"
+    assert any("Start the race" in i.value for i in at.info)
+
+
+def test_race_shows_identical_output_and_every_chart(raced: AppTest) -> None:
+    no_problems(raced)
+    assert any("Identical output" in s.value and "8 tokens" in s.value for s in raced.success)
+    t = titles(raced)
+    for expected in ("Per-step latency", "Cumulative generation time", "Tokens processed per step", "Analytic FLOPs",
+                     "Speedup of the KV cache (static)", "KV cache bytes: allocated vs used",
+                     "Bytes written by the cache"):
+        assert any(x.startswith(expected) for x in t), expected
+    assert all("random:tiny · cpu · fp32" in f["layout"]["title"]["subtitle"]["text"] for f in figures(raced))
+    labels = {m.label for m in raced.metric}
+    assert {"KV cache (static): total", "no cache: total", "Speedup (static vs none)", "Concat: bytes copied"} <= labels
+    # The explanation quotes the probe's numbers.
+    assert any("50 GFLOP/s" in m.value for m in raced.markdown)
+    # All three outputs are shown as plain text (st.code), never as HTML.
+    assert len(raced.code) >= 3 and len({c.value for c in raced.code[:3]}) == 1
+
+
+def test_race_sweep_then_table_and_slopes(raced: AppTest) -> None:
+    at = raced
+    at.multiselect(key="race_sweep_ns").set_value([32])
+    at.number_input(key="race_sweep_repeats").set_value(1)
+    at.button(key="race_sweep").click().run()
+    no_problems(at)
+    t = titles(at)
+    assert any(x.startswith("Total time vs new tokens N (log-log") for x in t)
+    assert sum(x.startswith("Total time vs new tokens N") for x in t) == 2
+    table = at.dataframe[0].value
+    assert list(table["new tokens"]) == [32] and table["repeats"].iloc[0] == 1
+    assert {s.series for s in at.session_state["race_sweep::random:tiny::cpu::fp32"]} == {"static", "none"}
+
+
+def test_race_rejects_bad_input_with_a_message() -> None:
+    at = fresh(_race)
+    at.text_area(key="prompt").set_value("").run()
+    at.button(key="race_start").click().run()
+    assert not at.exception and any("empty" in e.value for e in at.error)
+    at = fresh(_race)
+    at.text_area(key="prompt").set_value("x" * 1020).run()
+    at.number_input(key="max_new_tokens").set_value(8).run()
+    at.button(key="race_start").click().run()
+    assert not at.exception and any("exceeds the model's context" in e.value for e in at.error)
+
+
+def test_a_stopped_sweep_keeps_its_points() -> None:
+    at = fresh(_race, None)
+    # What a Stop click leaves behind: the status still says running, two samples stored.
+    at.session_state["race_sweep_status"] = "running"
+    at.session_state["race_sweep::random:tiny::cpu::fp32"] = [
+        Sample("total_time", m, 32, 0, {"total_ms": v}, "cpu", "fp32") for m, v in (("static", 10.0), ("none", 30.0))]
+    at.run()
+    no_problems(at)
+    assert any("stopped after 2 runs" in w.value for w in at.warning)
+    assert sum(x.startswith("Total time vs new tokens N") for x in titles(at)) == 2
+
+
+# --- prefill vs decode ----------------------------------------------------------------------------
+
+def test_prefill_page_measures_and_labels_the_phases() -> None:
+    at = fresh(_prefill, None)
+    no_problems(at)
+    at.select_slider(key="pd_max_context").set_value(64)
+    at.number_input(key="pd_repeats").set_value(1)
+    at.button(key="pd_run").click().run()
+    no_problems(at)
+    t = titles(at)
+    assert "Time to first token vs prompt length" in t and "Per-token decode latency vs context length" in t
+    assert any(x.startswith("Roofline of this machine") for x in t)
+    verdicts = " ".join(m.value for m in at.markdown)
+    assert "Prefill: **" in verdicts and "Decode: **memory-bound**" in verdicts
+    roof = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Roofline"))
+    assert {d.get("name") for d in roof["data"]} >= {"prefill (measured)", "decode (measured)"}
+
+    at.number_input(key="pd_example_tokens").set_value(8)
+    at.button(key="pd_example").click().run()
+    no_problems(at)
+    assert "Short question vs long pasted document" in titles(at)
+    assert any("time to first token grew" in m.value for m in at.markdown)
+
+
+# --- batching -------------------------------------------------------------------------------------
+
+def test_batching_page_same_and_different_prompts() -> None:
+    at = fresh(_batching, None)
+    no_problems(at)
+    at.number_input(key="batch_prompt_len").set_value(4)
+    at.number_input(key="batch_new_tokens").set_value(4)
+    at.number_input(key="batch_repeats").set_value(1)
+    at.button(key="batch_run").click().run()
+    no_problems(at)
+    at.radio(key="batch_prompts").set_value("different")
+    at.button(key="batch_run").click().run()
+    no_problems(at)
+    t = titles(at)
+    assert any(x.startswith("Batching: throughput vs per-request latency") for x in t)
+    assert "KV cache bytes vs batch size" in t
+    table = at.dataframe[0].value
+    assert set(table["prompts"]) == {"same prompt", "different prompts"}
+    assert sorted(set(table["batch size"])) == [1, 2, 4, 8, 16]
+    diff = table[table["prompts"] == "different prompts"]
+    # Distinct prompts, distinct continuations (an untrained model may still map two prompts that
+    # end alike to the same tokens, so only "more than one" is certain).
+    assert list(diff["distinct outputs"])[:2] == [1, 2] and all(d > 1 for d in list(diff["distinct outputs"])[1:])
+    same = table[table["prompts"] == "same prompt"]
+    assert set(same["distinct outputs"]) == {1}
