@@ -97,7 +97,7 @@ def estimate_loss(model: GPT, data: torch.Tensor, tc: TrainConfig, dev: torch.de
 
 
 def _save_state(path: Path, model: GPT, opt: torch.optim.Optimizer, step: int, gen: torch.Generator,
-                history: list[dict], elapsed: float, tokens: int) -> None:
+                history: list[dict], elapsed: float, tokens: int, commands: list[str]) -> None:
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def _save_state(path: Path, model: GPT, opt: torch.optim.Optimizer, step: int, g
                     tensors[f"opt.{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
     tensors["rng"] = gen.get_state()
     save_file(tensors, str(path / "state.safetensors"))
-    meta = {"step": step, "elapsed": elapsed, "tokens": tokens, "history": history}
+    meta = {"step": step, "elapsed": elapsed, "tokens": tokens, "history": history, "commands": commands}
     (path / "state.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
@@ -163,9 +163,12 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     out = Path(tc.out)
     state_dir = out / "train_state"
     step, elapsed, tokens, history = 0, 0.0, 0, []
+    commands: list[str] = []
     if resume:
         meta = _load_state(state_dir, model, opt, gen)
         step, elapsed, tokens, history = meta["step"], meta["elapsed"], meta["tokens"], meta["history"]
+        commands = meta.get("commands", []) + [f"(resumed at step {step})"]
+    commands.append(_command_line())
 
     per_step = tc.batch_size * min(tc.block_size, len(train_data) - 1)
     bar = tqdm(total=tc.steps, initial=step, disable=not progress, dynamic_ncols=True, desc="train")
@@ -192,7 +195,7 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
             history.append({"step": step, "train_loss": round(loss.item(), 4), "val_loss": round(val, 4),
                             "elapsed_s": round(elapsed, 1)})
             bar.write(f"step {step}: train {loss.item():.4f}  val {val:.4f}  ({elapsed / 60:.1f} min)")
-            _save_state(state_dir, model, opt, step, gen, history, elapsed, tokens)
+            _save_state(state_dir, model, opt, step, gen, history, elapsed, tokens, commands)
             t_last = time.perf_counter()  # checkpoint I/O is not training time
     bar.close()
 
@@ -212,8 +215,8 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
         "config": asdict(tc),
         "model": {k: v for k, v in cfg.to_dict().items()},
         "params": model.num_params(),
-        "command": "python -m kvviz train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if
-                   sys.argv[1:2] == ["train"] else None,
+        "command": commands[0],
+        "commands": commands,  # more than one when the run was resumed
         "history": history,
     }
     if tc.final_eval:
@@ -224,6 +227,12 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
         summary["val_nats_per_byte"] = round(res.bits_per_byte * math.log(2), 4)
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _command_line() -> str:
+    if sys.argv[1:2] == ["train"]:
+        return "python -m kvviz train " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    return "kvviz.train.train(...) from Python"
 
 
 def _autocast(tc: TrainConfig, dev: torch.device):  # type: ignore[no-untyped-def]
