@@ -1,0 +1,58 @@
+"""Widget values that survive a page where the widget is not drawn.
+
+Streamlit forgets a widget's value at the end of any run that does not render it (the sidebar
+is not drawn on the calculator page). So each kept widget is initialised from a shadow copy
+before it is created, and the shadow is refreshed after. Widgets created this way take their
+value from ``st.session_state`` only: never pass ``value=``/``index=`` as well.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import streamlit as st
+
+SHADOW_KEY = "_kvviz_kept_widgets"
+
+
+def _shadow() -> dict[str, Any]:
+    if SHADOW_KEY not in st.session_state:
+        st.session_state[SHADOW_KEY] = {}
+    return st.session_state[SHADOW_KEY]
+
+
+def keep(key: str, default: Any, options: Sequence[Any] | None = None,
+         bounds: tuple[float | None, float | None] | None = None) -> Any:
+    """Put back ``key``'s last value (or ``default``) before its widget is created; return it.
+
+    ``options``: a value no longer offered (a model folder removed, CUDA gone) falls back to
+    ``default``. ``bounds``: a number is clamped, e.g. when a smaller model shrinks the context.
+    """
+    ss = st.session_state
+    if key not in ss:
+        ss[key] = _shadow().get(key, default)
+    value = ss[key]
+    if options is not None and value not in options:
+        value = default if default in options else options[0]
+    if bounds is not None and isinstance(value, (int, float)):
+        lo, hi = bounds
+        if lo is not None and value < lo:
+            value = type(value)(lo)
+        if hi is not None and value > hi:
+            value = type(value)(hi)
+    if value != ss[key]:
+        ss[key] = value
+    return value
+
+
+def last(key: str, default: Any = None) -> Any:
+    """The widget's value now, or as it was when it was last drawn."""
+    return st.session_state.get(key, _shadow().get(key, default))
+
+
+def remember(*keys: str) -> None:
+    """Copy the widgets' current values into the shadow (call after creating them)."""
+    shadow = _shadow()
+    for key in keys:
+        if key in st.session_state:
+            shadow[key] = st.session_state[key]

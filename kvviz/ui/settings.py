@@ -1,0 +1,61 @@
+"""The sidebar's answer: one frozen ``Settings`` value per script run (no streamlit import).
+
+Pages read it from ``st.session_state["settings"]`` (app.py stores it) and turn it into
+``iter_generate`` arguments with ``generate_kwargs``; nothing else parses widget values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CACHE_MODES: dict[str, str] = {
+    "static": "KV cache: static (preallocated)",
+    "concat": "KV cache: concat (grows by torch.cat)",
+    "none": "No cache (recompute everything)",
+}
+DTYPE_CHOICES = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str = "random:tiny"  # a model choice: "default", "random:NAME" or "folder:NAME" (see state.py)
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    dtype: str = "fp32"  # weights and KV cache dtype: one of DTYPE_CHOICES
+    prompt: str = ""  # exactly as typed; validated by the engine, never trimmed here
+    max_new_tokens: int = 64  # tokens to generate (bounded by the context in the sidebar)
+    greedy: bool = True  # argmax; the sampling fields below are ignored when True
+    temperature: float = 0.8  # divides the logits before sampling
+    top_k: int | None = None  # keep the k most likely tokens (None = off)
+    top_p: float | None = None  # keep the smallest set with this much probability (None = off)
+    seed: int = 0  # seeds the run's own random generator: same seed, same text
+    cache_mode: str = "static"  # one of CACHE_MODES
+    speed_tps: float | None = None  # presentation speed: slow live generation to N tokens/s (None = full speed)
+
+    @property
+    def use_cache(self) -> bool:
+        return self.cache_mode != "none"
+
+    @property
+    def cache_label(self) -> str:
+        return CACHE_MODES.get(self.cache_mode, self.cache_mode)
+
+    @property
+    def model_key(self) -> tuple[str, str, str]:
+        """What identifies a loaded model (get_model's cache key)."""
+        return (self.model, self.device, self.dtype)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        if self.greedy:
+            return {"greedy": True, "seed": self.seed}
+        return {"greedy": False, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "seed": self.seed}
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``kvviz.iter_generate`` (besides the model and the capture)."""
+        return {
+            "prompt": self.prompt,
+            "max_new_tokens": self.max_new_tokens,
+            "use_cache": self.use_cache,
+            "cache_kind": self.cache_mode if self.use_cache else "static",
+            **self.sampling_kwargs(),
+        }

@@ -1,0 +1,170 @@
+"""The sidebar shared by every generation page: model, prompt, sampling, cache mode, speed.
+
+``render_sidebar()`` draws the controls and returns a frozen ``Settings``; it never generates.
+Every control has a key (tests and bookmarks rely on them) and help text that teaches.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from kvviz import KVVizError, LoadedModel
+from kvviz.ui import persist
+from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, Settings
+from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
+
+EXAMPLES: dict[str, str] = {
+    "Romeo": "ROMEO:\n",
+    "Hamlet": "HAMLET:\nTo be, or not to be, that is the question:\n",
+    "Citizens": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n",
+}
+DEFAULT_PROMPT = EXAMPLES["Romeo"]
+SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
+
+KEPT_KEYS = ("model", "device", "dtype", "prompt", "max_new_tokens", "sampling", "temperature", "top_k",
+             "top_p", "seed", "cache_mode", "present", "speed_tps")
+
+HELP = {
+    "model": "Which network generates. `default` is the small model trained on Tiny Shakespeare that "
+             "ships with kvviz; `random:*` are untrained networks of real shapes (gibberish text, honest "
+             "timings); folders under `models/` hold Hugging Face GPT-2 checkpoints.",
+    "device": "Where the forward passes run. `auto` picks CUDA when a GPU is present. Only devices that "
+              "exist on this machine are listed.",
+    "dtype": "Number format of the weights and of the KV cache. fp16/bf16 halve the cache's bytes per "
+             "token (watch 'bytes used') at a small cost in precision.",
+    "prompt": "The text the model continues. Every prompt token is fed in one forward pass (the prefill) "
+              "and its K and V vectors fill the first cache columns.",
+    "max_new_tokens": "How many tokens to generate. Prompt + new tokens must fit in the model's context "
+                      "(its number of position embeddings).",
+    "sampling": "Greedy always takes the most likely next token (same text every time). Sampling draws "
+                "from the probabilities, shaped by temperature, top-k and top-p; the seed makes it repeatable.",
+    "temperature": "Divides the logits before the softmax: below 1 sharpens the distribution (safer, "
+                   "more repetitive), above 1 flattens it (more surprising).",
+    "top_k": "Keep only the k most likely tokens before sampling. 0 turns it off.",
+    "top_p": "Nucleus sampling: keep the smallest set of tokens whose probabilities add up to p, drop "
+             "the long tail. 1.0 turns it off.",
+    "seed": "Seeds this run's own random generator: the same seed and settings give the same text.",
+    "cache_mode": "Static: K/V buffers for the whole context are allocated up front and each step writes "
+                  "one column in place. Concat: the cache grows by torch.cat, copying everything each step. "
+                  "No cache: every step re-runs the model over the whole sequence, recomputing every K and "
+                  "V and keeping none. The text is identical in all three; the work is not.",
+    "present": "Slow live generation down so an audience can follow each token.",
+    "speed_tps": "Target tokens per second while presenting.",
+}
+
+
+def _set_prompt(text: str) -> None:
+    st.session_state["prompt"] = text
+
+
+def _model_section() -> tuple[str, str, str, LoadedModel | None]:
+    choices = model_choices()
+    choice = persist.keep("model", default_choice(choices), options=choices)
+    st.selectbox("Model", choices, key="model", format_func=choice_label, help=HELP["model"])
+
+    devices = available_devices()
+    kept = persist.last("device")
+    if kept is not None and kept not in devices:
+        # The device vanished (a GPU went away between runs): say so instead of failing later.
+        st.warning(f"Device {kept!r} is no longer available here; using auto ({', '.join(devices[1:])}).")
+    c1, c2 = st.columns(2)
+    with c1:
+        persist.keep("device", "auto", options=devices)
+        device = st.selectbox("Device", devices, key="device", help=HELP["device"])
+    with c2:
+        persist.keep("dtype", "fp32", options=DTYPE_CHOICES)
+        dtype = st.selectbox("dtype", DTYPE_CHOICES, key="dtype", help=HELP["dtype"])
+    choice = st.session_state["model"]
+
+    model = None
+    try:
+        model = get_model(choice, device, dtype)
+    except KVVizError as e:
+        st.error(f"This model cannot be loaded: {e}")
+    if model is not None:
+        c = model.config
+        kv = f"{c.kv_heads} K/V heads" if c.kv_heads != c.n_head else f"{c.n_head} heads"
+        st.caption(f"{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
+                   f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}")
+    return choice, device, dtype, model
+
+
+def _prompt_section(model: LoadedModel | None) -> tuple[str, int]:
+    persist.keep("prompt", DEFAULT_PROMPT)
+    prompt = st.text_area("Prompt", key="prompt", height=110, help=HELP["prompt"])
+    cols = st.columns(len(EXAMPLES))
+    for col, (name, text) in zip(cols, EXAMPLES.items()):
+        col.button(name, key=f"example_{name.lower()}", on_click=_set_prompt, args=(text,),
+                   help=f"Use the example prompt {text.splitlines()[0]!r}…", width="stretch")
+
+    block = model.config.block_size if model is not None else 1024
+    n_prompt = None
+    if model is not None and model.has_tokenizer and prompt:
+        n_prompt = len(model.tokenizer.encode(prompt[:200_000]))
+    limit = max(1, block - 1)
+    persist.keep("max_new_tokens", 64, bounds=(1, limit))
+    st.number_input("Max new tokens", min_value=1, max_value=limit, step=16, key="max_new_tokens",
+                    help=HELP["max_new_tokens"])
+    n_new = int(st.session_state["max_new_tokens"])
+    if n_prompt is None:
+        st.caption(f"At most {limit:,}: the context holds {block:,} tokens.")
+    else:
+        total = n_prompt + n_new
+        msg = (f"Prompt {n_prompt:,} tokens + {n_new:,} new = {total:,} of the {block:,}-token context "
+               f"(at most {max(0, block - n_prompt):,} new tokens fit).")
+        if total > block:
+            st.warning(msg + " Shorten the prompt or generate fewer tokens.")
+        else:
+            st.caption(msg)
+    return prompt, n_new
+
+
+def _sampling_section() -> dict[str, object]:
+    persist.keep("sampling", "greedy", options=("greedy", "sample"))
+    mode = st.radio("Sampling", ("greedy", "sample"), key="sampling", horizontal=True, help=HELP["sampling"],
+                    format_func=lambda m: "Greedy" if m == "greedy" else "Sample")
+    greedy = mode == "greedy"
+    persist.keep("temperature", 0.8, bounds=(0.05, 2.0))
+    st.slider("Temperature", 0.05, 2.0, step=0.05, key="temperature", disabled=greedy, help=HELP["temperature"])
+    c1, c2 = st.columns(2)
+    with c1:
+        persist.keep("top_k", 0, bounds=(0, 1000))
+        st.number_input("top-k", 0, 1000, step=1, key="top_k", disabled=greedy, help=HELP["top_k"])
+    with c2:
+        persist.keep("top_p", 1.0, bounds=(0.05, 1.0))
+        st.slider("top-p", 0.05, 1.0, step=0.05, key="top_p", disabled=greedy, help=HELP["top_p"])
+    persist.keep("seed", 0, bounds=(0, 2**31 - 1))
+    st.number_input("Seed", 0, 2**31 - 1, step=1, key="seed", help=HELP["seed"])
+    ss = st.session_state
+    return {
+        "greedy": greedy,
+        "temperature": float(ss["temperature"]),
+        "top_k": int(ss["top_k"]) or None,
+        "top_p": float(ss["top_p"]) if float(ss["top_p"]) < 1.0 else None,
+        "seed": int(ss["seed"]),
+    }
+
+
+def render_sidebar() -> Settings:
+    """Draw the shared controls; return what they say, as a frozen Settings."""
+    with st.sidebar:
+        st.header("Model")
+        choice, device, dtype, model = _model_section()
+        st.header("Prompt")
+        prompt, n_new = _prompt_section(model)
+        st.header("Sampling")
+        sampling = _sampling_section()
+        st.header("KV cache")
+        persist.keep("cache_mode", "static", options=tuple(CACHE_MODES))
+        cache_mode = st.radio("Cache mode", tuple(CACHE_MODES), key="cache_mode", format_func=CACHE_MODES.get,
+                              help=HELP["cache_mode"])
+        st.header("Presenting")
+        persist.keep("present", False)
+        present = st.toggle("Presentation speed", key="present", help=HELP["present"])
+        persist.keep("speed_tps", 3.0, options=SPEEDS)
+        speed = st.select_slider("Tokens per second", SPEEDS, key="speed_tps", disabled=not present,
+                                 help=HELP["speed_tps"], format_func=lambda v: f"{v:g}")
+        persist.remember(*KEPT_KEYS)
+    return Settings(
+        model=choice, device=device, dtype=dtype, prompt=prompt, max_new_tokens=n_new,
+        cache_mode=str(cache_mode), speed_tps=float(speed) if present else None, **sampling,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,231 @@
+"""Session and process state: the shared model loader, the allowed model folders, the run store.
+
+- ``get_model`` is ``@st.cache_resource``: one read-only model per (spec, device, dtype, file
+  stamp), shared by every session. Caches and generators are per run, never on the model.
+- Model folders are *listed* from one allowed directory (``models/`` or ``$KVVIZ_MODELS_DIR``);
+  the app never takes a free-form path, and every resolved path is checked to stay inside it.
+- ``RunStore`` keeps the last runs of a session in ``st.session_state`` (a plain mapping here,
+  so it is testable without Streamlit) and keeps their captures under a byte budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from kvviz import KVVizError, LoadedModel, Run, load_model
+from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
+from kvviz.flops import weight_bytes
+from kvviz.model import GPTConfig
+from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FOLDER_PREFIX = "folder:"
+FALLBACK_MODEL = "random:tiny"
+
+
+# --- model choices ---------------------------------------------------------------------------
+
+def models_root() -> Path:
+    """The one directory whose sub-folders may be loaded as models."""
+    env = os.environ.get("KVVIZ_MODELS_DIR")
+    return Path(env) if env else REPO_ROOT / "models"
+
+
+def list_model_folders() -> list[str]:
+    """Names of the model folders under models_root(); hidden folders and escaping links skipped."""
+    root = models_root()
+    try:
+        real_root = root.resolve(strict=True)
+        entries = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return []
+    out = []
+    for p in entries:
+        if p.name.startswith(".") or not p.is_dir():
+            continue
+        if p.resolve().is_relative_to(real_root):  # a symlink pointing elsewhere is not offered
+            out.append(p.name)
+    return out
+
+
+def resolve_model_folder(name: str) -> Path:
+    """The path of a listed folder, verified to stay inside models_root()."""
+    if name not in list_model_folders():  # only names the app itself listed, so no "..", no "/"
+        raise KVVizError(f"model folder {name!r} is not in {models_root()}")
+    root = models_root().resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise KVVizError(f"model folder {name!r} resolves outside {root}")
+    return path
+
+
+def default_model_present() -> bool:
+    return (DEFAULT_MODEL_DIR / "model.safetensors").is_file()
+
+
+def model_choices() -> list[str]:
+    choices = ["default"] if default_model_present() else []
+    choices += [f"random:{name}" for name in RANDOM_SHAPES]
+    choices += [FOLDER_PREFIX + name for name in list_model_folders()]
+    return choices
+
+
+def default_choice(choices: list[str]) -> str:
+    """$KVVIZ_DEFAULT_MODEL when it is offered (tests use random:tiny), else the shipped model."""
+    env = os.environ.get("KVVIZ_DEFAULT_MODEL", "")
+    if env in choices:
+        return env
+    return "default" if "default" in choices else FALLBACK_MODEL
+
+
+def spec_for(choice: str) -> str:
+    """What load_model takes for a choice: 'default', 'random:NAME' or a verified folder path."""
+    if choice.startswith(FOLDER_PREFIX):
+        return str(resolve_model_folder(choice[len(FOLDER_PREFIX):]))
+    if choice == "default" or choice.startswith("random:"):
+        return choice
+    raise KVVizError(f"unknown model choice {choice!r}")
+
+
+def choice_config(choice: str) -> GPTConfig:
+    """The config of a choice without loading weights (for labels and bounds)."""
+    if choice.startswith("random:"):
+        name = choice.split(":", 1)[1]
+        if name not in RANDOM_SHAPES:
+            raise KVVizError(f"unknown random shape {name!r}")
+        return RANDOM_SHAPES[name]
+    folder = DEFAULT_MODEL_DIR if choice == "default" else Path(spec_for(choice))
+    cfg, _ = config_from_json(read_config(folder), f"{folder.name}/config.json")
+    return cfg
+
+
+def param_count(cfg: GPTConfig) -> int:
+    """Parameters of a config without building it: the weights plus the position embeddings."""
+    return weight_bytes(cfg, 1) + cfg.block_size * cfg.n_embd
+
+
+def human_count(n: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def choice_label(choice: str) -> str:
+    try:
+        params = human_count(param_count(choice_config(choice)))
+    except KVVizError:
+        return f"{choice} (cannot read its config.json)"
+    if choice == "default":
+        return f"default: Tiny Shakespeare ({params} params)"
+    return f"{choice} ({params} params)"
+
+
+def available_devices() -> list[str]:
+    """auto, cpu, and cuda only where a CUDA device exists right now."""
+    out = ["auto", "cpu"]
+    try:
+        resolve_device("cuda")
+        out.append("cuda")
+    except KVVizError:
+        pass
+    return out
+
+
+def _file_stamp(spec: str) -> float:
+    """The weights' modification time, so a retrained or replaced model is loaded afresh."""
+    folder = DEFAULT_MODEL_DIR if spec == "default" else Path(spec)
+    try:
+        return (folder / "model.safetensors").stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the model…")
+def _load(spec: str, device: str, dtype: str, stamp: float) -> LoadedModel:
+    return load_model(spec, device=device, dtype=dtype)
+
+
+def get_model(choice: str, device: str = "auto", dtype: str = "fp32") -> LoadedModel:
+    """The shared, read-only model for a sidebar choice. Raises KVVizError with a message for users."""
+    spec = spec_for(choice)
+    stamp = 0.0 if spec.startswith("random:") else _file_stamp(spec)
+    return _load(spec, device, dtype, stamp)
+
+
+# --- the run store -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StoredRun:
+    id: int  # per session, from 1; also part of every chart key of this run
+    run: Run
+    stepping: bool = False  # a step-mode run that can still advance
+    captures_dropped: bool = False  # older run whose captures were dropped to fit the budget
+
+    @property
+    def label(self) -> str:
+        status = "stepping" if self.stepping else (self.run.stop_reason or "running")
+        return f"#{self.id} · {self.run.label()} · {status}"
+
+
+class RunStore:
+    """The last ``keep`` runs of one session, newest last, captures under ``budget`` bytes."""
+
+    def __init__(self, state: MutableMapping[str, Any], name: str = "live", keep: int = 8,
+                 budget: int = SESSION_CAPTURE_BUDGET) -> None:
+        self._key = f"kvviz_runs_{name}"
+        self._state = state
+        self.keep = keep
+        self.budget = budget
+        if self._key not in state:
+            state[self._key] = {"next_id": 1, "runs": []}
+
+    @property
+    def _data(self) -> dict[str, Any]:
+        return self._state[self._key]
+
+    def new_id(self) -> int:
+        rid = self._data["next_id"]
+        self._data["next_id"] = rid + 1
+        return rid
+
+    def runs(self) -> list[StoredRun]:
+        return list(self._data["runs"])
+
+    def get(self, run_id: int | None) -> StoredRun | None:
+        return next((r for r in self._data["runs"] if r.id == run_id), None)
+
+    def latest(self) -> StoredRun | None:
+        runs = self._data["runs"]
+        return runs[-1] if runs else None
+
+    def put(self, run_id: int, run: Run, stepping: bool = False) -> StoredRun:
+        """Add or replace run ``run_id``, then drop the oldest runs and captures that do not fit."""
+        entry = StoredRun(run_id, run, stepping)
+        runs = [r for r in self._data["runs"] if r.id != run_id] + [entry]
+        runs = runs[-self.keep:]
+        # Oldest first: strip captures until the session fits (the newest run always keeps its own).
+        total = sum(r.run.capture_nbytes() for r in runs)
+        for i, r in enumerate(runs[:-1]):
+            if total <= self.budget:
+                break
+            nbytes = r.run.capture_nbytes()
+            if nbytes:
+                runs[i] = dataclasses.replace(r, run=strip_captures(r.run), captures_dropped=True)
+                total -= nbytes
+        self._data["runs"] = runs
+        return entry
+
+    def capture_nbytes(self) -> int:
+        return sum(r.run.capture_nbytes() for r in self._data["runs"])
+
+
+def run_store(name: str = "live") -> RunStore:
+    """This session's store (pages share it by name)."""
+    return RunStore(st.session_state, name)
