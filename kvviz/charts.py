@@ -1,0 +1,431 @@
+"""Pure Plotly charts of a Run: Run -> go.Figure. No streamlit, no torch.
+
+Every chart draws the run *as it stands after its last event*, so the live view, step mode and
+replay (``run.upto(step)``) share one code path. Arrays go to Plotly as float32, heights are
+fixed, and the x axis of the cache and attention charts spans the run's planned length
+(prompt + max_new_tokens), so the picture grows in a fixed frame instead of rescaling.
+
+Positions: after step s the sequence holds ``N + s + 1`` tokens; the cache holds the K/V of the
+first ``N + s`` (the token sampled last has not been fed yet). ``StepEvent.position`` is where
+the sampled token goes, so it is also the number of K/V columns that exist after the step.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvviz.events import Run, StepEvent
+
+# One look for every chart: large enough for a projector, calm colours, fixed heights.
+FONT = dict(family="Source Sans Pro, Inter, Helvetica, Arial, sans-serif", size=15, color="#212529")
+TITLE_SIZE = 19
+PROMPT_COLOR = "#4263eb"  # prompt tokens, prefill
+GEN_COLOR = "#f08c00"  # generated tokens, decode steps
+HILITE = "#e03131"  # what happened at this step
+EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
+HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
+MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
+MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)
+
+_BYTE_ESCAPE = re.compile(r"^(?:<0x[0-9A-Fa-f]{2}>)+$")
+_VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥"}  # glyphs every common font has
+
+
+# --- token labels ----------------------------------------------------------------------------
+
+def visible(text: str) -> str:
+    """Token text with whitespace and control characters made visible (a space is '·')."""
+    out = []
+    for ch in text:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"<0x{ord(ch):02X}>")  # control characters: hex, as the tokenizer shows raw bytes
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def token_bytes(display: str) -> bytes:
+    """The bytes behind a token's display text ('<0xE2>' escapes are partial UTF-8 bytes)."""
+    if _BYTE_ESCAPE.match(display):
+        return bytes(int(display[i + 3:i + 5], 16) for i in range(0, len(display), 6))
+    return display.encode("utf-8")
+
+
+def is_byte_token(display: str) -> bool:
+    return bool(_BYTE_ESCAPE.match(display))
+
+
+def prompt_tokens(run: Run) -> list[str]:
+    """Display text of each prompt token: stored in run.meta by the app, else bytes when it can."""
+    stored = run.meta.get("prompt_tokens") if run.meta else None
+    if stored is not None and len(stored) == len(run.prompt_ids):
+        return list(stored)
+    if all(0 <= i < 256 for i in run.prompt_ids):  # a byte-level tokenizer
+        return [_display_byte(i) for i in run.prompt_ids]
+    return [f"<|{i}|>" for i in run.prompt_ids]
+
+
+def _display_byte(i: int) -> str:
+    try:
+        return bytes([i]).decode("utf-8")
+    except UnicodeDecodeError:
+        return f"<0x{i:02X}>"
+
+
+def position_labels(run: Run) -> list[str]:
+    """Token display text at every position that exists: prompt, then each generated token."""
+    return prompt_tokens(run) + [e.token_text for e in run.events]
+
+
+def generated_text(run: Run) -> str:
+    """The generated text so far, decoded from the events (works for a replayed prefix too)."""
+    return b"".join(token_bytes(e.token_text) for e in run.events).decode("utf-8", errors="replace")
+
+
+def planned_columns(run: Run) -> int:
+    """K/V columns a full run writes: prompt + max_new_tokens - 1 (the last token is never fed)."""
+    return max(1, len(run.prompt_ids) + max(run.max_new_tokens, len(run.events)) - 1)
+
+
+def _short(label: str) -> str:
+    label = visible(label)
+    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
+
+
+def token_axis(labels: list[str], n: int) -> dict:
+    """Axis settings for positions 0..n-1 labelled with token text, thinned to stay legible."""
+    every = max(1, -(-n // MAX_TICKS))
+    vals = list(range(0, n, every))
+    text = [_short(labels[i]) if i < len(labels) else "" for i in vals]
+    longest = max((len(t) for t in text), default=1)
+    return dict(tickmode="array", tickvals=vals, ticktext=text, tickangle=0 if longest <= 2 else -50,
+                tickfont=dict(size=14 if longest <= 2 else 12, family="DejaVu Sans Mono, monospace"),
+                range=[-0.5, n - 0.5], showgrid=False, zeroline=False)
+
+
+def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure:
+    # Title and subtitle are anchored in pixels from the top of the figure, so a short chart
+    # does not clip them (a fraction of the height would).
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=TITLE_SIZE), x=0.0, xref="container", xanchor="left", pad=dict(l=12),
+                   y=1.0, yref="container", yanchor="top",
+                   subtitle=dict(text=subtitle, font=dict(size=14, color="#495057"))),
+        font=FONT, height=height, template="plotly_white", plot_bgcolor="white",
+        margin=dict(l=90, r=30, t=96 if subtitle else 64, b=70), hoverlabel=dict(font_size=15),
+    )
+    fig.update_layout(title_pad_t=14)
+    return fig
+
+
+def _message_figure(title: str, message: str, height: int) -> go.Figure:
+    """An empty chart that says why it is empty (before a run, or captures dropped)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=17, color="#495057"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, "", height)
+
+
+# --- the notebook: what the cache holds --------------------------------------------------------
+
+def _written(run: Run, ev: StepEvent) -> tuple[int, int]:
+    """Columns [a, b) this step computed: the new ones (cache), or all of them (no cache)."""
+    if not run.use_cache:
+        return 0, ev.position
+    n_new = ev.input_len
+    return ev.position - n_new, ev.position
+
+
+def kv_norm_grid(run: Run, by: str = "layer", layer: int = 0) -> tuple[np.ndarray, list[str]] | None:
+    """(2, R, X) float32 norms (K then V), NaN where nothing is written; and the R row labels.
+
+    by="layer": one row per layer, the L2 norm of the layer's whole K (or V) vector at a position
+    (all heads together). by="head": one row per K/V head of ``layer``.
+    """
+    if not run.events or run.events[0].kv_norms is None:
+        return None
+    L, H = run.n_layer, run.n_kv_head
+    rows = L if by == "layer" else H
+    X = planned_columns(run)
+    z = np.full((2, rows, X), np.nan, dtype=np.float32)
+    for ev in run.events:
+        if ev.kv_norms is None:
+            continue
+        a = ev.kv_norms.astype(np.float32)  # (L, 2, H, Tn)
+        if by == "layer":
+            vals = np.sqrt((a ** 2).sum(axis=2))  # (L, 2, Tn): norm over all heads = norm of the layer
+            vals = vals.transpose(1, 0, 2)  # (2, L, Tn)
+        else:
+            vals = a[layer]  # (2, H, Tn)
+        end = min(ev.kv_start + vals.shape[-1], X)
+        z[:, :, ev.kv_start:end] = vals[:, :, : end - ev.kv_start]
+    labels = [f"layer {i}" for i in range(L)] if by == "layer" else [f"head {h}" for h in range(H)]
+    return z, labels
+
+
+def kv_value_grid(run: Run, kv: int = 0, head: int = 0) -> tuple[np.ndarray, int] | None:
+    """(head_dim, X) float32 raw K (kv=0) or V (kv=1) values of one head; and the captured layer."""
+    evs = [e for e in run.events if e.kv_values is not None]
+    if not evs:
+        return None
+    X = planned_columns(run)
+    z = np.full((run.head_dim, X), np.nan, dtype=np.float32)
+    for ev in evs:
+        vals = ev.kv_values[kv, head].astype(np.float32).T  # (hs, Tn)
+        end = min(ev.kv_start + vals.shape[1], X)
+        z[:, ev.kv_start:end] = vals[:, : end - ev.kv_start]
+    return z, int(evs[-1].kv_layer or 0)
+
+
+def _mode_story(run: Run, ev: StepEvent) -> tuple[str, str]:
+    """(title, subtitle) for the notebook, by cache mode: the point each mode makes."""
+    filled = ev.position
+    if not run.use_cache:
+        return (f"No cache, step {ev.step}: all {filled} K/V columns recomputed, none kept",
+                f"This step ran the model over all {ev.input_len} tokens again and threw the K/V away "
+                f"(0 bytes kept). Red: recomputed this step.")
+    kind = "static" if run.cache_kind == "static" else "concat"
+    what = "prefill wrote the whole prompt" if ev.step == 0 else f"step {ev.step} wrote 1 column"
+    if kind == "static":
+        return (f"The KV cache after step {ev.step}: {filled} of {run.block_size:,} preallocated slots filled",
+                f"Static cache: {what} in place. Grey: allocated, still empty. Red: written this step.")
+    return (f"The KV cache after step {ev.step}: {filled} columns",
+            f"Concat cache: {what}, and torch.cat copied the rest into a new tensor. Red: written this step.")
+
+
+def _decorate_positions(fig: go.Figure, run: Run, ev: StepEvent, X: int, rows: list[int], n_rows: int) -> None:
+    """Mark the unfilled slots by cache mode, the prompt|generated divider and this step's columns."""
+    filled = ev.position
+    N = len(run.prompt_ids)
+    a, b = _written(run, ev)
+    for r in rows:
+        xref, yref = ("x", "y") if r == 1 else (f"x{r}", f"y{r}")
+        if filled < X:
+            # Static: the slots exist (grey). Concat: they do not exist yet. No cache: nothing is stored.
+            static = run.use_cache and run.cache_kind == "static"
+            fig.add_shape(type="rect", x0=filled - 0.5, x1=X - 0.5, y0=-0.5, y1=n_rows - 0.5, xref=xref, yref=yref,
+                          fillcolor=EMPTY_FILL if static else "rgba(0,0,0,0)", layer="below",
+                          line=dict(width=0) if static else dict(color="#adb5bd", width=1.5, dash="dash"))
+        if 0 < N < X:
+            fig.add_shape(type="line", x0=N - 0.5, x1=N - 0.5, y0=-0.5, y1=n_rows - 0.5, xref=xref, yref=yref,
+                          line=dict(color="#495057", width=2, dash="dot"))
+        fig.add_shape(type="rect", x0=a - 0.5, x1=b - 0.5, y0=-0.5, y1=n_rows - 0.5, xref=xref, yref=yref,
+                      line=dict(color=HILITE, width=3), fillcolor="rgba(0,0,0,0)")
+    if X - filled >= max(4, X // 6):  # room for a two-line label in the unfilled part
+        if not run.use_cache:
+            what = "nothing is stored<br>between steps"
+        elif run.cache_kind == "static":
+            what = "preallocated,<br>still empty"
+        else:
+            what = "not allocated yet:<br>torch.cat grows it"
+        fig.add_annotation(x=(filled + X - 1) / 2, y=(n_rows - 1) / 2, xref="x", yref="y", text=what,
+                           showarrow=False, font=dict(size=14, color="#495057"))
+    if 0 < N < X:
+        fig.add_annotation(x=N - 0.5, y=1.0, xref="x", yref="paper", text="prompt │ generated", showarrow=False,
+                           yanchor="bottom", font=dict(size=13, color="#495057"))
+
+
+def _color_range(values: np.ndarray) -> tuple[float, float]:
+    """2nd to 98th percentile of the finite values: contrast for the typical cells, no outlier washout."""
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return 0.0, 1.0
+    lo, hi = (float(v) for v in np.percentile(finite, [2, 98]))
+    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+
+
+def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
+    """The cache as a notebook: a column per position, K block above V block, colour = L2 norm."""
+    title = "The KV cache"
+    if not run.events:
+        return _message_figure(title, "Generate to watch the cache fill, one column per token.", HEIGHTS["notebook"])
+    grid = kv_norm_grid(run, by, layer)
+    if grid is None:
+        return _message_figure(title, "This run kept no K/V captures (dropped to save memory).", HEIGHTS["notebook"])
+    z, labels = grid
+    ev = run.events[-1]
+    X = z.shape[-1]
+    axis = token_axis(position_labels(run), X)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07)
+    scale = "Viridis" if run.use_cache else "OrRd"  # warm colours: recomputed, temporary
+    for i, name in enumerate(("K", "V")):
+        lo, hi = _color_range(z[i])
+        fig.add_trace(go.Heatmap(
+            z=z[i], x=np.arange(X, dtype=np.int32), y=labels, colorscale=scale, zmin=lo, zmax=hi,
+            colorbar=dict(title=dict(text=f"‖{name}‖", side="top"), len=0.45, y=0.77 - 0.54 * i, thickness=14),
+            hovertemplate=f"position %{{x}}<br>%{{y}}<br>‖{name}‖ = %{{z:.2f}}<extra></extra>", xgap=1, ygap=1,
+            name=name), row=i + 1, col=1)
+        where = "" if by == "layer" else f" · layer {layer}"
+        fig.update_yaxes(title_text=f"<b>{name}</b> ({'keys' if name == 'K' else 'values'}){where}", row=i + 1, col=1)
+    _decorate_positions(fig, run, ev, X, [1, 2], len(labels))
+    fig.update_xaxes(**axis)
+    fig.update_xaxes(title_text="position (token)", row=2, col=1)
+    fig.update_yaxes(autorange="reversed", showgrid=False)
+    t, sub = _mode_story(run, ev)
+    return _layout(fig, t, sub, HEIGHTS["notebook"])
+
+
+def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | None = None) -> go.Figure:
+    """Raw K or V values of one head (positions × head_dim), for the layer captured in the run.
+
+    Only one layer's raw values are recorded per run (bounded memory); ``wanted_layer`` is the one
+    the user picked, and the subtitle says so when the run recorded another.
+    """
+    title = f"Raw {kv} values"
+    if not run.events:
+        return _message_figure(title, "Generate to see the raw vectors the cache stores.", HEIGHTS["values"])
+    grid = kv_value_grid(run, 0 if kv == "K" else 1, head)
+    if grid is None:
+        return _message_figure(title, "This run kept no raw K/V values.", HEIGHTS["values"])
+    z, layer = grid
+    ev = run.events[-1]
+    X = z.shape[1]
+    finite = np.abs(z[np.isfinite(z)])
+    lim = float(np.percentile(finite, 99)) if finite.size else 1.0
+    fig = go.Figure(go.Heatmap(
+        z=z, x=np.arange(X, dtype=np.int32), y=np.arange(z.shape[0], dtype=np.int32), colorscale="RdBu_r",
+        zmid=0.0, zmin=-lim, zmax=lim, colorbar=dict(title=dict(text=kv, side="right"), thickness=14),
+        hovertemplate=f"position %{{x}}<br>dimension %{{y}}<br>{kv} = %{{z:.3f}}<extra></extra>"))
+    _decorate_positions(fig, run, ev, X, [1], z.shape[0])
+    fig.update_xaxes(title_text="position (token)", **token_axis(position_labels(run), X))
+    fig.update_yaxes(title_text="dimension of the head vector", autorange="reversed", showgrid=False)
+    t, _ = _mode_story(run, ev)
+    sub = (f"Layer {layer}, head {head}: one {run.head_dim}-number {kv} vector per position. "
+           f"{'Red: written this step.' if run.use_cache else 'Red: recomputed this step.'}")
+    if wanted_layer is not None and wanted_layer != layer:
+        sub = f"This run recorded raw values of layer {layer} only: generate again to record layer {wanted_layer}."
+    return _layout(fig, f"Raw {kv} vectors, layer {layer} head {head}, after step {ev.step}", sub, HEIGHTS["values"])
+
+
+# --- attention ----------------------------------------------------------------------------------
+
+def attention_grid(ev: StepEvent) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+    """(rows, S) float32 attention of the newest query, one row per (layer, head); the row keys."""
+    if ev.attn is None:
+        return None
+    a = ev.attn.astype(np.float32)  # (n_cap_layers, n_head, S)
+    keys = [(layer, h) for layer in ev.attn_layers for h in range(a.shape[1])]
+    return a.reshape(-1, a.shape[-1]), keys
+
+
+def _query_words(run: Run, ev: StepEvent) -> str:
+    """'the token 'e' at position 12': the newest query, i.e. the last token fed this step."""
+    labels = position_labels(run)
+    q = ev.position - 1
+    tok = visible(labels[q]) if 0 <= q < len(labels) else "?"
+    return f"“{tok}” (position {q})"
+
+
+def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.Figure:
+    """The newest token's attention over every cached position, one row per (layer, head)."""
+    title = "Attention of the newest token"
+    if not run.events:
+        return _message_figure(title, "Generate to see what each new token looks at.", HEIGHTS["attention"])
+    ev = run.events[-1]
+    grid = attention_grid(ev)
+    if grid is None:
+        return _message_figure(title, "This run kept no attention captures.", HEIGHTS["attention"])
+    z, keys = grid
+    X = planned_columns(run)
+    full = np.full((z.shape[0], X), np.nan, dtype=np.float32)
+    full[:, : min(X, z.shape[1])] = z[:, :X]
+    n_head = run.n_head or 1
+    rows = [f"L{layer} h{h}" for layer, h in keys]
+    fig = go.Figure(go.Heatmap(
+        z=full, x=np.arange(X, dtype=np.int32), y=rows, colorscale="Blues",
+        zmin=0.0, zmax=float(np.nanmax(z)) if z.size else 1.0,
+        colorbar=dict(title=dict(text="weight", side="right"), thickness=14),
+        hovertemplate="layer·head %{y}<br>key position %{x}<br>weight %{z:.3f}<extra></extra>", xgap=1))
+    # One tick per layer, on its middle head, so the 144 rows of GPT-2 small stay readable.
+    layer_rows = [i for i, (_, h) in enumerate(keys) if h == 0]
+    if n_head > 1:
+        mid = (n_head - 1) // 2
+        fig.update_yaxes(tickmode="array", tickvals=[rows[i + mid] for i in layer_rows],
+                         ticktext=[f"layer {keys[i][0]}" for i in layer_rows])
+    fig.update_yaxes(autorange="reversed", showgrid=False, title_text=f"layer (× {n_head} heads)")
+    for i in layer_rows[1:]:
+        fig.add_hline(y=i - 0.5, line=dict(color="white", width=3))
+    if selected in keys:
+        r = keys.index(selected)
+        fig.add_shape(type="rect", x0=-0.5, x1=ev.position - 0.5, y0=r - 0.5, y1=r + 0.5,
+                      line=dict(color=HILITE, width=3))
+    N = len(run.prompt_ids)
+    if 0 < N < X:
+        fig.add_vline(x=N - 0.5, line=dict(color="#868e96", width=2, dash="dot"))
+    fig.update_xaxes(title_text="key position (token)", **token_axis(position_labels(run), X))
+    sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
+           f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
+    return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
+                   HEIGHTS["attention"])
+
+
+def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
+    """One (layer, head)'s attention weights of the newest token, as bars over positions."""
+    title = f"Layer {layer}, head {head}"
+    if not run.events:
+        return _message_figure(title, "Generate, then pick a layer and head.", HEIGHTS["bars"])
+    ev = run.events[-1]
+    grid = attention_grid(ev)
+    if grid is None or (layer, head) not in grid[1]:
+        why = "no attention captures" if grid is None else f"layer {layer} was not captured"
+        return _message_figure(title, f"This run has {why}.", HEIGHTS["bars"])
+    z, keys = grid
+    w = z[keys.index((layer, head))]
+    S = w.shape[0]
+    X = planned_columns(run)
+    N = len(run.prompt_ids)
+    labels = position_labels(run)
+    colors = [PROMPT_COLOR if p < N else GEN_COLOR for p in range(S)]
+    fig = go.Figure(go.Bar(
+        x=np.arange(S, dtype=np.int32), y=w, marker_color=colors, marker_line_width=0,
+        customdata=np.array([visible(labels[p]) if p < len(labels) else "" for p in range(S)])[:, None],
+        hovertemplate="position %{x} “%{customdata[0]}”<br>weight %{y:.3f}<extra></extra>"))
+    for p in np.argsort(w)[::-1][:3]:  # name the three strongest so a projector audience can read them
+        fig.add_annotation(x=int(p), y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True,
+                           arrowhead=0, ay=-28, font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.8)")
+    fig.update_xaxes(title_text="key position (token)", **token_axis(labels, X))
+    fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.25)])
+    sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
+    return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"])
+
+
+# --- time ---------------------------------------------------------------------------------------
+
+def latency_chart(run: Run) -> go.Figure:
+    """Per-step latency (bars, prefill marked) with tokens/s on a second axis."""
+    title = "Time per step"
+    if not run.events:
+        return _message_figure(title, "Generate to time each forward pass.", HEIGHTS["latency"])
+    steps = np.array([e.step for e in run.events], dtype=np.int32)
+    lat = np.array([e.latency_ms for e in run.events], dtype=np.float32)
+    tps = np.where(lat > 0, 1000.0 * run.batch_size / np.maximum(lat, 1e-6), np.nan).astype(np.float32)
+    tps[0] = np.nan  # the prefill step makes one token too: its rate would read as decode speed
+    inp = np.array([e.input_len for e in run.events], dtype=np.int32)
+    colors = [PROMPT_COLOR if e.phase == "prefill" else GEN_COLOR for e in run.events]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=steps, y=lat, marker_color=colors, name="latency (ms)", customdata=inp,
+                         hovertemplate="step %{x}<br>%{y:.2f} ms<br>%{customdata} tokens fed<extra></extra>"),
+                  secondary_y=False)
+    fig.add_trace(go.Scatter(x=steps[1:], y=tps[1:], mode="lines+markers" if len(steps) < 80 else "lines",
+                             name="tokens/s (this step)", line=dict(color="#2b8a3e", width=2.5),
+                             marker=dict(size=5), hovertemplate="step %{x}<br>%{y:,.0f} tokens/s<extra></extra>"),
+                  secondary_y=True)
+    fig.add_annotation(x=0, y=float(lat[0]), text=f"prefill: {run.events[0].input_len} tokens", showarrow=True,
+                       arrowhead=0, ax=40, ay=-30, font=dict(size=14, color=PROMPT_COLOR), yref="y")
+    n_steps = max(run.max_new_tokens, len(steps))
+    fig.update_xaxes(title_text="step (0 = prefill, then one decode step per token)", range=[-0.7, n_steps - 0.3])
+    fig.update_yaxes(title_text="latency (ms)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", showgrid=False, secondary_y=True, tickformat=",.0f",
+                     tickmode="auto", nticks=6, title_font=dict(color="#2b8a3e"), tickfont=dict(color="#2b8a3e"))
+    fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom",
+                                  bgcolor="rgba(255,255,255,0.85)"), bargap=0.15)
+    mode = "no cache: each step re-reads the whole sequence" if not run.use_cache else \
+        f"{run.cache_kind} cache: each decode step feeds one token"
+    sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}."
+    return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"])

@@ -1,0 +1,201 @@
+"""kvviz.charts: pure Plotly figures of a Run (no Streamlit). Small byte model, a few steps each."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from kvviz import Capture, LoadedModel, Run, charts, generate
+
+CAPTURE = Capture(attention=True, kv_norms=True, kv_layer=1)
+PROMPT = "Hi there\n"  # 9 byte tokens, one of them a newline
+
+
+@pytest.fixture(scope="module")
+def runs(small_model: LoadedModel) -> dict[str, Run]:
+    """The same 6-token greedy run in each cache mode."""
+    out = {}
+    for mode in ("static", "concat", "none"):
+        out[mode] = generate(small_model, prompt=PROMPT, max_new_tokens=6, use_cache=mode != "none",
+                             cache_kind="static" if mode == "none" else mode, capture=CAPTURE)
+    return out
+
+
+def heatmaps(fig: go.Figure) -> list[go.Heatmap]:
+    return [t for t in fig.data if isinstance(t, go.Heatmap)]
+
+
+def assert_presentable(fig: go.Figure) -> None:
+    """Every chart: a title, a fixed height, labelled axes, float32 arrays, serialisable."""
+    assert fig.layout.title.text
+    assert isinstance(fig.layout.height, int) and 250 <= fig.layout.height <= 600
+    for t in fig.data:
+        for name in ("x", "y", "z"):
+            arr = getattr(t, name, None)
+            if isinstance(arr, np.ndarray) and arr.dtype.kind == "f":
+                assert arr.dtype == np.float32, f"{t.type}.{name} is {arr.dtype}"
+    if fig.data:  # a message figure has no axes to label
+        assert fig.layout.xaxis.title.text or fig.layout.xaxis2.title.text
+        assert fig.layout.yaxis.title.text
+    fig.to_json()
+
+
+# --- labels -------------------------------------------------------------------------------------
+
+def test_visible_makes_whitespace_and_control_characters_readable() -> None:
+    assert charts.visible("a b\n\tc") == "a·b↵⇥c"
+    assert charts.visible("\x00\x1b\x7f") == "<0x00><0x1B><0x7F>"
+    assert charts.visible("") == "∅"
+    assert charts.visible("é😀") == "é😀"
+
+
+def test_token_bytes_reads_byte_escapes() -> None:
+    assert charts.token_bytes("<0xE2><0x80>") == b"\xe2\x80"
+    assert charts.token_bytes("hé") == "hé".encode()
+    assert charts.is_byte_token("<0xF0>") and not charts.is_byte_token("<0xF0>x")
+
+
+def test_position_labels_use_the_stored_prompt_tokens_else_bytes(runs: dict[str, Run]) -> None:
+    run = runs["static"]
+    labels = charts.position_labels(run)
+    assert labels[:9] == list(PROMPT)  # byte ids decode one character each
+    assert labels[9:] == [e.token_text for e in run.events]
+    stored = dataclasses.replace(run, meta={"prompt_tokens": ["Hi", " there", "\n"] + [""] * 6})
+    assert charts.position_labels(stored)[:2] == ["Hi", " there"]
+
+
+def test_generated_text_of_a_prefix_decodes_its_events(runs: dict[str, Run]) -> None:
+    run = runs["static"]
+    assert charts.generated_text(run) == run.text
+    assert charts.generated_text(run.upto(2)) == bytes(run.generated_ids[:3]).decode("utf-8", errors="replace")
+
+
+def test_token_axis_thins_labels_but_keeps_the_range() -> None:
+    axis = charts.token_axis([str(i % 10) for i in range(500)], 500)
+    assert len(axis["tickvals"]) <= charts.MAX_TICKS
+    assert axis["range"] == [-0.5, 499.5]
+
+
+# --- the notebook ---------------------------------------------------------------------------------
+
+def test_norm_grid_fills_one_column_per_position_and_leaves_the_rest_empty(runs: dict[str, Run]) -> None:
+    run = runs["static"]
+    z, labels = charts.kv_norm_grid(run)
+    X = len(run.prompt_ids) + run.max_new_tokens - 1
+    assert z.shape == (2, run.n_layer, X) and z.dtype == np.float32
+    assert labels == [f"layer {i}" for i in range(run.n_layer)]
+    filled = run.events[-1].position
+    assert np.isfinite(z[:, :, :filled]).all()
+    assert np.isnan(z[:, :, filled:]).all()
+    z_mid, _ = charts.kv_norm_grid(run.upto(2))
+    assert np.isfinite(z_mid[:, :, : run.events[2].position]).all()
+    assert np.isnan(z_mid[:, :, run.events[2].position:]).all()
+
+
+def test_no_cache_grid_matches_the_cached_one(runs: dict[str, Run]) -> None:
+    """Recomputing K/V gives the same vectors the cache would have kept (the no-cache view's point)."""
+    cached, _ = charts.kv_norm_grid(runs["static"])
+    recomputed, _ = charts.kv_norm_grid(runs["none"])
+    np.testing.assert_allclose(recomputed, cached, rtol=2e-3, atol=2e-3)
+
+
+def test_head_grid_and_values_grid_shapes(runs: dict[str, Run]) -> None:
+    run = runs["static"]
+    z, labels = charts.kv_norm_grid(run, by="head", layer=1)
+    assert z.shape[:2] == (2, run.n_kv_head) and labels[0] == "head 0"
+    vals, layer = charts.kv_value_grid(run, kv=1, head=2)
+    assert layer == 1 and vals.shape == (run.head_dim, len(run.prompt_ids) + run.max_new_tokens - 1)
+
+
+@pytest.mark.parametrize("mode", ["static", "concat", "none"])
+def test_cache_notebook_marks_this_steps_columns(runs: dict[str, Run], mode: str) -> None:
+    run = runs[mode].upto(3)
+    fig = charts.cache_notebook(run)
+    assert_presentable(fig)
+    assert len(heatmaps(fig)) == 2  # K block and V block
+    ev = run.events[-1]
+    boxes = [s for s in fig.layout.shapes if s.line.color == charts.HILITE]
+    assert boxes, "the columns of this step are outlined"
+    x0, x1 = boxes[0].x0 + 0.5, boxes[0].x1 + 0.5
+    if mode == "none":
+        assert (x0, x1) == (0, ev.position)  # every column recomputed
+        assert "none kept" in fig.layout.title.text
+    else:
+        assert (x0, x1) == (ev.position - 1, ev.position)  # one new column
+    grey = [s for s in fig.layout.shapes if s.fillcolor == charts.EMPTY_FILL]
+    assert bool(grey) == (mode == "static")  # only a preallocated cache has empty slots
+
+
+def test_prefill_step_outlines_the_whole_prompt(runs: dict[str, Run]) -> None:
+    fig = charts.cache_notebook(runs["static"].upto(0))
+    box = next(s for s in fig.layout.shapes if s.line.color == charts.HILITE)
+    assert (box.x0 + 0.5, box.x1 + 0.5) == (0, len(PROMPT))
+    assert "prefill" in fig.layout.title.subtitle.text
+
+
+def test_replay_keeps_the_frame_fixed(runs: dict[str, Run]) -> None:
+    full = charts.cache_notebook(runs["static"])
+    early = charts.cache_notebook(runs["static"].upto(1))
+    assert tuple(full.layout.xaxis.range) == tuple(early.layout.xaxis.range)
+
+
+def test_cache_values_heatmap(runs: dict[str, Run]) -> None:
+    fig = charts.cache_values(runs["static"], "V", head=3)
+    assert_presentable(fig)
+    assert heatmaps(fig)[0].z.shape[0] == runs["static"].head_dim
+    other = charts.cache_values(runs["static"], "K", head=0, wanted_layer=0)
+    assert "layer 1 only" in other.layout.title.subtitle.text
+
+
+# --- attention and time ---------------------------------------------------------------------------
+
+def test_attention_heatmap_has_a_row_per_layer_and_head(runs: dict[str, Run]) -> None:
+    run = runs["static"]
+    fig = charts.attention_heatmap(run, selected=(1, 2))
+    assert_presentable(fig)
+    z = heatmaps(fig)[0].z
+    assert z.shape == (run.n_layer * run.n_head, len(run.prompt_ids) + run.max_new_tokens - 1)
+    S = run.events[-1].position
+    np.testing.assert_allclose(np.nansum(z, axis=1), 1.0, atol=1e-2)  # softmax rows
+    assert np.isnan(z[:, S:]).all()
+
+
+def test_attention_bars_for_one_head(runs: dict[str, Run]) -> None:
+    run = runs["concat"]
+    fig = charts.attention_bars(run, layer=1, head=3)
+    assert_presentable(fig)
+    bar = fig.data[0]
+    assert len(bar.y) == run.events[-1].position and bar.y.dtype == np.float32
+    assert len(fig.layout.annotations) >= 3  # the three strongest positions are named
+
+
+def test_attention_bars_for_an_uncaptured_layer_says_so(small_model: LoadedModel) -> None:
+    run = generate(small_model, prompt="abc", max_new_tokens=2, capture=Capture(attention=(0,)))
+    fig = charts.attention_bars(run, layer=1, head=0)
+    assert not fig.data and "not captured" in fig.layout.annotations[0].text
+
+
+def test_latency_chart_marks_prefill_and_plots_tokens_per_second(runs: dict[str, Run]) -> None:
+    run = runs["none"]
+    fig = charts.latency_chart(run)
+    assert_presentable(fig)
+    bars, line = fig.data
+    assert list(bars.marker.color[:2]) == [charts.PROMPT_COLOR, charts.GEN_COLOR]
+    assert line.yaxis == "y2" and fig.layout.yaxis2.title.text == "tokens/s"
+    assert any("prefill" in a.text for a in fig.layout.annotations)
+    assert fig.layout.xaxis.range[1] >= run.max_new_tokens - 1  # room for the whole run while live
+
+
+def test_empty_and_capture_free_runs_give_message_figures(runs: dict[str, Run]) -> None:
+    empty = runs["static"].upto(-1)
+    assert not empty.events
+    bare = dataclasses.replace(runs["static"], events=tuple(
+        dataclasses.replace(e, attn=None, kv_norms=None, kv_values=None) for e in runs["static"].events))
+    for fn in (charts.cache_notebook, charts.cache_values, charts.attention_heatmap, charts.attention_bars,
+               charts.latency_chart):
+        assert_presentable(fn(empty))
+    for fn in (charts.cache_notebook, charts.cache_values, charts.attention_heatmap):
+        fig = fn(bare)
+        assert not fig.data and fig.layout.annotations
