@@ -1,0 +1,135 @@
+"""Token chips: the prompt and the generated text, one box per token.
+
+Security: every piece of user or model text goes through ``html.escape`` here, and the HTML is
+shown with ``st.html`` (sanitised by DOMPurify, scripts off); ``unsafe_allow_html`` is never used.
+Whitespace is made visible (a space is '·', a newline '↵' followed by a real line break), and
+byte tokens that only make a character together (an emoji is 4 byte tokens) are drawn as one
+glyph over their byte boxes, so token boundaries stay visible and the text stays readable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+
+import streamlit as st
+
+from kvviz import Run
+from kvviz.charts import generated_text, is_byte_token, prompt_tokens, token_bytes, visible
+
+CSS = """<style>
+.kv-chips{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:1.2rem;line-height:2.35;
+  direction:ltr;text-align:left;word-break:break-all}
+.kv-chip{display:inline-block;padding:0 .22em;margin:0 .08em;border-radius:.3em;border:1px solid;
+  line-height:1.55;unicode-bidi:isolate;white-space:pre;vertical-align:middle}
+.kv-p{background:#edf2ff;border-color:#bac8ff;color:#1c2a6b}
+.kv-g{background:#fff4e6;border-color:#ffc078;color:#5c3200}
+.kv-new{outline:3px solid #e03131;outline-offset:1px}
+.kv-ws{color:#868e96}
+.kv-multi{display:inline-flex;flex-direction:column;align-items:center;line-height:1.1;padding:.1em .22em}
+.kv-glyph{font-size:1.1em}
+.kv-bytes{font-size:.55em;color:#868e96;letter-spacing:.02em}
+.kv-legend{font-size:.95rem;color:#495057;margin:.1rem 0 .3rem 0}
+.kv-legend .kv-chip{font-size:.9rem}
+.kv-plain{font-size:1.05rem;white-space:pre-wrap;overflow-wrap:anywhere;color:#343a40;background:#f8f9fa;
+  border-left:4px solid #ced4da;padding:.35rem .7rem;margin-top:.4rem;max-height:9.5rem;overflow-y:auto}
+.kv-plain-gen{background:#fff4e6}
+.kv-top{font-size:.98rem;color:#495057;margin-top:.3rem}
+</style>"""
+
+
+@dataclass(frozen=True)
+class Chip:
+    text: str  # what the chip shows (already made visible, not yet escaped)
+    title: str  # hover text
+    generated: bool
+    newest: bool = False
+    byte_labels: tuple[str, ...] = ()  # for a glyph assembled from byte tokens
+    whitespace: bool = False
+
+
+def build_chips(tokens: list[str], n_prompt: int) -> list[Chip]:
+    """Chips for token display texts (prompt first); byte tokens are grouped into characters."""
+    chips: list[Chip] = []
+    pending: list[tuple[int, str]] = []  # (position, display) of byte tokens not yet a character
+
+    def flush_single() -> None:
+        for pos, disp in pending:
+            chips.append(Chip(disp, f"position {pos}: byte {disp}", pos >= n_prompt))
+        pending.clear()
+
+    for pos, disp in enumerate(tokens):
+        if is_byte_token(disp):
+            pending.append((pos, disp))
+            raw = b"".join(token_bytes(d) for _, d in pending)
+            try:
+                glyph = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                if len(raw) >= 4:  # no UTF-8 character is longer: show the bytes as they are
+                    flush_single()
+                continue
+            first = pending[0][0]
+            labels = tuple(d[3:-1] if len(d) == 6 else d for _, d in pending)
+            chips.append(Chip(visible(glyph), f"positions {first}–{pos}: “{glyph}” = {len(pending)} byte tokens",
+                              first >= n_prompt, byte_labels=labels))
+            pending.clear()
+            continue
+        flush_single()
+        shown = visible(disp)
+        chips.append(Chip(shown, f"position {pos}: {disp!r}", pos >= n_prompt,
+                          whitespace=disp != "" and disp.strip() == ""))
+    flush_single()
+    if chips:
+        last = chips[-1]
+        chips[-1] = Chip(last.text, last.title, last.generated, last.generated, last.byte_labels, last.whitespace)
+    return chips
+
+
+def chip_html(c: Chip, break_after: bool = False) -> str:
+    cls = "kv-chip " + ("kv-g" if c.generated else "kv-p") + (" kv-new" if c.newest else "")
+    title = escape(c.title, quote=True)
+    if c.byte_labels:
+        inner = (f'<span class="kv-glyph">{escape(c.text)}</span>'
+                 f'<span class="kv-bytes">{escape(" ".join(c.byte_labels))}</span>')
+        out = f'<span class="{cls} kv-multi" title="{title}">{inner}</span>'
+    else:
+        text = f'<span class="kv-ws">{escape(c.text)}</span>' if c.whitespace else escape(c.text)
+        out = f'<span class="{cls}" title="{title}">{text}</span>'
+    return out + ("<br>" if break_after else "")
+
+
+def chips_body(chips: list[Chip]) -> str:
+    """The chips' HTML. A newline chip ends its line, except inside a run of newlines ("↵↵↵" stays together)."""
+    return "".join(chip_html(c, c.text.endswith("↵") and (i + 1 == len(chips) or chips[i + 1].text != "↵"))
+                   for i, c in enumerate(chips))
+
+
+def run_html(run: Run) -> str:
+    """The chips, a legend, the plain text and the next-token candidates of a run's last step."""
+    p_tokens = prompt_tokens(run)
+    gen = [e.token_text for e in run.events]
+    chips = build_chips(p_tokens + gen, len(p_tokens))
+    legend = (f'<div class="kv-legend"><span class="kv-chip kv-p">prompt</span> {len(p_tokens):,} tokens · '
+              f'<span class="kv-chip kv-g">generated</span> {len(gen):,} of {run.max_new_tokens:,} · '
+              f'<span class="kv-chip kv-g kv-new">newest</span> · <span class="kv-ws">·</span> space, '
+              f'<span class="kv-ws">↵</span> newline</div>')
+    body = chips_body(chips)
+    plain = (f'<div class="kv-plain" dir="auto">{escape(run.prompt_text)}'
+             f'<span class="kv-plain-gen">{escape(generated_text(run))}</span></div>')
+    top = ""
+    if run.events and run.events[-1].top:
+        cands = " · ".join(f"“{escape(visible(t.text))}” {t.prob:.0%}" for t in run.events[-1].top)
+        top = f'<div class="kv-top">Next-token candidates at step {run.events[-1].step}: {cands}</div>'
+    return f'<div class="kv-chips">{legend}<div>{body}</div></div>{plain}{top}'
+
+
+def inject_css() -> None:
+    """Style-only HTML goes to Streamlit's event container: it takes no space on the page."""
+    st.html(CSS)
+
+
+def render(run: Run | None) -> None:
+    """Draw a run's chips in the current container (call inside the ``output`` container)."""
+    if run is None:
+        st.html('<div class="kv-legend">The prompt and the generated tokens appear here, one chip per token.</div>')
+        return
+    st.html(run_html(run))

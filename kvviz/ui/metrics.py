@@ -1,0 +1,91 @@
+"""Live numbers of a run at its last step, and the cache-size formula with the numbers filled in.
+
+Everything here is read from the Run and its events; nothing is recomputed from the model.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from kvviz import Run
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def fmt_flops(n: float) -> str:
+    """Short enough for a metric tile: '6.6 M' (the label says FLOPs)."""
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:,.1f} {unit}"
+    return f"{n:,.0f}"
+
+
+def fmt_ms(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.1f} ms" if v >= 10 else f"{v:,.2f} ms"
+
+
+def bytes_formula(run: Run) -> str:
+    """Markdown (numbers only, no user text): the calculator formula for the cache at the last step."""
+    if not run.events:
+        return ""
+    ev = run.events[-1]
+    b = DTYPE_BYTES.get(run.dtype, 4)
+    per_token = 2 * run.n_layer * run.n_kv_head * run.head_dim * b * run.batch_size
+    factors = (f"2 (K and V) × {run.n_layer} layers × {run.n_kv_head} K/V heads × {run.head_dim} dims × "
+               f"{b} B ({run.dtype})" + (f" × batch {run.batch_size}" if run.batch_size > 1 else ""))
+    if not run.use_cache:
+        would = per_token * ev.position
+        return (f"**No cache: 0 B kept.** Keeping these {ev.position:,} tokens would take {factors} × "
+                f"{ev.position:,} tokens = {would:,} B ({fmt_bytes(would)}); instead this step recomputed "
+                f"K and V for all {ev.input_len:,} tokens.")
+    used = per_token * ev.cache_len
+    lines = [f"**Bytes used** = {factors} × {ev.cache_len:,} tokens = **{used:,} B** ({fmt_bytes(used)})"]
+    if used != ev.cache_bytes_used:  # would mean the formula or the cache accounting is wrong: show both
+        lines.append(f"⚠️ the cache reports {ev.cache_bytes_used:,} B used.")
+    if run.cache_kind == "static":
+        slots = ev.cache_bytes_allocated // per_token if per_token else 0
+        lines.append(f"**Bytes allocated** = {factors} × {slots:,} slots = **{ev.cache_bytes_allocated:,} B** "
+                     f"({fmt_bytes(ev.cache_bytes_allocated)}), {used / max(1, ev.cache_bytes_allocated):.1%} filled")
+    else:
+        lines.append(f"**Bytes allocated** = bytes used ({fmt_bytes(ev.cache_bytes_allocated)}): torch.cat has "
+                     f"copied {fmt_bytes(ev.cache_bytes_copied)} so far to grow it.")
+    return "  \n".join(lines)
+
+
+def render(run: Run | None) -> None:
+    """Six metrics in a row, then the formula."""
+    cols = st.columns(6)
+    if run is None or not run.events:
+        for col, name in zip(cols, ("TTFT", "Mean TPOT", "Tokens/s", "Cache length", "Cache bytes", "FLOPs this step")):
+            col.metric(name, "–")
+        return
+    ev = run.events[-1]
+    tps = run.decode_tokens_per_s or run.tokens_per_s
+    cols[0].metric("TTFT", fmt_ms(run.ttft_ms), help="Time to first token: the prefill forward pass over the "
+                   "whole prompt, plus sampling.")
+    cols[1].metric("Mean TPOT", fmt_ms(run.mean_tpot_ms), help="Mean time per output token over the decode "
+                   "steps (every step after the prefill).")
+    cols[2].metric("Tokens/s", f"{tps:,.0f}" if tps else "–", help="Decode speed: 1000 / mean TPOT. Forward "
+                   "passes and sampling only; drawing the page is not counted.")
+    if run.use_cache:
+        slots = f" / {run.block_size:,}" if run.cache_kind == "static" else ""
+        cols[3].metric("Cache length", f"{ev.cache_len:,}{slots}", help="Tokens whose K and V the cache holds "
+                       "(static: of the preallocated slots).")
+        cols[4].metric("Cache bytes", fmt_bytes(ev.cache_bytes_used), f"{fmt_bytes(ev.cache_bytes_allocated)} "
+                       "allocated", delta_color="off", delta_arrow="off", help="Used: the filled positions. Allocated: what the "
+                       "cache's tensors hold.")
+    else:
+        cols[3].metric("Cache length", "0", help="No cache: nothing is kept between steps.")
+        cols[4].metric("Cache bytes", "0 B", "nothing kept", delta_color="off", delta_arrow="off")
+    cols[5].metric("FLOPs this step", fmt_flops(ev.flops), f"{ev.input_len:,} tokens fed", delta_color="off", delta_arrow="off",
+                   help="Analytic matmul FLOPs of this step's forward pass (kvviz.flops). Cached decode feeds "
+                        "1 token; no cache feeds the whole sequence again.")
+    st.markdown(bytes_formula(run))

@@ -1,0 +1,318 @@
+"""AppTest (headless Streamlit) over the Generate page: load, generate, bad input, replay, step, runs.
+
+Runs app.py itself when every page module exists; while other pages are still being written it
+falls back to a script with the same sidebar + Generate page, so these tests never wait on them.
+Everything runs on ``random:tiny`` with a handful of tokens.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import kvviz.ui.live as live
+from kvviz import iter_generate
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "app.py"
+OTHER_PAGES = ("race", "prefill", "batching", "calculator")
+TIMEOUT = 120  # generous: the CI box has 2 cores and may be training a model
+
+
+def _live_only_app() -> None:
+    """app.py's shape for the Generate page alone (used until every page module exists)."""
+    import streamlit as st
+
+    from kvviz.ui import live
+    from kvviz.ui.sidebar import render_sidebar
+
+    if not st.session_state.get("_test_hide_sidebar"):  # False = what the calculator page does
+        st.session_state["settings"] = render_sidebar()
+        live.page()
+
+
+def make_app() -> AppTest:
+    if all((ROOT / "kvviz" / "ui" / f"{name}.py").exists() for name in OTHER_PAGES):
+        return AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    return AppTest.from_function(_live_only_app, default_timeout=TIMEOUT)
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path / "models"))
+
+
+@pytest.fixture
+def app() -> AppTest:
+    at = make_app().run()
+    assert_clean(at)
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def html_text(at: AppTest) -> str:
+    return "".join(h.proto.body for h in at.get("html"))
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def chart_specs(at: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def generate(at: AppTest, prompt: str | None = None, n: int = 6, **widgets: Any) -> AppTest:
+    if prompt is not None:
+        at.text_area(key="prompt").set_value(prompt)
+    at.number_input(key="max_new_tokens").set_value(n)
+    for key, value in widgets.items():
+        at.selectbox(key=key).set_value(value) if key in ("model", "device", "dtype") else \
+            at.radio(key=key).set_value(value)
+    at.button(key="generate").click().run()
+    assert_clean(at)
+    return at
+
+
+def store(at: AppTest) -> list[Any]:
+    return at.session_state["kvviz_runs_live"]["runs"]
+
+
+# --- tests ------------------------------------------------------------------------------------------
+
+def test_page_loads_with_its_controls(app: AppTest) -> None:
+    assert app.selectbox(key="model").value == "random:tiny"
+    assert app.text_area(key="prompt").value == "ROMEO:\n"
+    for key in ("generate", "stop", "step"):
+        assert app.button(key=key) is not None
+    assert app.radio(key="cache_mode").value == "static"
+    assert len(app.get("plotly_chart")) == 4  # the empty notebook, attention, bars, latency
+    assert not errors(app)
+
+
+def test_generate_shows_text_metrics_and_charts(app: AppTest) -> None:
+    generate(app, "To be, or not", n=6)
+    assert "Run #1 finished: 6 tokens, reached max_new_tokens." in markdown(app)
+    body = html_text(app)
+    assert "kv-chip" in body and "generated</span> 6 of 6" in body and "To be, or not" in body
+    specs = chart_specs(app)
+    assert len(specs) == 4
+    titles = [s["layout"]["title"]["text"] for s in specs]
+    assert titles[0].startswith("The KV cache after step 5") and "attention" in titles[2].lower()
+    assert [t["type"] for t in specs[0]["data"]] == ["heatmap", "heatmap"]
+    assert {m.label for m in app.metric} >= {"TTFT", "Mean TPOT", "Tokens/s", "Cache length", "Cache bytes",
+                                             "FLOPs this step"}
+    (entry,) = store(app)
+    assert len(entry.run.events) == 6 and entry.run.stop_reason == "max_new_tokens"
+    assert "Bytes allocated" in markdown(app)
+
+
+@pytest.mark.parametrize("mode", ["concat", "none"])
+def test_other_cache_modes(app: AppTest, mode: str) -> None:
+    generate(app, n=4, cache_mode=mode)
+    title = chart_specs(app)[0]["layout"]["title"]["text"]
+    assert ("none kept" in title) == (mode == "none")
+    assert store(app)[-1].run.cache_kind == mode
+
+
+@pytest.mark.parametrize("prompt, n, message", [
+    ("", 6, "the prompt is empty"),
+    ("x" * 1100, 6, "exceeds the model's context of 1024 tokens"),
+    ("x" * 1000, 100, "prompt (1000 tokens) + max_new_tokens (100) = 1100 exceeds"),
+])
+def test_bad_prompts_show_a_message_and_keep_everything(app: AppTest, prompt: str, n: int, message: str) -> None:
+    generate(app, "first", n=3)  # an earlier run that must survive
+    generate(app, prompt, n=n)
+    assert any(message in e for e in errors(app)), errors(app)
+    assert app.text_area(key="prompt").value == prompt  # kept as typed
+    assert len(store(app)) == 1 and "Run #1 finished" in markdown(app)
+
+
+def test_sidebar_warns_before_the_context_overflows(app: AppTest) -> None:
+    app.text_area(key="prompt").set_value("y" * 1000)
+    app.number_input(key="max_new_tokens").set_value(100).run()
+    assert any("at most 24 new tokens fit" in w.value for w in app.warning)
+
+
+def _model_folder(root: Path, name: str, files: dict[str, str]) -> None:
+    (root / name).mkdir(parents=True)
+    for fname, text in files.items():
+        (root / name / fname).write_text(text)
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"config.json": "{not json"}, "not valid JSON"),
+    ({"config.json": '{"model_type": "gpt2", "n_layer": 2}'}, "missing"),
+    ({"config.json": json.dumps({"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_layer": 1,
+                                 "n_head": 2, "n_embd": 8})}, "no model.safetensors"),
+    ({"config.json": json.dumps({"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_layer": 1,
+                                 "n_head": 2, "n_embd": 8}), "model.safetensors": "garbage"}, "not a valid safetensors"),
+])
+def test_a_bad_model_folder_says_what_is_wrong(tmp_path: Path, files: dict[str, str], message: str) -> None:
+    _model_folder(tmp_path / "models", "broken", files)
+    at = make_app().run()
+    generate(at, "first", n=2)
+    at.selectbox(key="model").set_value("folder:broken").run()
+    assert_clean(at)
+    assert any("cannot be loaded" in e and message in e for e in errors(at)), errors(at)
+    at.button(key="generate").click().run()
+    assert_clean(at)
+    assert any(message in e for e in errors(at))
+    assert len(store(at)) == 1  # the earlier run is still there
+
+
+def test_a_vanished_device_falls_back_with_a_warning() -> None:
+    """A device chosen earlier (kept while another page was shown) that no longer exists."""
+    at = AppTest.from_function(_live_only_app, default_timeout=TIMEOUT).run()
+    at.session_state["_test_hide_sidebar"] = True
+    at.run()  # the sidebar is not drawn: its values live on in the shadow copy only
+    at.session_state["_kvviz_kept_widgets"]["device"] = "cuda:7"  # as if that GPU was there before
+    at.session_state["_test_hide_sidebar"] = False
+    at.run()
+    assert_clean(at)
+    assert any("no longer available" in w.value for w in at.warning)
+    assert at.selectbox(key="device").value == "auto"
+    generate(at, n=2)
+    assert "Run #1 finished" in markdown(at)
+
+
+def test_a_device_failure_mid_run_keeps_the_partial_run(app: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(model, **kwargs):  # type: ignore[no-untyped-def]
+        stream = iter_generate(model, **kwargs)
+
+        def events() -> Iterator[Any]:
+            it = iter(stream)
+            yield next(it)
+            yield next(it)
+            raise RuntimeError("CUDA error: device-side assert (simulated)")  # the 3rd forward fails
+
+        class Wrapped:  # the page iterates the stream and reads .run
+            run = property(lambda self: stream.run)
+
+            def __iter__(self) -> Iterator[Any]:
+                return events()
+
+        return Wrapped()
+
+    monkeypatch.setattr(live, "iter_generate", failing)
+    generate(app, n=6)
+    assert any("Generation failed after 2 tokens" in e for e in errors(app)), errors(app)
+    (entry,) = store(app)
+    assert entry.run.stop_reason == "error" and len(entry.run.events) == 2
+    assert "ended by an error" in markdown(app)
+
+
+def test_replay_shows_an_earlier_step(app: AppTest) -> None:
+    generate(app, n=6)
+    app.slider(key="replay_step").set_value(2).run()
+    assert_clean(app)
+    assert "Replaying step 2 of 5" in markdown(app)
+    assert "generated</span> 3 of 6" in html_text(app)
+    nb = chart_specs(app)[0]
+    assert "after step 2" in nb["layout"]["title"]["text"]
+    assert any(k.proto.id and "notebook-1-2" in k.proto.id for k in app.get("plotly_chart"))
+
+
+def test_play_starts_from_the_beginning_at_the_end(app: AppTest) -> None:
+    generate(app, n=5)
+    app.button(key="replay_play").click().run()
+    assert_clean(app)
+    assert app.session_state[live.PLAYING_KEY] is True
+    assert app.session_state["replay_step"] <= 1  # restarted (and possibly one tick in)
+    assert app.button(key="replay_play").label == "Pause"
+    app.button(key="replay_play").click().run()
+    assert app.session_state[live.PLAYING_KEY] is False
+
+
+def test_step_mode_advances_one_token_per_click(app: AppTest) -> None:
+    app.number_input(key="max_new_tokens").set_value(3)
+    app.button(key="step").click().run()
+    assert_clean(app)
+    assert "step mode, 1 of 3 steps" in markdown(app)
+    assert "after step 0" in chart_specs(app)[0]["layout"]["title"]["text"]  # the prefill
+    app.button(key="step").click().run()
+    assert "step mode, 2 of 3 steps" in markdown(app)
+    app.button(key="step").click().run()
+    assert_clean(app)
+    assert "Run #1 finished: 3 tokens, reached max_new_tokens." in markdown(app)
+    stepped = store(app)[-1].run
+    generate(app, n=3)  # the same settings, generated in one go: the same tokens
+    assert store(app)[-1].run.generated_ids == stepped.generated_ids
+
+
+def test_stop_ends_a_stepped_run_as_stopped(app: AppTest) -> None:
+    app.number_input(key="max_new_tokens").set_value(5)
+    app.button(key="step").click().run()
+    app.button(key="step").click().run()
+    app.button(key="stop").click().run()
+    assert_clean(app)
+    assert "Run #1 finished: 2 tokens, stopped by the user." in markdown(app)
+    assert store(app)[-1].run.stop_reason == "stopped"
+
+
+def test_keeps_the_last_runs_and_switches_between_them(app: AppTest) -> None:
+    for i, mode in enumerate(["static", "concat", "none", "static", "concat", "none"]):
+        generate(app, f"run {i}", n=2, cache_mode=mode)
+    ids = [r.id for r in store(app)]
+    assert len(ids) >= 5 and ids[-1] == 6
+    assert app.selectbox(key="run_pick").value == 6
+    app.selectbox(key="run_pick").set_value(ids[0]).run()
+    assert_clean(app)
+    assert f"Run #{ids[0]} finished" in markdown(app)
+    assert f"run {ids[0] - 1}" in html_text(app)
+
+
+def test_export_buttons_offer_json_and_csv(app: AppTest) -> None:
+    generate(app, n=3)
+    labels = {b.proto.label for b in app.get("download_button")}
+    assert labels == {"JSON", "JSON + captures", "CSV"}
+
+
+def test_sidebar_values_survive_a_page_without_the_sidebar() -> None:
+    """The calculator page does not draw the sidebar; its values must come back afterwards."""
+    at = AppTest.from_function(_live_only_app, default_timeout=TIMEOUT).run()
+    at.text_area(key="prompt").set_value("kept prompt")
+    at.number_input(key="max_new_tokens").set_value(17)
+    at.radio(key="cache_mode").set_value("concat").run()
+    at.session_state["_test_hide_sidebar"] = True
+    at.run()  # a run that does not render the sidebar: Streamlit forgets those widgets
+    at.session_state["_test_hide_sidebar"] = False
+    at.run()
+    assert_clean(at)
+    assert at.text_area(key="prompt").value == "kept prompt"
+    assert at.number_input(key="max_new_tokens").value == 17
+    assert at.radio(key="cache_mode").value == "concat"
+
+
+def test_two_sessions_at_once_share_the_model_not_the_runs() -> None:
+    results: dict[int, Any] = {}
+    failures: list[Exception] = []
+
+    def session(i: int) -> None:
+        try:
+            at = make_app().run()
+            generate(at, "same prompt", n=8)
+            results[i] = store(at)[-1].run.generated_ids
+        except Exception as e:  # reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert results[0] == results[1] and len(results[0]) == 8

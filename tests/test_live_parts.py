@@ -1,0 +1,148 @@
+"""The live page's pure parts: token chips (escaping), capture budget, run store, model folders."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvviz import Capture, KVVizError, LoadedModel, generate
+from kvviz.checkpoints import RANDOM_SHAPES
+from kvviz.ui import budget, chips, metrics, state
+from kvviz.ui.settings import Settings
+
+XSS = '<img src=x onerror=alert(1)> <b>bold</b> "q" & \'s\' 😀 שלום'
+
+
+# --- chips ----------------------------------------------------------------------------------------
+
+def test_chips_escape_every_piece_of_text(make_model) -> None:  # type: ignore[no-untyped-def]
+    run = generate(make_model(block_size=256), prompt=XSS, max_new_tokens=3)
+    html = chips.run_html(run)
+    assert "<img" not in html and "<b>" not in html and "onerror=alert(1)>" not in html
+    assert "&lt;img" in html  # the prompt is shown, escaped
+    assert html.count("<span") == html.count("</span>")
+
+
+def test_chips_group_utf8_bytes_into_one_glyph_over_its_byte_boxes() -> None:
+    tokens = ["a", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", " ", "\n", "\n", "b", "<0xD7>"]
+    cs = chips.build_chips(tokens, n_prompt=2)
+    texts = [c.text for c in cs]
+    assert texts == ["a", "😀", "·", "↵", "↵", "b", "<0xD7>"]  # a trailing partial byte stays a byte
+    emoji = cs[1]
+    assert emoji.byte_labels == ("F0", "9F", "98", "80") and not emoji.generated  # starts inside the prompt
+    assert cs[-1].newest and cs[-1].generated
+    assert cs[2].whitespace
+
+
+def test_chips_break_lines_after_a_run_of_newlines() -> None:
+    body = chips.chips_body(chips.build_chips(list("a\n\nb\nc"), n_prompt=6))
+    assert body.count("<br>") == 2  # after "↵↵" and after the single "↵"
+    assert body.index("<br>") > body.rindex("↵", 0, body.index("b<"))
+
+
+def test_chips_render_invalid_byte_runs_as_separate_bytes() -> None:
+    cs = chips.build_chips(["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"], n_prompt=5)
+    assert [c.text for c in cs] == ["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"]
+
+
+# --- capture budget -----------------------------------------------------------------------------
+
+def test_projected_capture_bytes_are_exact(small_model: LoadedModel) -> None:
+    c = small_model.config
+    shape = budget.Shape(c.n_layer, c.n_head, c.kv_heads, c.head_dim)
+    for use_cache in (True, False):
+        run = generate(small_model, prompt="Hello", max_new_tokens=7, use_cache=use_cache,
+                       capture=Capture(attention=True, kv_norms=True, kv_layer=1))
+        assert run.capture_nbytes() == budget.projected_capture_bytes(shape, 5, 7)
+
+
+@pytest.mark.parametrize("name", list(RANDOM_SHAPES))
+def test_a_max_settings_run_fits_the_session_budget(name: str) -> None:
+    """Longest context (1 prompt token, the rest generated), planned capture: under the budget."""
+    c = RANDOM_SHAPES[name]
+    shape = budget.Shape(c.n_layer, c.n_head, c.kv_heads, c.head_dim)
+    cap, note = budget.plan_capture(shape, 1, c.block_size - 1, kv_layer=0)
+    n_attn = len(cap.attention_layers(c.n_layer))
+    size = budget.projected_capture_bytes(shape, 1, c.block_size - 1, attention_layers=n_attn)
+    assert size <= budget.SESSION_CAPTURE_BUDGET < 200e6
+    assert (n_attn == c.n_layer) == (note == "")
+    assert cap.kv_norms and cap.kv_layer == 0
+
+
+def test_evenly_spaced_layers() -> None:
+    assert budget.evenly_spaced(24, 4) == (0, 8, 15, 23)
+    assert budget.evenly_spaced(4, 9) == (0, 1, 2, 3)
+    assert budget.evenly_spaced(12, 1) == (11,)
+
+
+# --- run store ----------------------------------------------------------------------------------
+
+def test_run_store_keeps_the_last_runs_and_strips_old_captures(small_model: LoadedModel) -> None:
+    run = generate(small_model, prompt="Hello", max_new_tokens=4, capture=Capture(attention=True, kv_norms=True))
+    size = run.capture_nbytes()
+    ss: dict = {}
+    store = state.RunStore(ss, keep=5, budget=int(size * 2.5))
+    ids = [store.new_id() for _ in range(7)]
+    for rid in ids:
+        store.put(rid, run)
+    kept = store.runs()
+    assert [r.id for r in kept] == ids[-5:]
+    assert store.capture_nbytes() <= size * 2.5
+    assert [r.captures_dropped for r in kept] == [True, True, True, False, False]
+    assert kept[0].run.text == run.text and kept[0].run.events[0].attn is None
+    store.put(ids[-1], run, stepping=True)  # replacing keeps the order and the count
+    assert [r.id for r in store.runs()] == ids[-5:] and store.latest().stepping
+    assert state.RunStore(ss).get(ids[-2]) is not None  # state lives in the mapping, not the object
+
+
+# --- models and settings ---------------------------------------------------------------------------
+
+def test_model_folders_are_listed_from_the_allowed_dir_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "models"
+    (root / "gpt2").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    (root / "notes.txt").write_text("x")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.symlink(outside, root / "escape")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(root))
+    assert state.list_model_folders() == ["gpt2"]
+    assert "folder:gpt2" in state.model_choices()
+    assert state.resolve_model_folder("gpt2") == (root / "gpt2").resolve()
+    for bad in ("escape", "..", "../elsewhere", "/etc", ".hidden", "gpt2/../.."):
+        with pytest.raises(KVVizError):
+            state.resolve_model_folder(bad)
+    with pytest.raises(KVVizError):
+        state.spec_for("/etc/passwd")
+
+
+def test_default_choice_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny-gqa")
+    assert state.default_choice(["random:tiny", "random:tiny-gqa"]) == "random:tiny-gqa"
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:nope")
+    assert state.default_choice(["random:tiny"]) == "random:tiny"
+    assert state.default_choice(["default", "random:tiny"]) == "default"
+
+
+def test_param_count_matches_the_built_model(small_model: LoadedModel) -> None:
+    assert state.param_count(small_model.config) == small_model.num_params
+    assert state.choice_label("random:gpt2-small") == "random:gpt2-small (124.4M params)"
+
+
+def test_settings_turn_into_generate_arguments() -> None:
+    s = Settings(prompt="x", cache_mode="none", greedy=False, temperature=0.7, top_p=0.9, seed=3)
+    kw = s.generate_kwargs()
+    assert kw["use_cache"] is False and kw["temperature"] == 0.7 and kw["top_p"] == 0.9 and kw["seed"] == 3
+    assert Settings(cache_mode="concat").generate_kwargs()["cache_kind"] == "concat"
+    assert Settings().generate_kwargs()["greedy"] is True
+
+
+def test_bytes_formula_agrees_with_the_cache(small_model: LoadedModel) -> None:
+    run = generate(small_model, prompt="Hello", max_new_tokens=3)
+    text = metrics.bytes_formula(run)
+    ev = run.events[-1]
+    assert f"{ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_allocated:,} B" in text
+    assert "⚠️" not in text
+    none = generate(small_model, prompt="Hello", max_new_tokens=3, use_cache=False)
+    assert "0 B kept" in metrics.bytes_formula(none)
