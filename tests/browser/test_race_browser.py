@@ -1,0 +1,33 @@
+"""The race in a real browser: it streams three runs, says the outputs are identical, draws its charts."""
+from __future__ import annotations
+
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+
+
+def test_race_runs_and_shows_identical_output_and_charts(page, app_url, wait_idle) -> None:  # type: ignore[no-untyped-def]
+    page.goto(app_url + "/race")
+    wait_idle(page)
+    page.get_by_role("heading", name="Cache vs no cache").wait_for()
+
+    n_new = page.locator(".st-key-max_new_tokens input")
+    n_new.fill("24")
+    n_new.press("Enter")
+    page.wait_for_function("() => document.querySelector('.st-key-max_new_tokens input').value === '24'")
+    wait_idle(page)
+
+    page.get_by_role("button", name="Start the race").click()
+    verdict = page.locator(".st-key-race_verdict")
+    verdict.get_by_text("Identical output").wait_for(timeout=180_000)
+    wait_idle(page, 180_000)
+    assert "the same 24 tokens, token for token" in verdict.inner_text()
+    assert page.locator("[data-testid='stAlertContentError']").count() == 0
+
+    # The seven result charts (latency, cumulative, tokens, FLOPs, speedup, bytes, copied) rendered.
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 7")
+    titles = page.eval_on_selector_all(".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)")  # SVG text
+    for expected in ("Per-step latency", "Cumulative generation time", "Tokens processed per step",
+                     "Speedup of the KV cache (static)", "Bytes written by the cache"):
+        assert any(t.startswith(expected) for t in titles), (expected, titles)
+    # Each mode's output is plain text in its own container, and all three agree.
+    outs = [page.locator(f".st-key-race_out_{m}").inner_text() for m in ("static", "concat", "none")]
+    assert outs[0] and outs[0] == outs[1] == outs[2]
