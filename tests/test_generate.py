@@ -117,6 +117,18 @@ def test_bad_batches(small_model: LoadedModel, kwargs: dict[str, Any], needle: s
         kvviz.iter_generate(small_model, max_new_tokens=3, **kwargs)
 
 
+def test_public_api_names_stay_the_functions() -> None:
+    """ARCHITECTURE.md's contract: kvviz.generate(model, ...), however kvviz.generate.py was imported."""
+    import importlib
+
+    importlib.import_module("kvviz.generate")  # what any `from kvviz.generate import X` does first
+    for _ in range(2):  # and on every access, not only the first
+        assert callable(kvviz.generate) and getattr(kvviz.generate, "__name__", None) == "generate"
+    for name in ("load_model", "iter_generate", "Capture", "CAPTURE_ALL", "KVVizError", "LoadedModel", "Run",
+                 "StepEvent"):
+        assert hasattr(kvviz, name)
+
+
 # ----------------------------------------------------------------------------- stopping
 @pytest.mark.parametrize("n", [1, 5, 17])
 def test_max_new_tokens_is_honoured_exactly(small_model: LoadedModel, n: int) -> None:
