@@ -222,6 +222,10 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
     tok: Tokenizer
     if tok_path.is_file():
         tok = HFTokenizer(tok_path, cfg.eos_token_id)
+        if tok.vocab_size > cfg.vocab_size:
+            # Its ids past the embedding table would crash the first forward pass.
+            raise KVVizError(f"{folder.name}/tokenizer.json has {tok.vocab_size:,} tokens but the model's "
+                             f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
     elif not hf and raw.get("tokenizer", "bytes") == "bytes":
         tok = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
     else:

@@ -203,6 +203,18 @@ def test_bad_tokenizer_json_in_folder(good_folder: Path) -> None:
     assert "tokenizer.json" in _load_error(good_folder)
 
 
+def test_tokenizer_bigger_than_the_model_vocabulary(make_model: Callable[..., LoadedModel], tmp_path: Path,
+                                                    bpe_tokenizer_json: Path) -> None:
+    """A 300-token tokenizer.json next to a 256-token model: refused at load, not an IndexError mid-run."""
+    save_model(make_model().gpt, tmp_path / "m")
+    (tmp_path / "m" / "tokenizer.json").write_bytes(bpe_tokenizer_json.read_bytes())
+    assert "300 tokens" in _load_error(tmp_path / "m")
+    save_model(make_model(vocab_size=300).gpt, tmp_path / "ok")  # a vocabulary that covers it loads
+    (tmp_path / "ok" / "tokenizer.json").write_bytes(bpe_tokenizer_json.read_bytes())
+    m = load_model(tmp_path / "ok", device="cpu")
+    assert m.tokenizer.vocab_size == 300 and m.tokenizer.encode("To be") != list(b"To be")
+
+
 # ----------------------------------------------------------------------------- the default model
 def test_default_model_missing_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checkpoints, "DEFAULT_MODEL_DIR", tmp_path / "shakespeare")
