@@ -444,7 +444,8 @@ def _bandwidth(dev: torch.device, nbytes: int, repeats: int) -> float:
 def device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(dev)})"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"cpu ({n} thread{'s' if n != 1 else ''})"
 
 
 def machine_busy() -> str | None:
@@ -456,5 +457,6 @@ def machine_busy() -> str | None:
     cores = os.cpu_count() or 1
     if load > 0.75 * cores:
         return (f"The CPU is busy (load average {load:.1f} on {cores} cores): other work is competing, "
-                "so timings are noisier than usual. Medians over repeats help; the spread shows the noise.")
+                "so timings are noisier than usual. Medians over repeats help; the spread shows the noise. "
+                "Fewer threads than busy cores also helps: start the app with OMP_NUM_THREADS=1.")
     return None

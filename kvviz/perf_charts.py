@@ -165,11 +165,13 @@ def race_speedup(runs: Mapping[str, "Run"], cached: str = "static", uncached: st
         fig.add_trace(go.Scatter(x=f32(steps), y=f32(rolling_median(speed, SMOOTH)), mode="lines",
                                  name=f"measured (latency ratio, rolling median of {SMOOTH})",
                                  line=dict(color=MODE_COLORS[cached], width=2.5)))
-        fig.add_hline(y=1.0, line=dict(color="#bbbbbb", width=1), annotation_text="break-even",
-                      annotation_position="bottom right")
+        fig.add_hline(y=1.0, line=dict(color="#bbbbbb", width=1))
+        # Placed by hand: add_hline's own annotation lands at 10^1 on a log axis.
+        fig.add_annotation(x=1.0, xref="paper", y=0.0, text="break-even (1×)", showarrow=False, xanchor="right",
+                           yanchor="top", font=dict(color="#888888", size=12))
     fig = _layout(fig, f"Speedup of the {MODE_LABELS.get(cached, cached)} over {MODE_LABELS.get(uncached, uncached)}",
                   _runs_where(runs) + " · per step, log scale", "step (new token index)", "speedup (×)", height)
-    fig.update_yaxes(type="log")  # ratios span 0.5..100: keep the 2s and 5s
+    _log_axes(fig)
     return fig
 
 
@@ -276,9 +278,14 @@ def decode_chart(agg: "pd.DataFrame", subtitle: str, height: int = HEIGHT) -> go
                                  name="min–max", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=x, y=f32(g["median"]), mode="lines+markers", name="median per token",
                                  line=dict(color=PHASE_COLORS["decode"], width=2), marker=dict(size=5)))
-    fig = _layout(fig, "Per-token decode latency vs context length", subtitle,
+    # Other processes cause rare spikes that would flatten the median line: clip the band, and say so.
+    top = float(agg["median"].max()) * 3.0 if len(agg) else 0.0
+    peak = float(agg["max"].max()) if len(agg) else 0.0
+    if top > 0 and peak > top:
+        subtitle += f" · band clipped at {top:,.1f} ms (spikes up to {peak:,.0f} ms)"
+    fig = _layout(fig, "Per-token decode latency vs context length", subtitle + " · medians, min–max band",
                   "context length (tokens in the cache)", "latency per token (ms)", height)
-    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero", range=[0, top] if top > 0 and peak > top else None)
     return fig
 
 
@@ -295,12 +302,15 @@ def roofline(probe: MachineProbe, points: Mapping[str, "pd.DataFrame"], height: 
     roof = np.minimum(probe.peak_flops, xs * probe.bandwidth)
     fig.add_trace(go.Scatter(x=f32(xs), y=f32(roof / 1e9), mode="lines", name="roof: min(peak, intensity × bandwidth)",
                              line=dict(color="#333333", width=3)))
-    fig.add_vline(x=probe.ridge, line=dict(color="#999999", dash="dot"),
-                  annotation_text=f"ridge {probe.ridge:,.1f} FLOP/byte", annotation_position="bottom right")
+    # Annotations on log axes take log10 coordinates (add_vline's own label would land at 10^x).
+    fig.add_vline(x=probe.ridge, line=dict(color="#999999", dash="dot"))
+    fig.add_annotation(x=np.log10(probe.ridge), y=0.0, yref="paper", text=f" ridge {probe.ridge:,.1f} FLOP/byte",
+                       showarrow=False, xanchor="left", yanchor="bottom", font=dict(color="#777777", size=12))
     fig.add_annotation(x=np.log10(hi), y=np.log10(probe.peak_flops / 1e9), text="compute-bound", showarrow=False,
                        xanchor="right", yanchor="bottom", font=dict(color="#555555"))
-    fig.add_annotation(x=np.log10(lo), y=np.log10(lo * probe.bandwidth / 1e9), text="memory-bound", showarrow=False,
-                       xanchor="left", yanchor="bottom", textangle=0, font=dict(color="#555555"))
+    x_mem = lo * 3
+    fig.add_annotation(x=np.log10(x_mem), y=np.log10(x_mem * probe.bandwidth / 1e9), text="memory-bound",
+                       showarrow=False, xanchor="left", yanchor="top", font=dict(color="#555555"))
     for phase, df in points.items():
         if not len(df):
             continue
@@ -344,12 +354,14 @@ def batch_tradeoff(latency: "pd.DataFrame", throughput: "pd.DataFrame", subtitle
                    height: int = 420) -> go.Figure:
     """Aggregate tokens/s vs per-request latency: one point per batch size, labelled B=..."""
     fig = go.Figure()
-    for series, g in latency.groupby("series", sort=False):
+    # Labels of the second curve go on the other side, so two curves on top of each other stay legible.
+    for i, (series, g) in enumerate(latency.groupby("series", sort=False)):
         s = str(series)
         t = throughput[throughput["series"] == series].set_index("x").loc[g["x"]]
         fig.add_trace(go.Scatter(
             x=f32(g["median"]), y=f32(t["median"]), mode="lines+markers+text", name=s,
-            text=[f"B={int(b)}" for b in g["x"]], textposition="top left", textfont=dict(size=13),
+            text=[f"B={int(b)}" for b in g["x"]], textposition="top left" if i % 2 == 0 else "bottom right",
+            textfont=dict(size=13, color=_color(s)),
             line=dict(color=_color(s), width=2), marker=dict(size=10),
             error_x=_errors(g), error_y=_errors(t.reset_index()),
             hovertemplate="%{text}<br>%{x:.2f} ms/token per request<br>%{y:,.0f} tokens/s in total<extra></extra>"))

@@ -208,13 +208,17 @@ def roof_fraction(intensity: float, achieved_flops: float, probe: MachineProbe) 
     return achieved_flops / roof if roof > 0 else float("nan")
 
 
-def phase_verdict(phase: str, intensity: float, achieved_flops: float, probe: MachineProbe) -> str:
-    """One sentence: the bound, where the ridge is, and how close the measurement came to its roof."""
+def phase_verdict(phase: str, intensity: float, achieved_flops: float, probe: MachineProbe, at: str = "") -> str:
+    """One sentence: the bound, where the ridge is, and how close the measurement came to its roof.
+
+    ``at`` says where the phase was measured ("at a 1,023-token prompt").
+    """
     label = bound_label(intensity, probe)
     frac = roof_fraction(intensity, achieved_flops, probe)
     side = "above" if label == "compute-bound" else "below"
     roof = "compute roof" if label == "compute-bound" else "bandwidth roof"
-    s = (f"{phase.capitalize()}: **{label}**. {intensity:,.1f} FLOP/byte is {side} this machine's ridge "
+    where = f" {at}" if at else ""
+    s = (f"{phase.capitalize()}{where}: **{label}**. {intensity:,.1f} FLOP/byte is {side} this machine's ridge "
          f"({probe.ridge:,.1f} FLOP/byte); measured {achieved_flops / 1e9:,.2f} GFLOP/s = {frac:.0%} of the {roof}.")
     if frac < 0.1:
         s += " So far below the roof, fixed per-step overhead (Python, kernel launches) dominates."

@@ -162,7 +162,7 @@ def test_prefill_page_measures_and_labels_the_phases() -> None:
     assert "Time to first token vs prompt length" in t and "Per-token decode latency vs context length" in t
     assert any(x.startswith("Roofline of this machine") for x in t)
     verdicts = " ".join(m.value for m in at.markdown)
-    assert "Prefill: **" in verdicts and "Decode: **memory-bound**" in verdicts
+    assert "Prefill at a 63-token prompt: **" in verdicts and "-token context: **memory-bound**" in verdicts
     roof = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Roofline"))
     assert {d.get("name") for d in roof["data"]} >= {"prefill (measured)", "decode (measured)"}
 

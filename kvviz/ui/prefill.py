@@ -47,6 +47,7 @@ def _context_limit(model: LoadedModel) -> int:
     block = model.config.block_size
     options = sorted({c for c in (64, 128, 256, 512, 1024, 2048) if c < block} | {block})
     return int(st.select_slider("Longest context to measure (tokens)", options, value=block, key="pd_max_context",
+                                width=420,
                                 help="The prompt-length sweep, the decode sweep and the long document stop here. "
                                      "The model's own context is the right-most value."))
 
@@ -129,8 +130,8 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
             # Prefill at its longest prompt; decode at the middle of the context range.
             row = df.iloc[-1] if phase == "prefill" else df.iloc[len(df) // 2]
             unit = "prompt" if phase == "prefill" else "context"
-            st.markdown(f"- At a {int(row['x']):,}-token {unit}: "
-                        f"{phase_verdict(phase, float(row['intensity']), float(row['median']), probe)}")
+            at = f"at a {int(row['x']):,}-token {unit}"
+            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at))
         st.caption("Intensity = analytic matmul FLOPs / minimum bytes moved (weights once + KV read and written); "
                    "achieved GFLOP/s = those FLOPs / the measured time.")
 
