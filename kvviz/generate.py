@@ -115,15 +115,19 @@ class GenerationStream:
         eos = tok.eos_token_id if B == 1 else None  # batch rows run to max_new_tokens together
         gen = None if self.params.greedy else make_generator(self.params, dev)
         t_start = time.perf_counter()
+        # Inference mode is entered per step, never held across `yield`: a generator suspended
+        # inside the context would leak the mode into the consumer, and an abandoned stream,
+        # closed later by the garbage collector, would flip it off inside someone else's run.
         with torch.inference_mode():
             # Every token of the run lives in one preallocated buffer: (B, N + n_new).
             tokens = torch.empty((B, N + n_new), dtype=torch.long, device=dev)
             tokens[:, :N] = torch.tensor(self.prompt_rows, dtype=torch.long, device=dev)
             positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
             cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype) if self.use_cache else None
-            for step in range(n_new):
-                t = N + step  # tokens in the sequence before this step's sample
-                start = 0 if (cache is None or step == 0) else t - 1
+        for step in range(n_new):
+            t = N + step  # tokens in the sequence before this step's sample
+            start = 0 if (cache is None or step == 0) else t - 1
+            with torch.inference_mode():
                 inp = tokens[:, start:t]  # (B, T_in)
                 fc = ForwardCapture(ref_layers) if ref_layers else None
 
@@ -139,14 +143,15 @@ class GenerationStream:
                 if cache is not None:
                     cache.advance(t - start)
                 ev = self._event(step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start)
-                self.events.append(ev)
-                yield ev
-                if eos is not None and ids[0] == eos:
-                    self.stop_reason = "eos"
-                    return
-                if self.stop and self._hit_stop():
-                    self.stop_reason = "stop_string"
-                    return
+                del fc, logits  # drop the references before handing control to the consumer
+            self.events.append(ev)
+            yield ev
+            if eos is not None and ids[0] == eos:
+                self.stop_reason = "eos"
+                return
+            if self.stop and self._hit_stop():
+                self.stop_reason = "stop_string"
+                return
         self.stop_reason = "max_new_tokens"
 
     def _hit_stop(self) -> bool:
@@ -241,17 +246,17 @@ def iter_generate(
     """Validate the request (before any compute) and return a stream of StepEvents."""
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
     rows, text = resolve_prompt(model, prompt, prompt_ids)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise KVVizError(f"batch_size must be between 1 and {MAX_BATCH} (got {batch_size!r})")
     if len(rows) > 1:
         if batch_size not in (1, len(rows)):
             raise KVVizError(f"batch_size {batch_size} does not match the {len(rows)} prompt rows")
         batch_size = len(rows)
-    elif isinstance(batch_size, int) and not isinstance(batch_size, bool):
+    else:
         rows = rows * batch_size  # the same prompt on every row
     check_budget(model, len(rows[0]), max_new_tokens)
     if cache_kind not in ("static", "concat"):
         raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
-        raise KVVizError(f"batch_size must be between 1 and {MAX_BATCH} (got {batch_size!r})")
     stops = tuple(s for s in (stop or ()) if s)
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
                             capture or Capture(), batch_size)

@@ -111,6 +111,7 @@ def _save_state(path: Path, model: GPT, opt: torch.optim.Optimizer, step: int, g
                 if key in st:
                     tensors[f"opt.{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
     tensors["rng"] = gen.get_state()
+    tensors["torch_rng"] = torch.get_rng_state()  # dropout draws from the global generator
     save_file(tensors, str(path / "state.safetensors"))
     meta = {"step": step, "elapsed": elapsed, "tokens": tokens, "history": history, "commands": commands}
     (path / "state.json").write_text(json.dumps(meta), encoding="utf-8")
@@ -134,6 +135,8 @@ def _load_state(path: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.G
                 "exp_avg_sq": tensors[f"opt.{n}.exp_avg_sq"].to(p.device),
             }
     gen.set_state(tensors["rng"])
+    if "torch_rng" in tensors:
+        torch.set_rng_state(tensors["torch_rng"])
     return meta
 
 
@@ -171,7 +174,7 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     commands.append(_command_line())
 
     per_step = tc.batch_size * min(tc.block_size, len(train_data) - 1)
-    bar = tqdm(total=tc.steps, initial=step, disable=not progress, dynamic_ncols=True, desc="train")
+    bar = tqdm(total=tc.steps, initial=step, disable=not progress, dynamic_ncols=True, desc="train", file=sys.stderr)
     t_last = time.perf_counter()
     while step < tc.steps:
         for g in opt.param_groups:
@@ -194,7 +197,8 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
             val = estimate_loss(model, val_data, tc, dev)
             history.append({"step": step, "train_loss": round(loss.item(), 4), "val_loss": round(val, 4),
                             "elapsed_s": round(elapsed, 1)})
-            bar.write(f"step {step}: train {loss.item():.4f}  val {val:.4f}  ({elapsed / 60:.1f} min)")
+            # stderr: with --json, stdout carries exactly one JSON object.
+            bar.write(f"step {step}: train {loss.item():.4f}  val {val:.4f}  ({elapsed / 60:.1f} min)", file=sys.stderr)
             _save_state(state_dir, model, opt, step, gen, history, elapsed, tokens, commands)
             t_last = time.perf_counter()  # checkpoint I/O is not training time
     bar.close()
