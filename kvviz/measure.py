@@ -406,7 +406,7 @@ def _best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) 
 
 
 def probe_machine(device: torch.device | str, dtype: torch.dtype = torch.float32, matmul_n: int | None = None,
-                  copy_mb: int | None = None, repeats: int = 5) -> MachineProbe:
+                  copy_mb: int | None = None, repeats: int = 8) -> MachineProbe:
     """Peak matmul FLOP/s (n x n @ n x n) and memory bandwidth (copy, sum) of this machine.
 
     Sizes default to what takes about a second: n = 1024 and 256 MB on a CPU, n = 8192 and

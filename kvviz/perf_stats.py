@@ -222,6 +222,9 @@ def phase_verdict(phase: str, intensity: float, achieved_flops: float, probe: Ma
          f"({probe.ridge:,.1f} FLOP/byte); measured {achieved_flops / 1e9:,.2f} GFLOP/s = {frac:.0%} of the {roof}.")
     if frac < 0.1:
         s += " So far below the roof, fixed per-step overhead (Python, kernel launches) dominates."
+    elif frac > 1.05:
+        s += (" Above the probed roof: the probe itself was slowed (by another process, say), so its peak is "
+              "a lower bound; probe again when the machine is quiet.")
     return s
 
 

@@ -151,7 +151,7 @@ def test_a_stopped_sweep_keeps_its_points() -> None:
 
 # --- prefill vs decode ----------------------------------------------------------------------------
 
-def test_prefill_page_measures_and_labels_the_phases() -> None:
+def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyPatch) -> None:
     at = fresh(_prefill, None)
     no_problems(at)
     at.select_slider(key="pd_max_context").set_value(64)
@@ -165,6 +165,17 @@ def test_prefill_page_measures_and_labels_the_phases() -> None:
     assert "Prefill at a 63-token prompt: **" in verdicts and "-token context: **memory-bound**" in verdicts
     roof = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Roofline"))
     assert {d.get("name") for d in roof["data"]} >= {"prefill (measured)", "decode (measured)"}
+
+    # "Probe again" measures anew (here a stand-in probe: the real one allocates hundreds of MB).
+    import dataclasses
+
+    import kvviz.ui.perf_common as common
+
+    quiet = dataclasses.replace(PROBE, peak_flops=80e9)
+    monkeypatch.setattr(common, "probe_machine", lambda device, dtype: quiet)
+    at.button(key="pd_reprobe").click().run()
+    no_problems(at)
+    assert any("peak matmul 80.0 GFLOP/s" in c.value for c in at.caption)
 
     at.number_input(key="pd_example_tokens").set_value(8)
     at.button(key="pd_example").click().run()

@@ -94,11 +94,12 @@ def drive(samples: Iterator[Sample], store: list[Sample], progress_text: str,
     return True
 
 
-def machine_probe(model: LoadedModel) -> MachineProbe:
-    """Peak FLOP/s and bandwidth of this device in the model's dtype, measured once per session."""
+def machine_probe(model: LoadedModel, again: bool = False) -> MachineProbe:
+    """Peak FLOP/s and bandwidth of this device in the model's dtype, measured once per session
+    (``again`` measures anew, e.g. once a competing job has finished)."""
     probes: dict[Any, MachineProbe] = st.session_state.setdefault("pd_probes", {})
     key = (str(model.device), model.dtype_name)
-    if key not in probes:
+    if again or key not in probes:
         with st.spinner("Measuring this machine's peak matmul FLOP/s and memory bandwidth (a second or two)…"):
             probes[key] = probe_machine(model.device, model.dtype)
     return probes[key]

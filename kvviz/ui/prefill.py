@@ -115,6 +115,16 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     probe = st.session_state.get("pd_probes", {}).get((str(model.device), model.dtype_name))
     if probe is None:
         return
+    if st.session_state.get("pd_reprobe"):  # the button below was clicked on the previous run
+        try:
+            lock = acquire()
+        except Busy as e:
+            st.warning(str(e))
+        else:
+            try:
+                probe = machine_probe(model, again=True)
+            finally:
+                lock.release()
     points = {"prefill": roofline_points(results["ttft"])}
     if results.get("decode"):
         points["decode"] = roofline_points(results["decode"], 4 * _decode_bin(ctx))
@@ -123,6 +133,7 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     with b:
         st.markdown("**This machine** (probed once per session)")
         st.caption(probe.describe() + f" · probe took {probe.seconds:.1f} s")
+        st.button("Probe again", key="pd_reprobe", help="Measure peak FLOP/s and bandwidth anew (about a second)")
         st.markdown("**Verdict, from the measurements**")
         for phase, df in points.items():
             if not len(df):
