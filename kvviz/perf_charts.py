@@ -147,7 +147,9 @@ def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     fig.update_yaxes(title_text="FLOPs per step", row=1, col=1)
     fig.update_yaxes(title_text="FLOPs", row=1, col=2)
     _log_axes(fig)
-    fig.update_layout(margin=dict(t=110))
+    fig.update_xaxes(tickangle=0, row=1, col=2)
+    fig.update_annotations(font_size=13)  # the subplot titles, below the figure title
+    fig.update_layout(margin=dict(t=110), uniformtext=dict(minsize=12, mode="show"))
     fig.update_layout(hovermode="closest")
     return fig
 
@@ -246,11 +248,13 @@ def sweep_time(agg: "pd.DataFrame", fits: Mapping[str, Fit], log: bool, subtitle
             xs = np.geomspace(fit.x_min, fit.x_max, 20)
             fig.add_trace(go.Scatter(x=f32(xs), y=f32(fit.predict(xs) / 1000.0), mode="lines", showlegend=False,
                                      line=dict(color=_color(s), width=6), opacity=0.25, hoverinfo="skip"))
-    title = "Total time vs new tokens N" + (" (log-log: slope 1 = linear, 2 = quadratic)" if log else "")
-    fig = _layout(fig, title, subtitle, "new tokens N", "total time (s)", height)
+    title = "Total time vs new tokens N" + (" (log-log)" if log else "")
+    if log:
+        subtitle += " · slope 1 = linear, 2 = quadratic; bold lines: fits on the large-N points"
+    fig = _layout(fig, title, subtitle + " · medians, min–max bars", "new tokens N", "total time (s)", height)
     if log:
         fig.update_xaxes(type="log", tickvals=f32(sorted(agg["x"].unique())))  # label the swept N values
-        fig.update_yaxes(type="log")
+        _log_axes(fig)
     fig.update_layout(hovermode="closest")
     return fig
 
@@ -343,7 +347,8 @@ def short_long_chart(ttft: "pd.DataFrame", tpot: "pd.DataFrame", subtitle: str, 
                                  text=[f"{v:,.1f} ms" for v in g["median"]], textposition="outside",
                                  cliponaxis=False), row=1, col=col)
     fig = _layout(fig, "Short question vs long pasted document", subtitle + " · medians, min–max bars", "", "", height)
-    fig.update_layout(margin=dict(t=120))
+    fig.update_annotations(font_size=13)
+    fig.update_layout(margin=dict(t=120), uniformtext=dict(minsize=12, mode="show"))
     fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="ms per token", rangemode="tozero", row=1, col=2)
     fig.update_layout(hovermode="closest")
@@ -385,5 +390,5 @@ def batch_kv(allocated: "pd.DataFrame", used: "pd.DataFrame", subtitle: str, hei
                              textposition="outside", cliponaxis=False))
     fig = _layout(fig, "KV cache bytes vs batch size", subtitle + " · grows linearly with B",
                   "batch size", "MB", height)
-    fig.update_layout(barmode="group", hovermode="closest")
+    fig.update_layout(barmode="group", hovermode="closest", uniformtext=dict(minsize=11, mode="show"))
     return fig

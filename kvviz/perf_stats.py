@@ -186,9 +186,9 @@ def speedup_table(agg: "pd.DataFrame", slow: str = "none", fast: str = "static")
     for x in xs:
         rows.append({
             "new tokens": int(x),
-            f"{MODE_LABELS.get(fast, fast)} (ms)": float(b.at[x, "median"]),
-            f"{MODE_LABELS.get(slow, slow)} (ms)": float(a.at[x, "median"]),
-            "speedup": float(a.at[x, "median"] / b.at[x, "median"]),
+            f"{MODE_LABELS.get(fast, fast)} (ms)": round(float(b.at[x, "median"]), 1),
+            f"{MODE_LABELS.get(slow, slow)} (ms)": round(float(a.at[x, "median"]), 1),
+            "speedup": round(float(a.at[x, "median"] / b.at[x, "median"]), 2),
             "speedup range": f"{a.at[x, 'min'] / b.at[x, 'max']:.2f}–{a.at[x, 'max'] / b.at[x, 'min']:.2f}",
             "repeats": int(min(a.at[x, "n"], b.at[x, "n"])),
         })

@@ -19,6 +19,7 @@ from kvviz.ui.perf_common import (
 from kvviz.ui.settings import Settings
 
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
+OUT_HEIGHT = 150  # px per output box: long runs scroll inside it instead of pushing the charts down
 
 INTRO = (
     "One click generates the same continuation three times: with the **static** KV cache (preallocated, "
@@ -51,6 +52,13 @@ def _request(s: Settings, model: LoadedModel) -> Request:
     ids = tuple(model.tokenizer.encode(s.prompt)) if s.prompt else ()
     return Request(prompt_ids=(ids,), max_new_tokens=s.max_new_tokens, prompt=s.prompt,
                    **s.sampling_kwargs())
+
+
+def shown(text: str) -> str:
+    """Plain text for the output boxes: control characters (an untrained model emits plenty) as
+    <0xNN>, the tokenizer's own notation, instead of invisible or tofu glyphs; newlines and tabs stay."""
+    return "".join(f"<0x{ord(c):02X}>" if (ord(c) < 32 and c not in "\n\t") or ord(c) == 127 else c
+                   for c in text) or " "
 
 
 def _sampling_text(s: Settings) -> str:
@@ -92,7 +100,7 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
         for mode, run in stored["runs"].items():
             status, text = slots[mode]
             status.caption(_status_line(run))
-            text.code(run.text or " ", language=None, wrap_lines=True)
+            text.code(shown(run.text), language=None, wrap_lines=True, height=OUT_HEIGHT)
     if state.status == "stopped" and not stored.get("complete"):
         st.warning("The race was stopped: the charts show the steps that ran.")
     _results(model, stored)
@@ -136,7 +144,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
                 finished.add(tick.mode)
                 status.caption(_status_line(tick.run))
                 continue
-            text.code(tick.stream.text or " ", language=None, wrap_lines=True)
+            text.code(shown(tick.stream.text), language=None, wrap_lines=True, height=OUT_HEIGHT)
             now = time.monotonic()
             if now - last_draw >= LIVE_REDRAW_S:
                 run = tick.run
