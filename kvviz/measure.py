@@ -164,7 +164,7 @@ def compare_outputs(runs: dict[str, Run]) -> Agreement:
     """Token-for-token comparison of the generated ids (all batch rows) of several runs."""
     lengths = {m: len(r.events) for m, r in runs.items()}
     if len(runs) < 2:
-        return Agreement(True, min(lengths.values(), default=0), lengths, None, "only one mode ran")
+        return Agreement(False, min(lengths.values(), default=0), lengths, None, "only one mode ran, so nothing was compared")
     seqs = {m: [e.token_ids or (e.token_id,) for e in r.events] for m, r in runs.items()}
     n = min(lengths.values())
     ref_mode = next(iter(seqs))

@@ -172,3 +172,8 @@ def test_probe_machine_small() -> None:
     p = probe_machine("cpu", torch.float32, matmul_n=64, copy_mb=4, repeats=2)
     assert p.peak_flops > 0 and p.bandwidth > 0 and p.ridge == pytest.approx(p.peak_flops / p.bandwidth)
     assert p.device.startswith("cpu") and p.dtype == "fp32" and p.copy_bytes == 4 * 2**20 and p.matmul_n == 64
+
+
+def test_compare_outputs_needs_two_runs(small_model) -> None:  # type: ignore[no-untyped-def]
+    a = compare_outputs({"static": run_once(small_model, _req(3), "static")})
+    assert not a.identical and "nothing was compared" in a.message

@@ -93,7 +93,7 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if start:
         _run_race(s, model, key, slots, live_chart, state)
     stored = st.session_state.get(key)
-    if not stored:
+    if not stored or not stored["runs"]:
         st.info("Press **Start the race**. Tip: 200+ new tokens make the no-cache slope obvious.")
         return
     if not start:
@@ -132,6 +132,10 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
         return
     race_id = st.session_state.get("race_next_id", 0) + 1
     st.session_state["race_next_id"] = race_id
+    # Stored before the loop and only mutated after: a Stop click raises StopException at the next
+    # Streamlit call, after which assigning to st.session_state raises again, but mutating works.
+    record: dict[str, Any] = {"id": race_id, "runs": {}, "complete": False}
+    st.session_state[key] = record
     streams: dict[str, GenerationStream] = {}
     finished: set[str] = set()
     last_draw, draws = 0.0, 0
@@ -157,8 +161,8 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     finally:
         # Runs also when a Stop click interrupts the loop: keep what was measured.
         lock.release()
-        runs = {m: st_.run for m, st_ in streams.items()}
-        st.session_state[key] = {"id": race_id, "runs": runs, "complete": finished == set(MODES)}
+        record["runs"] = {m: st_.run for m, st_ in streams.items()}
+        record["complete"] = finished == set(MODES)
     live_chart.empty()
     machine_probe(model)  # for the explanation below; measured once per session
 
@@ -168,14 +172,14 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
     rid = stored["id"]
     agree = compare_outputs(runs)
     with st.container(key="race_verdict"):
-        if agree.identical:
+        if agree.first_diff is None and not stored.get("complete"):
+            st.warning(f"Partial race (stopped): {agree.message}; nothing disagreed.", icon=":material/pause_circle:")
+        elif agree.identical:
             st.success(f"Identical output: {agree.message}.", icon=":material/check_circle:")
-        elif stored.get("complete"):
+        else:  # tokens differ, or a finished race has runs of different lengths
             st.error(f"BUG: the three modes do not agree. {agree.message}. Cached and uncached generation "
                      "must produce the same tokens; please report this with the prompt and settings.",
                      icon=":material/bug_report:")
-        else:
-            st.warning(f"Partial race: {agree.message}.")
 
     cols = st.columns(len(runs) + 1)
     for col, (mode, run) in zip(cols, runs.items()):

@@ -31,3 +31,24 @@ def test_race_runs_and_shows_identical_output_and_charts(page, app_url, wait_idl
     # Each mode's output is plain text in its own container, and all three agree.
     outs = [page.locator(f".st-key-race_out_{m}").inner_text() for m in ("static", "concat", "none")]
     assert outs[0] and outs[0] == outs[1] == outs[2]
+
+
+def test_stop_ends_the_race_and_keeps_what_ran(page, app_url, wait_idle) -> None:  # type: ignore[no-untyped-def]
+    page.goto(app_url + "/race")
+    wait_idle(page)
+    n_new = page.locator(".st-key-max_new_tokens input")
+    n_new.fill("1000")
+    n_new.press("Enter")
+    page.wait_for_function("() => document.querySelector('.st-key-max_new_tokens input').value === '1000'")
+    wait_idle(page)
+
+    page.get_by_role("button", name="Start the race").click()
+    # Wait until the first mode has streamed some text, then stop.
+    page.wait_for_function("() => (document.querySelector('.st-key-race_out_static')?.innerText || '').length > 20")
+    page.locator(".st-key-race_stop button").first.click()
+    page.get_by_text("The race was stopped").wait_for(timeout=60_000)
+    wait_idle(page)
+    # The partial race is reported as such, never as a bug, and its charts are drawn.
+    verdict = page.locator(".st-key-race_verdict").inner_text()
+    assert "Partial race (stopped)" in verdict and "BUG" not in verdict
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 7")
