@@ -279,7 +279,7 @@ def decode_chart(agg: "pd.DataFrame", subtitle: str, height: int = HEIGHT) -> go
         x = f32(g["x"])
         fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=f32(np.concatenate([g["max"], g["min"][::-1]])),
                                  fill="toself", fillcolor="rgba(44,160,44,0.18)", line=dict(width=0),
-                                 name="min–max", hoverinfo="skip"))
+                                 name="min–max over repeats", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=x, y=f32(g["median"]), mode="lines+markers", name="median per token",
                                  line=dict(color=PHASE_COLORS["decode"], width=2), marker=dict(size=5)))
     # Other processes cause rare spikes that would flatten the median line: clip the band, and say so.
@@ -287,7 +287,7 @@ def decode_chart(agg: "pd.DataFrame", subtitle: str, height: int = HEIGHT) -> go
     peak = float(agg["max"].max()) if len(agg) else 0.0
     if top > 0 and peak > top:
         subtitle += f" · band clipped at {top:,.1f} ms (spikes up to {peak:,.0f} ms)"
-    fig = _layout(fig, "Per-token decode latency vs context length", subtitle + " · medians, min–max band",
+    fig = _layout(fig, "Per-token decode latency vs context length", subtitle + " · median, min–max over repeats",
                   "context length (tokens in the cache)", "latency per token (ms)", height)
     fig.update_yaxes(rangemode="tozero", range=[0, top] if top > 0 and peak > top else None)
     return fig

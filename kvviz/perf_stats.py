@@ -102,10 +102,13 @@ def samples_frame(samples: Iterable[Sample]) -> "pd.DataFrame":
 
 
 def aggregate(samples: Iterable[Sample], metric: str, bin_width: float | None = None) -> "pd.DataFrame":
-    """Median and min-max of ``metric`` per (series, x): columns series, x, median, min, max, n.
+    """Median and min-max of ``metric`` over repeats, per (series, x): columns series, x, median,
+    min, max, n (samples behind the row).
 
-    With ``bin_width``, x is first floored to bins of that width (labelled by the bin centre),
-    so a per-step curve (hundreds of contexts) becomes a readable one with an honest spread.
+    With ``bin_width`` (a per-step curve: hundreds of contexts), each x is first summarised over
+    its repeats, then the x values are grouped in bins of that width (labelled by the bin centre)
+    and each column is the median over the bin: the typical median and the typical min-max
+    spread over repeats. (A plain min-max over a whole bin would only report its rarest spike.)
     """
     import pandas as pd
 
@@ -114,10 +117,12 @@ def aggregate(samples: Iterable[Sample], metric: str, bin_width: float | None = 
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows, columns=["series", "x", "v"])
-    if bin_width:
-        df["x"] = np.floor(df["x"] / bin_width) * bin_width + bin_width / 2.0
     g = df.groupby(["series", "x"], sort=True)["v"]
     out = pd.DataFrame({"median": g.median(), "min": g.min(), "max": g.max(), "n": g.size()}).reset_index()
+    if bin_width:
+        out["x"] = np.floor(out["x"] / bin_width) * bin_width + bin_width / 2.0
+        b = out.groupby(["series", "x"], sort=True)
+        out = b[["median", "min", "max"]].median().join(b["n"].sum()).reset_index()
     return out[cols]
 
 

@@ -96,3 +96,12 @@ def test_race_explanation_quotes_this_runs_numbers(small_model) -> None:  # type
     text = race_explanation(cached, uncached, weight_bytes=1_000_000, probe=PROBE)
     assert "step 11" in text and "cpu" in text and "GFLOP/s" in text and "bandwidth" in text
     assert "few tokens" in race_explanation(cached.upto(1), uncached.upto(1), 1_000_000)
+
+
+def test_binned_spread_is_the_typical_spread_over_repeats() -> None:
+    # Two repeats per context; one rare spike must not become the whole bin's max.
+    samples = [_s("d", x, r, ms=1.0 + r) for x in range(10) for r in range(2)]
+    samples.append(_s("d", 3, 2, ms=50.0))
+    df = aggregate(samples, "ms", bin_width=10)
+    row = df.iloc[0]
+    assert (row["x"], row["min"], row["max"], row["n"]) == (5.0, 1.0, 2.0, 21)
