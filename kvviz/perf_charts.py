@@ -312,9 +312,9 @@ def roofline(probe: MachineProbe, points: Mapping[str, "pd.DataFrame"], height: 
                        showarrow=False, xanchor="left", yanchor="bottom", font=dict(color="#777777", size=12))
     fig.add_annotation(x=np.log10(hi), y=np.log10(probe.peak_flops / 1e9), text="compute-bound", showarrow=False,
                        xanchor="right", yanchor="bottom", font=dict(color="#555555"))
-    x_mem = lo * 3
+    x_mem = probe.ridge / 1.5  # above the sloped roof, just left of the ridge: clear of the points below
     fig.add_annotation(x=np.log10(x_mem), y=np.log10(x_mem * probe.bandwidth / 1e9), text="memory-bound",
-                       showarrow=False, xanchor="left", yanchor="top", font=dict(color="#555555"))
+                       showarrow=False, xanchor="right", yanchor="bottom", font=dict(color="#555555"))
     for phase, df in points.items():
         if not len(df):
             continue
