@@ -1,16 +1,21 @@
-"""kvviz: entry point. Page config and navigation only; pages live in kvviz/ui/."""
+"""kvviz: page config and navigation only. Each page is a function in kvviz/ui/."""
 import streamlit as st
 
-import kvviz
+from kvviz.ui import batching, calculator, live, prefill, race
+from kvviz.ui.sidebar import render_sidebar
 
-st.set_page_config(page_title="kvviz", layout="wide")
-st.title("kvviz")
-prompt = st.text_area("Prompt", "ROMEO:", key="prompt")
-n = st.number_input("max_new_tokens", 1, 256, 64, key="max_new_tokens")
-if st.button("Generate", key="generate"):
-    try:
-        run = kvviz.generate(kvviz.load_model("random:tiny"), prompt=prompt, max_new_tokens=int(n))
-        with st.container(key="output"):
-            st.text(run.text)
-    except kvviz.KVVizError as e:
-        st.error(str(e))
+st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon="🗂️", layout="wide")
+
+GENERATION_PAGES = [
+    st.Page(live.page, title="Generate", icon="✍️", url_path="generate", default=True),
+    st.Page(race.page, title="Cache vs no cache", icon="🏁", url_path="race"),
+    st.Page(prefill.page, title="Prefill vs decode", icon="⚖️", url_path="prefill"),
+    st.Page(batching.page, title="Batching", icon="📦", url_path="batching"),
+]
+CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon="🧮", url_path="calculator")
+
+pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR]})
+if pg.url_path != CALCULATOR.url_path:
+    # Model, prompt and sampling controls: shared by every generation page.
+    st.session_state["settings"] = render_sidebar()
+pg.run()
