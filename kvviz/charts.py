@@ -15,7 +15,6 @@ import re
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from kvviz.events import Run, StepEvent
 
@@ -29,6 +28,15 @@ EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
 MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
 MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)
+
+# A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
+# big template is looked up and deep-copied every time), too slow for live redraws and replay.
+_GRID = "#e9ecef"
+TEMPLATE = go.layout.Template(layout=dict(
+    paper_bgcolor="white", plot_bgcolor="white", colorway=[PROMPT_COLOR, GEN_COLOR, "#2b8a3e", "#862e9c"],
+    xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
+    yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
+))
 
 _BYTE_ESCAPE = re.compile(r"^(?:<0x[0-9A-Fa-f]{2}>)+$")
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥"}  # glyphs every common font has
@@ -115,7 +123,7 @@ def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure
         title=dict(text=title, font=dict(size=TITLE_SIZE), x=0.0, xref="container", xanchor="left", pad=dict(l=12),
                    y=1.0, yref="container", yanchor="top",
                    subtitle=dict(text=subtitle, font=dict(size=14, color="#495057"))),
-        font=FONT, height=height, template="plotly_white", plot_bgcolor="white",
+        font=FONT, height=height, template=TEMPLATE,
         margin=dict(l=90, r=30, t=96 if subtitle else 64, b=70), hoverlabel=dict(font_size=15),
     )
     fig.update_layout(title_pad_t=14)
@@ -199,36 +207,43 @@ def _mode_story(run: Run, ev: StepEvent) -> tuple[str, str]:
             f"Concat cache: {what}, and torch.cat copied the rest into a new tensor. Red: written this step.")
 
 
-def _decorate_positions(fig: go.Figure, run: Run, ev: StepEvent, X: int, rows: list[int], n_rows: int) -> None:
-    """Mark the unfilled slots by cache mode, the prompt|generated divider and this step's columns."""
+def _decorate_positions(run: Run, ev: StepEvent, X: int, axes: list[tuple[str, str]], n_rows: int
+                        ) -> tuple[list[dict], list[dict]]:
+    """Shapes and annotations: unfilled slots by cache mode, the prompt|generated divider, this step's columns.
+
+    ``axes``: the (xref, yref) pairs of the heatmaps to mark (the K and V blocks, or one).
+    """
     filled = ev.position
     N = len(run.prompt_ids)
     a, b = _written(run, ev)
-    for r in rows:
-        xref, yref = ("x", "y") if r == 1 else (f"x{r}", f"y{r}")
+    static = run.use_cache and run.cache_kind == "static"
+    box = dict(y0=-0.5, y1=n_rows - 0.5)
+    shapes: list[dict] = []
+    for xref, yref in axes:
         if filled < X:
             # Static: the slots exist (grey). Concat: they do not exist yet. No cache: nothing is stored.
-            static = run.use_cache and run.cache_kind == "static"
-            fig.add_shape(type="rect", x0=filled - 0.5, x1=X - 0.5, y0=-0.5, y1=n_rows - 0.5, xref=xref, yref=yref,
-                          fillcolor=EMPTY_FILL if static else "rgba(0,0,0,0)", layer="below",
-                          line=dict(width=0) if static else dict(color="#adb5bd", width=1.5, dash="dash"))
+            shapes.append(dict(type="rect", x0=filled - 0.5, x1=X - 0.5, xref=xref, yref=yref, layer="below",
+                               fillcolor=EMPTY_FILL if static else "rgba(0,0,0,0)",
+                               line=dict(width=0) if static else dict(color="#adb5bd", width=1.5, dash="dash"), **box))
         if 0 < N < X:
-            fig.add_shape(type="line", x0=N - 0.5, x1=N - 0.5, y0=-0.5, y1=n_rows - 0.5, xref=xref, yref=yref,
-                          line=dict(color="#495057", width=2, dash="dot"))
-        fig.add_shape(type="rect", x0=a - 0.5, x1=b - 0.5, y0=-0.5, y1=n_rows - 0.5, xref=xref, yref=yref,
-                      line=dict(color=HILITE, width=3), fillcolor="rgba(0,0,0,0)")
+            shapes.append(dict(type="line", x0=N - 0.5, x1=N - 0.5, xref=xref, yref=yref,
+                               line=dict(color="#495057", width=2, dash="dot"), **box))
+        shapes.append(dict(type="rect", x0=a - 0.5, x1=b - 0.5, xref=xref, yref=yref,
+                           line=dict(color=HILITE, width=3), fillcolor="rgba(0,0,0,0)", **box))
+    notes: list[dict] = []
     if X - filled >= max(4, X // 6):  # room for a two-line label in the unfilled part
         if not run.use_cache:
             what = "nothing is stored<br>between steps"
-        elif run.cache_kind == "static":
+        elif static:
             what = "preallocated,<br>still empty"
         else:
             what = "not allocated yet:<br>torch.cat grows it"
-        fig.add_annotation(x=(filled + X - 1) / 2, y=(n_rows - 1) / 2, xref="x", yref="y", text=what,
-                           showarrow=False, font=dict(size=14, color="#495057"))
+        notes.append(dict(x=(filled + X - 1) / 2, y=(n_rows - 1) / 2, xref=axes[0][0], yref=axes[0][1], text=what,
+                          showarrow=False, font=dict(size=14, color="#495057")))
     if 0 < N < X:
-        fig.add_annotation(x=N - 0.5, y=1.0, xref="x", yref="paper", text="prompt │ generated", showarrow=False,
-                           yanchor="bottom", font=dict(size=13, color="#495057"))
+        notes.append(dict(x=N - 0.5, y=1.0, xref=axes[0][0], yref="paper", text="prompt │ generated",
+                          showarrow=False, yanchor="bottom", font=dict(size=13, color="#495057")))
+    return shapes, notes
 
 
 def _color_range(values: np.ndarray) -> tuple[float, float]:
@@ -252,21 +267,27 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
     ev = run.events[-1]
     X = z.shape[-1]
     axis = token_axis(position_labels(run), X)
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07)
+    # Two stacked heatmaps sharing the x axis (laid out by hand: make_subplots is slow to build).
     scale = "Viridis" if run.use_cache else "OrRd"  # warm colours: recomputed, temporary
+    where = "" if by == "layer" else f" · layer {layer}"
+    traces = []
     for i, name in enumerate(("K", "V")):
         lo, hi = _color_range(z[i])
-        fig.add_trace(go.Heatmap(
+        traces.append(go.Heatmap(
             z=z[i], x=np.arange(X, dtype=np.int32), y=labels, colorscale=scale, zmin=lo, zmax=hi,
+            xaxis="x" if i == 0 else "x2", yaxis="y" if i == 0 else "y2", xgap=1, ygap=1, name=name,
             colorbar=dict(title=dict(text=f"‖{name}‖", side="top"), len=0.45, y=0.77 - 0.54 * i, thickness=14),
-            hovertemplate=f"position %{{x}}<br>%{{y}}<br>‖{name}‖ = %{{z:.2f}}<extra></extra>", xgap=1, ygap=1,
-            name=name), row=i + 1, col=1)
-        where = "" if by == "layer" else f" · layer {layer}"
-        fig.update_yaxes(title_text=f"<b>{name}</b> ({'keys' if name == 'K' else 'values'}){where}", row=i + 1, col=1)
-    _decorate_positions(fig, run, ev, X, [1, 2], len(labels))
-    fig.update_xaxes(**axis)
-    fig.update_xaxes(title_text="position (token)", row=2, col=1)
-    fig.update_yaxes(autorange="reversed", showgrid=False)
+            hovertemplate=f"position %{{x}}<br>%{{y}}<br>‖{name}‖ = %{{z:.2f}}<extra></extra>"))
+    shapes, notes = _decorate_positions(run, ev, X, [("x", "y"), ("x2", "y2")], len(labels))
+    fig = go.Figure(traces)
+    y_common = dict(autorange="reversed", showgrid=False)
+    fig.update_layout(
+        xaxis=dict(axis, anchor="y", showticklabels=False),
+        xaxis2=dict(axis, anchor="y2", matches="x", title=dict(text="position (token)")),
+        yaxis=dict(y_common, domain=[0.54, 1.0], title=dict(text=f"<b>K</b> (keys){where}")),
+        yaxis2=dict(y_common, domain=[0.0, 0.46], title=dict(text=f"<b>V</b> (values){where}")),
+        shapes=shapes, annotations=notes,
+    )
     t, sub = _mode_story(run, ev)
     return _layout(fig, t, sub, HEIGHTS["notebook"])
 
@@ -292,7 +313,8 @@ def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | Non
         z=z, x=np.arange(X, dtype=np.int32), y=np.arange(z.shape[0], dtype=np.int32), colorscale="RdBu_r",
         zmid=0.0, zmin=-lim, zmax=lim, colorbar=dict(title=dict(text=kv, side="right"), thickness=14),
         hovertemplate=f"position %{{x}}<br>dimension %{{y}}<br>{kv} = %{{z:.3f}}<extra></extra>"))
-    _decorate_positions(fig, run, ev, X, [1], z.shape[0])
+    shapes, notes = _decorate_positions(run, ev, X, [("x", "y")], z.shape[0])
+    fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_xaxes(title_text="position (token)", **token_axis(position_labels(run), X))
     fig.update_yaxes(title_text="dimension of the head vector", autorange="reversed", showgrid=False)
     t, _ = _mode_story(run, ev)
@@ -349,15 +371,17 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
         fig.update_yaxes(tickmode="array", tickvals=[rows[i + mid] for i in layer_rows],
                          ticktext=[f"layer {keys[i][0]}" for i in layer_rows])
     fig.update_yaxes(autorange="reversed", showgrid=False, title_text=f"layer (× {n_head} heads)")
-    for i in layer_rows[1:]:
-        fig.add_hline(y=i - 0.5, line=dict(color="white", width=3))
+    shapes = [dict(type="line", x0=0, x1=1, xref="paper", y0=i - 0.5, y1=i - 0.5, yref="y",
+                   line=dict(color="white", width=3)) for i in layer_rows[1:]]  # gaps between layers
     if selected in keys:
         r = keys.index(selected)
-        fig.add_shape(type="rect", x0=-0.5, x1=ev.position - 0.5, y0=r - 0.5, y1=r + 0.5,
-                      line=dict(color=HILITE, width=3))
+        shapes.append(dict(type="rect", x0=-0.5, x1=ev.position - 0.5, y0=r - 0.5, y1=r + 0.5,
+                           line=dict(color=HILITE, width=3)))
     N = len(run.prompt_ids)
     if 0 < N < X:
-        fig.add_vline(x=N - 0.5, line=dict(color="#868e96", width=2, dash="dot"))
+        shapes.append(dict(type="line", x0=N - 0.5, x1=N - 0.5, y0=0, y1=1, yref="paper",
+                           line=dict(color="#495057", width=2, dash="dot")))
+    fig.update_layout(shapes=shapes)
     fig.update_xaxes(title_text="key position (token)", **token_axis(position_labels(run), X))
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
@@ -386,9 +410,11 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
         x=np.arange(S, dtype=np.int32), y=w, marker_color=colors, marker_line_width=0,
         customdata=np.array([visible(labels[p]) if p < len(labels) else "" for p in range(S)])[:, None],
         hovertemplate="position %{x} “%{customdata[0]}”<br>weight %{y:.3f}<extra></extra>"))
-    for p in np.argsort(w)[::-1][:3]:  # name the three strongest so a projector audience can read them
-        fig.add_annotation(x=int(p), y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True,
-                           arrowhead=0, ay=-28, font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.8)")
+    # Name the three strongest positions so a projector audience can read them.
+    fig.update_layout(annotations=[
+        dict(x=int(p), y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
+             ay=-28, font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.8)")
+        for p in np.argsort(w)[::-1][:3]])
     fig.update_xaxes(title_text="key position (token)", **token_axis(labels, X))
     fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.25)])
     sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
@@ -408,23 +434,24 @@ def latency_chart(run: Run) -> go.Figure:
     tps[0] = np.nan  # the prefill step makes one token too: its rate would read as decode speed
     inp = np.array([e.input_len for e in run.events], dtype=np.int32)
     colors = [PROMPT_COLOR if e.phase == "prefill" else GEN_COLOR for e in run.events]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Bar(x=steps, y=lat, marker_color=colors, name="latency (ms)", customdata=inp,
-                         hovertemplate="step %{x}<br>%{y:.2f} ms<br>%{customdata} tokens fed<extra></extra>"),
-                  secondary_y=False)
-    fig.add_trace(go.Scatter(x=steps[1:], y=tps[1:], mode="lines+markers" if len(steps) < 80 else "lines",
-                             name="tokens/s (this step)", line=dict(color="#2b8a3e", width=2.5),
-                             marker=dict(size=5), hovertemplate="step %{x}<br>%{y:,.0f} tokens/s<extra></extra>"),
-                  secondary_y=True)
-    fig.add_annotation(x=0, y=float(lat[0]), text=f"prefill: {run.events[0].input_len} tokens", showarrow=True,
-                       arrowhead=0, ax=40, ay=-30, font=dict(size=14, color=PROMPT_COLOR), yref="y")
+    fig = go.Figure([
+        go.Bar(x=steps, y=lat, marker_color=colors, name="latency (ms)", customdata=inp,
+               hovertemplate="step %{x}<br>%{y:.2f} ms<br>%{customdata} tokens fed<extra></extra>"),
+        go.Scatter(x=steps[1:], y=tps[1:], mode="lines+markers" if len(steps) < 80 else "lines", yaxis="y2",
+                   name="tokens/s (this step)", line=dict(color="#2b8a3e", width=2.5), marker=dict(size=5),
+                   hovertemplate="step %{x}<br>%{y:,.0f} tokens/s<extra></extra>"),
+    ])
     n_steps = max(run.max_new_tokens, len(steps))
-    fig.update_xaxes(title_text="step (0 = prefill, then one decode step per token)", range=[-0.7, n_steps - 0.3])
-    fig.update_yaxes(title_text="latency (ms)", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", showgrid=False, secondary_y=True, tickformat=",.0f",
-                     tickmode="auto", nticks=6, title_font=dict(color="#2b8a3e"), tickfont=dict(color="#2b8a3e"))
-    fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom",
-                                  bgcolor="rgba(255,255,255,0.85)"), bargap=0.15)
+    fig.update_layout(
+        xaxis=dict(title=dict(text="step (0 = prefill, then one decode step per token)"), range=[-0.7, n_steps - 0.3]),
+        yaxis=dict(title=dict(text="latency (ms)"), rangemode="tozero"),
+        yaxis2=dict(title=dict(text="tokens/s", font=dict(color="#2b8a3e")), overlaying="y", side="right",
+                    rangemode="tozero", showgrid=False, tickformat=",.0f", tickfont=dict(color="#2b8a3e")),
+        annotations=[dict(x=0, y=float(lat[0]), text=f"prefill: {run.events[0].input_len} tokens", showarrow=True,
+                          arrowhead=0, ax=40, ay=-30, font=dict(size=14, color=PROMPT_COLOR))],
+        legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)"),
+        bargap=0.15,
+    )
     mode = "no cache: each step re-reads the whole sequence" if not run.use_cache else \
         f"{run.cache_kind} cache: each decode step feeds one token"
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}."

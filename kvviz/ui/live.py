@@ -30,11 +30,11 @@ from kvviz.ui.stepper import Stepper, close_iterator
 CHART_INTERVAL_S = 0.15  # ~6-7 chart redraws per second while generating
 REPLAY_SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 STEPPER_KEY = "_kvviz_stepper"
-SHOW_KEY = "_kvviz_show_run"  # the run id to select in the picker on the next run
-NOTICE_KEY = "_kvviz_notice"  # a message to show once after a rerun
 PLAYING_KEY = "_kvviz_playing"
 REPLAY_FOR_KEY = "_kvviz_replay_for"
 INTERVAL_KEY = "_kvviz_replay_interval"  # the timer the fragment was created with
+POS_KEY = "_kvviz_replay_pos"  # the step shown by replay (the slider follows it, Play advances it)
+TICK_KEY = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous run: only ticks advance
 VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
 MAX_EXPORT_CAPTURES = 16 * 2**20  # offer a JSON with captures only when it stays a sane download
 
@@ -66,6 +66,9 @@ class Slots:
 def page() -> None:
     settings: Settings = st.session_state.get("settings") or Settings()
     store = run_store()
+    # A click during a live run starts this run at once, on another thread; let the interrupted one
+    # record its partial run first (it takes one step at most).
+    store.wait_live()
     chips.inject_css()
     st.header("Watch the KV cache fill, token by token", anchor=False)
     st.caption("Each step feeds the model, writes a K and a V column per layer into the cache, and attends over "
@@ -84,7 +87,7 @@ def page() -> None:
     stepper: Stepper | None = st.session_state.get(STEPPER_KEY)
     if stop and stepper is not None:
         _end_stepping(store)  # a live run was already ended by this click's rerun (see _live's finally)
-    _show_notice()
+    _show_notice(store)
     if stop:
         pass  # never start anything on the Stop click, even if Generate's click is replayed with it
     elif generate:
@@ -106,8 +109,8 @@ def _settings_line(s: Settings) -> str:
     return f"**{s.model}** · {s.cache_label} · {sampling} · {s.max_new_tokens} new tokens{speed}"
 
 
-def _show_notice() -> None:
-    notice = st.session_state.pop(NOTICE_KEY, None)
+def _show_notice(store: RunStore) -> None:
+    notice = store.take("notice")
     if notice:
         kind, text = notice
         getattr(st, kind)(text)
@@ -161,39 +164,55 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore) -> None:
     slots, opts = _layout((shape.n_layer, shape.n_head, shape.n_kv_head))
     it = iter(stream)
     error: Exception | None = None
-    last_chart = 0.0
+    last_chart, gap = 0.0, CHART_INTERVAL_S
     draws = 0
     t0 = time.perf_counter()
+    store.begin_live(run_id)
     try:
         for ev in it:
             run = _with_meta(stream.run, meta)
-            chart_due = time.perf_counter() - last_chart >= CHART_INTERVAL_S
+            store.put(run_id, run, trim=False)  # before drawing: a Stop click interrupts the draw
+            now = time.perf_counter()
+            chart_due = now - last_chart >= gap
             _draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due)
             if chart_due:
+                # Charts at 5-10 Hz, but never more than a third of the loop's time: slow charts
+                # (a big model's attention map) must not slow the generation they show.
                 last_chart, draws = time.perf_counter(), draws + 1
+                gap = max(CHART_INTERVAL_S, 2.0 * (last_chart - now))
             if settings.speed_tps:  # presentation speed: hold each token until its slot in time
-                delay = t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter()
-                if delay > 0:
-                    time.sleep(min(delay, 2.0))
+                _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
         _draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final")
     except (RuntimeError, KVVizError) as e:
         # The device failed under us (a GPU lost or out of memory): keep what was generated.
         error = e
     finally:
-        # Runs on Stop too (the click's rerun interrupts the loop): close, then keep the partial run.
-        close_iterator(it)
-        run = _with_meta(stream.run, meta)
-        if error is not None:
-            run = run.finish("error", run.text, note=f"the device failed after {len(run.events)} tokens: {error}")
-            st.session_state[NOTICE_KEY] = (
-                "error", f"Generation failed after {len(run.events)} tokens: {error}. The partial run #{run_id} "
-                         "is kept; pick another device or model in the sidebar and try again.")
-        elif run.stop_reason == "stopped":
-            st.session_state[NOTICE_KEY] = ("info", f"Stopped: run #{run_id} is kept with the {len(run.events)} "
-                                                    "tokens it had (a click or a changed control ends a live run).")
-        store.put(run_id, run)
-        st.session_state[SHOW_KEY] = run_id
+        # Also runs when a click interrupts the loop. Streamlit then makes every st.* call and
+        # session-state access raise here, so record everything in the store's own dict.
+        try:
+            close_iterator(it)
+            run = _with_meta(stream.run, meta)
+            if error is not None:
+                run = run.finish("error", run.text, note=f"the device failed after {len(run.events)} tokens: {error}")
+                store.post("notice", ("error", f"Generation failed after {len(run.events)} tokens: {error}. The "
+                                               f"partial run #{run_id} is kept; pick another device or model in "
+                                               "the sidebar and try again."))
+            elif run.stop_reason == "stopped":
+                store.post("notice", ("info", f"Stopped: run #{run_id} is kept with the {len(run.events)} tokens "
+                                              "it had (a click or a changed control ends a live run)."))
+            store.put(run_id, run)
+            store.post("show", run_id)
+        finally:
+            store.end_live()
     st.rerun()  # draw the stored run, with the replay controls (the layout above is already on screen)
+
+
+def _pause(seconds: float) -> None:
+    """Sleep in short slices, each ending at a point where a Stop click can interrupt the script."""
+    end = time.perf_counter() + min(max(seconds, 0.0), 2.0)
+    while (left := end - time.perf_counter()) > 0:
+        time.sleep(min(left, 0.05))
+        st.session_state.get("settings")  # a session-state read is a Streamlit interrupt point
 
 
 def _layout(shape: tuple[int, int, int] | None, replay: Any = None) -> tuple[Slots, ViewOptions]:
@@ -301,7 +320,7 @@ def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Step
         _end_stepping(store)
         return
     store.put(stepper.run_id, _with_meta(stepper.stream.run, stepper.meta), stepping=True)
-    st.session_state[SHOW_KEY] = stepper.run_id
+    store.post("show", stepper.run_id)
 
 
 def _end_stepping(store: RunStore) -> None:
@@ -312,7 +331,7 @@ def _end_stepping(store: RunStore) -> None:
     stepper.close()
     if stepper.stream.events:  # an unfinished stream reports itself as stopped
         store.put(stepper.run_id, _with_meta(stepper.stream.run, stepper.meta), stepping=False)
-        st.session_state[SHOW_KEY] = stepper.run_id
+        store.post("show", stepper.run_id)
 
 
 # --- stored runs: picker, replay, export -------------------------------------------------------
@@ -325,7 +344,7 @@ def _stored_view(store: RunStore) -> None:
                   prompt_ids=(), prompt_text="", max_new_tokens=0), slots, opts, "empty")
         return
     ids = [r.id for r in runs]
-    show = st.session_state.pop(SHOW_KEY, None)
+    show = store.take("show")
     if show in ids:
         st.session_state["run_pick"] = show
     persist.keep("run_pick", ids[-1], options=ids)
@@ -342,7 +361,7 @@ def _stored_view(store: RunStore) -> None:
     if st.session_state.get(REPLAY_FOR_KEY) != (entry.id, n):
         # A new or grown run: show its last step, and stop any playback of the previous one.
         st.session_state[REPLAY_FOR_KEY] = (entry.id, n)
-        st.session_state["replay_step"] = max(0, n - 1)
+        st.session_state[POS_KEY] = max(0, n - 1)
         st.session_state[PLAYING_KEY] = False
     interval = _replay_interval(n)
     st.session_state[INTERVAL_KEY] = interval
@@ -378,26 +397,28 @@ def _replay_interval(n: int) -> float | None:
 def _toggle_play(n: int) -> None:
     """Button callback: runs before the script, so the label and the timer agree on this run."""
     playing = not st.session_state.get(PLAYING_KEY, False)
-    if playing and int(st.session_state.get("replay_step", n - 1)) >= n - 1:
-        st.session_state["replay_step"] = 0  # at the end: play from the start
+    if playing and int(st.session_state.get(POS_KEY, n - 1)) >= n - 1:
+        st.session_state[POS_KEY] = 0  # at the end: play from the start
     st.session_state[PLAYING_KEY] = playing
 
 
 def _replay_fragment(entry: StoredRun) -> None:
     """Everything below the run picker; reruns alone when the slider moves or Play ticks."""
     run, n = entry.run, len(entry.run.events)
-    if st.session_state.get(PLAYING_KEY) and n > 1 and st.session_state.get("_kvviz_tick") == (entry.id, True):
-        nxt = int(st.session_state.get("replay_step", 0)) + 1
-        st.session_state["replay_step"] = min(nxt, n - 1)
+    if st.session_state.get(PLAYING_KEY) and n > 1 and st.session_state.get(TICK_KEY) == (entry.id, True):
+        # A timer tick (the fragment's previous run was playing this run too): one step on.
+        nxt = int(st.session_state.get(POS_KEY, 0)) + 1
+        st.session_state[POS_KEY] = min(nxt, n - 1)
         if nxt >= n - 1:
             st.session_state[PLAYING_KEY] = False
-    st.session_state["_kvviz_tick"] = (entry.id, bool(st.session_state.get(PLAYING_KEY)))
+    st.session_state[TICK_KEY] = (entry.id, bool(st.session_state.get(PLAYING_KEY)))
     if _replay_interval(n) != st.session_state.get(INTERVAL_KEY):
-        st.rerun()  # play, pause, a new speed or the end: a full rerun resets the fragment's timer
-    step = min(int(st.session_state.get("replay_step", n - 1)), max(0, n - 1))
+        st.rerun()  # play, pause, a new speed or the end: a full rerun re-creates the fragment's timer
+    step = min(int(st.session_state.get(POS_KEY, n - 1)), max(0, n - 1))
     _status(entry, step)
     slots, opts = _layout((run.n_layer, run.n_head, run.n_kv_head), replay=lambda: _replay_row(entry))
-    _draw(run.upto(step), slots, opts, f"{entry.id}-{step}")
+    # One key per run, not per step: scrubbing and Play update the same charts instead of new ones.
+    _draw(run.upto(step), slots, opts, f"{entry.id}-replay")
 
 
 def _replay_row(entry: StoredRun) -> None:
@@ -414,8 +435,18 @@ def _replay_row(entry: StoredRun) -> None:
     c_speed.select_slider("Replay speed (tokens/s)", REPLAY_SPEEDS, key="replay_speed",
                           format_func=lambda v: f"{v:g}", help="How fast Play advances the replay.")
     persist.remember("replay_speed")
-    c_step.slider("Replay: show the state after step", 0, n - 1, key="replay_step",
+    pos = min(int(st.session_state.get(POS_KEY, n - 1)), n - 1)
+    if playing:
+        # No slider while playing: the browser would send its (older) slider value with every tick.
+        c_step.progress(pos / (n - 1), text=f"Playing: step {pos} of {n - 1}")
+        return
+    st.session_state["replay_step"] = pos
+    c_step.slider("Replay: show the state after step", 0, n - 1, key="replay_step", on_change=_on_scrub,
                   help="Scrub through the run: every view shows the state after this step (0 = the prefill).")
+
+
+def _on_scrub() -> None:
+    st.session_state[POS_KEY] = int(st.session_state["replay_step"])
 
 
 def _status(entry: StoredRun, step: int) -> None:

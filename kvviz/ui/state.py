@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,20 +176,47 @@ class StoredRun:
 
 
 class RunStore:
-    """The last ``keep`` runs of one session, newest last, captures under ``budget`` bytes."""
+    """The last ``keep`` runs of one session, newest last, captures under ``budget`` bytes.
+
+    It holds a plain dict that lives in the session state. Methods touch only that dict, never
+    ``st.session_state`` itself: when a click interrupts a live run, Streamlit starts the new run
+    on another thread at once and makes every session-state access of the old one raise, so the
+    old run's ``finally`` can still record its partial run here (and ``live`` tells the new run
+    to wait for that).
+    """
 
     def __init__(self, state: MutableMapping[str, Any], name: str = "live", keep: int = 8,
                  budget: int = SESSION_CAPTURE_BUDGET) -> None:
-        self._key = f"kvviz_runs_{name}"
-        self._state = state
+        key = f"kvviz_runs_{name}"
+        if key not in state:
+            state[key] = {"next_id": 1, "runs": []}
+        self._data: dict[str, Any] = state[key]
+        self._data.setdefault("live", None)
+        self._data.setdefault("inbox", {})
         self.keep = keep
         self.budget = budget
-        if self._key not in state:
-            state[self._key] = {"next_id": 1, "runs": []}
 
-    @property
-    def _data(self) -> dict[str, Any]:
-        return self._state[self._key]
+    # --- a live run in progress (possibly on another thread) ---
+    def begin_live(self, run_id: int) -> None:
+        self._data["live"] = (run_id, threading.Event())
+
+    def end_live(self) -> None:
+        live = self._data.get("live")
+        self._data["live"] = None
+        if live is not None:
+            live[1].set()
+
+    def wait_live(self, timeout: float = 5.0) -> bool:
+        """Block until a live run that a click interrupted has stored its partial run."""
+        live = self._data.get("live")
+        return True if live is None else live[1].wait(timeout)
+
+    # --- messages for the next script run (set where session state cannot be written) ---
+    def post(self, name: str, value: Any) -> None:
+        self._data["inbox"][name] = value
+
+    def take(self, name: str) -> Any:
+        return self._data["inbox"].pop(name, None)
 
     def new_id(self) -> int:
         rid = self._data["next_id"]
@@ -205,11 +233,17 @@ class RunStore:
         runs = self._data["runs"]
         return runs[-1] if runs else None
 
-    def put(self, run_id: int, run: Run, stepping: bool = False) -> StoredRun:
-        """Add or replace run ``run_id``, then drop the oldest runs and captures that do not fit."""
+    def put(self, run_id: int, run: Run, stepping: bool = False, trim: bool = True) -> StoredRun:
+        """Add or replace run ``run_id``, then drop the oldest runs and captures that do not fit.
+
+        ``trim=False`` skips the byte accounting (a live run updates its entry on every token).
+        """
         entry = StoredRun(run_id, run, stepping)
         runs = [r for r in self._data["runs"] if r.id != run_id] + [entry]
         runs = runs[-self.keep:]
+        if not trim:
+            self._data["runs"] = runs
+            return entry
         # Oldest first: strip captures until the session fits (the newest run always keeps its own).
         total = sum(r.run.capture_nbytes() for r in runs)
         for i, r in enumerate(runs[:-1]):
