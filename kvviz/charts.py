@@ -411,12 +411,13 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
         customdata=np.array([visible(labels[p]) if p < len(labels) else "" for p in range(S)])[:, None],
         hovertemplate="position %{x} “%{customdata[0]}”<br>weight %{y:.3f}<extra></extra>"))
     # Name the three strongest positions so a projector audience can read them.
+    top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards
     fig.update_layout(annotations=[
-        dict(x=int(p), y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
-             ay=-28, font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.8)")
-        for p in np.argsort(w)[::-1][:3]])
+        dict(x=p, y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
+             ax=0, ay=-24 - 22 * i, font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.85)")
+        for i, p in enumerate(top)])
     fig.update_xaxes(title_text="key position (token)", **token_axis(labels, X))
-    fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.25)])
+    fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.45)])
     sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
     return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"])
 

@@ -44,6 +44,9 @@ def test_chips_break_lines_after_a_run_of_newlines() -> None:
 def test_chips_render_invalid_byte_runs_as_separate_bytes() -> None:
     cs = chips.build_chips(["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"], n_prompt=5)
     assert [c.text for c in cs] == ["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"]
+    # A lead byte followed by another lead byte stands alone; the second still makes its character.
+    cs = chips.build_chips(["<0xD1>", "<0xD1>", "<0x89>", "<0xE2>"], n_prompt=0)
+    assert [c.text for c in cs] == ["<0xD1>", "щ", "<0xE2>"]
 
 
 # --- capture budget -----------------------------------------------------------------------------

@@ -59,8 +59,8 @@ def plan_capture(shape: Shape, n_prompt: int, n_new: int, kv_layer: int,
     k = int(max(1, min(shape.n_layer, (budget - fixed) // per_layer)))
     layers = evenly_spaced(shape.n_layer, k)
     note = (f"Attention is captured for {k} of {shape.n_layer} layers ({', '.join(map(str, layers))}) "
-            f"so this run's captures stay under {budget / 2**20:.0f} MB; "
-            f"all {shape.n_layer} would take {full / 2**20:.0f} MB.")
+            f"so this run's captures stay under {budget / 2**20:.0f} MiB; "
+            f"all {shape.n_layer} would take {full / 2**20:.0f} MiB.")
     return Capture(attention=layers, kv_norms=True, kv_layer=kv_layer), note
 
 

@@ -8,6 +8,7 @@ glyph over their byte boxes, so token boundaries stay visible and the text stays
 """
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from html import escape
 
@@ -50,34 +51,36 @@ class Chip:
 def build_chips(tokens: list[str], n_prompt: int) -> list[Chip]:
     """Chips for token display texts (prompt first); byte tokens are grouped into characters."""
     chips: list[Chip] = []
-    pending: list[tuple[int, str]] = []  # (position, display) of byte tokens not yet a character
+    pending: list[tuple[int, str]] = []  # (position, display) of byte tokens not yet a whole character
 
-    def flush_single() -> None:
-        for pos, disp in pending:
-            chips.append(Chip(disp, f"position {pos}: byte {disp}", pos >= n_prompt))
-        pending.clear()
+    def single(pos: int, disp: str) -> Chip:
+        return Chip(disp, f"position {pos}: byte {disp}", pos >= n_prompt)
 
     for pos, disp in enumerate(tokens):
-        if is_byte_token(disp):
-            pending.append((pos, disp))
+        if not is_byte_token(disp):
+            chips.extend(single(p, d) for p, d in pending)  # an unfinished character stays bytes
+            pending.clear()
+            chips.append(Chip(visible(disp), f"position {pos}: {disp!r}", pos >= n_prompt,
+                              whitespace=disp != "" and disp.strip() == ""))
+            continue
+        pending.append((pos, disp))
+        while pending:
             raw = b"".join(token_bytes(d) for _, d in pending)
             try:
                 glyph = raw.decode("utf-8")
             except UnicodeDecodeError:
-                if len(raw) >= 4:  # no UTF-8 character is longer: show the bytes as they are
-                    flush_single()
-                continue
+                try:  # a valid start of a character: wait for its next byte
+                    codecs.getincrementaldecoder("utf-8")().decode(raw, final=False)
+                    break
+                except UnicodeDecodeError:  # cannot become a character: the first byte stands alone
+                    chips.append(single(*pending.pop(0)))
+                    continue
             first = pending[0][0]
             labels = tuple(d[3:-1] if len(d) == 6 else d for _, d in pending)
-            chips.append(Chip(visible(glyph), f"positions {first}–{pos}: “{glyph}” = {len(pending)} byte tokens",
-                              first >= n_prompt, byte_labels=labels))
+            chips.append(Chip(visible(glyph), f"positions {first}–{pending[-1][0]}: “{glyph}” = {len(pending)} "
+                                              "byte tokens", first >= n_prompt, byte_labels=labels))
             pending.clear()
-            continue
-        flush_single()
-        shown = visible(disp)
-        chips.append(Chip(shown, f"position {pos}: {disp!r}", pos >= n_prompt,
-                          whitespace=disp != "" and disp.strip() == ""))
-    flush_single()
+    chips.extend(single(p, d) for p, d in pending)
     if chips:
         last = chips[-1]
         chips[-1] = Chip(last.text, last.title, last.generated, last.generated, last.byte_labels, last.whitespace)

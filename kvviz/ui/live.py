@@ -35,6 +35,8 @@ REPLAY_FOR_KEY = "_kvviz_replay_for"
 INTERVAL_KEY = "_kvviz_replay_interval"  # the timer the fragment was created with
 POS_KEY = "_kvviz_replay_pos"  # the step shown by replay (the slider follows it, Play advances it)
 TICK_KEY = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous run: only ticks advance
+# Less empty space above the title, so the text, the numbers and the cache fit on one projected screen.
+PAGE_CSS = '<style>[data-testid="stMainBlockContainer"]{padding-top:2.2rem}</style>'
 VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
 MAX_EXPORT_CAPTURES = 16 * 2**20  # offer a JSON with captures only when it stays a sane download
 
@@ -70,6 +72,7 @@ def page() -> None:
     # record its partial run first (it takes one step at most).
     store.wait_live()
     chips.inject_css()
+    st.html(PAGE_CSS)
     st.header("Watch the KV cache fill, token by token", anchor=False)
     st.caption("Each step feeds the model, writes a K and a V column per layer into the cache, and attends over "
                "every column so far. Generate, or Step through it one token at a time.")
@@ -424,7 +427,7 @@ def _replay_fragment(entry: StoredRun) -> None:
 def _replay_row(entry: StoredRun) -> None:
     """Play/pause, speed and the step slider, in one row between the numbers and the charts."""
     n = len(entry.run.events)
-    if n < 2:
+    if n < 2 or entry.stepping:  # step mode moves with the Step button
         return
     playing = bool(st.session_state.get(PLAYING_KEY))
     c_play, c_speed, c_step = st.columns([1.1, 1.7, 5.2], vertical_alignment="bottom")
