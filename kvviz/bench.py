@@ -26,6 +26,7 @@ import torch
 from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
+from kvviz.machine import cpu_name
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -56,15 +57,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

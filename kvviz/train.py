@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import platform
 import shlex
 import sys
 import time
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from kvviz.checkpoints import DEFAULT_MODEL_DIR, load_folder, resolve_device, save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
+from kvviz.machine import cpu_name
 from kvviz.model import GPT, GPTConfig
 
 VAL_FRACTION = 0.1
@@ -249,4 +249,5 @@ def _autocast(tc: TrainConfig, dev: torch.device):  # type: ignore[no-untyped-de
 def _device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"cpu ({cpu_name()}, {n} thread{'s' if n != 1 else ''})"
