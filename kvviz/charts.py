@@ -25,6 +25,10 @@ PROMPT_COLOR = "#4263eb"  # prompt tokens, prefill
 GEN_COLOR = "#f08c00"  # generated tokens, decode steps
 HILITE = "#e03131"  # what happened at this step
 EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
+# Attention is mostly near 0 with a few strong weights: spend most of the colour range on small
+# weights (1% is already visible), keeping 0 white and the scale fixed at 0..1 across steps.
+ATTENTION_SCALE = [[0.0, "#ffffff"], [0.01, "#deebf7"], [0.05, "#9ecae1"], [0.2, "#4292c6"], [0.5, "#2171b5"],
+                   [1.0, "#08306b"]]
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
 MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
 MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)
@@ -105,15 +109,24 @@ def _short(label: str) -> str:
     return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
 
 
-def token_axis(labels: list[str], n: int) -> dict:
-    """Axis settings for positions 0..n-1 labelled with token text, thinned to stay legible."""
+def token_axis(labels: list[str], n: int, title: str = "position (token)") -> dict:
+    """Axis settings for positions 0..n-1 labelled with token text, thinned to stay legible.
+
+    The title says when only every k-th token is labelled, so nobody reads "R M O" as the prompt.
+    """
     every = max(1, -(-n // MAX_TICKS))
     vals = list(range(0, n, every))
     text = [_short(labels[i]) if i < len(labels) else "" for i in vals]
     longest = max((len(t) for t in text), default=1)
+    if every > 1:
+        title += f": every {_ordinal(every)} token labelled, hover for all"
     return dict(tickmode="array", tickvals=vals, ticktext=text, tickangle=0 if longest <= 2 else -50,
                 tickfont=dict(size=14 if longest <= 2 else 12, family="DejaVu Sans Mono, monospace"),
-                range=[-0.5, n - 0.5], showgrid=False, zeroline=False)
+                range=[-0.5, n - 0.5], showgrid=False, zeroline=False, title=dict(text=title, standoff=6))
+
+
+def _ordinal(k: int) -> str:
+    return {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
 
 
 def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure:
@@ -124,7 +137,7 @@ def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure
                    y=1.0, yref="container", yanchor="top",
                    subtitle=dict(text=subtitle, font=dict(size=14, color="#495057"))),
         font=FONT, height=height, template=TEMPLATE,
-        margin=dict(l=90, r=30, t=96 if subtitle else 64, b=70), hoverlabel=dict(font_size=15),
+        margin=dict(l=90, r=30, t=96 if subtitle else 64, b=40), hoverlabel=dict(font_size=15),
     )
     fig.update_layout(title_pad_t=14)
     return fig
@@ -282,8 +295,8 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
     fig = go.Figure(traces)
     y_common = dict(autorange="reversed", showgrid=False)
     fig.update_layout(
-        xaxis=dict(axis, anchor="y", showticklabels=False),
-        xaxis2=dict(axis, anchor="y2", matches="x", title=dict(text="position (token)")),
+        xaxis=dict(axis, anchor="y", showticklabels=False, title=None),
+        xaxis2=dict(axis, anchor="y2", matches="x"),
         yaxis=dict(y_common, domain=[0.54, 1.0], title=dict(text=f"<b>K</b> (keys){where}")),
         yaxis2=dict(y_common, domain=[0.0, 0.46], title=dict(text=f"<b>V</b> (values){where}")),
         shapes=shapes, annotations=notes,
@@ -315,7 +328,7 @@ def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | Non
         hovertemplate=f"position %{{x}}<br>dimension %{{y}}<br>{kv} = %{{z:.3f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y")], z.shape[0])
     fig.update_layout(shapes=shapes, annotations=notes)
-    fig.update_xaxes(title_text="position (token)", **token_axis(position_labels(run), X))
+    fig.update_xaxes(**token_axis(position_labels(run), X))
     fig.update_yaxes(title_text="dimension of the head vector", autorange="reversed", showgrid=False)
     t, _ = _mode_story(run, ev)
     sub = (f"Layer {layer}, head {head}: one {run.head_dim}-number {kv} vector per position. "
@@ -360,8 +373,7 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     n_head = run.n_head or 1
     rows = [f"L{layer} h{h}" for layer, h in keys]
     fig = go.Figure(go.Heatmap(
-        z=full, x=np.arange(X, dtype=np.int32), y=rows, colorscale="Blues",
-        zmin=0.0, zmax=float(np.nanmax(z)) if z.size else 1.0,
+        z=full, x=np.arange(X, dtype=np.int32), y=rows, colorscale=ATTENTION_SCALE, zmin=0.0, zmax=1.0,
         colorbar=dict(title=dict(text="weight", side="right"), thickness=14),
         hovertemplate="layer·head %{y}<br>key position %{x}<br>weight %{z:.3f}<extra></extra>", xgap=1))
     # One tick per layer, on its middle head, so the 144 rows of GPT-2 small stay readable.
@@ -382,7 +394,7 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
         shapes.append(dict(type="line", x0=N - 0.5, x1=N - 0.5, y0=0, y1=1, yref="paper",
                            line=dict(color="#495057", width=2, dash="dot")))
     fig.update_layout(shapes=shapes)
-    fig.update_xaxes(title_text="key position (token)", **token_axis(position_labels(run), X))
+    fig.update_xaxes(**token_axis(position_labels(run), X, "key position (token)"))
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
     return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
@@ -414,9 +426,11 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
     top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards
     fig.update_layout(annotations=[
         dict(x=p, y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
-             ax=0, ay=-24 - 22 * i, font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.85)")
+             # Fan the three labels out left, up, right; near the right edge, lean them all left.
+             ax=50 * (i - 1) - (70 if p > 0.8 * X else 0), ay=-30 - 18 * (i % 2), font=dict(size=14, color="#212529"),
+             bgcolor="rgba(255,255,255,0.85)")
         for i, p in enumerate(top)])
-    fig.update_xaxes(title_text="key position (token)", **token_axis(labels, X))
+    fig.update_xaxes(**token_axis(labels, X, "key position (token)"))
     fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.45)])
     sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
     return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"])

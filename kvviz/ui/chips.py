@@ -31,7 +31,8 @@ CSS = """<style>
 .kv-bytes{font-size:.55em;color:#868e96;letter-spacing:.02em}
 .kv-legend{font-size:.95rem;color:#495057;margin:.1rem 0 .3rem 0}
 .kv-legend .kv-chip{font-size:.9rem}
-.kv-plain{font-size:1.05rem;white-space:pre-wrap;overflow-wrap:anywhere;color:#343a40;background:#f8f9fa;
+.kv-plain{display:flex;flex-direction:column-reverse;
+  font-size:1.05rem;white-space:pre-wrap;overflow-wrap:anywhere;color:#343a40;background:#f8f9fa;
   border-left:4px solid #ced4da;padding:.35rem .7rem;margin-top:.4rem;max-height:9.5rem;overflow-y:auto}
 .kv-plain-gen{background:#fff4e6}
 .kv-top{font-size:.98rem;color:#495057;margin-top:.3rem}
@@ -113,11 +114,12 @@ def run_html(run: Run) -> str:
     chips = build_chips(p_tokens + gen, len(p_tokens))
     legend = (f'<div class="kv-legend"><span class="kv-chip kv-p">prompt</span> {len(p_tokens):,} tokens · '
               f'<span class="kv-chip kv-g">generated</span> {len(gen):,} of {run.max_new_tokens:,} · '
-              f'<span class="kv-chip kv-g kv-new">newest</span> · <span class="kv-ws">·</span> space, '
-              f'<span class="kv-ws">↵</span> newline</div>')
+              f'<span class="kv-chip kv-g kv-new">newest</span> &nbsp; '
+              f'<span class="kv-ws">·</span>&nbsp;=&nbsp;space &nbsp; <span class="kv-ws">↵</span>&nbsp;=&nbsp;newline</div>')
     body = chips_body(chips)
-    plain = (f'<div class="kv-plain" dir="auto">{escape(run.prompt_text)}'
-             f'<span class="kv-plain-gen">{escape(generated_text(run))}</span></div>')
+    # The inner div sits in a column-reverse box, so the box stays scrolled to the newest text.
+    plain = (f'<div class="kv-plain"><div dir="auto">{escape(run.prompt_text)}'
+             f'<span class="kv-plain-gen">{escape(generated_text(run))}</span></div></div>')
     top = ""
     if run.events and run.events[-1].top:
         cands = " · ".join(f"“{escape(visible(t.text))}” {t.prob:.0%}" for t in run.events[-1].top)

@@ -15,7 +15,7 @@ from kvviz.ui.state import available_devices, choice_label, default_choice, get_
 EXAMPLES: dict[str, str] = {
     "Romeo": "ROMEO:\n",
     "Hamlet": "HAMLET:\nTo be, or not to be, that is the question:\n",
-    "Citizens": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n",
+    "Crowd": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n",
 }
 DEFAULT_PROMPT = EXAMPLES["Romeo"]
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
@@ -83,7 +83,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     if model is not None:
         c = model.config
         kv = f"{c.kv_heads} K/V heads" if c.kv_heads != c.n_head else f"{c.n_head} heads"
-        st.caption(f"{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
+        what = "Trained on Tiny Shakespeare, byte-level. " if choice == "default" else (
+            "Untrained: seeded random weights. " if choice.startswith("random:") else "")
+        st.caption(f"{what}{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
                    f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}")
     return choice, device, dtype, model
 

@@ -124,7 +124,7 @@ def choice_label(choice: str) -> str:
     except KVVizError:
         return f"{choice} (cannot read its config.json)"
     if choice == "default":
-        return f"default: Tiny Shakespeare ({params} params)"
+        return f"default: Shakespeare, {params}"  # short: the sidebar is narrow
     return f"{choice} ({params} params)"
 
 

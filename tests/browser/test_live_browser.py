@@ -58,7 +58,7 @@ def use_trained_model_if_present(page) -> None:  # type: ignore[no-untyped-def]
     page.get_by_role("option").first.wait_for()
     if option.count() > 0:
         option.first.click()
-        page.wait_for_function("document.querySelector('.st-key-model input').value.includes('Tiny Shakespeare')")
+        page.wait_for_function("document.querySelector('.st-key-model input').value.includes('Shakespeare')")
         page.get_by_text(re.compile(r"context 512 ")).wait_for()
     else:
         page.keyboard.press("Escape")
