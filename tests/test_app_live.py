@@ -174,6 +174,26 @@ def test_a_bad_model_folder_says_what_is_wrong(tmp_path: Path, files: dict[str, 
     assert len(store(at)) == 1  # the earlier run is still there
 
 
+def test_a_hugging_face_folder_with_a_bpe_tokenizer(tmp_path: Path, make_model, bpe_tokenizer_json) -> None:  # type: ignore[no-untyped-def]
+    """A GPT-2 folder under models/: listed, loaded, and its multi-character tokens shown as chips."""
+    import shutil
+
+    from kvviz.checkpoints import export_hf_gpt2
+
+    folder = tmp_path / "models" / "tiny-bpe"
+    export_hf_gpt2(make_model(vocab_size=300, block_size=64).gpt, folder)
+    shutil.copy(bpe_tokenizer_json, folder / "tokenizer.json")
+    at = make_app().run()
+    at.selectbox(key="model").set_value("folder:tiny-bpe").run()
+    assert_clean(at)
+    assert not errors(at)
+    generate(at, "To be, or not to be", n=4)
+    run = store(at)[-1].run
+    assert run.model == "tiny-bpe" and len(run.events) == 4
+    assert run.meta["prompt_tokens"][:3] == ["To", " be", ","]  # BPE pieces, as the tokenizer shows them
+    assert '>·be</span>' in html_text(at)  # one chip for " be", its space made visible
+
+
 def test_a_vanished_device_falls_back_with_a_warning() -> None:
     """A device chosen earlier (kept while another page was shown) that no longer exists."""
     at = AppTest.from_function(_live_only_app, default_timeout=TIMEOUT).run()

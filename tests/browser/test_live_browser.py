@@ -168,3 +168,24 @@ def test_hostile_prompt_renders_literally(page, app_url: str) -> None:  # type: 
     assert "<img·src=x·onerror=alert(1)>" in chips_text.replace("\n", "")
     assert "😀" in chips_text and "ש" in chips_text  # bytes grouped back into characters
     # The fixture fails the test if any dialog (alert) opened.
+
+
+def test_two_sessions_generate_at_the_same_time(browser, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    """Two browser sessions share the cached model but not their runs: both finish, same text."""
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 900}) for _ in range(2)]
+    try:
+        pages = [c.new_page() for c in contexts]
+        for pg in pages:
+            pg.set_default_timeout(120_000)
+            open_app(pg, app_url)
+            set_max_new_tokens(pg, 80)
+        for pg in pages:  # start both before waiting for either
+            click(pg, "generate")
+        texts = []
+        for pg in pages:
+            pg.wait_for_selector(".st-key-run_done_1")
+            texts.append(pg.locator(".st-key-output .kv-plain").inner_text())
+        assert texts[0] == texts[1] and len(texts[0]) > len("ROMEO:")
+    finally:
+        for c in contexts:
+            c.close()
