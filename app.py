@@ -4,16 +4,17 @@ import streamlit as st
 from kvviz.ui import batching, calculator, live, prefill, race
 from kvviz.ui.sidebar import render_sidebar
 
-st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon="🗂️", layout="wide")
+st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=":material/memory:", layout="wide")
 
 GENERATION_PAGES = [
-    st.Page(live.page, title="Generate", icon="✍️", url_path="generate", default=True),
-    st.Page(race.page, title="Cache vs no cache", icon="🏁", url_path="race"),
-    st.Page(prefill.page, title="Prefill vs decode", icon="⚖️", url_path="prefill"),
-    st.Page(batching.page, title="Batching", icon="📦", url_path="batching"),
+    st.Page(live.page, title="Generate", icon=":material/edit_note:", url_path="generate", default=True),
+    st.Page(race.page, title="Cache vs no cache", icon=":material/speed:", url_path="race"),
+    st.Page(prefill.page, title="Prefill vs decode", icon=":material/balance:", url_path="prefill"),
+    st.Page(batching.page, title="Batching", icon=":material/stacks:", url_path="batching"),
 ]
-CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon="🧮", url_path="calculator")
+CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":material/calculate:", url_path="calculator")
 
+# Material icons ship with Streamlit; emoji need a font that Debian's Chromium lacks.
 pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR]})
 if pg.url_path != CALCULATOR.url_path:
     # Model, prompt and sampling controls: shared by every generation page.
