@@ -16,6 +16,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import kvviz.ui.live as live
+import kvviz.ui.replay as replay
 from kvviz import iter_generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +160,8 @@ def _model_folder(root: Path, name: str, files: dict[str, str]) -> None:
     ({"config.json": json.dumps({"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_layer": 1,
                                  "n_head": 2, "n_embd": 8})}, "no model.safetensors"),
     ({"config.json": json.dumps({"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_layer": 1,
-                                 "n_head": 2, "n_embd": 8}), "model.safetensors": "garbage"}, "not a valid safetensors"),
+                                 "n_head": 2, "n_embd": 8}), "model.safetensors": "garbage"},
+     "not a valid safetensors"),
 ])
 def test_a_bad_model_folder_says_what_is_wrong(tmp_path: Path, files: dict[str, str], message: str) -> None:
     _model_folder(tmp_path / "models", "broken", files)
@@ -174,7 +176,8 @@ def test_a_bad_model_folder_says_what_is_wrong(tmp_path: Path, files: dict[str, 
     assert len(store(at)) == 1  # the earlier run is still there
 
 
-def test_a_hugging_face_folder_with_a_bpe_tokenizer(tmp_path: Path, make_model, bpe_tokenizer_json) -> None:  # type: ignore[no-untyped-def]
+def test_a_hugging_face_folder_with_a_bpe_tokenizer(  # type: ignore[no-untyped-def]
+        tmp_path: Path, make_model, bpe_tokenizer_json) -> None:
     """A GPT-2 folder under models/: listed, loaded, and its multi-character tokens shown as chips."""
     import shutil
 
@@ -250,12 +253,12 @@ def test_play_starts_from_the_beginning_at_the_end(app: AppTest) -> None:
     generate(app, n=5)
     app.button(key="replay_play").click().run()
     assert_clean(app)
-    assert app.session_state[live.PLAYING_KEY] is True
-    assert app.session_state[live.POS_KEY] <= 1  # restarted (and possibly one tick in)
+    assert app.session_state[replay.PLAYING_KEY] is True
+    assert app.session_state[replay.POS_KEY] <= 1  # restarted (and possibly one tick in)
     assert "replay_step" not in [s.key for s in app.slider]  # while playing, a progress bar instead
     assert app.button(key="replay_play").label == "Pause"
     app.button(key="replay_play").click().run()
-    assert app.session_state[live.PLAYING_KEY] is False
+    assert app.session_state[replay.PLAYING_KEY] is False
 
 
 def test_step_mode_advances_one_token_per_click(app: AppTest) -> None:

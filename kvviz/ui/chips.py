@@ -115,7 +115,8 @@ def run_html(run: Run) -> str:
     legend = (f'<div class="kv-legend"><span class="kv-chip kv-p">prompt</span> {len(p_tokens):,} tokens · '
               f'<span class="kv-chip kv-g">generated</span> {len(gen):,} of {run.max_new_tokens:,} · '
               f'<span class="kv-chip kv-g kv-new">newest</span> &nbsp; '
-              f'<span class="kv-ws">·</span>&nbsp;=&nbsp;space &nbsp; <span class="kv-ws">↵</span>&nbsp;=&nbsp;newline</div>')
+              f'<span class="kv-ws">·</span>&nbsp;=&nbsp;space &nbsp; '
+              f'<span class="kv-ws">↵</span>&nbsp;=&nbsp;newline</div>')
     body = chips_body(chips)
     # The inner div sits in a column-reverse box, so the box stays scrolled to the newest text.
     plain = (f'<div class="kv-plain"><div dir="auto">{escape(run.prompt_text)}'

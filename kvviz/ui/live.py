@@ -1,66 +1,38 @@
-"""The Generate page: watch generation live, step through it, replay it, export it.
+"""The Generate page: generate live, or step through a run one token at a time.
 
-Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to a Run -> the
-same drawing function for the live loop, step mode and replay (``run.upto(step)``).
+Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to a Run -> the view
+(``view.draw``) for the live loop, step mode and replay (``replay.py``, ``run.upto(step)``).
 
 - Live: the view's placeholders are created once and redrawn in place; the text on every token,
-  metrics and charts at most every ``CHART_INTERVAL_S`` and always on the last step, each chart
-  with a key unique to the run and the draw. A click (Stop, or any widget) interrupts the script
-  at its next Streamlit call; ``try/finally`` then stores the partial run, reported as stopped.
+  numbers and charts every ``CHART_INTERVAL_S`` or slower, and always on the last step, each chart
+  with a key unique to the run and the draw.
+- Stop (or any click) during a live run: with Streamlit's fast reruns the next script run starts
+  at once on another thread, and this one raises at its next Streamlit call or session-state
+  access, inside its ``finally`` too. So the loop records the partial run in the run store's own
+  dict (``RunStore.put``/``post``, no session-state access) and the next run waits for it.
 - Step mode: the GenerationStream lives in session_state; each Step click advances one event.
-- Replay: a fragment redraws the stored run at the slider's step; Play advances it on a timer.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
-from kvviz import KVVizError, LoadedModel, Run, charts, iter_generate
-from kvviz.events import to_dataframe
-from kvviz.ui import chips, metrics, persist
+from kvviz import KVVizError, LoadedModel, Run, iter_generate
+from kvviz.ui import chips, persist
 from kvviz.ui.budget import Shape, plan_capture
+from kvviz.ui.replay import stored_view
 from kvviz.ui.settings import Settings
-from kvviz.ui.state import RunStore, StoredRun, get_model, run_store
+from kvviz.ui.state import RunStore, get_model, run_store
 from kvviz.ui.stepper import Stepper, close_iterator
+from kvviz.ui.view import draw, layout
 
 CHART_INTERVAL_S = 0.15  # ~6-7 chart redraws per second while generating
-REPLAY_SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 STEPPER_KEY = "_kvviz_stepper"
-PLAYING_KEY = "_kvviz_playing"
-REPLAY_FOR_KEY = "_kvviz_replay_for"
-INTERVAL_KEY = "_kvviz_replay_interval"  # the timer the fragment was created with
-POS_KEY = "_kvviz_replay_pos"  # the step shown by replay (the slider follows it, Play advances it)
-TICK_KEY = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous run: only ticks advance
 # Less empty space above the title, so the text, the numbers and the cache fit on one projected screen.
 PAGE_CSS = '<style>[data-testid="stMainBlockContainer"]{padding-top:2.2rem}</style>'
-VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
-MAX_EXPORT_CAPTURES = 16 * 2**20  # offer a JSON with captures only when it stays a sane download
-
-
-@dataclass(frozen=True)
-class ViewOptions:
-    nb_view: str = "layer"  # one of VIEWS
-    nb_layer: int = 0  # the layer for the heads view, and the layer whose raw K/V are captured
-    nb_head: int = 0
-    nb_kv: str = "K"
-    attn_layer: int = 0
-    attn_head: int = 0
-
-
-@dataclass
-class Slots:
-    """Placeholders of the view, created once per script run and redrawn in place."""
-
-    output: Any
-    metrics: Any
-    notebook: Any
-    attention: Any
-    bars: Any
-    latency: Any
 
 
 # --- the page ------------------------------------------------------------------------------------
@@ -102,7 +74,7 @@ def page() -> None:
         model = _load(settings)
         if model is not None:
             _step(settings, model, store, stepper)
-    _stored_view(store)
+    stored_view(store)
 
 
 def _settings_line(s: Settings) -> str:
@@ -164,7 +136,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore) -> None:
     with st.container(key=f"run_live_{run_id}"):
         st.markdown(f"**Run #{run_id}: generating…** Stop ends it at the next step.")
     shape = _shape(model)
-    slots, opts = _layout((shape.n_layer, shape.n_head, shape.n_kv_head))
+    slots, opts = layout((shape.n_layer, shape.n_head, shape.n_kv_head))
     it = iter(stream)
     error: Exception | None = None
     last_chart, gap = 0.0, CHART_INTERVAL_S
@@ -177,7 +149,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore) -> None:
             store.put(run_id, run, trim=False)  # before drawing: a Stop click interrupts the draw
             now = time.perf_counter()
             chart_due = now - last_chart >= gap
-            _draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due)
+            draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due)
             if chart_due:
                 # Charts at 5-10 Hz, but never more than a third of the loop's time: slow charts
                 # (a big model's attention map) must not slow the generation they show.
@@ -185,7 +157,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore) -> None:
                 gap = max(CHART_INTERVAL_S, 2.0 * (last_chart - now))
             if settings.speed_tps:  # presentation speed: hold each token until its slot in time
                 _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
-        _draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final")
+        draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final")
     except (RuntimeError, KVVizError) as e:
         # The device failed under us (a GPU lost or out of memory): keep what was generated.
         error = e
@@ -216,83 +188,6 @@ def _pause(seconds: float) -> None:
     while (left := end - time.perf_counter()) > 0:
         time.sleep(min(left, 0.05))
         st.session_state.get("settings")  # a session-state read is a Streamlit interrupt point
-
-
-def _layout(shape: tuple[int, int, int] | None, replay: Any = None) -> tuple[Slots, ViewOptions]:
-    """The view, top to bottom: text, numbers, [replay row], cache, attention, time.
-
-    ``shape`` (n_layer, n_head, n_kv_head) sizes the selectors; None draws the view without them.
-    """
-    with st.container(key="output", border=True):
-        out = st.empty()
-    m = st.empty()
-    if replay is not None:
-        replay()
-    opts = ViewOptions()
-    st.subheader("What the cache holds", anchor=False)
-    if shape is not None:
-        opts = _cache_controls(shape[0], shape[2])
-    nb = st.empty()
-    st.subheader("What the newest token attends to", anchor=False)
-    at = st.empty()
-    if shape is not None:
-        opts = dataclasses.replace(opts, **_attention_controls(shape[0], shape[1]))
-    bars = st.empty()
-    st.subheader("How long each step takes", anchor=False)
-    lat = st.empty()
-    return Slots(out, m, nb, at, bars, lat), opts
-
-
-def _draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool = True) -> None:
-    """Draw the run as it stands after its last event into the placeholders."""
-    with slots.output.container():
-        chips.render(run)
-    if not charts_too:
-        return
-    with slots.metrics.container():
-        metrics.render(run)
-    if opts.nb_view == "values":
-        fig = charts.cache_values(run, opts.nb_kv, opts.nb_head, wanted_layer=opts.nb_layer)
-    else:
-        fig = charts.cache_notebook(run, opts.nb_view, opts.nb_layer)
-    config = {"displaylogo": False, "toImageButtonOptions": {"scale": 2}}
-    slots.notebook.plotly_chart(fig, key=f"notebook-{key}", config=config, theme=None)
-    slots.attention.plotly_chart(charts.attention_heatmap(run, (opts.attn_layer, opts.attn_head)),
-                                 key=f"attention-{key}", config=config, theme=None)
-    slots.bars.plotly_chart(charts.attention_bars(run, opts.attn_layer, opts.attn_head), key=f"bars-{key}",
-                            config=config, theme=None)
-    slots.latency.plotly_chart(charts.latency_chart(run), key=f"latency-{key}", config=config, theme=None)
-
-
-def _cache_controls(n_layer: int, n_kv_head: int) -> ViewOptions:
-    """Selectors of the cache chart (kept across pages like the sidebar's)."""
-    layers, kv_heads = list(range(n_layer)), list(range(n_kv_head))
-    c1, c2, c3, c4 = st.columns([3.2, 1, 1, 1.1], vertical_alignment="bottom")
-    persist.keep("nb_view", "layer", options=tuple(VIEWS))
-    view = c1.radio("Cache view", tuple(VIEWS), key="nb_view", format_func=VIEWS.get, horizontal=True,
-                    help="All layers: one row per layer, colour = length (L2 norm) of its K or V vector at each "
-                         "position. Heads: the K/V heads of one layer. Raw: the numbers themselves, one head.")
-    persist.keep("nb_layer", 0, options=layers)
-    layer = c2.selectbox("Layer", layers, key="nb_layer", help="The layer of the heads and raw views. Its raw K/V "
-                         "values are recorded while generating (the other layers keep norms only).")
-    persist.keep("nb_head", 0, options=kv_heads)
-    head = c3.selectbox("K/V head", kv_heads, key="nb_head", help="The head of the raw view.")
-    persist.keep("nb_kv", "K", options=("K", "V"))
-    kv = c4.radio("Raw values of", ("K", "V"), key="nb_kv", horizontal=True, help="Raw view: keys or values.")
-    persist.remember("nb_view", "nb_layer", "nb_head", "nb_kv")
-    return ViewOptions(nb_view=str(view), nb_layer=int(layer), nb_head=int(head), nb_kv=str(kv))
-
-
-def _attention_controls(n_layer: int, n_head: int) -> dict[str, int]:
-    layers, heads = list(range(n_layer)), list(range(n_head))
-    c1, c2, _ = st.columns([1, 1, 4.3], vertical_alignment="bottom")
-    persist.keep("attn_layer", 0, options=layers)
-    a_layer = c1.selectbox("Attention layer", layers, key="attn_layer",
-                           help="The layer of the bar chart below (outlined in red in the heatmap).")
-    persist.keep("attn_head", 0, options=heads)
-    a_head = c2.selectbox("Attention head", heads, key="attn_head", help="The head of the bar chart below.")
-    persist.remember("attn_layer", "attn_head")
-    return {"attn_layer": int(a_layer), "attn_head": int(a_head)}
 
 
 # --- step mode -----------------------------------------------------------------------------------
@@ -337,140 +232,3 @@ def _end_stepping(store: RunStore) -> None:
         store.post("show", stepper.run_id)
 
 
-# --- stored runs: picker, replay, export -------------------------------------------------------
-
-def _stored_view(store: RunStore) -> None:
-    runs = store.runs()
-    if not runs:
-        slots, opts = _layout(None)
-        _draw(Run(model="", device="", dtype="fp32", use_cache=True, cache_kind="static", sampling="",
-                  prompt_ids=(), prompt_text="", max_new_tokens=0), slots, opts, "empty")
-        return
-    ids = [r.id for r in runs]
-    show = store.take("show")
-    if show in ids:
-        st.session_state["run_pick"] = show
-    persist.keep("run_pick", ids[-1], options=ids)
-    c_pick, c_json, c_caps, c_csv = st.columns([4.2, 1, 1.4, 1], vertical_alignment="bottom")
-    labels = {r.id: r.label for r in runs}  # a plain dict: format_func may run outside the script
-    chosen = c_pick.selectbox("Run", ids, key="run_pick", format_func=labels.get,
-                              help="The last runs of this session (newest last). Pick one to replay or compare.")
-    persist.remember("run_pick")
-    entry = store.get(chosen)
-    assert entry is not None
-    _export_buttons(entry, c_json, c_caps, c_csv)
-
-    n = len(entry.run.events)
-    if st.session_state.get(REPLAY_FOR_KEY) != (entry.id, n):
-        # A new or grown run: show its last step, and stop any playback of the previous one.
-        st.session_state[REPLAY_FOR_KEY] = (entry.id, n)
-        st.session_state[POS_KEY] = max(0, n - 1)
-        st.session_state[PLAYING_KEY] = False
-    interval = _replay_interval(n)
-    st.session_state[INTERVAL_KEY] = interval
-    st.fragment(run_every=interval)(_replay_fragment)(entry)
-
-
-def _export_buttons(entry: StoredRun, c_json: Any, c_caps: Any, c_csv: Any) -> None:
-    run, rid = entry.run, entry.id
-    c_json.download_button("JSON", data=lambda: run.to_json(), file_name=f"kvviz-run-{rid}.json",
-                           mime="application/json", key="export_json", on_click="ignore", width="stretch",
-                           icon=":material/download:",
-                           help="The run: settings, tokens, text and the per-step timings and bytes.")
-    small = 0 < run.capture_nbytes() <= MAX_EXPORT_CAPTURES
-    c_caps.download_button("JSON + captures", data=lambda: run.to_json(captures=True),
-                           file_name=f"kvviz-run-{rid}-captures.json", mime="application/json",
-                           key="export_json_captures", on_click="ignore", width="stretch", disabled=not small,
-                           icon=":material/download:",
-                           help="The same, plus the attention rows and K/V norms and values of every step "
-                                "(offered up to 16 MiB of captures).")
-    c_csv.download_button("CSV", data=lambda: to_dataframe(run).to_csv(index=False),
-                          file_name=f"kvviz-run-{rid}-steps.csv", mime="text/csv", key="export_csv",
-                          on_click="ignore", width="stretch", icon=":material/download:",
-                          help="One row per step (pandas table).")
-
-
-def _replay_interval(n: int) -> float | None:
-    """Seconds between replay ticks while playing, else None (no timer)."""
-    if not st.session_state.get(PLAYING_KEY) or n < 2:
-        return None
-    return 1.0 / float(persist.last("replay_speed", 2.0))
-
-
-def _toggle_play(n: int) -> None:
-    """Button callback: runs before the script, so the label and the timer agree on this run."""
-    playing = not st.session_state.get(PLAYING_KEY, False)
-    if playing and int(st.session_state.get(POS_KEY, n - 1)) >= n - 1:
-        st.session_state[POS_KEY] = 0  # at the end: play from the start
-    st.session_state[PLAYING_KEY] = playing
-
-
-def _replay_fragment(entry: StoredRun) -> None:
-    """Everything below the run picker; reruns alone when the slider moves or Play ticks."""
-    run, n = entry.run, len(entry.run.events)
-    if st.session_state.get(PLAYING_KEY) and n > 1 and st.session_state.get(TICK_KEY) == (entry.id, True):
-        # A timer tick (the fragment's previous run was playing this run too): one step on.
-        nxt = int(st.session_state.get(POS_KEY, 0)) + 1
-        st.session_state[POS_KEY] = min(nxt, n - 1)
-        if nxt >= n - 1:
-            st.session_state[PLAYING_KEY] = False
-    st.session_state[TICK_KEY] = (entry.id, bool(st.session_state.get(PLAYING_KEY)))
-    if _replay_interval(n) != st.session_state.get(INTERVAL_KEY):
-        st.rerun()  # play, pause, a new speed or the end: a full rerun re-creates the fragment's timer
-    step = min(int(st.session_state.get(POS_KEY, n - 1)), max(0, n - 1))
-    _status(entry, step)
-    slots, opts = _layout((run.n_layer, run.n_head, run.n_kv_head), replay=lambda: _replay_row(entry))
-    # One key per run, not per step: scrubbing and Play update the same charts instead of new ones.
-    _draw(run.upto(step), slots, opts, f"{entry.id}-replay")
-
-
-def _replay_row(entry: StoredRun) -> None:
-    """Play/pause, speed and the step slider, in one row between the numbers and the charts."""
-    n = len(entry.run.events)
-    if n < 2 or entry.stepping:  # step mode moves with the Step button
-        return
-    playing = bool(st.session_state.get(PLAYING_KEY))
-    c_play, c_speed, c_step = st.columns([1.1, 1.7, 5.2], vertical_alignment="bottom")
-    c_play.button("Pause" if playing else "Play", key="replay_play", width="stretch", on_click=_toggle_play,
-                  args=(n,), icon=":material/pause:" if playing else ":material/replay:",
-                  help="Animate the replay from the current step (from the start when at the end).")
-    persist.keep("replay_speed", 2.0, options=REPLAY_SPEEDS)
-    c_speed.select_slider("Replay speed (tokens/s)", REPLAY_SPEEDS, key="replay_speed",
-                          format_func=lambda v: f"{v:g}", help="How fast Play advances the replay.")
-    persist.remember("replay_speed")
-    pos = min(int(st.session_state.get(POS_KEY, n - 1)), n - 1)
-    if playing:
-        # No slider while playing: the browser would send its (older) slider value with every tick.
-        c_step.progress(pos / (n - 1), text=f"Playing: step {pos} of {n - 1}")
-        return
-    st.session_state["replay_step"] = pos
-    c_step.slider("Replay: show the state after step", 0, n - 1, key="replay_step", on_change=_on_scrub,
-                  help="Scrub through the run: every view shows the state after this step (0 = the prefill).")
-
-
-def _on_scrub() -> None:
-    st.session_state[POS_KEY] = int(st.session_state["replay_step"])
-
-
-def _status(entry: StoredRun, step: int) -> None:
-    """One line about the shown run; its keyed container is the done marker browser tests wait on."""
-    run = entry.run
-    n = len(run.events)
-    if entry.stepping:
-        text = (f"Run #{entry.id}: step mode, {n} of {run.max_new_tokens} steps so far. Press Step for the "
-                "next token.")
-    else:
-        reason = {"max_new_tokens": "reached max_new_tokens", "eos": "the model emitted end-of-text",
-                  "stop_string": "hit a stop string", "stopped": "stopped by the user",
-                  "error": "ended by an error"}.get(run.stop_reason or "", str(run.stop_reason))
-        text = f"Run #{entry.id} finished: {n} tokens, {reason}."
-        if step < n - 1:
-            text += f" Replaying step {step} of {n - 1}."
-    notes = [x for x in (run.note if run.stop_reason == "error" else "", run.meta.get("capture_note", ""),
-                         "Its captures were dropped to keep the session small: replay shows text and timings."
-                         if entry.captures_dropped else "") if x]
-    marker = f"run_done_{entry.id}" if not entry.stepping else f"run_stepping_{entry.id}"
-    with st.container(key=marker):
-        st.markdown(f"**{text}**")
-        for note in notes:
-            st.caption(note)

@@ -80,8 +80,8 @@ def render(run: Run | None) -> None:
         cols[3].metric("Cache length", f"{ev.cache_len:,}{slots}", help="Tokens whose K and V the cache holds "
                        "(static: of the preallocated slots).")
         cols[4].metric("Cache bytes", fmt_bytes(ev.cache_bytes_used), f"{fmt_bytes(ev.cache_bytes_allocated)} "
-                       "allocated", delta_color="off", delta_arrow="off", help="Used: the filled positions. Allocated: what the "
-                       "cache's tensors hold.")
+                       "allocated", delta_color="off", delta_arrow="off",
+                       help="Used: the filled positions. Allocated: what the cache's tensors hold.")
     else:
         cols[3].metric("Cache length", "0", help="No cache: nothing is kept between steps.")
         cols[4].metric("Cache bytes", "0 B", "nothing kept", delta_color="off", delta_arrow="off")

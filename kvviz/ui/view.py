@@ -1,0 +1,122 @@
+"""The run view shared by the live loop, step mode and replay: placeholders, selectors, drawing.
+
+``layout`` creates the view's placeholders once per script run (and the chart selectors), and
+``draw`` fills them from a Run as it stands after its last event. The live loop calls ``draw``
+on every token (text) and a few times a second (numbers, charts); replay calls it once per frame.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+from kvviz import Run, charts
+from kvviz.ui import chips, metrics, persist
+
+VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
+CHART_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"scale": 2}}
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    nb_view: str = "layer"  # one of VIEWS
+    nb_layer: int = 0  # the layer for the heads view, and the layer whose raw K/V are captured
+    nb_head: int = 0
+    nb_kv: str = "K"
+    attn_layer: int = 0
+    attn_head: int = 0
+
+
+@dataclass
+class Slots:
+    """Placeholders of the view, created once per script run and redrawn in place."""
+
+    output: Any
+    metrics: Any
+    notebook: Any
+    attention: Any
+    bars: Any
+    latency: Any
+
+
+def layout(shape: tuple[int, int, int] | None,
+           replay: Callable[[], None] | None = None) -> tuple[Slots, ViewOptions]:
+    """The view, top to bottom: text, numbers, [replay row], cache, attention, time.
+
+    ``shape`` (n_layer, n_head, n_kv_head) sizes the selectors; None draws the view without them.
+    """
+    with st.container(key="output", border=True):
+        out = st.empty()
+    m = st.empty()
+    if replay is not None:
+        replay()
+    opts = ViewOptions()
+    st.subheader("What the cache holds", anchor=False)
+    if shape is not None:
+        opts = _cache_controls(shape[0], shape[2])
+    nb = st.empty()
+    st.subheader("What the newest token attends to", anchor=False)
+    at = st.empty()
+    if shape is not None:
+        opts = dataclasses.replace(opts, **_attention_controls(shape[0], shape[1]))
+    bars = st.empty()
+    st.subheader("How long each step takes", anchor=False)
+    lat = st.empty()
+    return Slots(out, m, nb, at, bars, lat), opts
+
+
+def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool = True) -> None:
+    """Draw the run as it stands after its last event into the placeholders."""
+    with slots.output.container():
+        chips.render(run)
+    if not charts_too:
+        return
+    with slots.metrics.container():
+        metrics.render(run)
+    if opts.nb_view == "values":
+        fig = charts.cache_values(run, opts.nb_kv, opts.nb_head, wanted_layer=opts.nb_layer)
+    else:
+        fig = charts.cache_notebook(run, opts.nb_view, opts.nb_layer)
+    config = CHART_CONFIG
+    slots.notebook.plotly_chart(fig, key=f"notebook-{key}", config=config, theme=None)
+    slots.attention.plotly_chart(charts.attention_heatmap(run, (opts.attn_layer, opts.attn_head)),
+                                 key=f"attention-{key}", config=config, theme=None)
+    slots.bars.plotly_chart(charts.attention_bars(run, opts.attn_layer, opts.attn_head), key=f"bars-{key}",
+                            config=config, theme=None)
+    slots.latency.plotly_chart(charts.latency_chart(run), key=f"latency-{key}", config=config, theme=None)
+
+
+def _cache_controls(n_layer: int, n_kv_head: int) -> ViewOptions:
+    """Selectors of the cache chart (kept across pages like the sidebar's)."""
+    layers, kv_heads = list(range(n_layer)), list(range(n_kv_head))
+    c1, c2, c3, c4 = st.columns([3.2, 1, 1, 1.1], vertical_alignment="bottom")
+    persist.keep("nb_view", "layer", options=tuple(VIEWS))
+    view = c1.radio("Cache view", tuple(VIEWS), key="nb_view", format_func=VIEWS.get, horizontal=True,
+                    help="All layers: one row per layer, colour = length (L2 norm) of its K or V vector at each "
+                         "position. Heads: the K/V heads of one layer. Raw: the numbers themselves, one head.")
+    persist.keep("nb_layer", 0, options=layers)
+    layer = c2.selectbox("Layer", layers, key="nb_layer", help="The layer of the heads and raw views. Its raw K/V "
+                         "values are recorded while generating (the other layers keep norms only).")
+    persist.keep("nb_head", 0, options=kv_heads)
+    head = c3.selectbox("K/V head", kv_heads, key="nb_head", help="The head of the raw view.")
+    persist.keep("nb_kv", "K", options=("K", "V"))
+    kv = c4.radio("Raw values of", ("K", "V"), key="nb_kv", horizontal=True, help="Raw view: keys or values.")
+    persist.remember("nb_view", "nb_layer", "nb_head", "nb_kv")
+    return ViewOptions(nb_view=str(view), nb_layer=int(layer), nb_head=int(head), nb_kv=str(kv))
+
+
+def _attention_controls(n_layer: int, n_head: int) -> dict[str, int]:
+    layers, heads = list(range(n_layer)), list(range(n_head))
+    c1, c2, _ = st.columns([1, 1, 4.3], vertical_alignment="bottom")
+    persist.keep("attn_layer", 0, options=layers)
+    a_layer = c1.selectbox("Attention layer", layers, key="attn_layer",
+                           help="The layer of the bar chart below (outlined in red in the heatmap).")
+    persist.keep("attn_head", 0, options=heads)
+    a_head = c2.selectbox("Attention head", heads, key="attn_head", help="The head of the bar chart below.")
+    persist.remember("attn_layer", "attn_head")
+    return {"attn_layer": int(a_layer), "attn_head": int(a_head)}
+
+
