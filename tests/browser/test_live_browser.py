@@ -189,3 +189,16 @@ def test_two_sessions_generate_at_the_same_time(browser, app_url: str) -> None: 
     finally:
         for c in contexts:
             c.close()
+
+
+def test_sidebar_values_survive_the_calculator_page(page, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    """The calculator page has no sidebar controls; coming back must find them as they were."""
+    open_app(page, app_url)
+    set_prompt(page, "Kept across pages\n")
+    set_max_new_tokens(page, 33)
+    page.get_by_role("link", name=re.compile("KV memory calculator")).click()
+    page.wait_for_selector(".st-key-prompt", state="detached")
+    page.get_by_role("link", name=re.compile("^Generate")).click()
+    page.wait_for_selector(".st-key-prompt textarea")
+    assert page.locator(".st-key-prompt textarea").input_value() == "Kept across pages\n"
+    assert page.locator(".st-key-max_new_tokens input").input_value() == "33"
