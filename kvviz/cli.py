@@ -12,37 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvviz.argtypes import finite_float as _float
+from kvviz.argtypes import nonneg_int as _nonneg_int
+from kvviz.argtypes import positive_int as _positive_int
 from kvviz.errors import KVVizError
-
-
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if v != v or v in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
-    return v
 
 
 def _id_list(s: str) -> list[int]:

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvviz.argtypes import positive_int
 from kvviz.errors import KVVizError
 from kvviz.memory import (
     DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, KVVIZ_MODEL_TYPE,
@@ -62,16 +63,6 @@ def parse_count(s: str) -> int:
     return int(round(v))
 
 
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s.replace(",", "").replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
 def _gib(s: str) -> float:
     try:
         v = float(s.lower().removesuffix("gib").removesuffix("gb").strip())
@@ -97,18 +88,18 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--preset", metavar="NAME", help="a preset key or name (see --list-presets)")
     src.add_argument("--config", type=Path, metavar="config.json", help="a Hugging Face or kvviz config.json")
     src.add_argument("--list-presets", action="store_true", help="list the presets with their sources")
-    p.add_argument("--seq-len", type=_pos_int, metavar="N", help="tokens per sequence: prompt + output (required)")
-    p.add_argument("--batch", type=_pos_int, default=1, help="concurrent requests (default 1)")
-    p.add_argument("--beams", type=_pos_int, default=1, help="parallel samples / beams per request (default 1)")
+    p.add_argument("--seq-len", type=positive_int, metavar="N", help="tokens per sequence: prompt + output (required)")
+    p.add_argument("--batch", type=positive_int, default=1, help="concurrent requests (default 1)")
+    p.add_argument("--beams", type=positive_int, default=1, help="parallel samples / beams per request (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default="fp16", help="KV-cache dtype (default fp16)")
     p.add_argument("--weight-dtype", choices=DTYPES, default="fp16", help="weight dtype (default fp16)")
-    p.add_argument("--group-size", type=_pos_int, default=DEFAULT_GROUP_SIZE,
+    p.add_argument("--group-size", type=positive_int, default=DEFAULT_GROUP_SIZE,
                    help=f"int8/int4: values per scale (default {DEFAULT_GROUP_SIZE})")
     p.add_argument("--scale-dtype", choices=tuple(SCALE_DTYPE_BYTES), default="fp16",
                    help="int8/int4: scale dtype (default fp16)")
     p.add_argument("--zero-point", action="store_true", help="int8/int4: count a zero point per group too")
     p.add_argument("--paged", action="store_true", help="vLLM-style paging: round tokens up to whole blocks")
-    p.add_argument("--block-size", type=_pos_int, default=DEFAULT_BLOCK_SIZE,
+    p.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                    help=f"paging block size in tokens (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--no-windows", action="store_true", help="ignore sliding windows: every layer keeps every token")
     p.add_argument("--params", type=parse_count, metavar="COUNT",
