@@ -103,7 +103,11 @@ class Run:
         return dataclasses.replace(self, stop_reason=stop_reason, text=text, stop_string=stop_string, note=note)
 
     def upto(self, step: int) -> "Run":
-        """The run as it stood after ``step`` (for replay)."""
+        """The run's events up to ``step`` (for replay).
+
+        Only the events are cut: ``text`` and ``stop_reason`` stay the finished run's, because a
+        Run carries no tokenizer; replay views decode the prefix from the events' tokens.
+        """
         return dataclasses.replace(self, events=self.events[: step + 1])
 
     # --- derived figures ---

@@ -1,17 +1,12 @@
 """Advance a GenerationStream across Streamlit reruns (step mode), and close one safely.
 
-Why torch here: the engine's generator enters ``torch.inference_mode()`` once and holds it
-across its ``yield``s. Streamlit runs every rerun on a fresh thread, where inference mode is off,
-so resuming the generator there fails ("Inplace update to inference tensor outside
-InferenceMode"). Entering inference mode around each ``next``/``close`` on the calling thread
-makes resumption work, and leaves the thread's grad mode as it found it.
+Streamlit runs every rerun on a fresh thread; that is safe because the engine enters
+inference mode per step and never holds it across a ``yield``.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-import torch
 
 from kvviz import StepEvent
 from kvviz.generate import GenerationStream
@@ -34,12 +29,11 @@ class Stepper:
             return None
         if self._it is None:
             self._it = iter(self.stream)
-        with torch.inference_mode():
-            try:
-                return next(self._it)
-            except StopIteration:
-                self.finished = True
-                return None
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.finished = True
+            return None
 
     def close(self) -> None:
         close_iterator(self._it)
@@ -50,5 +44,4 @@ def close_iterator(it: Iterator[StepEvent] | None) -> None:
     """Close a generator now, on this thread, so its cache tensors are freed and grad mode restored."""
     close = getattr(it, "close", None)
     if close is not None:
-        with torch.inference_mode():
-            close()
+        close()
