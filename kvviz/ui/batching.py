@@ -9,7 +9,7 @@ from kvviz import perf_charts as pc
 from kvviz.measure import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
 from kvviz.perf_stats import Sample, aggregate
 from kvviz.ui.perf_common import (
-    Busy, SweepState, acquire, busy_note, drive, page_model, results_key, where,
+    SweepState, acquire_or_warn, busy_note, drive, page_model, results_key, where,
 )
 from kvviz.ui.settings import Settings
 
@@ -68,10 +68,8 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     live = st.empty()
     series = "different prompts" if prompts == "different" else "same prompt"
     if run_it:
-        try:
-            lock = acquire()
-        except Busy as e:
-            st.warning(str(e))
+        lock = acquire_or_warn()
+        if lock is None:
             return
         stored[series] = []
         state.begin()

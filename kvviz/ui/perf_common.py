@@ -55,15 +55,14 @@ def measurement_lock() -> threading.Lock:
     return threading.Lock()
 
 
-class Busy(Exception):
-    """Another session holds the measurement lock."""
-
-
-def acquire(timeout_s: float = 2.0) -> threading.Lock:
+def acquire_or_warn(timeout_s: float = 2.0) -> threading.Lock | None:
+    """The measurement lock, or None after telling the user that another session is measuring
+    (two sessions timing at once would slow each other down and spoil both results)."""
     lock = measurement_lock()
     if not lock.acquire(timeout=timeout_s):
-        raise Busy("another browser session is measuring right now; try again when it has finished, "
+        st.warning("another browser session is measuring right now; try again when it has finished, "
                    "so the two do not slow each other down")
+        return None
     return lock
 
 

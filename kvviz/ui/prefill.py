@@ -13,7 +13,7 @@ from kvviz.flops import weight_bytes
 from kvviz.measure import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.perf_stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.ui.perf_common import (
-    Busy, SweepState, acquire, busy_note, drive, machine_probe, page_model, results_key, where,
+    SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 
 INTRO = (
@@ -75,10 +75,8 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
         st.button("Stop", key="pd_stop", help="Stop the sweep; the points measured so far are kept")
     live = st.empty()
     if run_it:
-        try:
-            lock = acquire()
-        except Busy as e:
-            st.warning(str(e))
+        lock = acquire_or_warn()
+        if lock is None:
             return
         state.begin()
         try:
@@ -118,11 +116,8 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     if probe is None:
         return
     if st.session_state.get("pd_reprobe"):  # the button below was clicked on the previous run
-        try:
-            lock = acquire()
-        except Busy as e:
-            st.warning(str(e))
-        else:
+        lock = acquire_or_warn()
+        if lock is not None:
             try:
                 probe = machine_probe(model, again=True)
             finally:
@@ -168,10 +163,8 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
     st.caption(f"Question: “{SHORT_QUESTION}” ({len(short)} tokens) vs a document that fills the context "
                f"({long_len:,} tokens); {n_new} new tokens after each; 3 repeats · {where(model)}")
     if run_it:
-        try:
-            lock = acquire()
-        except Busy as e:
-            st.warning(str(e))
+        lock = acquire_or_warn()
+        if lock is None:
             return
         state.begin()
         results["example"] = []

@@ -14,7 +14,7 @@ from kvviz.measure import Request, compare_outputs, iter_race, sweep_ns, sweep_t
 from kvviz.measure import start as start_stream
 from kvviz.perf_stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
-    Busy, SweepState, acquire, busy_note, drive, machine_probe, page_model, results_key, where,
+    SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 from kvviz.ui.settings import Settings
 
@@ -125,10 +125,8 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     except KVVizError as e:
         st.error(str(e))
         return
-    try:
-        lock = acquire()
-    except Busy as e:
-        st.warning(str(e))
+    lock = acquire_or_warn()
+    if lock is None:
         return
     race_id = st.session_state.get("race_next_id", 0) + 1
     st.session_state["race_next_id"] = race_id
@@ -251,10 +249,8 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     charts = st.empty()
     if run_it and ns:
         req = Request(prompt_ids=(ids,), max_new_tokens=max(ns), **s.sampling_kwargs())
-        try:
-            lock = acquire()
-        except Busy as e:
-            st.warning(str(e))
+        lock = acquire_or_warn()
+        if lock is None:
             return
         samples: list[Sample] = []
         st.session_state[key] = samples
