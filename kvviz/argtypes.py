@@ -5,29 +5,23 @@ import argparse
 import math
 
 
-def _int(s: str) -> int:
-    # "8,192" and "8_192" read as 8192: people paste numbers the way they write them.
-    return int(s.replace(",", "").replace("_", ""))
+def _int_at_least(s: str, low: int, what: str) -> int:
+    try:
+        # "8,192" and "8_192" read as 8192: people paste numbers the way they write them.
+        v = int(s.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    return v
 
 
 def positive_int(s: str) -> int:
-    try:
-        v = _int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+    return _int_at_least(s, 1, "a positive integer")
 
 
 def nonneg_int(s: str) -> int:
-    try:
-        v = _int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+    return _int_at_least(s, 0, "an integer >= 0")
 
 
 def finite_float(s: str) -> float:
