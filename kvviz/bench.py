@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model
+from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_device
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
 from kvviz.machine import cpu_name
@@ -142,7 +142,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     repeats = 2 if args.quick else args.repeats
     results = [bench_case(c, repeats, args.prompt_len, args.device, not args.no_hf,
                           16 if args.quick else None) for c in cases]
-    dev = load_model("random:tiny", device=args.device).device
+    dev = resolve_device(args.device)
     obj = {"machine": machine_info(dev), "repeats": repeats, "results": results,
            "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
     args.out.parent.mkdir(parents=True, exist_ok=True)
