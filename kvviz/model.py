@@ -108,10 +108,10 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_shape = x.shape[:-1] + (self.weight.shape[1],)
-        x2 = x.reshape(-1, x.shape[-1])  # (B*T, in)
+        B, T, n_in = x.shape
+        x2 = x.view(B * T, n_in) if x.is_contiguous() else x.reshape(B * T, n_in)  # (B*T, in)
         y = x2 @ self.weight if self.bias is None else torch.addmm(self.bias, x2, self.weight)
-        return y.view(out_shape)  # (..., out)
+        return y.view(B, T, -1)  # (B, T, out)
 
 
 class CausalSelfAttention(nn.Module):
@@ -136,10 +136,16 @@ class CausalSelfAttention(nn.Module):
         capture: ForwardCapture | None,
     ) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        qkv = self.c_attn(x)  # (B, T, C + 2*kv_dim)
+        if self.n_kv_head == self.n_head:
+            # One view + permute + unbind instead of split + 3 views + 3 transposes: a decode step
+            # is dispatcher-bound, so op count matters as much as FLOPs.
+            q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            q, k, v = qkv.split([C, self.kv_dim, self.kv_dim], dim=2)
+            q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+            k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
         if cache is not None:
             # Writes the new positions and returns every cached position: (B, nkv, S, hs).
             k, v = cache.update(self.layer_idx, k, v)
@@ -150,7 +156,8 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        # (B, nh, 1, hs) is already laid out as (B, 1, C); only T > 1 needs the transpose copy.
+        y = y.view(B, T, C) if T == 1 else y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         y = self.c_proj(y)
         # Guarded: even a no-op F.dropout costs a dispatcher call per layer per decode step.
         return F.dropout(y, self.dropout, True) if self.training and self.dropout > 0 else y
