@@ -19,8 +19,7 @@ from kvviz.model import GPTConfig
 
 def kv_bytes_per_token(config: GPTConfig, dtype: torch.dtype, batch: int = 1) -> int:
     """K and V for one token across all layers: 2 * L * n_kv_head * head_dim * bytes * batch."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.n_layer * config.kv_heads * config.head_dim * itemsize * batch
+    return 2 * config.n_layer * config.kv_heads * config.head_dim * dtype.itemsize * batch
 
 
 class KVCache(ABC):
@@ -33,15 +32,13 @@ class KVCache(ABC):
         self.dtype = dtype
         self.pos = 0  # tokens committed so far; only the generator moves it
         self.bytes_copied = 0  # cumulative bytes this cache wrote or copied (O(T) vs O(T^2))
+        # Fixed for the cache's life; read on every step's event, so computed once.
+        self.bytes_per_token = kv_bytes_per_token(config, dtype, batch)
 
     def advance(self, n: int) -> None:
         if self.pos + n > self.config.block_size:
             raise ValueError(f"cache overflow: {self.pos} + {n} > block_size {self.config.block_size}")
         self.pos += n
-
-    @property
-    def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.config, self.dtype, self.batch)
 
     @property
     def bytes_used(self) -> int:
@@ -74,10 +71,11 @@ class StaticKVCache(KVCache):
         shape = (batch, config.kv_heads, config.block_size, config.head_dim)
         self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)  # never changes
 
     @property
     def bytes_allocated(self) -> int:
-        return sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+        return self._allocated
 
     def reset(self) -> None:
         # Zeroing is not needed for correctness (reads stop at pos) but keeps views honest.

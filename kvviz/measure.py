@@ -384,7 +384,7 @@ def sweep_batch(model: LoadedModel, base: Sequence[int], sizes: Sequence[int], p
 # --- the roofline probe ---------------------------------------------------------------------
 
 def _dtype_bytes(model: LoadedModel) -> int:
-    return torch.empty((), dtype=model.dtype).element_size()
+    return model.dtype.itemsize
 
 
 def _sync(device: torch.device) -> None:
