@@ -83,7 +83,7 @@ def get_batch(data: torch.Tensor, block: int, batch: int, gen: torch.Generator, 
 
 def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.view(-1))
 
 
 @torch.no_grad()
