@@ -12,7 +12,7 @@ import kvviz
 
 from kvviz.cache import ConcatKVCache, StaticKVCache
 from kvviz.checkpoints import LoadedModel
-from kvviz.model import GPT, ForwardCapture, GPTConfig
+from kvviz.model import GPT, ForwardCapture, GPTConfig, row_matmul
 
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 
@@ -233,3 +233,56 @@ def test_config_defaults_and_validation() -> None:
                 dict(vocab_size=-1), dict(n_head=4, n_kv_head=0), dict(dropout=1.0), dict(block_size=2.5)):
         with pytest.raises(ValueError, match="invalid GPTConfig"):
             GPTConfig(**bad)
+
+
+@pytest.fixture
+def threads(request: pytest.FixtureRequest) -> object:
+    """Run the test with request.param intra-op threads (the suite itself runs on one)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+@pytest.mark.parametrize("n_in,n_out", [(32, 96), (256, 768), (12, 7)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_row_matmul_split_matches_float64(threads: int, n_in: int, n_out: int, bias: bool,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row through per-thread column blocks equals x @ w + b; odd widths fall back to GEMM."""
+    g = torch.Generator().manual_seed(n_in + n_out)
+    x, w = torch.randn(1, n_in, generator=g), torch.randn(n_in, n_out, generator=g)
+    b = torch.randn(n_out, generator=g) if bias else None
+    ref = x.double() @ w.double() + (b.double() if b is not None else 0.0)  # (1, out)
+    calls: list[int] = []
+    real_bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda *a: calls.append(1) or real_bmm(*a))
+    with torch.inference_mode():
+        got = row_matmul(x, w, b)
+    assert got.shape == (1, n_out)
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+    assert bool(calls) == (n_out % threads == 0)  # the split ran exactly when it can
+    calls.clear()
+    row_matmul(x, w, b)  # grads on (training): always the plain GEMM
+    assert not calls
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_split_decode_with_odd_vocab_matches_full_forward(make_model: Callable[..., LoadedModel],
+                                                          threads: int) -> None:
+    """Two threads (split one-row matmuls) and a 101-token vocabulary (a padded LM head)."""
+    m = make_model(vocab_size=101, seed=4)
+    idx = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        full = m.gpt(idx)  # (1, 24, 101): 24 rows, the plain GEMM path
+        cache = StaticKVCache(m.config)
+        m.gpt(idx[:, :8], cache=cache)
+        cache.advance(8)
+        steps = []
+        for t in range(8, 24):
+            steps.append(m.gpt(idx[:, t:t + 1], cache=cache))  # (1, 1, 101): one row, split
+            cache.advance(1)
+    got = torch.cat(steps, dim=1)
+    assert got.shape == (1, 16, 101)
+    torch.testing.assert_close(got, full[:, 8:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full.double(), reference_forward(m.gpt, idx)[0], atol=2e-5, rtol=1e-5)
