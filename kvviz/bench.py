@@ -7,6 +7,11 @@ machine's load hits all of them alike; each figure is the median of the repeats,
 max. Ratios are taken between medians of the same run. The first run of each variant is a
 warm-up and is discarded. Throughput is wall-clock: prefill + every decode step + the event
 bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before reading clocks).
+
+The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
+one row each, the same kernels kvviz uses) once per token: no attention, no norms, no Python
+model code. It is what one decode step cannot go below with these kernels at this precision, so
+``floor / hf`` bounds the speed-up any implementation could show over transformers here.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_d
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
 from kvviz.machine import cpu_name
+from kvviz.model import Conv1D, row_matmul
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -35,12 +41,12 @@ DEFAULT_OUT = Path("bench-results") / "bench.json"
 class Case:
     shape: str  # a kvviz.checkpoints.RANDOM_SHAPES name
     new_tokens: int
-    variants: tuple[str, ...]  # kvviz_static, kvviz_concat, kvviz_uncached, hf
+    variants: tuple[str, ...]  # kvviz_static, kvviz_concat, kvviz_uncached, hf, floor
 
 
 CASES = (
-    Case("tiny", 256, ("kvviz_static", "kvviz_uncached", "hf")),
-    Case("gpt2-small", 64, ("kvviz_static", "kvviz_uncached", "hf")),
+    Case("tiny", 256, ("kvviz_static", "kvviz_uncached", "hf", "floor")),
+    Case("gpt2-small", 64, ("kvviz_static", "kvviz_uncached", "hf", "floor")),
     Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
 )
 
@@ -65,7 +71,11 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
 
 def _hf_model(model: LoadedModel, folder: Path) -> Any:
-    from transformers import GPT2LMHeadModel
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        raise KVVizError("the transformers baseline needs `pip install -r requirements-dev.txt` "
+                         "(or run with --no-hf)") from None
 
     export_hf_gpt2(model.gpt, folder)
     hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).to(model.device).eval()
@@ -74,7 +84,30 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
     return hf
 
 
+def weight_matmuls(model: LoadedModel) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of every matmul of a decode step, in order: each layer's four, the LM head."""
+    gpt = model.gpt
+    mats = [(m.weight, m.bias) for m in gpt.modules() if isinstance(m, Conv1D)]
+    head = gpt.lm_head_t if gpt.lm_head_t is not None else gpt.transformer.wte.weight.t()  # (C, V)
+    return mats + [(head, None)]
+
+
+def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
+    mats = weight_matmuls(model)
+    rows = {w.shape[0]: torch.randn(1, w.shape[0], device=model.device, dtype=model.dtype) for w, _ in mats}
+
+    def run_floor() -> list[int]:
+        with torch.inference_mode():
+            for _ in range(n):  # one pass over the weights per generated token
+                for w, b in mats:
+                    row_matmul(rows[w.shape[0]], w, b)
+        return []
+    return run_floor
+
+
 def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
+    if variant == "floor":
+        return _floor_runner(model, n)
     if variant == "hf":
         ids = torch.tensor([prompt], device=model.device)
 
@@ -122,13 +155,21 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     for v in variants:
         tps = sorted(n / t for t in times[v])
         res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
-                              "runs": len(tps), "tokens_match": tokens[v] == ref}
+                              "runs": len(tps), "tokens_match": None if v == "floor" else tokens[v] == ref}
+    if "floor" in variants:
+        nbytes = sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in weight_matmuls(model))
+        res["weight_bytes"] = nbytes  # streamed once per floor step
+        res["variants"]["floor"]["GB_s_median"] = nbytes * res["variants"]["floor"]["tok_s_median"] / 1e9
     med = {v: res["variants"][v]["tok_s_median"] for v in variants}
     ratios = {}
     if "hf" in med:
         ratios["kvviz_static_vs_hf"] = med["kvviz_static"] / med["hf"]
     if "kvviz_uncached" in med:
         ratios["cached_vs_uncached"] = med["kvviz_static"] / med["kvviz_uncached"]
+    if "floor" in med:
+        ratios["kvviz_static_vs_floor"] = med["kvviz_static"] / med["floor"]
+        if "hf" in med:
+            ratios["floor_vs_hf"] = med["floor"] / med["hf"]  # the most any implementation could gain
     if "kvviz_concat" in med:
         ratios["static_vs_concat"] = med["kvviz_static"] / med["kvviz_concat"]
     res["ratios"] = ratios
@@ -159,8 +200,12 @@ def format_table(obj: dict[str, Any]) -> str:
     lines.append(f"{'shape':<11} {'new':>4}  {'variant':<15} {'tok/s':>9}  {'min-max':>17}  same tokens")
     for r in obj["results"]:
         for v, d in r["variants"].items():
+            same = {True: "yes", False: "NO", None: "-"}[d["tokens_match"]]
             lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<15} {d['tok_s_median']:>9.1f}  "
-                         f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {'yes' if d['tokens_match'] else 'NO'}")
+                         f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {same}")
+        if "weight_bytes" in r:
+            lines.append(f"{'':<11} {'':>4}  floor = weight matmuls only: {r['weight_bytes'] / 1e6:.1f} MB per "
+                         f"token at {r['variants']['floor']['GB_s_median']:.1f} GB/s")
         for k, val in r["ratios"].items():
             lines.append(f"{'':<11} {'':>4}  ratio {k}: {val:.2f}x")
         lines.append("")

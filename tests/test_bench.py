@@ -1,0 +1,72 @@
+"""``python -m kvviz bench``: the JSON it writes, its ratios, the floor's byte count, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvviz.cli import main
+
+
+def _tiny_weight_bytes() -> int:
+    # By hand for random:tiny (4 layers, C = 256, V = 256, fp32), weights + biases of each matmul:
+    # c_attn 256x768 + 768, attn c_proj 256x256 + 256, c_fc 256x1024 + 1024, mlp c_proj 1024x256 + 256,
+    # then the LM head 256x256 (a vocabulary of 256 needs no padding to 64 columns).
+    per_layer = 256 * 768 + 768 + 256 * 256 + 256 + 256 * 1024 + 1024 + 1024 * 256 + 256
+    return (4 * per_layer + 256 * 256) * 4
+
+
+def test_quick_bench_writes_the_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--model", "tiny", "--out", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads(out.read_text())
+    assert printed["results"] == written["results"]
+    m = written["machine"]
+    assert m["cpu"] and m["cores"] == os.cpu_count() and m["device"] == "cpu" and m["torch"].startswith("2.")
+    main_case, cache_case = written["results"]
+    assert (main_case["shape"], main_case["new_tokens"], written["repeats"]) == ("tiny", 16, 2)
+    v = main_case["variants"]
+    assert set(v) == {"kvviz_static", "kvviz_uncached", "hf", "floor"}
+    # Every generator produced the same greedy tokens as kvviz cached; the floor generates none.
+    assert [v[k]["tokens_match"] for k in ("kvviz_static", "kvviz_uncached", "hf", "floor")] == [True, True, True, None]
+    for d in v.values():
+        assert d["runs"] == 2 and 0 < d["tok_s_min"] <= d["tok_s_median"] <= d["tok_s_max"]
+    med = {k: d["tok_s_median"] for k, d in v.items()}
+    r = main_case["ratios"]
+    assert r["kvviz_static_vs_hf"] == pytest.approx(med["kvviz_static"] / med["hf"], rel=1e-12)
+    assert r["cached_vs_uncached"] == pytest.approx(med["kvviz_static"] / med["kvviz_uncached"], rel=1e-12)
+    assert r["floor_vs_hf"] == pytest.approx(med["floor"] / med["hf"], rel=1e-12)
+    assert main_case["weight_bytes"] == _tiny_weight_bytes() == 12_881_920
+    assert v["floor"]["GB_s_median"] == pytest.approx(12_881_920 * med["floor"] / 1e9, rel=1e-12)
+    assert set(cache_case["variants"]) == {"kvviz_static", "kvviz_concat"}
+    assert cache_case["ratios"]["static_vs_concat"] > 0
+
+
+def test_table_names_the_machine_and_the_floor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--model", "tiny", "--no-hf", "--out", str(tmp_path / "b.json")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("machine: ") and "cores" in text and "median of 2 interleaved runs" in text
+    assert "floor = weight matmuls only: 12.9 MB per token" in text
+    assert " hf " not in text  # --no-hf really skips the baseline
+
+
+def test_bench_without_transformers_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--quick", "--model", "tiny", "--out", str(tmp_path / "b.json")])
+    assert e.value.code == 2
+    assert "requirements-dev.txt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg", [["--repeats", "0"], ["--prompt-len", "0"], ["--repeats", "x"], ["--model", "huge"]])
+def test_bench_bad_arguments_exit_2(arg: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *arg, "--out", str(tmp_path / "b.json")])
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists()
