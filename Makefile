@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 PORT ?= 8501
 
-.PHONY: run test bench browser clean-venv
+.PHONY: run test bench browser screenshots clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ browser:
 test: $(DEV_STAMP) browser
 	$(PY) -m pytest tests -q
 
-bench: $(RUN_STAMP)
+# The README's screenshots: the browser tests on the shipped model, saved into docs/screenshots/.
+screenshots: $(DEV_STAMP) browser
+	KVVIZ_BROWSER_MODEL=default KVVIZ_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
+
+# The benchmark's baseline is transformers, a dev dependency.
+bench: $(DEV_STAMP)
 	$(PY) -m kvviz bench
 
 clean-venv:
