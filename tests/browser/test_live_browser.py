@@ -1,7 +1,8 @@
 """The Generate page in a real browser (Chromium via Playwright): generate, stop, replay, XSS.
 
 Each test gets a fresh page (a new Streamlit session), so its first run is run #1 and the app's
-own done marker is ``.st-key-run_done_1``. Screenshots for the README go to docs/screenshots/.
+own done marker is ``.st-key-run_done_1``. Screenshots go to test-results/screenshots/
+(`make screenshots` refreshes the README's, in docs/screenshots/, on the shipped model).
 """
 from __future__ import annotations
 
