@@ -101,11 +101,14 @@ def row_matmul(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = No
     weights from memory, and MKL's one-row GEMV streams on one core at a time. On CPU with
     s >= 2 intra-op threads and grads off, a single row goes through ``bmm`` over s column blocks
     of the same storage instead (a strided view, no copy): ATen hands each block to its own
-    thread, so every core streams its share. Measured on tiny (2-core EPYC): 1.2 vs 1.8 ms per
-    step. One thread, several rows (prefill, batches) and training keep the plain GEMM.
+    thread, so every core streams its share. Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms
+    per step. One thread, several rows (prefill, batches), training, and bf16/fp16 (whose one-row
+    GEMM is a different, oneDNN kernel that the split made slower: 329 vs 455 tok/s in bf16) keep
+    the plain GEMM.
     """
     n_in, n_out = w.shape
-    if x2.shape[0] == 1 and x2.device.type == "cpu" and not torch.is_grad_enabled():
+    if (x2.shape[0] == 1 and x2.device.type == "cpu" and w.dtype == torch.float32
+            and not torch.is_grad_enabled()):
         s = torch.get_num_threads()
         if s > 1 and n_out % s == 0:
             blocks = w.view(n_in, s, n_out // s).permute(1, 0, 2)  # (s, in, out/s), a view
