@@ -254,9 +254,10 @@ def test_row_matmul_split_matches_float64(threads: int, n_in: int, n_out: int, b
     x, w = torch.randn(1, n_in, generator=g), torch.randn(n_in, n_out, generator=g)
     b = torch.randn(n_out, generator=g) if bias else None
     ref = x.double() @ w.double() + (b.double() if b is not None else 0.0)  # (1, out)
-    calls: list[int] = []
-    real_bmm = torch.bmm
-    monkeypatch.setattr(torch, "bmm", lambda *a: calls.append(1) or real_bmm(*a))
+    calls: list[str] = []
+    for name in ("bmm", "baddbmm"):  # the split's kernels (baddbmm when there is a bias)
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
     with torch.inference_mode():
         got = row_matmul(x, w, b)
     assert got.shape == (1, n_out)
