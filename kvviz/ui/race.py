@@ -1,6 +1,7 @@
 """Cache vs no cache: a live race of the three modes, its charts, an N sweep, static vs concat bytes."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from kvviz.ui.perf_common import (
 )
 from kvviz.ui.settings import Settings
 
+SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
 OUT_HEIGHT = 150  # px per output box: long runs scroll inside it instead of pushing the charts down
 
@@ -93,6 +95,11 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if start:
         _run_race(s, model, key, slots, live_chart, state)
     stored = st.session_state.get(key)
+    if stored and not stored["settled"].wait(SETTLE_WAIT_S):
+        # A Stop click started this script run on a new thread while the race's thread is still
+        # finishing its current step; its partial runs land in `stored` when it does.
+        st.info("Stopping: the race is finishing its current step…")
+        st.rerun()
     if not stored or not stored["runs"]:
         st.info("Press **Start the race**. Tip: 200+ new tokens make the no-cache slope obvious.")
         return
@@ -132,7 +139,9 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     st.session_state["race_next_id"] = race_id
     # Stored before the loop and only mutated after: a Stop click raises StopException at the next
     # Streamlit call, after which assigning to st.session_state raises again, but mutating works.
-    record: dict[str, Any] = {"id": race_id, "runs": {}, "complete": False}
+    # With fast reruns the click's script run starts at once on another thread, before this one
+    # has unwound, so it waits on `settled` before reading the runs (as the Generate page does).
+    record: dict[str, Any] = {"id": race_id, "runs": {}, "complete": False, "settled": threading.Event()}
     st.session_state[key] = record
     streams: dict[str, GenerationStream] = {}
     finished: set[str] = set()
@@ -158,9 +167,12 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
         state.end()
     finally:
         # Runs also when a Stop click interrupts the loop: keep what was measured.
-        lock.release()
-        record["runs"] = {m: st_.run for m, st_ in streams.items()}
-        record["complete"] = finished == set(MODES)
+        try:
+            lock.release()
+            record["runs"] = {m: st_.run for m, st_ in streams.items()}
+            record["complete"] = finished == set(MODES)
+        finally:
+            record["settled"].set()  # never leave the next script run waiting
     live_chart.empty()
     machine_probe(model)  # for the explanation below; measured once per session
 
