@@ -6,16 +6,21 @@ import pytest
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
 
+def _set_max_new_tokens(page, wait_idle, n: int) -> None:  # type: ignore[no-untyped-def]
+    """Type N into the sidebar's max-new-tokens box and wait until the app has taken it."""
+    n_new = page.locator(".st-key-max_new_tokens input")
+    n_new.fill(str(n))
+    n_new.press("Enter")
+    page.wait_for_function(f"() => document.querySelector('.st-key-max_new_tokens input').value === '{n}'")
+    wait_idle(page)
+
+
 def test_race_runs_and_shows_identical_output_and_charts(page, app_url, wait_idle) -> None:  # type: ignore[no-untyped-def]
     page.goto(app_url + "/race")
     wait_idle(page)
     page.get_by_role("heading", name="Cache vs no cache").wait_for()
 
-    n_new = page.locator(".st-key-max_new_tokens input")
-    n_new.fill("24")
-    n_new.press("Enter")
-    page.wait_for_function("() => document.querySelector('.st-key-max_new_tokens input').value === '24'")
-    wait_idle(page)
+    _set_max_new_tokens(page, wait_idle, 24)
 
     page.get_by_role("button", name="Start the race").click()
     verdict = page.locator(".st-key-race_verdict")
@@ -38,11 +43,7 @@ def test_race_runs_and_shows_identical_output_and_charts(page, app_url, wait_idl
 def test_stop_ends_the_race_and_keeps_what_ran(page, app_url, wait_idle) -> None:  # type: ignore[no-untyped-def]
     page.goto(app_url + "/race")
     wait_idle(page)
-    n_new = page.locator(".st-key-max_new_tokens input")
-    n_new.fill("1000")
-    n_new.press("Enter")
-    page.wait_for_function("() => document.querySelector('.st-key-max_new_tokens input').value === '1000'")
-    wait_idle(page)
+    _set_max_new_tokens(page, wait_idle, 1000)
 
     page.get_by_role("button", name="Start the race").click()
     # Wait until the first mode has streamed some text, then stop.
