@@ -179,6 +179,11 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
 def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.repeats < 1 or args.prompt_len < 1:
         raise KVVizError("--repeats and --prompt-len must be at least 1")
+    try:  # checked before minutes of measuring, not after
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.touch()
+    except OSError as e:
+        raise KVVizError(f"cannot write the results to {args.out}: {e.strerror}") from None
     cases = [c for c in CASES if args.model in (None, c.shape)]
     repeats = 2 if args.quick else args.repeats
     results = [bench_case(c, repeats, args.prompt_len, args.device, not args.no_hf,
@@ -186,7 +191,6 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     dev = resolve_device(args.device)
     obj = {"machine": machine_info(dev), "repeats": repeats, "results": results,
            "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     obj["out"] = str(args.out)
     return obj, format_table(obj)

@@ -70,3 +70,12 @@ def test_bench_bad_arguments_exit_2(arg: list[str], tmp_path: Path, capsys: pyte
     assert e.value.code == 2
     assert "error:" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists()
+
+
+def test_unwritable_out_is_refused_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--quick", "--model", "tiny", "--no-hf", "--out", str(blocker / "b.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "cannot write the results to" in err and "Traceback" not in err
