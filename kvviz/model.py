@@ -16,6 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kvviz.decode import DecodePlan, build_plan, decode_step
+from kvviz.matmul import row_matmul  # noqa: F401 (also re-exported: kvviz.model.row_matmul)
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.cache import KVCache
 
@@ -92,33 +95,6 @@ class ForwardCapture:
     q_last: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nh, 1, hs)
     k: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs) all keys so far
     v: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs)
-
-
-def row_matmul(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 @ w (+ bias)`` for x2 (M, in) and w (in, out): the matmul of every layer.
-
-    A decode step multiplies ONE row by every weight matrix, so it is bound by streaming the
-    weights from memory, and MKL's one-row GEMV streams on one core at a time. On CPU with
-    s >= 2 intra-op threads and grads off, a single row goes through ``bmm`` over s column blocks
-    of the same storage instead (a strided view, no copy): ATen hands each block to its own
-    thread, so every core streams its share. Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms
-    per step. One thread, several rows (prefill, batches), training, and bf16/fp16 (whose one-row
-    GEMM is a different, oneDNN kernel that the split made slower: 329 vs 455 tok/s in bf16) keep
-    the plain GEMM.
-    """
-    n_in, n_out = w.shape
-    if (x2.shape[0] == 1 and x2.device.type == "cpu" and w.dtype == torch.float32
-            and not torch.is_grad_enabled()):
-        s = torch.get_num_threads()
-        if s > 1 and n_out % s == 0:
-            blocks = w.view(n_in, s, n_out // s).permute(1, 0, 2)  # (s, in, out/s), a view
-            rows = x2.view(1, 1, n_in).expand(s, 1, n_in)  # (s, 1, in), no copy
-            if bias is None:
-                y = torch.bmm(rows, blocks)  # (s, 1, out/s)
-            else:  # the bias rides along as the accumulator: one op fewer per matmul
-                y = torch.baddbmm(bias.view(s, 1, n_out // s), rows, blocks)  # (s, 1, out/s)
-            return y.view(1, n_out)  # the blocks are the output's columns, in order
-    return x2 @ w if bias is None else torch.addmm(bias, x2, w)
 
 
 class Conv1D(nn.Module):
@@ -232,6 +208,8 @@ class GPT(nn.Module):
         # Inference-only copy of wte as (C, V+pad): the LM head is the biggest matmul of a decode
         # step and the (in, out) layout runs it ~2x faster on CPU. Built by freeze(), never trained.
         self.lm_head_t: torch.Tensor | None = None
+        # Weight views for the flat one-token decode step (kvviz.decode); also built by freeze().
+        self.decode_plan: DecodePlan | None = None
 
     def freeze(self) -> "GPT":
         """Eval mode, no grads, and the transposed LM head; call after the final .to()."""
@@ -242,6 +220,7 @@ class GPT(nn.Module):
         wte = self.transformer.wte.weight.detach()  # (V, C)
         pad = -wte.shape[0] % 64
         self.lm_head_t = torch.cat([wte, wte.new_zeros(pad, wte.shape[1])]).t().contiguous()  # (C, V+pad)
+        self.decode_plan = build_plan(self, torch.get_num_threads())
         return self
 
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -286,6 +265,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
+        if (T == 1 and cache is not None and self.lm_head_t is not None and not self.training
+                and not torch.is_grad_enabled()):
+            return decode_step(self, idx, input_pos, cache, capture)  # the same maths, written flat
         # Attention mask, built once per forward rather than once per layer.
         mask: torch.Tensor | None = None
         is_causal = False

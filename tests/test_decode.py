@@ -1,0 +1,143 @@
+"""The flat one-token decode step (kvviz.decode) against the float64 reference and the module path."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+
+import kvviz.model
+from kvviz.cache import ConcatKVCache, StaticKVCache
+from kvviz.checkpoints import LoadedModel
+from kvviz.decode import build_plan, plan_for
+from kvviz.model import ForwardCapture
+from test_model import KV_HEADS, reference_forward
+
+
+@pytest.fixture
+def threads(request: pytest.FixtureRequest) -> object:
+    old = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the forwards that took the flat decode step."""
+    calls: list[int] = []
+    real = kvviz.model.decode_step
+    monkeypatch.setattr(kvviz.model, "decode_step", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def _decode_all(m: LoadedModel, idx: torch.Tensor, cache_cls: type) -> torch.Tensor:
+    """Feed idx (B, T) one token at a time from an empty cache; logits (B, T, V)."""
+    B, T = idx.shape
+    cache = cache_cls(m.config, batch=B, dtype=m.dtype)
+    out = []
+    with torch.inference_mode():
+        for t in range(T):
+            out.append(m.gpt(idx[:, t:t + 1], cache=cache))  # (B, 1, V)
+            cache.advance(1)
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("kind", list(KV_HEADS))
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("cache_cls", [StaticKVCache, ConcatKVCache])
+def test_token_by_token_decode_matches_float64_reference(
+    make_model: Callable[..., LoadedModel], threads: int, kind: str, batch: int, cache_cls: type,
+    spy: list[int],
+) -> None:
+    """Every position decoded alone (the first one into an empty cache) equals the reference.
+
+    Two threads split each one-row matmul into column blocks (batch 1); batch 2 and one thread
+    take the plain GEMM: both go through the flat step.
+    """
+    m = make_model(n_kv_head=KV_HEADS[kind], seed=7)
+    idx = torch.randint(0, 256, (batch, 20), generator=torch.Generator().manual_seed(8))
+    got = _decode_all(m, idx, cache_cls)
+    assert len(spy) == 20  # the flat step ran for every token, not the module path
+    ref, _, _ = reference_forward(m.gpt, idx)
+    torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_flat_step_equals_module_path(make_model: Callable[..., LoadedModel], bias: bool, spy: list[int]) -> None:
+    """Same cache state, same token: the flat step and the nn.Module path agree (grads on = modules)."""
+    m = make_model(bias=bias, seed=3, vocab_size=101)  # an odd vocabulary: the head copy is padded
+    idx = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
+    cache = StaticKVCache(m.config)
+    with torch.inference_mode():
+        m.gpt(idx[:, :11], cache=cache)
+        cache.advance(11)
+        flat = m.gpt(idx[:, 11:], cache=cache)  # (1, 1, 101)
+    assert len(spy) == 1 and flat.shape == (1, 1, 101)
+    with torch.enable_grad():
+        modules = m.gpt(idx[:, 11:], cache=cache)  # grads on: the module path
+    assert len(spy) == 1
+    torch.testing.assert_close(flat, modules.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_captures_from_the_flat_step_are_the_cache_contents(make_model: Callable[..., LoadedModel]) -> None:
+    m = make_model(n_kv_head=2, seed=5)
+    idx = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(6))
+    cache = StaticKVCache(m.config)
+    with torch.inference_mode():
+        m.gpt(idx[:, :8], cache=cache)
+        cache.advance(8)
+        fc = ForwardCapture(frozenset({1}))
+        m.gpt(idx[:, 8:], cache=cache, capture=fc)
+    k, v = cache.k[1][:, :, :9], cache.v[1][:, :, :9]
+    assert set(fc.k) == {1} and torch.equal(fc.k[1], k) and torch.equal(fc.v[1], v)
+    assert fc.q_last[1].shape == (1, m.config.n_head, 1, m.config.head_dim)
+    _, _, kvs = reference_forward(m.gpt, idx)
+    torch.testing.assert_close(k.double(), kvs[1][0], atol=1e-5, rtol=1e-5)  # (1, nkv, 9, hs)
+
+
+def test_half_precision_decode_uses_sdpa_and_stays_close(make_model: Callable[..., LoadedModel]) -> None:
+    m = make_model(seed=2, dtype=torch.bfloat16)
+    assert not m.gpt.decode_plan.explicit_attention  # bf16 keeps SDPA's fp32 accumulation
+    idx = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
+    got = _decode_all(m, idx, StaticKVCache)
+    ref, _, _ = reference_forward(m.gpt, idx)
+    assert float((got.double() - ref).abs().max()) < 0.05 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_plan_views_the_weights_and_follows_the_thread_count(make_model: Callable[..., LoadedModel],
+                                                           threads: int) -> None:
+    m = make_model(seed=1)
+    gpt = m.gpt
+    plan = plan_for(gpt)
+    assert plan.threads == 2
+    fc = plan.layers[0].c_fc
+    weight = gpt.transformer.h[0].mlp.c_fc.weight
+    assert fc.blocks is not None and fc.blocks.shape == (2, 32, 64)  # (s, in, out/s)
+    assert fc.blocks.data_ptr() == weight.data_ptr()  # a view: no second copy of the weights
+    torch.testing.assert_close(torch.cat(list(fc.blocks), dim=1), weight.detach(), atol=0, rtol=0)
+    torch.set_num_threads(1)
+    one = plan_for(gpt)
+    assert one.threads == 1 and one.layers[0].c_fc.blocks is None  # rebuilt: no split on one thread
+    three = build_plan(gpt, 3)  # 64 columns do not split in 3: the plain GEMM; 96 do
+    assert three.layers[0].c_fc.blocks is None and three.layers[0].c_attn.blocks.shape == (3, 32, 32)
+
+
+def test_training_and_unfrozen_models_take_the_module_path(make_model: Callable[..., LoadedModel],
+                                                         spy: list[int]) -> None:
+    m = make_model(seed=6)
+    gpt = m.gpt
+    cache = StaticKVCache(m.config)
+    tok = torch.tensor([[3]])
+    gpt.train()
+    try:
+        with torch.inference_mode():
+            gpt(tok, cache=cache)
+    finally:
+        gpt.eval()
+    assert not spy
+    with torch.inference_mode():
+        gpt(tok, cache=cache)
+    assert len(spy) == 1
