@@ -69,8 +69,11 @@ class StaticKVCache(KVCache):
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__(config, batch, device, dtype)
         shape = (batch, config.kv_heads, config.block_size, config.head_dim)
-        self.k = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        # empty, not zeros: reads never go past pos, and zero-filling touches every page of the
+        # buffer up front (3.2 ms per run for tiny's 8 MB on CPU) where a run of N tokens
+        # touches only the pages its positions land on.
+        self.k = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)  # never changes
 
     @property
@@ -78,9 +81,7 @@ class StaticKVCache(KVCache):
         return self._allocated
 
     def reset(self) -> None:
-        # Zeroing is not needed for correctness (reads stop at pos) but keeps views honest.
-        for t in self.k + self.v:
-            t.zero_()
+        # Nothing to clear: reads stop at pos, and the next tokens overwrite the old ones.
         self.pos = 0
         self.bytes_copied = 0
 
@@ -88,13 +89,14 @@ class StaticKVCache(KVCache):
         return self.k[i][:, :, : self.pos], self.v[i][:, :, : self.pos]
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start, end = self.pos, self.pos + k.shape[2]
+        start, T = self.pos, k.shape[2]
         kc, vc = self.k[layer_idx], self.v[layer_idx]
-        # Slice assignment copies into the preallocated buffer: no allocation per step.
-        kc[:, :, start:end] = k
-        vc[:, :, start:end] = v
-        self.bytes_copied += k.nbytes + v.nbytes
-        return kc[:, :, :end], vc[:, :, :end]  # views (B, nkv, end, hs)
+        # Copies into the preallocated buffer: no allocation per step. narrow + copy_ rather
+        # than slice assignment: two dispatcher calls instead of Python's indexing machinery.
+        kc.narrow(2, start, T).copy_(k)
+        vc.narrow(2, start, T).copy_(v)
+        self.bytes_copied += 2 * k.nbytes
+        return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
 
 class ConcatKVCache(KVCache):

@@ -56,7 +56,11 @@ def test_static_update_writes_at_pos_and_returns_the_prefix() -> None:
     assert cache.bytes_copied == (k1.nbytes + v1.nbytes) + (k2.nbytes + v2.nbytes)
     cache.reset()
     assert cache.pos == 0 and cache.bytes_copied == 0 and cache.layer(1)[0].shape[2] == 0
-    assert all(float(t.abs().sum()) == 0.0 for t in cache.k + cache.v)
+    # Buffers are not cleared (reads stop at pos): a reused cache returns only the new tokens.
+    k3, v3 = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 8)
+    k_all, v_all = cache.update(1, k3, v3)
+    assert torch.equal(k_all, k3) and torch.equal(v_all, v3)
+    assert cache.bytes_copied == k3.nbytes + v3.nbytes
 
 
 @pytest.mark.parametrize("cls", [StaticKVCache, ConcatKVCache])
