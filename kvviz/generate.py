@@ -128,15 +128,16 @@ class GenerationStream:
             t = N + step  # tokens in the sequence before this step's sample
             start = 0 if (cache is None or step == 0) else t - 1
             with torch.inference_mode():
-                inp = tokens[:, start:t]  # (B, T_in)
+                inp = tokens.narrow(1, start, t - start)  # (B, T_in), a view
                 fc = ForwardCapture(ref_layers) if ref_layers else None
 
                 if on_cuda:
                     torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()
-                logits = gpt(inp, positions[start:t], cache, fc, last_only=True)[:, -1, :]  # (B, V)
+                logits = gpt(inp, positions.narrow(0, start, t - start), cache, fc, last_only=True)
+                logits = logits.select(1, -1)  # (B, V)
                 nxt = sample(logits.float(), self.params, gen)  # (B,)
-                tokens[:, t] = nxt
+                tokens.select(1, t).copy_(nxt)
                 ids = nxt.tolist()  # the one host sync per step (also waits for CUDA)
                 latency_ms = (time.perf_counter() - t0) * 1000.0
 
@@ -164,9 +165,9 @@ class GenerationStream:
 
     def _event(self, step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start):  # type: ignore[no-untyped-def]
         m, cfg, tok = self.model, self.model.config, self.model.tokenizer
-        probs = torch.softmax(logits[0].float(), dim=-1)  # (V,)
+        probs = torch.softmax(logits.select(0, 0).float(), dim=-1)  # (V,)
         p, i = torch.topk(probs, min(5, probs.shape[-1]))
-        top = tuple(TopToken(int(a), tok.token_display(int(a)), float(b)) for a, b in zip(i.tolist(), p.tolist()))
+        top = tuple(TopToken(a, tok.token_display(a), b) for a, b in zip(i.tolist(), p.tolist()))
         n_in = t - start
         cached = cache is not None
         flops = forward_flops(cfg, n_in, start, 1, self.batch_size)

@@ -33,6 +33,10 @@ def display_bytes(b: bytes) -> str:
         return "".join(f"<0x{x:02X}>" for x in b)
 
 
+# Every byte's chip text, computed once: token_display runs for six tokens on every step.
+_BYTE_DISPLAY = tuple(display_bytes(bytes([i])) for i in range(256))
+
+
 class ByteTokenizer:
     """Token i is byte i (0..255). Any Unicode string encodes (as UTF-8); no unknown tokens."""
 
@@ -56,7 +60,7 @@ class ByteTokenizer:
     def token_display(self, token_id: int) -> str:
         if not 0 <= token_id < 256:
             return f"<|{token_id}|>"
-        return display_bytes(bytes([token_id]))
+        return _BYTE_DISPLAY[token_id]
 
 
 @lru_cache(maxsize=1)
@@ -86,6 +90,8 @@ class HFTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_token_id = eos_token_id
         self.name = path.name
+        self._display: dict[int, str] = {}  # token_display runs for six tokens on every step
+
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -109,7 +115,10 @@ class HFTokenizer:
         return piece.encode("utf-8")
 
     def token_display(self, token_id: int) -> str:
-        text = self.decode([token_id])
-        if "\ufffd" in text:  # a partial UTF-8 sequence: show its bytes instead
-            return display_bytes(self.token_bytes(token_id))
+        text = self._display.get(token_id)
+        if text is None:
+            text = self.decode([token_id])
+            if "\ufffd" in text:  # a partial UTF-8 sequence: show its bytes instead
+                text = display_bytes(self.token_bytes(token_id))
+            self._display[token_id] = text
         return text
