@@ -9,8 +9,8 @@ warm-up and is discarded. Throughput is wall-clock: prefill + every decode step 
 bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before reading clocks).
 
 The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
-one row each, the same kernels kvviz uses) once per token: no attention, no norms, no Python
-model code. It is what one decode step cannot go below with these kernels at this precision, so
+one row each, prepared exactly as kvviz's decode step runs them) once per token: no attention,
+no norms, no model code. It is what one decode step cannot go below with these kernels at this precision, so
 ``floor / hf`` bounds the speed-up any implementation could show over transformers here.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_d
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
 from kvviz.machine import cpu_name
-from kvviz.model import Conv1D, row_matmul
+from kvviz.decode import Matmul, plan_for
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -84,23 +84,29 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
     return hf
 
 
-def weight_matmuls(model: LoadedModel) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(weight, bias) of every matmul of a decode step, in order: each layer's four, the LM head."""
-    gpt = model.gpt
-    mats = [(m.weight, m.bias) for m in gpt.modules() if isinstance(m, Conv1D)]
-    head = gpt.lm_head_t if gpt.lm_head_t is not None else gpt.transformer.wte.weight.t()  # (C, V)
-    return mats + [(head, None)]
+def weight_matmuls(model: LoadedModel) -> list[Matmul]:
+    """Every matmul of a decode step, in order (each layer's four, then the LM head), prepared
+    as the flat decode step runs them for the current thread count."""
+    return plan_for(model.gpt).matmuls()
 
 
 def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
-    mats = weight_matmuls(model)
-    rows = {w.shape[0]: torch.randn(1, w.shape[0], device=model.device, dtype=model.dtype) for w, _ in mats}
+    plan = plan_for(model.gpt)
+    mats = plan.matmuls()
+    dev, dt = model.device, model.dtype
+    if plan.split:  # each split's own input layout: the row repeated (columns) or cut (rows)
+        s = plan.threads
+        calls = [(m.split, torch.randn(s, 1, m.w.shape[0] // s, device=dev, dtype=dt) if m.split.by_rows
+                  else torch.randn(1, 1, m.w.shape[0], device=dev, dtype=dt).expand(s, 1, -1))
+                 for m in mats if m.split is not None]
+    else:
+        calls = [(m.rows, torch.randn(1, 1, m.w.shape[0], device=dev, dtype=dt)) for m in mats]
 
     def run_floor() -> list[int]:
         with torch.inference_mode():
             for _ in range(n):  # one pass over the weights per generated token
-                for w, b in mats:
-                    row_matmul(rows[w.shape[0]], w, b)
+                for fn, x in calls:
+                    fn(x)
         return []
     return run_floor
 
@@ -157,7 +163,7 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
                               "runs": len(tps), "tokens_match": None if v == "floor" else tokens[v] == ref}
     if "floor" in variants:
-        nbytes = sum(w.nbytes + (b.nbytes if b is not None else 0) for w, b in weight_matmuls(model))
+        nbytes = sum(m.w.nbytes + (m.bias.nbytes if m.bias is not None else 0) for m in weight_matmuls(model))
         res["weight_bytes"] = nbytes  # streamed once per floor step
         res["variants"]["floor"]["GB_s_median"] = nbytes * res["variants"]["floor"]["tok_s_median"] / 1e9
     med = {v: res["variants"][v]["tok_s_median"] for v in variants}

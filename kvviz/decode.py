@@ -3,32 +3,40 @@
 Same maths as ``GPT.forward`` with a cache and T=1 (tests hold the two allclose, and both to a
 float64 reference and to transformers). It exists because a decode step of a small model is
 bound by per-op overhead, not by arithmetic: on tiny, the module path spends more time in
-Python, ``nn.Module.__call__`` and tiny kernels than in streaming the 12.9 MB of weights.
-What this path does differently, each measured on tiny (2-core EPYC, fp32, in one process):
+Python, ``nn.Module.__call__`` and small kernels than in streaming the 12.9 MB of weights, and
+each small op costs several times more inside a step than alone, because the weight stream has
+just pushed the interpreter's and the dispatcher's working set out of the CPU caches. So this
+path counts ops:
 
-- it calls the functional ops directly: no ``Module.__call__`` (39 of them per step on tiny);
-- every weight's per-thread column blocks (see ``kvviz.matmul``) are views prepared once
-  in a ``DecodePlan``, not rebuilt with five view ops per matmul per step;
-- on CPU in fp32 the one query row's attention is three ops (scaled scores, softmax, weighted
-  sum). Inside a step, SDPA's CPU flash kernel cost ~60 us per call against ~30 us for these.
-  CUDA and half precision keep SDPA (one fused kernel, fp32 accumulation).
+- functional ops only: no ``Module.__call__`` (39 of them per step on tiny);
+- weights prepared once, in a ``DecodePlan``, as views (no copies);
+- one row, 2+ CPU threads, fp32: every matmul is split so that each thread streams its share
+  of the weights (see ``kvviz.matmul``), and the splits chain without glue ops. The residual
+  stream is kept as s identical rows (s, 1, C), so a LayerNorm's output is already the input a
+  column split wants: c_attn, c_fc and the LM head split by output columns. Their outputs, the
+  row cut into s pieces, are exactly what a split by input rows wants: c_proj (fed by the
+  attention output) and the MLP projection (fed by GELU of c_fc's blocks) each multiply their
+  piece by a row block of the weight, and one sum adds the partial products. 21 ops per layer
+  instead of 27.
 
-Together: 0.77 vs 1.67 ms per step on tiny (module path), with the weight matmuls alone at ~0.5 ms.
+Measured on tiny (2-core EPYC, fp32, 60 interleaved repeats in one process, best case): the
+module path 1,268 us per step; this step with column splits only 784 us; with the chained
+splits 550 vs 669 us (the weight matmuls alone: 338 us). Batches, one thread, half precision
+and odd widths take the same flat step with plain GEMMs.
 
-A plan holds views of the weights, so it must be rebuilt after weights move or are replaced;
+A plan holds views of the weights, so it must be rebuilt after weights move or are replaced:
 ``GPT.freeze()`` (called after the final ``.to()``) does that, and ``plan_for`` rebuilds when
-the intra-op thread count changes, since the split depends on it.
+the intra-op thread count changes, since the splits depend on it.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from kvviz.matmul import split_blocks
+from kvviz.matmul import split_blocks, split_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.cache import KVCache
@@ -36,36 +44,57 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @dataclass(frozen=True)
-class PreparedMatmul:
-    """One weight, ready for ``x @ w + b`` on (B, 1, in) rows."""
+class SplitMatmul:
+    """One weight split across s threads for a single row (a batched matmul of s blocks).
+
+    by_rows False: ``blocks`` (s, in, out/s) are column blocks; the input is the row repeated s
+    times (s, 1, in) and the output (s, 1, out/s) is the full output row in block order.
+    by_rows True: ``blocks`` (s, in/s, out) are row blocks; the input is the row cut in s pieces
+    (s, 1, in/s) and the output is the sum of the partial products, (1, 1, out).
+    """
+
+    blocks: torch.Tensor
+    acc: torch.Tensor | None  # the bias laid out as the accumulator: (s, 1, out/s) or (s, 1, out)
+    by_rows: bool
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.bmm(x, self.blocks) if self.acc is None else torch.baddbmm(self.acc, x, self.blocks)
+        return y.sum(0, keepdim=True) if self.by_rows else y
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """A weight (in, out) and bias, with its one-row split when the plan has one."""
 
     w: torch.Tensor  # (in, out)
     bias: torch.Tensor | None  # (out,)
-    blocks: torch.Tensor | None  # (s, in, out/s) column blocks of w (a view), when one row splits
-    bias_blocks: torch.Tensor | None  # (s, 1, out/s) view of bias
+    split: SplitMatmul | None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        B, _, n_in = x.shape  # (B, 1, in)
-        if B == 1 and self.blocks is not None:
-            rows = x.expand(self.blocks.shape[0], 1, n_in)  # (s, 1, in), no copy
-            if self.bias_blocks is None:
-                y = torch.bmm(rows, self.blocks)  # (s, 1, out/s)
-            else:
-                y = torch.baddbmm(self.bias_blocks, rows, self.blocks)  # (s, 1, out/s)
-            return y.view(1, 1, -1)  # the blocks are the output's columns, in order
-        x2 = x.view(B, n_in)  # (B, in)
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Plain GEMM: (B, 1, in) -> (B, 1, out)."""
+        B, _, n_in = x.shape
+        x2 = x.reshape(B, n_in)  # (B, in)
         y = x2 @ self.w if self.bias is None else torch.addmm(self.bias, x2, self.w)  # (B, out)
         return y.view(B, 1, -1)
 
 
-def prepare(w: torch.Tensor, bias: torch.Tensor | None, threads: int) -> PreparedMatmul:
-    split = split_blocks(w, bias, threads)
-    blocks, bias_blocks = split if split is not None else (None, None)
-    return PreparedMatmul(w, bias, blocks, bias_blocks)
+def _matmul(w: torch.Tensor, bias: torch.Tensor | None, threads: int, by_rows: bool) -> Matmul:
+    w = w.detach()
+    bias = None if bias is None else bias.detach()
+    split = None
+    if by_rows:
+        rows = split_rows(w, bias, threads)
+        if rows is not None:
+            split = SplitMatmul(rows[0], rows[1], True)
+    else:
+        cols = split_blocks(w, bias, threads)
+        if cols is not None:
+            split = SplitMatmul(cols[0], cols[1], False)
+    return Matmul(w, bias, split)
 
 
-def _conv(m: "Conv1D", threads: int) -> PreparedMatmul:
-    return prepare(m.weight.detach(), None if m.bias is None else m.bias.detach(), threads)
+def _conv(m: "Conv1D", threads: int, by_rows: bool) -> Matmul:
+    return _matmul(m.weight, m.bias, threads, by_rows)
 
 
 def _opt(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -74,12 +103,14 @@ def _opt(t: torch.Tensor | None) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    ln_1: tuple[torch.Tensor, torch.Tensor | None]  # LayerNorm weight, bias
-    c_attn: PreparedMatmul  # (C, C + 2*kv_dim)
-    c_proj: PreparedMatmul  # (C, C)
-    ln_2: tuple[torch.Tensor, torch.Tensor | None]
-    c_fc: PreparedMatmul  # (C, 4C)
-    mlp_proj: PreparedMatmul  # (4C, C)
+    ln_1_w: torch.Tensor  # (C,)
+    ln_1_b: torch.Tensor | None
+    c_attn: Matmul  # (C, C + 2*kv_dim), split by columns
+    c_proj: Matmul  # (C, C), split by rows
+    ln_2_w: torch.Tensor
+    ln_2_b: torch.Tensor | None
+    c_fc: Matmul  # (C, 4C), split by columns
+    mlp_proj: Matmul  # (4C, C), split by rows
 
 
 @dataclass(frozen=True)
@@ -88,10 +119,14 @@ class DecodePlan:
     wte: torch.Tensor  # (V, C)
     wpe: torch.Tensor  # (block_size, C)
     layers: tuple[LayerPlan, ...]
-    ln_f: tuple[torch.Tensor, torch.Tensor | None]
-    head: PreparedMatmul  # (C, V + pad): the padded, transposed copy of wte
-    explicit_attention: bool  # three-op attention (CPU fp32) instead of SDPA
-    zero: torch.Tensor  # () placeholder input of baddbmm(beta=0)
+    ln_f_w: torch.Tensor
+    ln_f_b: torch.Tensor | None
+    head: Matmul  # (C, V + pad): the padded, transposed copy of wte, split by columns
+    split: bool  # every matmul has its split: one row takes the chained-split step
+
+    def matmuls(self) -> list[Matmul]:
+        """Every weight matmul of a step, in order: each layer's four, then the LM head."""
+        return [m for lp in self.layers for m in (lp.c_attn, lp.c_proj, lp.c_fc, lp.mlp_proj)] + [self.head]
 
 
 def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
@@ -99,22 +134,19 @@ def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
     t = gpt.transformer
     layers = tuple(
         LayerPlan(
-            ln_1=(b.ln_1.weight.detach(), _opt(b.ln_1.bias)),
-            c_attn=_conv(b.attn.c_attn, threads),
-            c_proj=_conv(b.attn.c_proj, threads),
-            ln_2=(b.ln_2.weight.detach(), _opt(b.ln_2.bias)),
-            c_fc=_conv(b.mlp.c_fc, threads),
-            mlp_proj=_conv(b.mlp.c_proj, threads),
+            ln_1_w=b.ln_1.weight.detach(), ln_1_b=_opt(b.ln_1.bias),
+            c_attn=_conv(b.attn.c_attn, threads, by_rows=False),
+            c_proj=_conv(b.attn.c_proj, threads, by_rows=True),
+            ln_2_w=b.ln_2.weight.detach(), ln_2_b=_opt(b.ln_2.bias),
+            c_fc=_conv(b.mlp.c_fc, threads, by_rows=False),
+            mlp_proj=_conv(b.mlp.c_proj, threads, by_rows=True),
         )
         for b in t.h
     )
-    w = t.wte.weight
-    return DecodePlan(
-        threads=threads, wte=w.detach(), wpe=t.wpe.weight.detach(), layers=layers,
-        ln_f=(t.ln_f.weight.detach(), _opt(t.ln_f.bias)), head=prepare(gpt.lm_head_t, None, threads),
-        explicit_attention=w.device.type == "cpu" and w.dtype == torch.float32,
-        zero=torch.zeros((), dtype=w.dtype, device=w.device),
-    )
+    head = _matmul(gpt.lm_head_t, None, threads, by_rows=False)
+    plan = DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
+                      ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head, split=False)
+    return replace(plan, split=all(m.split is not None for m in plan.matmuls()))
 
 
 def plan_for(gpt: "GPT") -> DecodePlan:
@@ -126,42 +158,46 @@ def plan_for(gpt: "GPT") -> DecodePlan:
     return plan
 
 
+def _qkv(qkv: torch.Tensor, B: int, nh: int, nkv: int, hs: int) -> tuple[torch.Tensor, ...]:
+    """One row's q, k, v: q (B, nh, 1, hs), k and v (B, nkv, 1, hs); T=1 needs no permute.
+
+    qkv is (B, 1, C + 2*kv_dim), or with B == 1 c_attn's column blocks (s, 1, (C + 2*kv_dim)/s),
+    which are the same row in the same memory order.
+    """
+    if nkv == nh:
+        return qkv.view(B, 3, nh, 1, hs).unbind(1)
+    q, k, v = qkv.view(B, -1).split([nh * hs, nkv * hs, nkv * hs], dim=1)  # (B, C), (B, kvd), (B, kvd)
+    return q.view(B, nh, 1, hs), k.view(B, nkv, 1, hs), v.view(B, nkv, 1, hs)
+
+
 def decode_step(gpt: "GPT", idx: torch.Tensor, input_pos: torch.Tensor, cache: "KVCache",
                 capture: "ForwardCapture | None") -> torch.Tensor:
     """Logits (B, 1, V) for one new token per row, idx (B, 1) at input_pos (1,), through the cache."""
     p = plan_for(gpt)
     c = gpt.config
     B = idx.shape[0]
-    C, nh, nkv, hs = c.n_embd, c.n_head, c.kv_heads, c.head_dim
-    g = nh // nkv  # query heads per K/V head
-    eps = c.layer_norm_epsilon
-    scale = 1.0 / math.sqrt(hs)
+    C, nh, nkv, hs, eps = c.n_embd, c.n_head, c.kv_heads, c.head_dim, c.layer_norm_epsilon
+    s = p.threads if (B == 1 and p.split) else 0  # the chained-split step, or plain GEMMs
     # torch.embedding / torch.layer_norm: the ATen ops without F's Python argument checks.
     x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (B, 1, C)
+    if s:
+        x = x.expand(s, 1, C)  # the residual stream as s identical rows (materialized by the first add)
     for i, lp in enumerate(p.layers):
-        h = torch.layer_norm(x, (C,), lp.ln_1[0], lp.ln_1[1], eps)  # (B, 1, C)
-        qkv = lp.c_attn(h)  # (B, 1, C + 2*kv_dim)
-        if nkv == nh:
-            q, k, v = qkv.view(B, 3, nh, 1, hs).unbind(1)  # each (B, nh, 1, hs): T=1 needs no permute
-        else:
-            q, k, v = qkv.split([C, nkv * hs, nkv * hs], dim=2)
-            q = q.view(B, nh, 1, hs)  # (B, nh, 1, hs)
-            k = k.view(B, nkv, 1, hs)  # (B, nkv, 1, hs)
-            v = v.view(B, nkv, 1, hs)
+        h = torch.layer_norm(x, (C,), lp.ln_1_w, lp.ln_1_b, eps)  # (s|B, 1, C)
+        qkv = lp.c_attn.split(h) if s else lp.c_attn.rows(h)  # (s, 1, (C+2kvd)/s) | (B, 1, C+2kvd)
+        q, k, v = _qkv(qkv, B, nh, nkv, hs)
         k, v = cache.update(i, k, v)  # every cached position: (B, nkv, S, hs)
         if capture is not None and i in capture.layers:
             capture.q_last[i], capture.k[i], capture.v[i] = q, k, v
-        if p.explicit_attention:
-            S = k.shape[2]
-            # Query head h reads K/V head h // g, so the g heads of a group are one bmm row block.
-            q3 = q.reshape(B * nkv, g, hs)  # (B*nkv, g, hs), a view when B == 1
-            scores = torch.baddbmm(p.zero, q3, k.reshape(B * nkv, S, hs).transpose(1, 2),
-                                   beta=0.0, alpha=scale)  # (B*nkv, g, S)
-            y = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * nkv, S, hs))  # (B*nkv, g, hs)
+        y = F.scaled_dot_product_attention(q, k, v, enable_gqa=nkv != nh)  # (B, nh, 1, hs)
+        if s:
+            x = x + lp.c_proj.split(y.view(s, 1, C // s))  # (s, 1, C) + (1, 1, C): the pieces of the row
+            h = torch.layer_norm(x, (C,), lp.ln_2_w, lp.ln_2_b, eps)  # (s, 1, C)
+            x = x + lp.mlp_proj.split(F.gelu(lp.c_fc.split(h), approximate="tanh"))  # (s, 1, 4C/s) -> (1, 1, C)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=nkv != nh)  # (B, nh, 1, hs)
-        x = x + lp.c_proj(y.view(B, 1, C))  # heads in order are the C columns
-        h = torch.layer_norm(x, (C,), lp.ln_2[0], lp.ln_2[1], eps)
-        x = x + lp.mlp_proj(F.gelu(lp.c_fc(h), approximate="tanh"))  # GPT-2's gelu_new
-    x = torch.layer_norm(x, (C,), p.ln_f[0], p.ln_f[1], eps)
-    return p.head(x)[..., : c.vocab_size]  # (B, 1, V): the padding columns dropped
+            x = x + lp.c_proj.rows(y.view(B, 1, C))  # heads in order are the C columns
+            h = torch.layer_norm(x, (C,), lp.ln_2_w, lp.ln_2_b, eps)
+            x = x + lp.mlp_proj.rows(F.gelu(lp.c_fc.rows(h), approximate="tanh"))  # GPT-2's gelu_new
+    x = torch.layer_norm(x, (C,), p.ln_f_w, p.ln_f_b, eps)
+    logits = p.head.split(x).view(1, 1, -1) if s else p.head.rows(x)  # (B, 1, V + pad)
+    return logits[..., : c.vocab_size]  # (B, 1, V): the padding columns dropped

@@ -30,6 +30,26 @@ def split_blocks(w: torch.Tensor, bias: torch.Tensor | None,
     return blocks, None if bias is None else bias.view(threads, 1, n_out // threads)
 
 
+def split_rows(w: torch.Tensor, bias: torch.Tensor | None,
+               threads: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """w (in, out) as ``threads`` row blocks (s, in/s, out), a view, and the bias as the
+    accumulator of the s partial products: (s, 1, out), the bias in block 0 and zeros elsewhere,
+    so that their sum is x @ w + bias. None in the cases ``split_blocks`` lists.
+
+    The input of a row split is the row cut in s pieces (s, 1, in/s): the output of a column
+    split, so two splits chain without reassembling the row (see kvviz.decode).
+    """
+    n_in, n_out = w.shape
+    if (threads < 2 or n_in % threads or w.device.type != "cpu" or w.dtype != torch.float32
+            or not w.is_contiguous()):
+        return None
+    acc = None
+    if bias is not None:
+        acc = torch.zeros(threads, 1, n_out, dtype=bias.dtype, device=bias.device)  # (s, 1, out)
+        acc[0, 0] = bias
+    return w.view(threads, n_in // threads, n_out), acc  # (s, in/s, out)
+
+
 def row_matmul(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x2 @ w (+ bias)`` for x2 (M, in) and w (in, out), one row split over the threads."""
     if x2.shape[0] == 1 and not torch.is_grad_enabled():

@@ -212,7 +212,11 @@ class GPT(nn.Module):
         self.decode_plan: DecodePlan | None = None
 
     def freeze(self) -> "GPT":
-        """Eval mode, no grads, and the transposed LM head; call after the final .to()."""
+        """Eval mode, no grads, the transposed LM head and the decode plan.
+
+        Call it after the final .to() and after any in-place change to the weights: the LM head
+        copy and the split accumulators of the decode plan are derived copies.
+        """
         self.eval()
         self.requires_grad_(False)
         # Padded to a multiple of 64 columns so row_matmul can split it across threads even for

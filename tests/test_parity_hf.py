@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kvviz
+import kvviz.decode
 from kvviz.checkpoints import LoadedModel, export_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
@@ -82,6 +83,31 @@ def test_greedy_generation_matches_hf_generate(hf: GPT2LMHeadModel, kv: LoadedMo
                              cache_kind="static" if mode == "uncached" else mode)
         assert run.generated_ids == want
         assert len(set(want)) >= 5  # not a degenerate constant sequence
+
+
+@pytest.fixture
+def two_threads() -> Any:
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("mode", ["static", "concat"])
+def test_split_decode_matches_hf_at_two_threads(hf: GPT2LMHeadModel, kv: LoadedModel, mode: str,
+                                                two_threads: None) -> None:
+    """Two threads: every decode step takes the chained column/row splits (kvviz.decode)."""
+    assert kvviz.decode.plan_for(kv.gpt).split
+    prompt = [5, 99, 250, 3, 3, 41, 300, 7, 12, 64]
+    want = _hf_greedy(hf, [prompt], 30)[0]
+    run = kvviz.generate(kv, prompt_ids=prompt, max_new_tokens=30, cache_kind=mode,
+                         capture=kvviz.Capture(logits=True))
+    assert run.generated_ids == want
+    with torch.inference_mode():
+        ref = hf(torch.tensor([prompt + want])).logits[0]  # (T, V)
+    got = np.stack([e.logits for e in run.events])  # (30, V): the logits each step sampled from
+    n = len(prompt)
+    np.testing.assert_allclose(got, ref[n - 1:n + 29].numpy(), atol=2e-5, rtol=1e-5)
 
 
 def test_batched_greedy_matches_hf(hf: GPT2LMHeadModel, kv: LoadedModel) -> None:
