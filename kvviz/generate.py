@@ -124,11 +124,13 @@ class GenerationStream:
             tokens[:, :N] = torch.tensor(self.prompt_rows, dtype=torch.long, device=dev)
             positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
             cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype) if self.use_cache else None
+        nxt = tokens  # replaced by each step's sampled ids
         for step in range(n_new):
             t = N + step  # tokens in the sequence before this step's sample
             start = 0 if (cache is None or step == 0) else t - 1
             with torch.inference_mode():
-                inp = tokens.narrow(1, start, t - start)  # (B, T_in), a view
+                # A cached decode step feeds only the token just sampled.
+                inp = nxt.view(B, 1) if start else tokens.narrow(1, 0, t)  # (B, T_in), views
                 fc = ForwardCapture(ref_layers) if ref_layers else None
 
                 if on_cuda:
@@ -136,8 +138,9 @@ class GenerationStream:
                 t0 = time.perf_counter()
                 logits = gpt(inp, positions.narrow(0, start, t - start), cache, fc, last_only=True)
                 logits = logits.select(1, -1)  # (B, V)
-                nxt = sample(logits.float(), self.params, gen)  # (B,)
-                tokens.select(1, t).copy_(nxt)
+                nxt = sample(logits if logits.dtype == torch.float32 else logits.float(), self.params, gen)  # (B,)
+                if cache is None:  # recomputing reads the whole sequence back
+                    tokens.select(1, t).copy_(nxt)
                 ids = nxt.tolist()  # the one host sync per step (also waits for CUDA)
                 latency_ms = (time.perf_counter() - t0) * 1000.0
 
@@ -165,7 +168,7 @@ class GenerationStream:
 
     def _event(self, step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start):  # type: ignore[no-untyped-def]
         m, cfg, tok = self.model, self.model.config, self.model.tokenizer
-        probs = torch.softmax(logits.select(0, 0).float(), dim=-1)  # (V,)
+        probs = torch.softmax(logits.select(0, 0), dim=-1, dtype=torch.float32)  # (V,)
         p, i = torch.topk(probs, min(5, probs.shape[-1]))
         top = tuple(TopToken(a, tok.token_display(a), b) for a, b in zip(i.tolist(), p.tolist()))
         n_in = t - start
