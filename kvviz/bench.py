@@ -31,6 +31,7 @@ import torch
 from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_device
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
+from kvviz.heap import freeze_long_lived
 from kvviz.machine import cpu_name
 from kvviz.decode import Matmul, plan_for
 
@@ -147,6 +148,7 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     with tempfile.TemporaryDirectory() as tmp:
         hf = _hf_model(model, Path(tmp) / "hf") if "hf" in variants else None
         runners = {v: _runner(v, model, hf, prompt, n) for v in variants}
+        freeze_long_lived()  # for every variant alike: no full-heap GC pauses while timing
         times: dict[str, list[float]] = {v: [] for v in variants}
         tokens: dict[str, list[int]] = {}
         for r in range(repeats + 1):

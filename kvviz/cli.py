@@ -61,10 +61,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     from kvviz.checkpoints import load_model
     from kvviz.generate import generate
+    from kvviz.heap import freeze_long_lived
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
+    freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.heap)
     run = generate(
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
         use_cache=not args.no_cache, cache_kind=args.cache_kind,

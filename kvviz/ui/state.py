@@ -20,6 +20,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
+from kvviz.heap import freeze_long_lived
 from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
 from kvviz.flops import weight_bytes
 from kvviz.model import GPTConfig
@@ -150,7 +151,9 @@ def _file_stamp(spec: str) -> float:
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the model…")
 def _load(spec: str, device: str, dtype: str, stamp: float) -> LoadedModel:
-    return load_model(spec, device=device, dtype=dtype)
+    model = load_model(spec, device=device, dtype=dtype)
+    freeze_long_lived()  # full-heap GC pauses would land inside timed steps (kvviz.heap)
+    return model
 
 
 def get_model(choice: str, device: str = "auto", dtype: str = "fp32") -> LoadedModel:

@@ -1,0 +1,28 @@
+"""kvviz.heap: garbage is collected before the long-lived heap is frozen."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+from kvviz.heap import freeze_long_lived
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def test_freeze_collects_cycles_first_then_freezes_the_survivors() -> None:
+    garbage_a, garbage_b = _Node(), _Node()
+    garbage_a.other, garbage_b.other = garbage_b, garbage_a  # a reference cycle: only the GC frees it
+    dead = weakref.ref(garbage_a)
+    del garbage_a, garbage_b
+    alive = _Node()
+    try:
+        frozen = freeze_long_lived()
+        assert dead() is None  # collected, not frozen forever
+        assert frozen == gc.get_freeze_count() > 0
+        assert not any(o is alive for o in gc.get_objects())  # survivors left the collected generations
+    finally:
+        gc.unfreeze()  # leave the test process's collector as it was
+    assert any(o is alive for o in gc.get_objects())
