@@ -39,6 +39,16 @@ def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float3
                    True, "tests")
 
 
+@pytest.fixture
+def threads(request: pytest.FixtureRequest) -> Any:
+    """Run the test with request.param intra-op threads (the suite itself runs on one):
+    ``@pytest.mark.parametrize("threads", [2], indirect=True)``."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def make_model() -> Callable[..., LoadedModel]:
     """Factory: make_model(n_kv_head=1, dtype=torch.bfloat16, seed=3, **GPTConfig overrides)."""

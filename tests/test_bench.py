@@ -82,27 +82,21 @@ def test_unwritable_out_is_refused_before_measuring(tmp_path: Path, capsys: pyte
     assert e.value.code == 2 and "cannot write the results to" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_floor_runs_every_weight_matmul_of_the_step(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The floor calls each of the step's 17 matmuls once per token, split as the step splits them."""
     from kvviz.bench import _floor_runner, weight_matmuls
     from kvviz.checkpoints import load_model
 
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        model = load_model("random:tiny")
-        mats = weight_matmuls(model)
-        assert len(mats) == 4 * 4 + 1
-        assert sum(m.w.nbytes + (m.bias.nbytes if m.bias is not None else 0) for m in mats) == _tiny_weight_bytes()
-        calls: list[str] = []
-        for name in ("bmm", "baddbmm", "addmm", "matmul"):
-            real = getattr(torch, name)
-            monkeypatch.setattr(torch, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
-        monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: calls.append("@") or torch.mm(a, b))
-        _floor_runner(model, 3)()
-        assert len(calls) == 3 * 17
-        split = {"bmm", "baddbmm"}
-        assert set(calls) <= (split if threads == 2 else {"addmm", "@"})
-    finally:
-        torch.set_num_threads(old)
+    model = load_model("random:tiny")
+    mats = weight_matmuls(model)
+    assert len(mats) == 4 * 4 + 1
+    assert sum(m.w.nbytes + (m.bias.nbytes if m.bias is not None else 0) for m in mats) == _tiny_weight_bytes()
+    calls: list[str] = []
+    for name in ("bmm", "baddbmm", "addmm", "matmul"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: calls.append("@") or torch.mm(a, b))
+    _floor_runner(model, 3)()
+    assert len(calls) == 3 * 17
+    assert set(calls) <= ({"bmm", "baddbmm"} if threads == 2 else {"addmm", "@"})

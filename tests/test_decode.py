@@ -15,14 +15,6 @@ from test_model import KV_HEADS, reference_forward
 
 
 @pytest.fixture
-def threads(request: pytest.FixtureRequest) -> object:
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
-
-
-@pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the forwards that took the flat decode step."""
     calls: list[int] = []

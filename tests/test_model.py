@@ -235,15 +235,6 @@ def test_config_defaults_and_validation() -> None:
             GPTConfig(**bad)
 
 
-@pytest.fixture
-def threads(request: pytest.FixtureRequest) -> object:
-    """Run the test with request.param intra-op threads (the suite itself runs on one)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
-
-
 @pytest.mark.parametrize("threads", [2, 3], indirect=True)
 @pytest.mark.parametrize("n_in,n_out", [(32, 96), (256, 768), (12, 7)])
 @pytest.mark.parametrize("bias", [True, False])

@@ -85,17 +85,10 @@ def test_greedy_generation_matches_hf_generate(hf: GPT2LMHeadModel, kv: LoadedMo
         assert len(set(want)) >= 5  # not a degenerate constant sequence
 
 
-@pytest.fixture
-def two_threads() -> Any:
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(old)
-
-
+@pytest.mark.parametrize("threads", [2], indirect=True)
 @pytest.mark.parametrize("mode", ["static", "concat"])
 def test_split_decode_matches_hf_at_two_threads(hf: GPT2LMHeadModel, kv: LoadedModel, mode: str,
-                                                two_threads: None) -> None:
+                                                threads: int) -> None:
     """Two threads: every decode step takes the chained column/row splits (kvviz.decode)."""
     assert kvviz.decode.plan_for(kv.gpt).split
     prompt = [5, 99, 250, 3, 3, 41, 300, 7, 12, 64]
