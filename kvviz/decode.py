@@ -22,7 +22,7 @@ path counts ops:
 Measured on tiny (2-core EPYC, fp32, 60 interleaved repeats in one process, best case): the
 module path 1,268 us per step; this step with column splits only 784 us; with the chained
 splits 550 vs 669 us (the weight matmuls alone: 338 us). Batches, one thread, half precision
-and odd widths take the same flat step with plain GEMMs.
+and odd widths take the same flat step through ``row_matmul``.
 
 A plan holds views of the weights, so it must be rebuilt after weights move or are replaced:
 ``GPT.freeze()`` (called after the final ``.to()``) does that, and ``plan_for`` rebuilds when
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from kvviz.matmul import split_blocks, split_rows
+from kvviz.matmul import row_matmul, split_blocks, split_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.cache import KVCache
@@ -71,11 +71,9 @@ class Matmul:
     split: SplitMatmul | None
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Plain GEMM: (B, 1, in) -> (B, 1, out)."""
+        """Several rows (or no split): (B, 1, in) -> (B, 1, out) through ``row_matmul``."""
         B, _, n_in = x.shape
-        x2 = x.reshape(B, n_in)  # (B, in)
-        y = x2 @ self.w if self.bias is None else torch.addmm(self.bias, x2, self.w)  # (B, out)
-        return y.view(B, 1, -1)
+        return row_matmul(x.reshape(B, n_in), self.w, self.bias).view(B, 1, -1)
 
 
 def _matmul(w: torch.Tensor, bias: torch.Tensor | None, threads: int, by_rows: bool) -> Matmul:

@@ -1,14 +1,17 @@
-"""The matmul of every layer, and how one row of it is spread over the CPU's threads.
+"""The matmul of every layer, and how it is spread over the CPU's threads.
 
 A decode step multiplies ONE row by every weight matrix, so it is bound by streaming the
 weights from memory, and MKL's one-row GEMV streams on one core at a time. On CPU with s >= 2
-intra-op threads and grads off, a single row goes through ``bmm`` over s column blocks of the
-same storage instead (a strided view, no copy): ATen hands each block to its own thread, so
-every core streams its share. Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per step.
+intra-op threads and grads off, the rows go through ``bmm`` over s column blocks of the same
+storage instead (a strided view, no copy): each thread streams its share of the weights.
+Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per decode step.
 
-One thread, several rows (prefill, batches), training, and bf16/fp16 keep the plain GEMM: the
-half-precision one-row GEMM is a different, oneDNN kernel, which the split made slower (329 vs
-455 tok/s in bf16).
+Small batches of rows gain as well, since MKL's GEMM for a few rows streams the weights no
+better: a batch of 8 rows ran 1.7-1.8x faster, a 32-token prefill 1.2-1.5x, and up to 512 rows
+the split was never slower (tiny's and gpt2-small's shapes, 12 matmuls each); beyond that the
+plain GEMM keeps them. One thread, training and bf16/fp16 keep the plain GEMM too: the
+half-precision GEMM is a different, oneDNN kernel, which the split made slower (329 vs 455 tok/s
+in bf16).
 """
 from __future__ import annotations
 
@@ -50,17 +53,22 @@ def split_rows(w: torch.Tensor, bias: torch.Tensor | None,
     return w.view(threads, n_in // threads, n_out), acc  # (s, in/s, out)
 
 
+MAX_SPLIT_ROWS = 512  # the most rows measured never slower through the split (module doc)
+
+
 def row_matmul(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 @ w (+ bias)`` for x2 (M, in) and w (in, out), one row split over the threads."""
-    if x2.shape[0] == 1 and not torch.is_grad_enabled():
+    """``x2 @ w (+ bias)`` for x2 (M, in) and w (in, out), split over the threads when it pays."""
+    M = x2.shape[0]
+    if M <= MAX_SPLIT_ROWS and not torch.is_grad_enabled():
         split = split_blocks(w, bias, torch.get_num_threads())
         if split is not None:
             blocks, bias_blocks = split
-            s, n_in, _ = blocks.shape
-            rows = x2.view(1, 1, n_in).expand(s, 1, n_in)  # (s, 1, in), no copy
+            s, n_in, n = blocks.shape
+            rows = x2.expand(s, M, n_in)  # (s, M, in), no copy
             if bias_blocks is None:
-                y = torch.bmm(rows, blocks)  # (s, 1, out/s)
+                y = torch.bmm(rows, blocks)  # (s, M, out/s)
             else:  # the bias rides along as the accumulator: one op fewer per matmul
-                y = torch.baddbmm(bias_blocks, rows, blocks)  # (s, 1, out/s)
-            return y.view(1, -1)  # the blocks are the output's columns, in order
+                y = torch.baddbmm(bias_blocks, rows, blocks)  # (s, M, out/s)
+            # One row: the blocks are the output's columns, in order. Several: interleave them.
+            return y.view(1, s * n) if M == 1 else y.transpose(0, 1).reshape(M, s * n)  # (M, out)
     return x2 @ w if bias is None else torch.addmm(bias, x2, w)
