@@ -68,11 +68,14 @@ def test_token_by_token_decode_matches_float64_reference(
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("bias", [True, False])
-def test_flat_step_equals_module_path(make_model: Callable[..., LoadedModel], bias: bool, spy: list[int]) -> None:
+def test_flat_step_equals_module_path(make_model: Callable[..., LoadedModel], bias: bool, threads: int,
+                                      spy: list[int]) -> None:
     """Same cache state, same token: the flat step and the nn.Module path agree (grads on = modules)."""
     m = make_model(bias=bias, seed=3, vocab_size=101)  # an odd vocabulary: the head copy is padded
     m = _biased(m, 3) if bias else m
+    assert m.gpt.decode_plan is not None and plan_for(m.gpt).split == (threads == 2)  # bias-free splits too
     idx = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
     cache = StaticKVCache(m.config)
     with torch.inference_mode():
