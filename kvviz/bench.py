@@ -161,27 +161,35 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     res: dict[str, Any] = {"shape": case.shape, "new_tokens": n, "prompt_len": prompt_len,
                            "params": model.num_params, "dtype": model.dtype_name, "variants": {}}
     for v in variants:
-        tps = sorted(n / t for t in times[v])
+        runs = [n / t for t in times[v]]  # in run order: repeat r of every variant ran back to back
+        tps = sorted(runs)
         res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
-                              "runs": len(tps), "tokens_match": None if v == "floor" else tokens[v] == ref}
+                              "runs": len(tps), "runs_tok_s": runs,
+                              "tokens_match": None if v == "floor" else tokens[v] == ref}
     if "floor" in variants:
         nbytes = sum(m.w.nbytes + (m.bias.nbytes if m.bias is not None else 0) for m in weight_matmuls(model))
         res["weight_bytes"] = nbytes  # streamed once per floor step
         res["variants"]["floor"]["GB_s_median"] = nbytes * res["variants"]["floor"]["tok_s_median"] / 1e9
-    med = {v: res["variants"][v]["tok_s_median"] for v in variants}
-    ratios = {}
-    if "hf" in med:
-        ratios["kvviz_static_vs_hf"] = med["kvviz_static"] / med["hf"]
-    if "kvviz_uncached" in med:
-        ratios["cached_vs_uncached"] = med["kvviz_static"] / med["kvviz_uncached"]
-    if "floor" in med:
-        ratios["kvviz_static_vs_floor"] = med["kvviz_static"] / med["floor"]
-        if "hf" in med:
-            ratios["floor_vs_hf"] = med["floor"] / med["hf"]  # the most any implementation could gain
-    if "kvviz_concat" in med:
-        ratios["static_vs_concat"] = med["kvviz_static"] / med["kvviz_concat"]
-    res["ratios"] = ratios
+    vs = res["variants"]
+    pairs = [(f"{a}_vs_{b}" if name is None else name, a, b) for name, a, b in RATIOS if a in vs and b in vs]
+    # The ratio of the medians, and the spread of the same ratio taken repeat by repeat (the two
+    # runs of a pair were seconds apart, so it shows how far the machine's drift moves it).
+    res["ratios"] = {k: vs[a]["tok_s_median"] / vs[b]["tok_s_median"] for k, a, b in pairs}
+    res["ratio_spread"] = {}
+    for k, a, b in pairs:
+        per_repeat = sorted(x / y for x, y in zip(vs[a]["runs_tok_s"], vs[b]["runs_tok_s"]))
+        res["ratio_spread"][k] = {"min": per_repeat[0], "max": per_repeat[-1]}
     return res
+
+
+# (name or None for "a_vs_b", numerator, denominator); floor / hf bounds what any implementation could gain.
+RATIOS = (
+    (None, "kvviz_static", "hf"),
+    ("cached_vs_uncached", "kvviz_static", "kvviz_uncached"),
+    (None, "kvviz_static", "floor"),
+    (None, "floor", "hf"),
+    ("static_vs_concat", "kvviz_static", "kvviz_concat"),
+)
 
 
 def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -219,7 +227,9 @@ def format_table(obj: dict[str, Any]) -> str:
             lines.append(f"{'':<11} {'':>4}  floor = weight matmuls only: {r['weight_bytes'] / 1e6:.1f} MB per "
                          f"token at {r['variants']['floor']['GB_s_median']:.1f} GB/s")
         for k, val in r["ratios"].items():
-            lines.append(f"{'':<11} {'':>4}  ratio {k}: {val:.2f}x")
+            spread = r["ratio_spread"][k]
+            lines.append(f"{'':<11} {'':>4}  ratio {k}: {val:.2f}x "
+                         f"(repeat by repeat {spread['min']:.2f}-{spread['max']:.2f}x)")
         lines.append("")
     lines.append(f"JSON written to {obj.get('out', '')}")
     return "\n".join(lines)

@@ -41,6 +41,14 @@ def test_quick_bench_writes_the_contract(tmp_path: Path, capsys: pytest.CaptureF
     assert r["kvviz_static_vs_hf"] == pytest.approx(med["kvviz_static"] / med["hf"], rel=1e-12)
     assert r["cached_vs_uncached"] == pytest.approx(med["kvviz_static"] / med["kvviz_uncached"], rel=1e-12)
     assert r["floor_vs_hf"] == pytest.approx(med["floor"] / med["hf"], rel=1e-12)
+    assert r["kvviz_static_vs_floor"] == pytest.approx(med["kvviz_static"] / med["floor"], rel=1e-12)
+    # Repeat by repeat: repeat i of kvviz over repeat i of transformers, from the runs in order.
+    runs = {k: d["runs_tok_s"] for k, d in v.items()}
+    assert all(len(x) == 2 and sorted(x) == [v[k]["tok_s_min"], v[k]["tok_s_max"]] for k, x in runs.items())
+    per_repeat = sorted(a / b for a, b in zip(runs["kvviz_static"], runs["hf"]))
+    assert main_case["ratio_spread"]["kvviz_static_vs_hf"] == pytest.approx(
+        {"min": per_repeat[0], "max": per_repeat[1]}, rel=1e-12)
+    assert set(main_case["ratio_spread"]) == set(r)
     assert main_case["weight_bytes"] == _tiny_weight_bytes() == 12_881_920
     assert v["floor"]["GB_s_median"] == pytest.approx(12_881_920 * med["floor"] / 1e9, rel=1e-12)
     assert set(cache_case["variants"]) == {"kvviz_static", "kvviz_concat"}
