@@ -446,17 +446,3 @@ def device_name(dev: torch.device) -> str:
         return f"cuda ({torch.cuda.get_device_name(dev)})"
     n = torch.get_num_threads()
     return f"cpu ({n} thread{'s' if n != 1 else ''})"
-
-
-def machine_busy() -> str | None:
-    """A warning when other processes compete for the CPU (timings are then noisier)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return None
-    cores = os.cpu_count() or 1
-    if load > 0.75 * cores:
-        return (f"The CPU is busy (load average {load:.1f} on {cores} cores): other work is competing, "
-                "so timings are noisier than usual. Medians over repeats help; the spread shows the noise. "
-                "Fewer threads than busy cores also helps: start the app with OMP_NUM_THREADS=1.")
-    return None

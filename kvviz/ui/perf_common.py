@@ -17,7 +17,8 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.measure import machine_busy, probe_machine
+from kvviz.cpu_load import busy_warning
+from kvviz.measure import probe_machine
 from kvviz.perf_stats import MachineProbe, Sample
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import get_model
@@ -67,7 +68,7 @@ def acquire_or_warn(timeout_s: float = 2.0) -> threading.Lock | None:
 
 
 def busy_note() -> None:
-    note = machine_busy()
+    note = busy_warning()
     if note:
         st.caption(":material/warning: " + note)
 
