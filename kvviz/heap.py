@@ -6,12 +6,21 @@ collection walks all of them: 74 ms on the development VM, which generation set 
 2,000 tokens, a stall worth some 90 decode steps of tiny. ``gc.freeze()`` moves what exists now
 into a permanent generation that collections skip; objects created later are collected as usual.
 
-The entry points call it once a model is loaded (the CLI, the bench, the app's model cache);
-the engine itself never touches the collector.
+Frozen objects are never collected by the cyclic collector, so only what truly lives until exit
+may be frozen. The CLI and the bench are short-lived and freeze after loading their models. The
+app is a long-lived server whose sessions hold generation streams (reference cycles, each with a
+KV cache) between reruns: it freezes once per process, at its first model load, before any
+session has a stream; models loaded later are simply collected as usual.
+
+The engine itself never touches the collector.
 """
 from __future__ import annotations
 
 import gc
+import threading
+
+_once = threading.Lock()
+_frozen_once = False
 
 
 def freeze_long_lived() -> int:
@@ -19,3 +28,14 @@ def freeze_long_lived() -> int:
     gc.collect()  # garbage is freed, not frozen
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def freeze_once() -> bool:
+    """``freeze_long_lived()`` the first time it is called in this process; True if it froze."""
+    global _frozen_once
+    with _once:
+        if _frozen_once:
+            return False
+        freeze_long_lived()
+        _frozen_once = True
+        return True

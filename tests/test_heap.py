@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import kvviz.heap as heap
 from kvviz.heap import freeze_long_lived
 
 
@@ -26,3 +27,12 @@ def test_freeze_collects_cycles_first_then_freezes_the_survivors() -> None:
     finally:
         gc.unfreeze()  # leave the test process's collector as it was
     assert any(o is alive for o in gc.get_objects())
+
+
+def test_freeze_once_freezes_only_the_first_time(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "_frozen_once", False)
+    monkeypatch.setattr(heap, "freeze_long_lived", lambda: calls.append(1) or 1)
+    assert heap.freeze_once() is True
+    assert heap.freeze_once() is False and heap.freeze_once() is False
+    assert calls == [1]  # the app's later model loads never freeze live sessions' streams

@@ -20,7 +20,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
-from kvviz.heap import freeze_long_lived
+from kvviz.heap import freeze_once
 from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
 from kvviz.flops import weight_bytes
 from kvviz.model import GPTConfig
@@ -152,7 +152,7 @@ def _file_stamp(spec: str) -> float:
 @st.cache_resource(max_entries=4, show_spinner="Loading the model…")
 def _load(spec: str, device: str, dtype: str, stamp: float) -> LoadedModel:
     model = load_model(spec, device=device, dtype=dtype)
-    freeze_long_lived()  # full-heap GC pauses would land inside timed steps (kvviz.heap)
+    freeze_once()  # torch's heap out of full GC walks; once, before any session holds a stream (kvviz.heap)
     return model
 
 
