@@ -8,7 +8,8 @@ every op, even a view, costs about a microsecond of Python and dispatch (40 extr
 0.8-1.0 us each to a step). So this path counts ops:
 
 - functional ops only: no ``Module.__call__`` (39 of them per step on tiny);
-- weights prepared once, in a ``DecodePlan``, as views (no copies);
+- weights prepared once, in a ``DecodePlan``: views of the parameters, except each row split's
+  accumulator, which holds a copy of its bias;
 - one row, 2+ CPU threads, fp32: every matmul is split so that each thread streams its share
   of the weights (see ``kvviz.matmul``), and the splits chain without glue ops. The residual
   stream is kept as s identical rows (s, 1, C), so a LayerNorm's output is already the input a
@@ -18,14 +19,16 @@ every op, even a view, costs about a microsecond of Python and dispatch (40 extr
   piece by a row block of the weight, and one sum adds the partial products. 21 ops per layer
   instead of 27.
 
-Measured on tiny (2-core EPYC, fp32, 60 interleaved repeats in one process, best case): the
-module path 1,268 us per step; this step with column splits only 784 us; with the chained
-splits 550 vs 669 us (the weight matmuls alone: 338 us). Batches, one thread, half precision
-and odd widths take the same flat step through ``row_matmul``.
+Measured on tiny (2-core EPYC, fp32, best of 60 interleaved repeats in one process): this step
+643 us against 1,075 us for the module path; in an earlier pair of runs, the chained splits
+against column splits alone, 550 vs 669 us (the weight matmuls alone: 338 us). Batches, one
+thread, half precision and odd widths take the same flat step through ``row_matmul``.
 
-A plan holds views of the weights, so it must be rebuilt after weights move or are replaced:
-``GPT.freeze()`` (called after the final ``.to()``) does that, and ``plan_for`` rebuilds when
-the intra-op thread count changes, since the splits depend on it.
+``GPT.freeze()`` (called after the final ``.to()``) builds the plan. ``plan_for`` rebuilds it
+when the intra-op thread count changes (the splits depend on it) and when a bias it copied was
+changed in place (its version counter moved), so a ``load_state_dict`` without a new
+``freeze()`` cannot leave the split path with stale biases. Replaced or moved weights still
+need ``freeze()``, as the LM head copy does.
 """
 from __future__ import annotations
 
@@ -120,6 +123,11 @@ class DecodePlan:
     ln_f_b: torch.Tensor | None
     head: Matmul  # (C, V + pad): the padded, transposed copy of wte, split by columns
     split: bool  # every matmul has its split: one row takes the chained-split step
+    copied: tuple[tuple[torch.Tensor, int], ...] = ()  # (bias, its _version) for every bias copied
+
+    def stale(self) -> bool:
+        """A copied bias was changed in place since the plan was built."""
+        return any(t._version != v for t, v in self.copied)
 
     def matmuls(self) -> list[Matmul]:
         """Every weight matmul of a step, in order: each layer's four, then the LM head."""
@@ -143,14 +151,17 @@ def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
     head = _matmul(gpt.lm_head_t, None, threads, by_rows=False)
     plan = DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
                       ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head, split=False)
-    return replace(plan, split=all(m.split is not None for m in plan.matmuls()))
+    # A detached bias shares its parameter's version counter, so in-place loads show up here.
+    copied = tuple((m.bias, m.bias._version) for m in plan.matmuls()
+                   if m.bias is not None and m.split is not None and m.split.by_rows)
+    return replace(plan, split=all(m.split is not None for m in plan.matmuls()), copied=copied)
 
 
 def plan_for(gpt: "GPT") -> DecodePlan:
     """The model's plan for the current thread count (rebuilt, cheaply, when it changed)."""
     threads = torch.get_num_threads()
     plan = gpt.decode_plan
-    if plan is None or plan.threads != threads:
+    if plan is None or plan.threads != threads or plan.stale():
         plan = gpt.decode_plan = build_plan(gpt, threads)  # a benign race: both builds are equal
     return plan
 

@@ -47,7 +47,7 @@ def _decode_all(m: LoadedModel, idx: torch.Tensor, cache_cls: type) -> torch.Ten
     return torch.cat(out, dim=1)
 
 
-@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
 @pytest.mark.parametrize("kind", list(KV_HEADS))
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("cache_cls", [StaticKVCache, ConcatKVCache])
@@ -57,10 +57,11 @@ def test_token_by_token_decode_matches_float64_reference(
 ) -> None:
     """Every position decoded alone (the first one into an empty cache) equals the reference.
 
-    Two threads split each one-row matmul into column blocks (batch 1); batch 2 and one thread
-    take the plain GEMM: both go through the flat step.
+    Two and four threads take the chained column/row splits (batch 1); batch 2 and one thread go
+    through row_matmul: all of them through the flat step.
     """
     m = _biased(make_model(n_kv_head=KV_HEADS[kind], seed=7), 7)
+    assert plan_for(m.gpt).split == (threads > 1)  # every width of SMALL divides by 2 and by 4
     idx = torch.randint(0, 256, (batch, 20), generator=torch.Generator().manual_seed(8))
     got = _decode_all(m, idx, cache_cls)
     assert len(spy) == 20  # the flat step ran for every token, not the module path
@@ -155,3 +156,22 @@ def test_training_and_unfrozen_models_take_the_module_path(make_model: Callable[
     with torch.inference_mode():
         gpt(tok, cache=cache)
     assert len(spy) == 1
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_bias_changed_in_place_without_freeze_is_picked_up(make_model: Callable[..., LoadedModel],
+                                                           threads: int) -> None:
+    """The row splits copy their biases; an in-place load (no new freeze()) must not leave them stale."""
+    m = make_model(seed=9)
+    idx = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(9))
+    before = plan_for(m.gpt)
+    g = torch.Generator().manual_seed(10)
+    with torch.no_grad():  # what load_state_dict does: copy_ into the existing parameters
+        for name, p in m.gpt.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    assert before.stale()
+    got = _decode_all(m, idx, StaticKVCache)
+    assert m.gpt.decode_plan is not before and not m.gpt.decode_plan.stale()  # rebuilt
+    ref, _, _ = reference_forward(m.gpt, idx)
+    torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
