@@ -6,12 +6,12 @@ intra-op threads and grads off, the rows go through ``bmm`` over s column blocks
 storage instead (a strided view, no copy): each thread streams its share of the weights.
 Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per decode step.
 
-Small batches of rows gain as well, since MKL's GEMM for a few rows streams the weights no
-better: a batch of 8 rows ran 1.7-1.8x faster, a 32-token prefill 1.2-1.5x, and up to 512 rows
-the split was never slower (tiny's and gpt2-small's shapes, 12 matmuls each); beyond that the
-plain GEMM keeps them. One thread, training and bf16/fp16 keep the plain GEMM too: the
-half-precision GEMM is a different, oneDNN kernel, which the split made slower (329 vs 455 tok/s
-in bf16).
+Small batches of rows gain as well, since MKL's GEMM for a few rows streams the weights little
+better. Split against plain, 2 threads: tiny's 17 matmuls of a step, median of 12 interleaved
+repeats, 1.1-1.2x for 2 to 64 rows, 1.06x at 128 and none at 256-512; gpt2-small's shapes
+1.7-1.8x for 2-8 rows, 1.24x at 32, 1.02x at 128. So up to 64 rows split (MAX_SPLIT_ROWS),
+more keep the plain GEMM. One thread, training and bf16/fp16 keep it too: the half-precision
+GEMM is a different, oneDNN kernel, which the split made slower (329 vs 455 tok/s in bf16).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def split_rows(w: torch.Tensor, bias: torch.Tensor | None,
     return w.view(threads, n_in // threads, n_out), acc  # (s, in/s, out)
 
 
-MAX_SPLIT_ROWS = 512  # the most rows measured never slower through the split (module doc)
+MAX_SPLIT_ROWS = 64  # the most rows that gained through the split on both shapes (module doc)
 
 
 def row_matmul(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
