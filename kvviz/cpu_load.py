@@ -2,8 +2,11 @@
 
 The load average counts this process too, so right after a sweep a page would blame "other
 work" for its own measuring. On Linux, the CPU time of all processes (/proc/stat) minus this
-process's own (/proc/self/stat), between two readings, gives the cores that other processes kept
-busy. Elsewhere the load average is the best there is. Pure Python, no torch.
+process's own (/proc/self/stat), between two readings, gives the cores that other work kept
+busy. Steal time counts as theirs: on a VM it is the hypervisor running other machines'
+processes on our cores. In a container /proc/stat and os.cpu_count() both describe the host, so the share is the
+host's; a CPU quota is not taken into account. Elsewhere the load average is the best there is.
+Pure Python, no torch.
 """
 from __future__ import annotations
 

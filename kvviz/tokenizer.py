@@ -92,7 +92,6 @@ class HFTokenizer:
         self.name = path.name
         self._display: dict[int, str] = {}  # token_display runs for six tokens on every step
 
-
     def encode(self, text: str) -> list[int]:
         try:
             text.encode("utf-8")
