@@ -18,6 +18,13 @@ from __future__ import annotations
 import torch
 
 
+def _splittable(w: torch.Tensor, width: int, threads: int) -> bool:
+    """Whether w can be cut into ``threads`` blocks along a dimension of ``width``: 2+ threads that
+    divide it, and a contiguous fp32 weight on the CPU."""
+    return (threads >= 2 and width % threads == 0 and w.device.type == "cpu" and w.dtype == torch.float32
+            and w.is_contiguous())
+
+
 def split_blocks(w: torch.Tensor, bias: torch.Tensor | None,
                  threads: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """w (in, out) as ``threads`` column blocks (s, in, out/s) and bias as (s, 1, out/s), both views.
@@ -26,8 +33,7 @@ def split_blocks(w: torch.Tensor, bias: torch.Tensor | None,
     not divide, a non-CPU or non-fp32 weight, or a weight that is not contiguous.
     """
     n_in, n_out = w.shape
-    if (threads < 2 or n_out % threads or w.device.type != "cpu" or w.dtype != torch.float32
-            or not w.is_contiguous()):
+    if not _splittable(w, n_out, threads):
         return None
     blocks = w.view(n_in, threads, n_out // threads).permute(1, 0, 2)  # (s, in, out/s)
     return blocks, None if bias is None else bias.view(threads, 1, n_out // threads)
@@ -43,8 +49,7 @@ def split_rows(w: torch.Tensor, bias: torch.Tensor | None,
     split, so two splits chain without reassembling the row (see kvviz.decode).
     """
     n_in, n_out = w.shape
-    if (threads < 2 or n_in % threads or w.device.type != "cpu" or w.dtype != torch.float32
-            or not w.is_contiguous()):
+    if not _splittable(w, n_in, threads):
         return None
     acc = None
     if bias is not None:
