@@ -10,8 +10,9 @@ bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before
 
 The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
 one row each, prepared exactly as kvviz's decode step runs them) once per token: no attention,
-no norms, no model code. It is what one decode step cannot go below with these kernels at this precision, so
-``floor / hf`` bounds the speed-up any implementation could show over transformers here.
+no norms, no model code. It is what one decode step cannot go below with these kernels at this
+precision, so ``floor / hf`` bounds the speed-up any implementation could show over
+transformers here.
 """
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ from typing import Any, Callable
 import torch
 
 from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_device
+from kvviz.decode import Matmul, plan_for
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
 from kvviz.heap import freeze_long_lived
 from kvviz.machine import cpu_name
-from kvviz.decode import Matmul, plan_for
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 

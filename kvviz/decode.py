@@ -32,7 +32,7 @@ need ``freeze()``, as the LM head copy does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -130,8 +130,12 @@ class DecodePlan:
         return any(t._version != v for t, v in self.copied)
 
     def matmuls(self) -> list[Matmul]:
-        """Every weight matmul of a step, in order: each layer's four, then the LM head."""
-        return [m for lp in self.layers for m in (lp.c_attn, lp.c_proj, lp.c_fc, lp.mlp_proj)] + [self.head]
+        return _step_matmuls(self.layers, self.head)
+
+
+def _step_matmuls(layers: tuple[LayerPlan, ...], head: Matmul) -> list[Matmul]:
+    """Every weight matmul of a step, in order: each layer's four, then the LM head."""
+    return [m for lp in layers for m in (lp.c_attn, lp.c_proj, lp.c_fc, lp.mlp_proj)] + [head]
 
 
 def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
@@ -149,16 +153,17 @@ def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
         for b in t.h
     )
     head = _matmul(gpt.lm_head_t, None, threads, by_rows=False)
-    plan = DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
-                      ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head, split=False)
+    mats = _step_matmuls(layers, head)
     # A detached bias shares its parameter's version counter, so in-place loads show up here.
-    copied = tuple((m.bias, m.bias._version) for m in plan.matmuls()
+    copied = tuple((m.bias, m.bias._version) for m in mats
                    if m.bias is not None and m.split is not None and m.split.by_rows)
-    return replace(plan, split=all(m.split is not None for m in plan.matmuls()), copied=copied)
+    return DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
+                      ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head,
+                      split=all(m.split is not None for m in mats), copied=copied)
 
 
 def plan_for(gpt: "GPT") -> DecodePlan:
-    """The model's plan for the current thread count (rebuilt, cheaply, when it changed)."""
+    """The model's plan, rebuilt (cheaply) when the thread count changed or a copied bias moved."""
     threads = torch.get_num_threads()
     plan = gpt.decode_plan
     if plan is None or plan.threads != threads or plan.stale():

@@ -214,8 +214,8 @@ class GPT(nn.Module):
     def freeze(self) -> "GPT":
         """Eval mode, no grads, the transposed LM head and the decode plan.
 
-        Call it after the final .to() and after any in-place change to the weights: the LM head
-        copy and the split accumulators of the decode plan are derived copies.
+        Call it after the final .to() and after any in-place change to wte: the LM head is a
+        derived copy. (The decode plan's copied biases are version-checked by ``plan_for``.)
         """
         self.eval()
         self.requires_grad_(False)

@@ -20,9 +20,9 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
-from kvviz.heap import freeze_once
 from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
 from kvviz.flops import weight_bytes
+from kvviz.heap import freeze_once
 from kvviz.model import GPTConfig
 from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
 
