@@ -1,0 +1,96 @@
+/* One row through one linear layer, fp32, on the CPU threads: y = act(LN(x) @ W + b) + res.
+ *
+ * Why this exists: a decode step multiplies ONE row by every weight matrix, so it is bound by
+ * streaming the weights. MKL's kernels for a single row stream them at about a third of what
+ * this machine's caches deliver (tiny's 12.6 MB of matmuls: ~270 us through bmm over column
+ * blocks, ~140 us here, 2 threads). Each call also fuses what would be separate PyTorch ops
+ * around the matmul (LayerNorm before; bias, GELU and the residual add after), and every op
+ * saved is about a microsecond of dispatch. kvviz/rowops.py builds and loads this file; the
+ * flat decode step (kvviz/decode.py) calls it; tests hold it to PyTorch's ops.
+ *
+ * W is GPT-2's Conv1D layout, (n_in, n_out) row-major, read in place (no packed copy). The
+ * output columns are cut into tiles of TILE; a tile's accumulators stay in registers while the
+ * loop walks the rows of W, reading TILE contiguous floats per row. Threads share out tiles.
+ */
+#include <math.h>
+#include <stddef.h>
+
+#define TILE 128
+#define MAX_LN 16384 /* widest LayerNorm input, checked on the Python side too */
+
+typedef struct {
+    const float *w;    /* (n_in, n_out), row-major */
+    const float *bias; /* (n_out,) or NULL */
+    const float *ln_w; /* (n_in,) or NULL: LayerNorm the input first */
+    const float *ln_b; /* (n_in,) or NULL */
+    float eps;
+    int n_in;
+    int n_out;
+    int gelu; /* 1: GPT-2's tanh-approximated GELU on the output (gelu_new) */
+} kv_linear;
+
+static void layer_norm(const float *x, const kv_linear *p, float *out) {
+    /* Two passes in double: the mean and biased variance PyTorch's layer_norm uses. */
+    double sum = 0.0, var = 0.0;
+    for (int i = 0; i < p->n_in; i++) sum += x[i];
+    double mean = sum / p->n_in;
+    for (int i = 0; i < p->n_in; i++) var += (x[i] - mean) * (x[i] - mean);
+    float m = (float)mean, rstd = (float)(1.0 / sqrt(var / p->n_in + p->eps));
+    for (int i = 0; i < p->n_in; i++) {
+        float v = (x[i] - m) * rstd * p->ln_w[i];
+        out[i] = p->ln_b ? v + p->ln_b[i] : v;
+    }
+}
+
+static inline float gelu_tanh(float v) {
+    const float beta = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * v * (1.0f + tanhf(beta * (v + 0.044715f * v * v * v)));
+}
+
+/* Columns c0 .. c0+width of the output; width == TILE lets the compiler unroll into registers. */
+static inline void tile(const kv_linear *p, const float *x, const float *res, float *y, int c0,
+                        int width) {
+    float acc[TILE];
+    for (int j = 0; j < width; j++) acc[j] = 0.0f;
+    const float *w = p->w + c0;
+    for (int i = 0; i < p->n_in; i++) {
+        const float xi = x[i];
+        const float *wr = w + (size_t)i * p->n_out;
+        for (int j = 0; j < width; j++) acc[j] += xi * wr[j];
+    }
+    for (int j = 0; j < width; j++) {
+        float v = p->bias ? acc[j] + p->bias[c0 + j] : acc[j];
+        if (p->gelu) v = gelu_tanh(v);
+        y[c0 + j] = res ? res[c0 + j] + v : v;
+    }
+}
+
+static void full_tile(const kv_linear *p, const float *x, const float *res, float *y, int c0) {
+    tile(p, x, res, y, c0, TILE);
+}
+
+/* y (n_out,) = act(LN(x) @ W + bias) (+ res), on up to n_threads OpenMP threads.
+ * x (n_in,), res (n_out,) or NULL, y (n_out,): contiguous fp32, y distinct from x and res. */
+void kv_linear_row(const kv_linear *p, const float *x, const float *res, float *y, int n_threads) {
+    float xn[p->ln_w ? p->n_in : 1];
+    if (p->ln_w) {
+        layer_norm(x, p, xn); /* once, on the calling thread: n_in floats, well under a microsecond */
+        x = xn;
+    }
+    const int n_tiles = (p->n_out + TILE - 1) / TILE;
+    const int last = n_tiles - 1, tail = p->n_out - last * TILE;
+    int nt = n_threads < n_tiles ? n_threads : n_tiles;
+    if (nt < 1) nt = 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int t = 0; t < n_tiles; t++) {
+        if (t == last && tail != TILE)
+            tile(p, x, res, y, t * TILE, tail);
+        else
+            full_tile(p, x, res, y, t * TILE);
+    }
+}
+
+/* The constants the Python side checks before it trusts this build. */
+int kv_tile(void) { return TILE; }
+int kv_max_ln(void) { return MAX_LN; }
+int kv_struct_size(void) { return (int)sizeof(kv_linear); }
