@@ -35,6 +35,8 @@ from kvviz.errors import KVVizError
 from kvviz.generate import generate
 from kvviz.heap import freeze_long_lived
 from kvviz.machine import cpu_name
+from kvviz import rowops
+from kvviz.rowops import row_linear
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -66,7 +68,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def machine_info(device: torch.device) -> dict[str, Any]:
     info = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+            "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+            "row_kernel": rowops.status()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -94,15 +97,14 @@ def weight_matmuls(model: LoadedModel) -> list[Matmul]:
 
 def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
     plan = plan_for(model.gpt)
-    mats = plan.matmuls()
     dev, dt = model.device, model.dtype
-    if plan.split:  # each split's own input layout: the row repeated (columns) or cut (rows)
-        s = plan.threads
-        calls = [(m.split, torch.randn(s, 1, m.w.shape[0] // s, device=dev, dtype=dt) if m.split.by_rows
-                  else torch.randn(1, 1, m.w.shape[0], device=dev, dtype=dt).expand(s, 1, -1))
-                 for m in mats if m.split is not None]
-    else:
-        calls = [(m.rows, torch.randn(1, 1, m.w.shape[0], device=dev, dtype=dt)) for m in mats]
+    calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = []
+    for m in plan.matmuls():
+        one = row_linear(m.w, m.bias, plan.threads) if plan.row_ops is not None else None
+        if one is not None:  # the C kernel the step runs, without its fused LayerNorm/GELU/residual
+            calls.append((one, torch.randn(m.w.shape[0], device=dev, dtype=dt)))
+        else:
+            calls.append((m.rows, torch.randn(1, 1, m.w.shape[0], device=dev, dtype=dt)))
 
     def run_floor() -> list[int]:
         with torch.inference_mode():
@@ -217,6 +219,7 @@ def format_table(obj: dict[str, Any]) -> str:
     m = obj["machine"]
     lines = [f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)"
              f" · device {m['device']}{' · ' + m['gpu'] if 'gpu' in m else ''}",
+             f"one-row kernel: {m.get('row_kernel', 'n/a')}",
              f"median of {obj['repeats']} interleaved runs (min-max), greedy, batch 1", ""]
     lines.append(f"{'shape':<11} {'new':>4}  {'variant':<15} {'tok/s':>9}  {'min-max':>17}  same tokens")
     for r in obj["results"]:

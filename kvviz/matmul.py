@@ -1,10 +1,11 @@
 """The matmul of every layer, and how it is spread over the CPU's threads.
 
-A decode step multiplies ONE row by every weight matrix, so it is bound by streaming the
-weights from memory, and MKL's one-row GEMV streams on one core at a time. On CPU with s >= 2
-intra-op threads and grads off, the rows go through ``bmm`` over s column blocks of the same
-storage instead (a strided view, no copy): each thread streams its share of the weights.
-Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per decode step.
+A few rows times a weight matrix is bound by streaming the weights from memory, and MKL's GEMM
+for a few rows streams on one core at a time. On CPU with s >= 2 intra-op threads and grads
+off, the rows go through ``bmm`` over s column blocks of the same storage instead (a strided
+view, no copy): each thread streams its share of the weights. (One fp32 row in a decode step
+goes to the C kernel of ``kvviz.rowops`` where it can; this is its fallback, and the path of
+prefill and batches.) Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per decode step.
 
 Small batches of rows gain as well, since MKL's GEMM for a few rows streams the weights little
 better. Split against plain, 2 threads: tiny's 17 matmuls of a step, median of 12 interleaved
@@ -18,44 +19,19 @@ from __future__ import annotations
 import torch
 
 
-def _splittable(w: torch.Tensor, width: int, threads: int) -> bool:
-    """Whether w can be cut into ``threads`` blocks along a dimension of ``width``: 2+ threads that
-    divide it, and a contiguous fp32 weight on the CPU."""
-    return (threads >= 2 and width % threads == 0 and w.device.type == "cpu" and w.dtype == torch.float32
-            and w.is_contiguous())
-
-
 def split_blocks(w: torch.Tensor, bias: torch.Tensor | None,
                  threads: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """w (in, out) as ``threads`` column blocks (s, in, out/s) and bias as (s, 1, out/s), both views.
 
-    None when a one-row product should stay a plain GEMM: one thread, a width the threads do
+    None when the product should stay a plain GEMM: one thread, a width the threads do
     not divide, a non-CPU or non-fp32 weight, or a weight that is not contiguous.
     """
     n_in, n_out = w.shape
-    if not _splittable(w, n_out, threads):
+    if not (threads >= 2 and n_out % threads == 0 and w.device.type == "cpu" and w.dtype == torch.float32
+            and w.is_contiguous()):
         return None
     blocks = w.view(n_in, threads, n_out // threads).permute(1, 0, 2)  # (s, in, out/s)
     return blocks, None if bias is None else bias.view(threads, 1, n_out // threads)
-
-
-def split_rows(w: torch.Tensor, bias: torch.Tensor | None,
-               threads: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """w (in, out) as ``threads`` row blocks (s, in/s, out), a view, and the bias as the
-    accumulator of the s partial products: (s, 1, out), the bias in block 0 and zeros elsewhere,
-    so that their sum is x @ w + bias. None in the cases ``split_blocks`` lists.
-
-    The input of a row split is the row cut in s pieces (s, 1, in/s): the output of a column
-    split, so two splits chain without reassembling the row (see kvviz.decode).
-    """
-    n_in, n_out = w.shape
-    if not _splittable(w, n_in, threads):
-        return None
-    acc = None
-    if bias is not None:
-        acc = torch.zeros(threads, 1, n_out, dtype=bias.dtype, device=bias.device)  # (s, 1, out)
-        acc[0, 0] = bias
-    return w.view(threads, n_in // threads, n_out), acc  # (s, in/s, out)
 
 
 MAX_SPLIT_ROWS = 64  # the most rows that gained through the split on both shapes (module doc)

@@ -92,7 +92,9 @@ def test_unwritable_out_is_refused_before_measuring(tmp_path: Path, capsys: pyte
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_floor_runs_every_weight_matmul_of_the_step(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The floor calls each of the step's 17 matmuls once per token, split as the step splits them."""
+    """The floor calls each of the step's 17 matmuls once per token, through the kernels the step
+    uses: the C row kernel where it builds, else the split (2 threads) or plain GEMMs."""
+    from kvviz import rowops
     from kvviz.bench import _floor_runner, weight_matmuls
     from kvviz.checkpoints import load_model
 
@@ -105,6 +107,11 @@ def test_floor_runs_every_weight_matmul_of_the_step(threads: int, monkeypatch: p
         real = getattr(torch, name)
         monkeypatch.setattr(torch, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
     monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: calls.append("@") or torch.mm(a, b))
+    real_row = rowops.RowLinear.__call__
+    monkeypatch.setattr(rowops.RowLinear, "__call__", lambda self, *a: calls.append("c") or real_row(self, *a))
     _floor_runner(model, 3)()
     assert len(calls) == 3 * 17
-    assert set(calls) <= ({"bmm", "baddbmm"} if threads == 2 else {"addmm", "@"})
+    if rowops.load() is not None:
+        assert set(calls) == {"c"}
+    else:
+        assert set(calls) <= ({"bmm", "baddbmm"} if threads == 2 else {"addmm", "@"})

@@ -268,7 +268,8 @@ def test_row_matmul_split_matches_float64(threads: int, n_in: int, n_out: int, b
 @pytest.mark.parametrize("threads", [2], indirect=True)
 def test_split_decode_with_odd_vocab_matches_full_forward(make_model: Callable[..., LoadedModel],
                                                           threads: int) -> None:
-    """Two threads (split one-row matmuls) and a 101-token vocabulary (a padded LM head)."""
+    """Two threads (the one-row C kernel, or split matmuls without it) and a 101-token vocabulary
+    (a padded LM head, whose last tile is short)."""
     m = make_model(vocab_size=101, seed=4)
     idx = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
@@ -278,7 +279,7 @@ def test_split_decode_with_odd_vocab_matches_full_forward(make_model: Callable[.
         cache.advance(8)
         steps = []
         for t in range(8, 24):
-            steps.append(m.gpt(idx[:, t:t + 1], cache=cache))  # (1, 1, 101): one row, split
+            steps.append(m.gpt(idx[:, t:t + 1], cache=cache))  # (1, 1, 101): one row, the flat step
             cache.advance(1)
     got = torch.cat(steps, dim=1)
     assert got.shape == (1, 16, 101)
