@@ -208,14 +208,14 @@ class GPT(nn.Module):
         # Inference-only copy of wte as (C, V+pad): the LM head is the biggest matmul of a decode
         # step and the (in, out) layout runs it ~2x faster on CPU. Built by freeze(), never trained.
         self.lm_head_t: torch.Tensor | None = None
-        # Weight views for the flat one-token decode step (kvviz.decode); also built by freeze().
+        # Weight views and C row ops for the flat one-token decode step (kvviz.decode); built by freeze().
         self.decode_plan: DecodePlan | None = None
 
     def freeze(self) -> "GPT":
         """Eval mode, no grads, the transposed LM head and the decode plan.
 
         Call it after the final .to() and after any in-place change to wte: the LM head is a
-        derived copy. (The decode plan's copied biases are version-checked by ``plan_for``.)
+        derived copy. (The decode plan reads every other parameter in place.)
         """
         self.eval()
         self.requires_grad_(False)

@@ -33,7 +33,8 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ln: tup
 
 @needs_c
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
-@pytest.mark.parametrize("n_in,n_out", [(256, 768), (1024, 256), (32, 96), (100, 37), (64, 300), (7, 129)])
+@pytest.mark.parametrize("n_in,n_out", [(256, 768), (1024, 256), (32, 96), (100, 37), (64, 300), (7, 129),
+                                        (33, 2304), (20, 1025), (13, 1500)])
 @pytest.mark.parametrize("ln,gelu,res,bias", [
     (False, False, False, True),  # plain: c_proj without its residual (the bench floor)
     (True, False, False, True),  # LN1 + c_attn
@@ -44,7 +45,8 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ln: tup
 def test_row_linear_matches_float64(threads: int, n_in: int, n_out: int, ln: bool, gelu: bool, res: bool,
                                     bias: bool) -> None:
     """Every fusion, widths that are not multiples of the 128-column tile (a short last tile,
-    fewer tiles than threads), and thread counts that do not divide the tiles."""
+    fewer tiles than threads), thread counts that do not divide the tiles, and outputs wider
+    than 1,024 columns (the row-blocked order, with row counts that 8 does not divide)."""
     g = torch.Generator().manual_seed(n_in * 1000 + n_out)
     x = torch.randn(n_in, generator=g)
     w = torch.randn(n_in, n_out, generator=g) / n_in ** 0.5

@@ -13,10 +13,13 @@
  * loop walks the rows of W, reading TILE contiguous floats per row. Threads share out tiles.
  */
 #include <math.h>
+#include <omp.h>
 #include <stddef.h>
 
 #define TILE 128
 #define MAX_LN 16384 /* widest LayerNorm input, checked on the Python side too */
+#define WIDE_ROW 1024 /* wider outputs take the row-blocked order (a row of W spans pages) */
+#define ROW_BLOCK 8
 
 typedef struct {
     const float *w;    /* (n_in, n_out), row-major */
@@ -66,7 +69,16 @@ static inline float gelu_tanh(float v) {
     return 0.5f * v * (2.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f));
 }
 
-/* Columns c0 .. c0+width of the output; width == TILE lets the compiler unroll into registers. */
+/* The epilogue of output column c: bias, GELU, residual. */
+static inline float finish(const kv_linear *p, float v, const float *res, int c) {
+    if (p->bias) v += p->bias[c];
+    if (p->gelu) v = gelu_tanh(v);
+    return res ? res[c] + v : v;
+}
+
+/* Columns c0 .. c0+width of the output over all rows; width == TILE lets the compiler keep the
+ * accumulators in registers. Best while a row of W spans at most a page (n_out <= 1024): the
+ * tile's reads then step through a few pages at a time, which the prefetchers follow. */
 static inline void tile(const kv_linear *p, const float *x, const float *res, float *y, int c0,
                         int width) {
     float acc[TILE];
@@ -77,15 +89,51 @@ static inline void tile(const kv_linear *p, const float *x, const float *res, fl
         const float *wr = w + (size_t)i * p->n_out;
         for (int j = 0; j < width; j++) acc[j] += xi * wr[j];
     }
-    for (int j = 0; j < width; j++) {
-        float v = p->bias ? acc[j] + p->bias[c0 + j] : acc[j];
-        if (p->gelu) v = gelu_tanh(v);
-        y[c0 + j] = res ? res[c0 + j] + v : v;
-    }
+    for (int j = 0; j < width; j++) y[c0 + j] = finish(p, acc[j], res, c0 + j);
 }
 
 static void full_tile(const kv_linear *p, const float *x, const float *res, float *y, int c0) {
     tile(p, x, res, y, c0, TILE);
+}
+
+/* Rows i0 .. i1 of columns c .. c+width, added into y. */
+static inline void block(const kv_linear *p, const float *x, float *y, int c, int i0, int i1,
+                         int width) {
+    float acc[TILE];
+    for (int j = 0; j < width; j++) acc[j] = y[c + j];
+    for (int i = i0; i < i1; i++) {
+        const float xi = x[i];
+        const float *wr = p->w + (size_t)i * p->n_out + c;
+        for (int j = 0; j < width; j++) acc[j] += xi * wr[j];
+    }
+    for (int j = 0; j < width; j++) y[c + j] = acc[j];
+}
+
+/* Wide rows (n_out > 1024: a row of W spans pages): each thread owns a contiguous range of
+ * tiles and sweeps ROW_BLOCK rows at a time across all of it, so it reads its share of each row
+ * front to back, and the partial sums wait in y (a few KB, in L1/L2). On gpt2-small's shapes
+ * this streams as fast as MKL (19.5 vs 19.0 ms for a step's 49 matmuls, best of 9), where the
+ * tile order took 26 ms; on tiny's narrow rows the tile order is faster (134 vs 158 us). */
+static void row_blocked(const kv_linear *p, const float *x, const float *res, float *y, int nt) {
+    const int n_tiles = (p->n_out + TILE - 1) / TILE;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int tid = omp_get_thread_num(), n = omp_get_num_threads();
+        const int c0 = (int)((long)n_tiles * tid / n) * TILE;
+        int c1 = (int)((long)n_tiles * (tid + 1) / n) * TILE;
+        if (c1 > p->n_out) c1 = p->n_out;
+        for (int c = c0; c < c1; c++) y[c] = 0.0f;
+        for (int i0 = 0; i0 < p->n_in; i0 += ROW_BLOCK) {
+            const int i1 = i0 + ROW_BLOCK < p->n_in ? i0 + ROW_BLOCK : p->n_in;
+            for (int c = c0; c < c1; c += TILE) {
+                if (c1 - c >= TILE)
+                    block(p, x, y, c, i0, i1, TILE);
+                else
+                    block(p, x, y, c, i0, i1, c1 - c);
+            }
+        }
+        for (int c = c0; c < c1; c++) y[c] = finish(p, y[c], res, c);
+    }
 }
 
 /* y (n_out,) = act(LN(x) @ W + bias) (+ res), on up to n_threads OpenMP threads.
@@ -100,6 +148,10 @@ void kv_linear_row(const kv_linear *p, const float *x, const float *res, float *
     const int last = n_tiles - 1, tail = p->n_out - last * TILE;
     int nt = n_threads < n_tiles ? n_threads : n_tiles;
     if (nt < 1) nt = 1;
+    if (p->n_out > WIDE_ROW) {
+        row_blocked(p, x, res, y, nt);
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int t = 0; t < n_tiles; t++) {
         if (t == last && tail != TILE)
