@@ -193,3 +193,31 @@ def test_weights_changed_in_place_without_freeze_are_picked_up(make_model: Calla
     assert m.gpt.decode_plan is before  # nothing to rebuild
     ref, _, _ = reference_forward(m.gpt, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_concurrent_streams_on_one_model_match_sequential_runs(random_models: dict[str, LoadedModel],
+                                                               threads: int, kernel: str) -> None:
+    """The app runs each browser session in its own thread over the one cached model: the C row
+    ops (an OpenMP team per calling thread) and the plan must hold no per-run state."""
+    import threading
+
+    import kvviz
+
+    m = random_models["tiny"]
+    m.gpt.decode_plan = None  # rebuilt for this test's kernel and thread count
+    prompts = [[1, 2, 3], [200, 100, 50, 25], [7] * 9, [42, 43]]
+    want = [kvviz.generate(m, prompt_ids=p, max_new_tokens=40).generated_ids for p in prompts]
+    got: list[list[int] | None] = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        got[i] = kvviz.generate(m, prompt_ids=prompts[i], max_new_tokens=40).generated_ids
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert got == want
+    assert (plan_for(m.gpt).row_ops is not None) == (kernel == "c")
+    m.gpt.decode_plan = None  # leave the session model to rebuild its own plan
