@@ -29,14 +29,13 @@ from typing import Any, Callable
 
 import torch
 
+from kvviz import rowops
 from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_device
 from kvviz.decode import Matmul, plan_for
 from kvviz.errors import KVVizError
 from kvviz.generate import generate
 from kvviz.heap import freeze_long_lived
 from kvviz.machine import cpu_name
-from kvviz import rowops
-from kvviz.rowops import row_linear
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -100,7 +99,7 @@ def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
     dev, dt = model.device, model.dtype
     calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = []
     for m in plan.matmuls():
-        one = row_linear(m.w, m.bias, plan.threads) if plan.row_ops is not None else None
+        one = rowops.row_linear(m.w, m.bias, plan.threads) if plan.rows is not None else None
         if one is not None:  # the C kernel the step runs, without its fused LayerNorm/GELU/residual
             calls.append((one, torch.randn(m.w.shape[0], device=dev, dtype=dt)))
         else:

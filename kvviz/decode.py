@@ -86,6 +86,14 @@ class LayerRowOps:
 
 
 @dataclass(frozen=True)
+class RowPlan:
+    """The whole one-row step's calls into C: four per layer, then ln_f + the LM head."""
+
+    layers: tuple[LayerRowOps, ...]
+    head: RowLinear  # ln_f + LM head: x (C,) -> (V + pad,)
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     threads: int  # torch.get_num_threads() the row ops were made for
     wte: torch.Tensor  # (V, C)
@@ -94,16 +102,14 @@ class DecodePlan:
     ln_f_w: torch.Tensor
     ln_f_b: torch.Tensor | None
     head: Matmul  # (C, V + pad): the padded, transposed copy of wte
-    row_ops: tuple[LayerRowOps, ...] | None = None  # one row through C; None where it cannot run
-    head_row: RowLinear | None = None  # ln_f + LM head: x (C,) -> (V + pad,)
+    rows: RowPlan | None = None  # one row through C; None where it cannot run
 
     def matmuls(self) -> list[Matmul]:
         """Every weight matmul of a step, in order: each layer's four, then the LM head."""
         return [m for lp in self.layers for m in (lp.c_attn, lp.c_proj, lp.c_fc, lp.mlp_proj)] + [self.head]
 
 
-def _row_ops(gpt: "GPT", layers: tuple[LayerPlan, ...], head: Matmul,
-             threads: int) -> tuple[tuple[LayerRowOps, ...], RowLinear] | None:
+def _row_plan(gpt: "GPT", layers: tuple[LayerPlan, ...], head: Matmul, threads: int) -> RowPlan | None:
     """The C row ops for every layer and the head, or None if any of them cannot be had."""
     eps = gpt.config.layer_norm_epsilon
     ops = []
@@ -117,7 +123,7 @@ def _row_ops(gpt: "GPT", layers: tuple[LayerPlan, ...], head: Matmul,
         ops.append(LayerRowOps(*four))  # type: ignore[arg-type]
     t = gpt.transformer
     head_row = row_linear(head.w, None, threads, ln=(t.ln_f.weight.detach(), _opt(t.ln_f.bias), eps))
-    return None if head_row is None else (tuple(ops), head_row)
+    return None if head_row is None else RowPlan(tuple(ops), head_row)
 
 
 def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
@@ -132,10 +138,9 @@ def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
         for b in t.h
     )
     head = Matmul(gpt.lm_head_t, None)
-    rows = _row_ops(gpt, layers, head, threads)
     return DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
                       ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head,
-                      row_ops=None if rows is None else rows[0], head_row=None if rows is None else rows[1])
+                      rows=_row_plan(gpt, layers, head, threads))
 
 
 def plan_for(gpt: "GPT") -> DecodePlan:
@@ -160,8 +165,8 @@ def decode_step(gpt: "GPT", idx: torch.Tensor, input_pos: torch.Tensor, cache: "
                 capture: "ForwardCapture | None") -> torch.Tensor:
     """Logits (B, 1, V) for one new token per row, idx (B, 1) at input_pos (1,), through the cache."""
     p = plan_for(gpt)
-    if idx.shape[0] == 1 and p.row_ops is not None and p.head_row is not None:
-        return _one_row(gpt, p, p.row_ops, p.head_row, idx, input_pos, cache, capture)
+    if idx.shape[0] == 1 and p.rows is not None:
+        return _one_row(gpt, p, p.rows, idx, input_pos, cache, capture)
     c = gpt.config
     B = idx.shape[0]
     C, nh, nkv, hs, eps = c.n_embd, c.n_head, c.kv_heads, c.head_dim, c.layer_norm_epsilon
@@ -181,20 +186,20 @@ def decode_step(gpt: "GPT", idx: torch.Tensor, input_pos: torch.Tensor, cache: "
     return p.head.rows(x)[..., : c.vocab_size]  # (B, 1, V): the padding columns dropped
 
 
-def _one_row(gpt: "GPT", p: DecodePlan, ops: tuple[LayerRowOps, ...], head: RowLinear, idx: torch.Tensor,
-             input_pos: torch.Tensor, cache: "KVCache", capture: "ForwardCapture | None") -> torch.Tensor:
+def _one_row(gpt: "GPT", p: DecodePlan, rows: RowPlan, idx: torch.Tensor, input_pos: torch.Tensor,
+             cache: "KVCache", capture: "ForwardCapture | None") -> torch.Tensor:
     """The step for one row through the fused C row ops: the residual stream is a (C,) vector."""
     c = gpt.config
     nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
     x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (1, 1, C), contiguous
-    for i, op in enumerate(ops):
+    for i, op in enumerate(rows.layers):
         q, k, v = _qkv(op.attn_in(x), 1, nh, nkv, hs)  # LN1 + c_attn: (C + 2kvd,) -> views
         k, v = cache.update(i, k, v)  # every cached position: (1, nkv, S, hs)
         if capture is not None and i in capture.layers:
             capture.q_last[i], capture.k[i], capture.v[i] = q, k, v
-        # (1, nh, 1, hs): for one row and one query its memory is the C columns in head order,
-        # whatever strides SDPA chose, so the C side can read it as is.
+        # (1, nh, 1, hs): for one row and one query its memory is the C columns in head order;
+        # contiguous() is a no-op here that guarantees the raw pointer the C side reads.
         y = F.scaled_dot_product_attention(q, k, v, enable_gqa=nkv != nh)
         x = op.attn_out(y.contiguous(), x)  # x + y @ c_proj + b: (C,)
         x = op.mlp_out(op.mlp_in(x), x)  # x + gelu(LN2(x) @ c_fc + b) @ proj + b: (C,)
-    return head(x)[: c.vocab_size].view(1, 1, -1)  # ln_f + LM head: (1, 1, V), padding dropped
+    return rows.head(x)[: c.vocab_size].view(1, 1, -1)  # ln_f + LM head: (1, 1, V), padding dropped

@@ -77,7 +77,7 @@ def test_token_by_token_decode_matches_float64_reference(
     tiles unevenly in C and leave row_matmul's splits off (SMALL's widths are even).
     """
     m = _biased(make_model(n_kv_head=KV_HEADS[kind], seed=7), 7)
-    assert (plan_for(m.gpt).row_ops is not None) == (kernel == "c")
+    assert (plan_for(m.gpt).rows is not None) == (kernel == "c")
     idx = torch.randint(0, 256, (batch, 20), generator=torch.Generator().manual_seed(8))
     got = _decode_all(m, idx, cache_cls)
     assert len(spy) == 20  # the flat step ran for every token, not the module path
@@ -92,7 +92,7 @@ def test_flat_step_equals_module_path(make_model: Callable[..., LoadedModel], bi
     """Same cache state, same token: the flat step and the nn.Module path agree (grads on = modules)."""
     m = make_model(bias=bias, seed=3, vocab_size=101)  # an odd vocabulary: the head copy is padded
     m = _biased(m, 3) if bias else m
-    assert m.gpt.decode_plan is not None and (plan_for(m.gpt).row_ops is not None) == (kernel == "c")
+    assert m.gpt.decode_plan is not None and (plan_for(m.gpt).rows is not None) == (kernel == "c")
     idx = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
     cache = StaticKVCache(m.config)
     with torch.inference_mode():
@@ -137,26 +137,26 @@ def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(make_model
     m = make_model(seed=1)
     gpt = m.gpt
     plan = plan_for(gpt)
-    assert plan.threads == 2 and plan.row_ops is not None and plan.head_row is not None
-    block, ops = gpt.transformer.h[0], plan.row_ops[0]
+    assert plan.threads == 2 and plan.rows is not None
+    block, ops = gpt.transformer.h[0], plan.rows.layers[0]
     # No copies: the C side points at the parameters themselves (and at the padded LM head).
     assert ops.attn_in.spec.w == block.attn.c_attn.weight.data_ptr()
     assert ops.attn_in.spec.ln_w == block.ln_1.weight.data_ptr() and ops.attn_in.spec.gelu == 0
     assert ops.mlp_in.spec.ln_w == block.ln_2.weight.data_ptr() and ops.mlp_in.spec.gelu == 1
     assert ops.attn_out.spec.ln_w is None and ops.mlp_out.spec.bias == block.mlp.c_proj.bias.data_ptr()
-    assert plan.head_row.spec.w == gpt.lm_head_t.data_ptr()
+    assert plan.rows.head.spec.w == gpt.lm_head_t.data_ptr()
     assert plan.layers[0].c_fc.w.data_ptr() == block.mlp.c_fc.weight.data_ptr()
-    assert {op.threads for lo in plan.row_ops for op in (lo.attn_in, lo.attn_out, lo.mlp_in, lo.mlp_out)} == {2}
+    assert {op.threads for lo in plan.rows.layers for op in (lo.attn_in, lo.attn_out, lo.mlp_in, lo.mlp_out)} == {2}
     torch.set_num_threads(1)
     one = plan_for(gpt)
-    assert one is not plan and one.threads == 1 and one.row_ops is not None
-    assert one.row_ops[0].mlp_in.threads == 1  # rebuilt for the new count
-    assert build_plan(gpt, 3).head_row.threads == 3
+    assert one is not plan and one.threads == 1 and one.rows is not None
+    assert one.rows.layers[0].mlp_in.threads == 1  # rebuilt for the new count
+    assert build_plan(gpt, 3).rows.head.threads == 3
 
 
 def test_half_precision_and_batches_keep_pytorch_ops(make_model: Callable[..., LoadedModel]) -> None:
     """The C side is fp32-only: a bf16 model's plan has no row ops, and a batch never uses them."""
-    assert plan_for(make_model(seed=2, dtype=torch.bfloat16).gpt).row_ops is None
+    assert plan_for(make_model(seed=2, dtype=torch.bfloat16).gpt).rows is None
 
 
 def test_training_and_unfrozen_models_take_the_module_path(make_model: Callable[..., LoadedModel],
@@ -219,5 +219,5 @@ def test_concurrent_streams_on_one_model_match_sequential_runs(random_models: di
     for w in workers:
         w.join(timeout=120)
     assert got == want
-    assert (plan_for(m.gpt).row_ops is not None) == (kernel == "c")
+    assert (plan_for(m.gpt).rows is not None) == (kernel == "c")
     m.gpt.decode_plan = None  # leave the session model to rebuild its own plan

@@ -92,7 +92,7 @@ def test_one_row_decode_matches_hf_at_two_threads(hf: GPT2LMHeadModel, kv: Loade
                                                   threads: int) -> None:
     """Two threads: every decode step takes the fused C row ops (kvviz.rowops) where they build,
     each logit within float tolerance of transformers."""
-    assert (kvviz.decode.plan_for(kv.gpt).row_ops is not None) == (kvviz.rowops.load() is not None)
+    assert (kvviz.decode.plan_for(kv.gpt).rows is not None) == (kvviz.rowops.load() is not None)
     prompt = [5, 99, 250, 3, 3, 41, 300, 7, 12, 64]
     want = _hf_greedy(hf, [prompt], 30)[0]
     run = kvviz.generate(kv, prompt_ids=prompt, max_new_tokens=30, cache_kind=mode,

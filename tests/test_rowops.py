@@ -116,7 +116,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 GENERATE = ("import kvviz\nfrom kvviz import rowops\nfrom kvviz.decode import plan_for\n"
             "m = kvviz.load_model('random:tiny', device='cpu')\n"
             "r = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=5)\n"
-            "print(rowops.load() is None, plan_for(m.gpt).row_ops is None, len(r.generated_ids))\n"
+            "print(rowops.load() is None, plan_for(m.gpt).rows is None, len(r.generated_ids))\n"
             "print(rowops.status())\n")
 
 

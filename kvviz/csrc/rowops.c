@@ -162,6 +162,5 @@ void kv_linear_row(const kv_linear *p, const float *x, const float *res, float *
 }
 
 /* The constants the Python side checks before it trusts this build. */
-int kv_tile(void) { return TILE; }
 int kv_max_ln(void) { return MAX_LN; }
 int kv_struct_size(void) { return (int)sizeof(kv_linear); }
