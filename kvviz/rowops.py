@@ -82,26 +82,40 @@ def _build(cc: str) -> tuple[Path | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"the C compiler {cc!r} did not run ({e})"
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return None, f"cannot create the build folder {folder} ({e.strerror or e}); set KVVIZ_CACHE_DIR"
     errors = []
     for flags in FLAG_SETS:
-        out = cache_dir() / f"rowops-{_key(cc, flags, version)}.so"
+        out = folder / f"rowops-{_key(cc, flags, version)}.so"
         if out.exists():
             return out, ""
+        tmp = None
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
             # Build to a temporary name, then rename: concurrent processes never load half a file.
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
             os.close(fd)
             r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
                                timeout=BUILD_TIMEOUT_S)
             if r.returncode == 0:
                 os.replace(tmp, out)
                 return out, ""
-            os.unlink(tmp)
             errors.append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
         except (OSError, subprocess.SubprocessError) as e:
             errors.append(str(e))
+        finally:
+            if tmp is not None and os.path.exists(tmp):  # a failed or timed-out build leaves nothing
+                os.unlink(tmp)
     return None, f"building {SOURCE.name} with {cc} failed: {'; '.join(errors)}"
+
+
+def _open(path: Path) -> tuple[ctypes.CDLL | None, str]:
+    try:
+        return ctypes.CDLL(str(path)), ""
+    except OSError as e:
+        return None, f"loading {path} failed: {e}"
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
@@ -113,10 +127,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     path, why = _build(cc)
     if path is None:
         return None, why
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        return None, f"loading {path} failed: {e}"
+    lib, why = _open(path)
+    if lib is None:  # a damaged cached build (never a half-written one: builds are renamed in)
+        path.unlink(missing_ok=True)
+        path, _ = _build(cc)  # rebuild once; a second failure is reported as the first
+        lib = None if path is None else _open(path)[0]
+        if lib is None:
+            return None, why
     if lib.kv_struct_size() != ctypes.sizeof(_Spec):
         return None, f"{path} does not match this kvviz (struct size)"
     fn = lib.kv_linear_row

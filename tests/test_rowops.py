@@ -132,6 +132,29 @@ def test_without_the_library_generation_falls_back_and_says_why(tmp_path: Path, 
     first, status = p.stdout.splitlines()[:2]
     assert first == "True True 5"
     assert why in status
+    assert not list(tmp_path.iterdir())  # a failed build leaves no temporary file behind
+
+
+def test_an_unusable_build_folder_gets_one_clear_reason(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    p = _run(GENERATE, KVVIZ_CACHE_DIR=str(blocker / "kvviz"))
+    assert p.returncode == 0, p.stderr
+    first, status = p.stdout.splitlines()[:2]
+    assert first == "True True 5"
+    assert status.startswith(f"cannot create the build folder {blocker / 'kvviz'}") and "KVVIZ_CACHE_DIR" in status
+
+
+@needs_c
+def test_a_damaged_cached_build_is_rebuilt(tmp_path: Path) -> None:
+    code = "from kvviz import rowops\nprint(rowops.load() is not None, rowops.status())"
+    first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
+    assert first.stdout.startswith("True built with"), first.stdout + first.stderr
+    (built,) = tmp_path.glob("rowops-*.so")
+    built.write_bytes(b"not a shared library")
+    second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
+    assert second.stdout == first.stdout, second.stdout + second.stderr
+    assert built.stat().st_size > 1000 and list(tmp_path.iterdir()) == [built]
 
 
 @needs_c
@@ -141,7 +164,7 @@ def test_builds_into_the_cache_dir_once(tmp_path: Path) -> None:
     first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert first.returncode == 0 and first.stdout.startswith("True built with"), first.stdout + first.stderr
     built = sorted(tmp_path.glob("rowops-*.so"))
-    assert len(built) == 1 and not list(tmp_path.glob("*.so.tmp*"))
+    assert len(built) == 1 and sorted(tmp_path.iterdir()) == built  # no temporary file left behind
     mtime = built[0].stat().st_mtime_ns
     second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert second.stdout == first.stdout and built[0].stat().st_mtime_ns == mtime
