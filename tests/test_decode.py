@@ -154,9 +154,19 @@ def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(make_model
     assert build_plan(gpt, 3).rows.head.threads == 3
 
 
-def test_half_precision_and_batches_keep_pytorch_ops(make_model: Callable[..., LoadedModel]) -> None:
+def test_half_precision_and_batches_keep_pytorch_ops(make_model: Callable[..., LoadedModel],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The C side is fp32-only: a bf16 model's plan has no row ops, and a batch never uses them."""
     assert plan_for(make_model(seed=2, dtype=torch.bfloat16).gpt).rows is None
+    calls: list[int] = []
+    real = rowops.RowLinear.__call__
+    monkeypatch.setattr(rowops.RowLinear, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    m = make_model(seed=2)
+    idx = torch.randint(0, 256, (2, 4), generator=torch.Generator().manual_seed(2))
+    _decode_all(m, idx, StaticKVCache)  # batch 2: PyTorch ops
+    assert not calls
+    _decode_all(m, idx[:1], StaticKVCache)  # batch 1: through C where it is built
+    assert len(calls) == (4 * (4 * m.config.n_layer + 1) if HAVE_C else 0)
 
 
 def test_training_and_unfrozen_models_take_the_module_path(make_model: Callable[..., LoadedModel],
