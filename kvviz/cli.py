@@ -59,14 +59,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.checkpoints import load_model
-    from kvviz.generate import generate
-    from kvviz.heap import freeze_long_lived
+    from kvviz.engine.load import load_model
+    from kvviz.engine.generate import generate
+    from kvviz.fast.heap import freeze_long_lived
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
-    freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.heap)
+    freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
     run = generate(
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
         use_cache=not args.no_cache, cache_kind=args.cache_kind,
@@ -93,7 +93,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.checkpoints import load_model
+    from kvviz.engine.load import load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
     text = read_eval_text(args.text_file, args.last_fraction)
@@ -155,7 +155,7 @@ def _cmd_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
 
 # ----------------------------------------------------------------------------- bench
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from kvviz.bench import add_bench_arguments
+    from kvviz.measure.bench import add_bench_arguments
 
     p = sub.add_parser("bench", help="tokens/s: kvviz cached vs uncached vs transformers")
     add_bench_arguments(p)
@@ -163,7 +163,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.bench import run_bench
+    from kvviz.measure.bench import run_bench
 
     obj, text = run_bench(args)
     _emit(args, obj, text)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.checkpoints import LoadedModel
+from kvviz.engine.load import LoadedModel
 from kvviz.errors import KVVizError
 
 MAX_EVAL_BYTES = 20_000_000

@@ -1,7 +1,7 @@
 """``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.memory.
 
 Also home of ``builtin_specs()``: kvviz's own models as calculator entries, derived from
-``kvviz.checkpoints.RANDOM_SHAPES`` and the shipped model's config.json so nothing is duplicated.
+``kvviz.engine.load.RANDOM_SHAPES`` and the shipped model's config.json so nothing is duplicated.
 It lives here rather than in memory.py because checkpoints.py imports torch.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 def builtin_specs() -> dict[str, ModelSpec]:
     """kvviz's shipped model (when its config.json exists) and every random shape, keyed 'kvviz:...'."""
-    from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES  # torch: keep it out of memory.py
+    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES  # torch: keep it out of memory.py
 
     out: dict[str, ModelSpec] = {}
     cfg = DEFAULT_MODEL_DIR / "config.json"

@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.checkpoints import DEFAULT_MODEL_DIR, load_folder, resolve_device, save_model
+from kvviz.engine.load import DEFAULT_MODEL_DIR, load_folder, resolve_device, save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
-from kvviz.machine import cpu_name
-from kvviz.model import GPT, GPTConfig
+from kvviz.measure.machine import cpu_name
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.gpt2 import GPT
 
 VAL_FRACTION = 0.1
 

@@ -94,9 +94,9 @@ def test_unwritable_out_is_refused_before_measuring(tmp_path: Path, capsys: pyte
 def test_floor_runs_every_weight_matmul_of_the_step(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The floor calls each of the step's 17 matmuls once per token, through the kernels the step
     uses: the C row kernel where it builds, else the split (2 threads) or plain GEMMs."""
-    from kvviz import rowops
-    from kvviz.bench import _floor_runner, weight_matmuls
-    from kvviz.checkpoints import load_model
+    from kvviz.fast import rowops
+    from kvviz.measure.bench import _floor_runner, weight_matmuls
+    from kvviz.engine.load import load_model
 
     model = load_model("random:tiny")
     mats = weight_matmuls(model)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.cache import ConcatKVCache, StaticKVCache, kv_bytes_per_token, make_cache
-from kvviz.checkpoints import LoadedModel
-from kvviz.model import GPTConfig
+from kvviz.engine.cache import ConcatKVCache, StaticKVCache, make_cache
+from kvviz.units import kv_bytes_per_token
+from kvviz.engine.load import LoadedModel
+from kvviz.engine.config import GPTConfig
 
 DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2), "fp16": (torch.float16, 2)}
 CFGS = {
@@ -32,7 +33,7 @@ def test_static_bytes_allocated_is_real_and_matches_formula(dtype_name: str, sha
     assert cache.bytes_allocated == real == by_hand
     assert cache.bytes_used == 0
     per_token = 2 * cfg.n_layer * cfg.kv_heads * cfg.head_dim * itemsize * batch
-    assert kv_bytes_per_token(cfg, dtype, batch) == per_token
+    assert kv_bytes_per_token(cfg.n_layer, cfg.kv_heads, cfg.head_dim, dtype.itemsize, batch) == per_token
     cache.advance(5)
     assert cache.bytes_used == 5 * per_token
     assert cache.bytes_allocated == by_hand  # preallocated: never grows
@@ -74,7 +75,7 @@ def test_advance_past_block_size_raises(cls: type) -> None:
 def test_concat_cache_grows_and_copies_quadratically() -> None:
     cfg = CFGS["mqa"]
     cache = ConcatKVCache(cfg, batch=1)
-    per_token = kv_bytes_per_token(cfg, torch.float32)  # 2 * 3 * 1 * 8 * 4 = 192
+    per_token = kv_bytes_per_token(cfg.n_layer, cfg.kv_heads, cfg.head_dim, 4)  # 2 * 3 * 1 * 8 * 4 = 192
     assert per_token == 192
     assert cache.bytes_allocated == 0
     copied = 0

@@ -1,4 +1,4 @@
-"""kvviz.charts: pure Plotly figures of a Run (no Streamlit). Small byte model, a few steps each."""
+"""kvviz.charts.live: pure Plotly figures of a Run (no Streamlit). Small byte model, a few steps each."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +7,8 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from kvviz import Capture, LoadedModel, Run, charts, generate
+from kvviz import Capture, LoadedModel, Run, generate
+from kvviz.charts import live as charts
 
 CAPTURE = Capture(attention=True, kv_norms=True, kv_layer=1)
 PROMPT = "Hi there\n"  # 9 byte tokens, one of them a newline

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 import kvviz
-from kvviz import checkpoints
-from kvviz.checkpoints import LoadedModel, load_model, save_model
-from kvviz.tokenizer import ByteTokenizer
+from kvviz.engine import load as checkpoints
+from kvviz.engine.load import LoadedModel, load_model, save_model
+from kvviz.engine.tokenizers import ByteTokenizer
 
 
 def _same_weights(a: LoadedModel, b: LoadedModel) -> bool:

@@ -1,12 +1,12 @@
-"""kvviz.cpu_load: other processes' CPU use from /proc, so a timing page never blames its own load."""
+"""kvviz.measure.cpu_load: other processes' CPU use from /proc, so a timing page never blames its own load."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-import kvviz.cpu_load as cl
-from kvviz.cpu_load import BusyMonitor, CpuReading, busy_warning, others_busy_cores, parse_proc_stat, parse_self_stat
+import kvviz.measure.cpu_load as cl
+from kvviz.measure.cpu_load import BusyMonitor, CpuReading, busy_warning, others_busy_cores, parse_proc_stat, parse_self_stat
 
 PROC_STAT = "cpu  100 5 30 900 7 2 3 4 0 0\ncpu0 50 2 15 450 3 1 1 2 0 0\nintr 12345\n"
 # pid (comm with spaces and a ')') state ppid ... utime=14th field, stime=15th field

@@ -1,4 +1,4 @@
-"""The flat one-token decode step (kvviz.decode) against the float64 reference and the module path."""
+"""The accelerator (kvviz.fast.gpt2) against the float64 reference and the readable model."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,13 +6,12 @@ from typing import Callable
 import pytest
 import torch
 
-import kvviz.decode
-import kvviz.model
-from kvviz import rowops
-from kvviz.cache import ConcatKVCache, StaticKVCache
-from kvviz.checkpoints import LoadedModel
-from kvviz.decode import build_plan, plan_for
-from kvviz.model import ForwardCapture
+import kvviz.fast.gpt2
+from kvviz.engine.cache import ConcatKVCache, StaticKVCache
+from kvviz.engine.capture import ForwardCapture
+from kvviz.engine.load import LoadedModel
+from kvviz.fast import rowops
+from kvviz.fast.gpt2 import build_plan
 from test_model import KV_HEADS, reference_forward
 
 HAVE_C = rowops.load() is not None
@@ -22,8 +21,8 @@ HAVE_C = rowops.load() is not None
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the forwards that took the flat decode step."""
     calls: list[int] = []
-    real = kvviz.model.decode_step
-    monkeypatch.setattr(kvviz.model, "decode_step", lambda *a: calls.append(1) or real(*a))
+    real = kvviz.fast.gpt2.decode_step
+    monkeypatch.setattr(kvviz.fast.gpt2, "decode_step", lambda *a: calls.append(1) or real(*a))
     return calls
 
 
@@ -34,19 +33,19 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "c" and not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     if request.param == "torch":
-        monkeypatch.setattr(kvviz.decode, "row_linear", lambda *a, **k: None)
+        monkeypatch.setattr(kvviz.fast.gpt2, "row_linear", lambda *a, **k: None)
     return request.param
 
 
 def _biased(m: LoadedModel, seed: int) -> LoadedModel:
     """Non-zero biases and LayerNorm parameters (the GPT-2 init makes them 0 and 1, which would
-    leave the fused bias and LayerNorm untested), then freeze() again to rebuild the plan."""
+    leave the fused bias and LayerNorm untested), then rebuild the accelerator's plans."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in m.gpt.named_parameters():
             if name.endswith("bias") or ".ln_" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
-    m.gpt.freeze()
+    m.fast.rebuild()
     return m
 
 
@@ -57,7 +56,7 @@ def _decode_all(m: LoadedModel, idx: torch.Tensor, cache_cls: type) -> torch.Ten
     out = []
     with torch.inference_mode():
         for t in range(T):
-            out.append(m.gpt(idx[:, t:t + 1], cache=cache))  # (B, 1, V)
+            out.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache=cache))  # (B, 1, V)
             cache.advance(1)
     return torch.cat(out, dim=1)
 
@@ -77,10 +76,10 @@ def test_token_by_token_decode_matches_float64_reference(
     tiles unevenly in C and leave row_matmul's splits off (SMALL's widths are even).
     """
     m = _biased(make_model(n_kv_head=KV_HEADS[kind], seed=7), 7)
-    assert (plan_for(m.gpt).rows is not None) == (kernel == "c")
+    assert (m.fast.plan().rows is not None) == (kernel == "c")
     idx = torch.randint(0, 256, (batch, 20), generator=torch.Generator().manual_seed(8))
     got = _decode_all(m, idx, cache_cls)
-    assert len(spy) == 20  # the flat step ran for every token, not the module path
+    assert len(spy) == 20  # the flat decode step ran for every token
     ref, _, _ = reference_forward(m.gpt, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
@@ -89,21 +88,20 @@ def test_token_by_token_decode_matches_float64_reference(
 @pytest.mark.parametrize("bias", [True, False])
 def test_flat_step_equals_module_path(make_model: Callable[..., LoadedModel], bias: bool, threads: int,
                                       spy: list[int], kernel: str) -> None:
-    """Same cache state, same token: the flat step and the nn.Module path agree (grads on = modules)."""
+    """Same cache state, same token: the accelerator's flat step and the readable model agree."""
     m = make_model(bias=bias, seed=3, vocab_size=101)  # an odd vocabulary: the head copy is padded
     m = _biased(m, 3) if bias else m
-    assert m.gpt.decode_plan is not None and (plan_for(m.gpt).rows is not None) == (kernel == "c")
+    assert m.fast is not None and (m.fast.plan().rows is not None) == (kernel == "c")
     idx = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
     cache = StaticKVCache(m.config)
     with torch.inference_mode():
         m.gpt(idx[:, :11], cache=cache)
         cache.advance(11)
-        flat = m.gpt(idx[:, 11:], cache=cache)  # (1, 1, 101)
-    assert len(spy) == 1 and flat.shape == (1, 1, 101)
-    with torch.enable_grad():
-        modules = m.gpt(idx[:, 11:], cache=cache)  # grads on: the module path
+        flat = m.fast.forward(idx[:, 11:], torch.tensor([11]), cache=cache)  # (1, 1, 101)
+        assert len(spy) == 1 and flat.shape == (1, 1, 101)
+        modules = m.gpt(idx[:, 11:], cache=cache)  # the readable model
     assert len(spy) == 1
-    torch.testing.assert_close(flat, modules.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(flat, modules, atol=1e-5, rtol=1e-5)
 
 
 def test_captures_from_the_flat_step_are_the_cache_contents(make_model: Callable[..., LoadedModel]) -> None:
@@ -114,7 +112,7 @@ def test_captures_from_the_flat_step_are_the_cache_contents(make_model: Callable
         m.gpt(idx[:, :8], cache=cache)
         cache.advance(8)
         fc = ForwardCapture(frozenset({1}))
-        m.gpt(idx[:, 8:], cache=cache, capture=fc)
+        m.fast.forward(idx[:, 8:], torch.tensor([8]), cache=cache, capture=fc)
     k, v = cache.k[1][:, :, :9], cache.v[1][:, :, :9]
     assert set(fc.k) == {1} and torch.equal(fc.k[1], k) and torch.equal(fc.v[1], v)
     assert fc.q_last[1].shape == (1, m.config.n_head, 1, m.config.head_dim)
@@ -136,7 +134,7 @@ def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(make_model
                                                                      threads: int) -> None:
     m = make_model(seed=1)
     gpt = m.gpt
-    plan = plan_for(gpt)
+    plan = m.fast.plan()
     assert plan.threads == 2 and plan.rows is not None
     block, ops = gpt.transformer.h[0], plan.rows.layers[0]
     # No copies: the C side points at the parameters themselves (and at the padded LM head).
@@ -144,20 +142,22 @@ def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(make_model
     assert ops.attn_in.spec.ln_w == block.ln_1.weight.data_ptr() and ops.attn_in.spec.gelu == 0
     assert ops.mlp_in.spec.ln_w == block.ln_2.weight.data_ptr() and ops.mlp_in.spec.gelu == 1
     assert ops.attn_out.spec.ln_w is None and ops.mlp_out.spec.bias == block.mlp.c_proj.bias.data_ptr()
-    assert plan.rows.head.spec.w == gpt.lm_head_t.data_ptr()
+    assert plan.rows.head.spec.w == plan.head.w.data_ptr()  # the padded, transposed LM head copy
     assert plan.layers[0].c_fc.w.data_ptr() == block.mlp.c_fc.weight.data_ptr()
     assert {op.threads for lo in plan.rows.layers for op in (lo.attn_in, lo.attn_out, lo.mlp_in, lo.mlp_out)} == {2}
     torch.set_num_threads(1)
-    one = plan_for(gpt)
+    one = m.fast.plan()
     assert one is not plan and one.threads == 1 and one.rows is not None
     assert one.rows.layers[0].mlp_in.threads == 1  # rebuilt for the new count
     assert build_plan(gpt, 3).rows.head.threads == 3
+    torch.set_num_threads(2)
+    assert m.fast.plan() is plan  # one plan kept per thread count
 
 
 def test_half_precision_and_batches_keep_pytorch_ops(make_model: Callable[..., LoadedModel],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The C side is fp32-only: a bf16 model's plan has no row ops, and a batch never uses them."""
-    assert plan_for(make_model(seed=2, dtype=torch.bfloat16).gpt).rows is None
+    assert make_model(seed=2, dtype=torch.bfloat16).fast.plan().rows is None
     calls: list[int] = []
     real = rowops.RowLinear.__call__
     monkeypatch.setattr(rowops.RowLinear, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
@@ -169,22 +169,20 @@ def test_half_precision_and_batches_keep_pytorch_ops(make_model: Callable[..., L
     assert len(calls) == (4 * (4 * m.config.n_layer + 1) if HAVE_C else 0)
 
 
-def test_training_and_unfrozen_models_take_the_module_path(make_model: Callable[..., LoadedModel],
-                                                         spy: list[int]) -> None:
+def test_the_readable_model_and_fast_false_never_take_the_flat_step(make_model: Callable[..., LoadedModel],
+                                                                   spy: list[int]) -> None:
+    """The model has no performance branch: only the accelerator, and only when asked, runs it."""
+    import kvviz
+
     m = make_model(seed=6)
-    gpt = m.gpt
-    cache = StaticKVCache(m.config)
-    tok = torch.tensor([[3]])
-    gpt.train()
-    try:
-        with torch.inference_mode():
-            gpt(tok, cache=cache)
-    finally:
-        gpt.eval()
-    assert not spy
     with torch.inference_mode():
-        gpt(tok, cache=cache)
-    assert len(spy) == 1
+        m.gpt(torch.tensor([[3]]), cache=StaticKVCache(m.config))
+    assert not spy
+    slow = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=6, fast=False)
+    assert not spy and slow.engine == "readable"
+    fast = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=6)
+    assert len(spy) == 5 and fast.engine == "fast"  # the 5 decode steps after the prefill
+    assert fast.generated_ids == slow.generated_ids
 
 
 @pytest.mark.parametrize("threads", [2], indirect=True)
@@ -193,14 +191,14 @@ def test_weights_changed_in_place_without_freeze_are_picked_up(make_model: Calla
     """The plan reads the parameters in place: an in-place load (no new freeze()) shows at once."""
     m = make_model(seed=9)
     idx = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(9))
-    before = plan_for(m.gpt)
+    before = m.fast.plan()
     g = torch.Generator().manual_seed(10)
     with torch.no_grad():  # what load_state_dict does: copy_ into the existing parameters
         for name, p in m.gpt.named_parameters():
             if name.endswith("bias") or ".ln_" in name or "c_fc" in name:
                 p.copy_(p + 0.1 * torch.randn(p.shape, generator=g))
     got = _decode_all(m, idx, StaticKVCache)
-    assert m.gpt.decode_plan is before  # nothing to rebuild
+    assert m.fast.plan() is before  # nothing to rebuild
     ref, _, _ = reference_forward(m.gpt, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
@@ -215,7 +213,7 @@ def test_concurrent_streams_on_one_model_match_sequential_runs(random_models: di
     import kvviz
 
     m = random_models["tiny"]
-    m.gpt.decode_plan = None  # rebuilt for this test's kernel and thread count
+    m.fast.rebuild()  # plans rebuilt for this test's kernel and thread count
     prompts = [[1, 2, 3], [200, 100, 50, 25], [7] * 9, [42, 43]]
     want = [kvviz.generate(m, prompt_ids=p, max_new_tokens=40).generated_ids for p in prompts]
     got: list[list[int] | None] = [None] * len(prompts)
@@ -229,5 +227,5 @@ def test_concurrent_streams_on_one_model_match_sequential_runs(random_models: di
     for w in workers:
         w.join(timeout=120)
     assert got == want
-    assert (plan_for(m.gpt).rows is not None) == (kernel == "c")
-    m.gpt.decode_plan = None  # leave the session model to rebuild its own plan
+    assert (m.fast.plan().rows is not None) == (kernel == "c")
+    m.fast.rebuild()  # leave the session model to rebuild its own plans

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 
 import kvviz
 from kvviz import train as train_mod
-from kvviz.checkpoints import LoadedModel, _finish
+from kvviz.engine.load import LoadedModel, _finish
 from kvviz.cli import main
 from kvviz.evaluate import bits_per_byte
-from kvviz.model import GPT, GPTConfig
-from kvviz.tokenizer import ByteTokenizer, HFTokenizer
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.gpt2 import GPT
+from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer
 
 CORPUS = (
     "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n\n"

@@ -8,11 +8,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import kvviz
-import kvviz.decode
-from kvviz.cache import StaticKVCache, kv_bytes_per_token
-from kvviz.checkpoints import RANDOM_SHAPES, LoadedModel
-from kvviz.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
-from kvviz.model import GPT, GPTConfig
+import kvviz.fast.gpt2
+from kvviz.engine.cache import StaticKVCache
+from kvviz.units import kv_bytes_per_token
+from kvviz.engine.load import RANDOM_SHAPES, LoadedModel
+from kvviz.engine.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.gpt2 import GPT
 
 # L=2 layers, C=4 wide, 2 query heads of head_dim 2, 1 K/V head (kv_dim 2), V=10.
 TINY = GPTConfig(vocab_size=10, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=4)
@@ -53,8 +55,8 @@ def _torch_matmul_flops(gpt: GPT, idx: torch.Tensor, cache: StaticKVCache | None
 @pytest.mark.parametrize("batch", [1, 2])
 def test_forward_flops_against_torch_flop_counter(make_model: Callable[..., LoadedModel], kv: int, batch: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    # torch counts only its own ops: keep the one-row decode step off the C kernel (kvviz.rowops).
-    monkeypatch.setattr(kvviz.decode, "row_linear", lambda *a, **k: None)
+    # torch counts only its own ops: keep the one-row decode step off the C kernel (kvviz.fast.rowops).
+    monkeypatch.setattr(kvviz.fast.gpt2, "row_linear", lambda *a, **k: None)
     m = make_model(n_kv_head=kv)
     c = m.config
     N = 9
@@ -86,7 +88,7 @@ def test_gpt2_small_parameter_count() -> None:
 
 def test_forward_bytes_count_weights_and_kv_traffic() -> None:
     c = RANDOM_SHAPES["tiny-gqa"]
-    per_token = kv_bytes_per_token(c, torch.float32)  # 2 * 4 layers * 2 heads * 32 * 4 bytes = 2048
+    per_token = kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, 4)  # 2 * 4 layers * 2 heads * 32 * 4 bytes = 2048
     assert per_token == 2048
     w = weight_bytes(c, 4)
     assert forward_bytes(c, 1, 100, 4) == w + 100 * per_token + per_token

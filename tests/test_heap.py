@@ -1,11 +1,11 @@
-"""kvviz.heap: garbage is collected before the long-lived heap is frozen."""
+"""kvviz.fast.heap: garbage is collected before the long-lived heap is frozen."""
 from __future__ import annotations
 
 import gc
 import weakref
 
-import kvviz.heap as heap
-from kvviz.heap import freeze_long_lived
+import kvviz.fast.heap as heap
+from kvviz.fast.heap import freeze_long_lived
 
 
 class _Node:

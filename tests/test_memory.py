@@ -427,7 +427,7 @@ def _builtin() -> dict[str, ModelSpec]:
 
 
 def test_builtin_entries_come_from_random_shapes() -> None:
-    from kvviz.checkpoints import RANDOM_SHAPES
+    from kvviz.engine.load import RANDOM_SHAPES
 
     specs_ = _builtin()
     for name, cfg in RANDOM_SHAPES.items():
@@ -438,8 +438,8 @@ def test_builtin_entries_come_from_random_shapes() -> None:
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_calculator_equals_static_cache_bytes_allocated(dtype: str) -> None:
-    from kvviz.cache import StaticKVCache
-    from kvviz.checkpoints import DTYPES, RANDOM_SHAPES, config_from_json, read_config, DEFAULT_MODEL_DIR
+    from kvviz.engine.cache import StaticKVCache
+    from kvviz.engine.load import DTYPES, RANDOM_SHAPES, config_from_json, read_config, DEFAULT_MODEL_DIR
 
     configs = dict(RANDOM_SHAPES)
     if (DEFAULT_MODEL_DIR / "config.json").is_file():  # the shipped model, once it has been trained
@@ -457,8 +457,8 @@ def test_calculator_equals_static_cache_bytes_allocated(dtype: str) -> None:
 
 
 def test_builtin_param_count_equals_the_model() -> None:
-    from kvviz.checkpoints import RANDOM_SHAPES
-    from kvviz.model import GPT
+    from kvviz.engine.load import RANDOM_SHAPES
+    from kvviz.engine.models.gpt2 import GPT
 
     specs_ = _builtin()
     for name, cfg in RANDOM_SHAPES.items():

@@ -10,9 +10,12 @@ import torch
 
 import kvviz
 
-from kvviz.cache import ConcatKVCache, StaticKVCache
-from kvviz.checkpoints import LoadedModel
-from kvviz.model import GPT, ForwardCapture, GPTConfig, row_matmul
+from kvviz.engine.cache import ConcatKVCache, StaticKVCache
+from kvviz.engine.load import LoadedModel
+from kvviz.engine.capture import ForwardCapture
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.gpt2 import GPT
+from kvviz.fast.matmul import row_matmul
 
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 

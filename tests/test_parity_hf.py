@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import kvviz
-import kvviz.decode
-import kvviz.rowops
-from kvviz.checkpoints import LoadedModel, export_hf_gpt2
+import kvviz.fast.gpt2
+import kvviz.fast.rowops
+from kvviz.engine.load import LoadedModel, export_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
@@ -90,9 +90,9 @@ def test_greedy_generation_matches_hf_generate(hf: GPT2LMHeadModel, kv: LoadedMo
 @pytest.mark.parametrize("mode", ["static", "concat"])
 def test_one_row_decode_matches_hf_at_two_threads(hf: GPT2LMHeadModel, kv: LoadedModel, mode: str,
                                                   threads: int) -> None:
-    """Two threads: every decode step takes the fused C row ops (kvviz.rowops) where they build,
+    """Two threads: every decode step takes the fused C row ops (kvviz.fast.rowops) where they build,
     each logit within float tolerance of transformers."""
-    assert (kvviz.decode.plan_for(kv.gpt).rows is not None) == (kvviz.rowops.load() is not None)
+    assert (kv.fast.plan().rows is not None) == (kvviz.fast.rowops.load() is not None)
     prompt = [5, 99, 250, 3, 3, 41, 300, 7, 12, 64]
     want = _hf_greedy(hf, [prompt], 30)[0]
     run = kvviz.generate(kv, prompt_ids=prompt, max_new_tokens=30, cache_kind=mode,

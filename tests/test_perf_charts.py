@@ -6,9 +6,9 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from kvviz import perf_charts as pc
-from kvviz.generate import generate
-from kvviz.perf_stats import MachineProbe, Sample, aggregate, fits_by_series, roofline_points
+from kvviz.charts import perf as pc
+from kvviz.engine.generate import generate
+from kvviz.measure.stats import MachineProbe, Sample, aggregate, fits_by_series, roofline_points
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,
                      copy_bytes=2**20, seconds=0.1)

@@ -1,4 +1,4 @@
-"""kvviz.flops and the cache byte formula against values worked out by hand on a toy shape.
+"""kvviz.engine.flops and the cache byte formula against values worked out by hand on a toy shape.
 
 Toy shape: L=1 layer, C=4, 2 heads, V=10. Per layer and token, the matmuls are
 c_attn 4x12, c_proj 4x4, MLP 4x16 and 16x4; attention costs 2*2*C per key seen.
@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvviz.cache import kv_bytes_per_token
-from kvviz.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
-from kvviz.generate import generate
-from kvviz.model import GPT, GPTConfig
+from kvviz.units import kv_bytes_per_token
+from kvviz.engine.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
+from kvviz.engine.generate import generate
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.gpt2 import GPT
 
 TOY = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=4)
 TOY_GQA = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_kv_head=1, n_embd=4)
@@ -66,8 +67,8 @@ def test_forward_bytes_and_intensity_by_hand() -> None:
 
 def test_kv_bytes_per_token_by_hand() -> None:
     # 2 (K and V) * L * n_kv_head * head_dim * bytes * batch
-    assert kv_bytes_per_token(TOY, torch.float32) == 2 * 1 * 2 * 2 * 4 == 32
-    assert kv_bytes_per_token(TOY_GQA, torch.float16, batch=3) == 2 * 1 * 1 * 2 * 2 * 3 == 24
+    assert kv_bytes_per_token(TOY.n_layer, TOY.kv_heads, TOY.head_dim, 4) == 2 * 1 * 2 * 2 * 4 == 32
+    assert kv_bytes_per_token(TOY_GQA.n_layer, TOY_GQA.kv_heads, TOY_GQA.head_dim, 2, batch=3) == 2 * 1 * 1 * 2 * 2 * 3 == 24
 
 
 def test_events_carry_the_formula_flops(small_model) -> None:  # type: ignore[no-untyped-def]

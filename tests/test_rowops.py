@@ -1,4 +1,4 @@
-"""The C row ops (kvviz.rowops): each fused call against the PyTorch ops it replaces, in float64."""
+"""The C row ops (kvviz.fast.rowops): each fused call against the PyTorch ops it replaces, in float64."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvviz import rowops
+from kvviz.fast import rowops
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_c = pytest.mark.skipif(rowops.load() is None, reason=f"no C row ops here: {rowops.status()}")
@@ -113,10 +113,10 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
-GENERATE = ("import kvviz\nfrom kvviz import rowops\nfrom kvviz.decode import plan_for\n"
+GENERATE = ("import kvviz\nfrom kvviz.fast import rowops\n"
             "m = kvviz.load_model('random:tiny', device='cpu')\n"
             "r = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=5)\n"
-            "print(rowops.load() is None, plan_for(m.gpt).rows is None, len(r.generated_ids))\n"
+            "print(rowops.load() is None, m.fast.plan().rows is None, len(r.generated_ids))\n"
             "print(rowops.status())\n")
 
 
@@ -147,7 +147,7 @@ def test_an_unusable_build_folder_gets_one_clear_reason(tmp_path: Path) -> None:
 
 @needs_c
 def test_a_damaged_cached_build_is_rebuilt(tmp_path: Path) -> None:
-    code = "from kvviz import rowops\nprint(rowops.load() is not None, rowops.status())"
+    code = "from kvviz.fast import rowops\nprint(rowops.load() is not None, rowops.status())"
     first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert first.stdout.startswith("True built with"), first.stdout + first.stderr
     (built,) = tmp_path.glob("rowops-*.so")
@@ -160,7 +160,7 @@ def test_a_damaged_cached_build_is_rebuilt(tmp_path: Path) -> None:
 @needs_c
 def test_builds_into_the_cache_dir_once(tmp_path: Path) -> None:
     """A fresh cache folder gets one build; a second process reuses it."""
-    code = "from kvviz import rowops\nprint(rowops.load() is not None, rowops.status())"
+    code = "from kvviz.fast import rowops\nprint(rowops.load() is not None, rowops.status())"
     first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert first.returncode == 0 and first.stdout.startswith("True built with"), first.stdout + first.stderr
     built = sorted(tmp_path.glob("rowops-*.so"))

@@ -5,9 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from kvviz import LoadedModel
-from kvviz import perf_charts as pc
-from kvviz.measure import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
-from kvviz.perf_stats import Sample, aggregate
+from kvviz.charts import perf as pc
+from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
+from kvviz.measure.stats import Sample, aggregate
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, page_model, results_key, where,
 )

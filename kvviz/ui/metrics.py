@@ -7,15 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvviz import Run
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:,.1f} {unit}"
-    return f"{n:,.0f} B"
+from kvviz.units import dtype_bytes, fmt_bytes, kv_bytes_per_token
 
 
 def fmt_flops(n: float) -> str:
@@ -37,8 +29,8 @@ def bytes_formula(run: Run) -> str:
     if not run.events:
         return ""
     ev = run.events[-1]
-    b = DTYPE_BYTES.get(run.dtype, 4)
-    per_token = 2 * run.n_layer * run.n_kv_head * run.head_dim * b * run.batch_size
+    b = dtype_bytes(run.dtype)
+    per_token = kv_bytes_per_token(run.n_layer, run.n_kv_head, run.head_dim, b, run.batch_size)
     factors = (f"2 (K and V) × {run.n_layer} layers × {run.n_kv_head} K/V heads × {run.head_dim} dims × "
                f"{b} B ({run.dtype})" + (f" × batch {run.batch_size}" if run.batch_size > 1 else ""))
     if not run.use_cache:
@@ -87,6 +79,6 @@ def render(run: Run | None) -> None:
         cols[4].metric("Cache bytes", "0 B", "nothing kept", delta_color="off", delta_arrow="off")
     fed = f"{ev.input_len:,} token{'s' if ev.input_len != 1 else ''} fed"
     cols[5].metric("FLOPs this step", fmt_flops(ev.flops), fed, delta_color="off", delta_arrow="off",
-                   help="Analytic matmul FLOPs of this step's forward pass (kvviz.flops). Cached decode feeds "
+                   help="Analytic matmul FLOPs of this step's forward pass (kvviz.engine.flops). Cached decode feeds "
                         "1 token; no cache feeds the whole sequence again.")
     st.markdown(bytes_formula(run))

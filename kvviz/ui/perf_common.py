@@ -17,9 +17,9 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.cpu_load import busy_warning
-from kvviz.measure import probe_machine
-from kvviz.perf_stats import MachineProbe, Sample
+from kvviz.measure.cpu_load import busy_warning
+from kvviz.measure.sweeps import probe_machine
+from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import get_model
 

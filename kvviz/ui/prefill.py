@@ -7,11 +7,11 @@ from typing import Any
 import streamlit as st
 
 from kvviz import LoadedModel
-from kvviz import perf_charts as pc
-from kvviz.cache import kv_bytes_per_token
-from kvviz.flops import weight_bytes
-from kvviz.measure import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
-from kvviz.perf_stats import Sample, aggregate, phase_verdict, roofline_points
+from kvviz.charts import perf as pc
+from kvviz.units import kv_bytes_per_token
+from kvviz.engine.flops import weight_bytes
+from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
+from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
@@ -199,7 +199,7 @@ def _example_sentence(ttft: Any, tpot: Any, model: LoadedModel) -> str:
             "a decode step processes one token whatever came before. ")
     if abs(change) < 0.15:
         return head + "The per-token rate barely moves; only the attention over the longer cache adds a little."
-    kv = kv_bytes_per_token(model.config, model.dtype) * int(l_t[1])
+    kv = kv_bytes_per_token(model.config.n_layer, model.config.kv_heads, model.config.head_dim, model.dtype.itemsize) * int(l_t[1])
     w = weight_bytes(model.config, _itemsize(model))
     return head + (f"What does grow is the cache each step reads: {kv / 1e6:,.1f} MB of K/V for the document next to "
                    f"{w / 1e6:,.1f} MB of weights, so in a model this small the longer cache is a visible share of "

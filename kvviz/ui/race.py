@@ -8,12 +8,12 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run
-from kvviz import perf_charts as pc
-from kvviz.flops import weight_bytes
-from kvviz.generate import GenerationStream
-from kvviz.measure import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
-from kvviz.measure import start as start_stream
-from kvviz.perf_stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
+from kvviz.charts import perf as pc
+from kvviz.engine.flops import weight_bytes
+from kvviz.engine.generate import GenerationStream
+from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
+from kvviz.measure.sweeps import start as start_stream
+from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )

@@ -11,7 +11,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import Run
-from kvviz.events import to_dataframe
+from kvviz.engine.events import to_dataframe
 from kvviz.ui import persist
 from kvviz.ui.state import RunStore, StoredRun
 from kvviz.ui.view import draw, layout

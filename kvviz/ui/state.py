@@ -20,10 +20,10 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
-from kvviz.checkpoints import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
-from kvviz.flops import weight_bytes
-from kvviz.heap import freeze_once
-from kvviz.model import GPTConfig
+from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
+from kvviz.engine.flops import weight_bytes
+from kvviz.fast.heap import freeze_once
+from kvviz.engine.config import GPTConfig
 from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def _file_stamp(spec: str) -> float:
 @st.cache_resource(max_entries=4, show_spinner="Loading the model…")
 def _load(spec: str, device: str, dtype: str, stamp: float) -> LoadedModel:
     model = load_model(spec, device=device, dtype=dtype)
-    freeze_once()  # torch's heap out of full GC walks; once, before any session holds a stream (kvviz.heap)
+    freeze_once()  # torch's heap out of full GC walks; once, before any session holds a stream (kvviz.fast.heap)
     return model
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvviz import StepEvent
-from kvviz.generate import GenerationStream
+from kvviz.engine.generate import GenerationStream
 
 
 @dataclass

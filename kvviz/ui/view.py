@@ -13,7 +13,8 @@ from typing import Any
 
 import streamlit as st
 
-from kvviz import Run, charts
+from kvviz import Run
+from kvviz.charts import live as charts
 from kvviz.ui import chips, metrics, persist
 
 VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}

@@ -16,7 +16,7 @@ import re
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz.events import Run, StepEvent
+from kvviz.engine.events import Run, StepEvent
 
 # One look for every chart: large enough for a projector, calm colours, fixed heights.
 FONT = dict(family="Source Sans Pro, Inter, Helvetica, Arial, sans-serif", size=15, color="#212529")

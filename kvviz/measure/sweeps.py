@@ -17,12 +17,12 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from kvviz.cache import kv_bytes_per_token
-from kvviz.checkpoints import LoadedModel
-from kvviz.events import Run, StepEvent
-from kvviz.flops import forward_bytes, forward_flops
-from kvviz.generate import GenerationStream, iter_generate
-from kvviz.perf_stats import MODES, MachineProbe, Sample
+from kvviz.units import kv_bytes_per_token
+from kvviz.engine.load import LoadedModel
+from kvviz.engine.events import Run, StepEvent
+from kvviz.engine.flops import forward_bytes, forward_flops
+from kvviz.engine.generate import GenerationStream, iter_generate
+from kvviz.measure.stats import MODES, MachineProbe, Sample
 
 SWEEP_NS = (32, 64, 128, 256, 512)  # new tokens for the total-time sweep
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -335,7 +335,7 @@ def batch_memory(model: LoadedModel, batch: int, prompt_len: int, n_new: int) ->
     """Rough peak bytes of one cached batched run: the static cache (whole context, preallocated)
     plus prefill activations (a dozen (B, T, 4C) buffers and one (B, nh, T, T) score matrix)."""
     cfg, nbytes = model.config, _dtype_bytes(model)
-    kv = kv_bytes_per_token(cfg, model.dtype, batch) * cfg.block_size
+    kv = kv_bytes_per_token(cfg.n_layer, cfg.kv_heads, cfg.head_dim, model.dtype.itemsize, batch) * cfg.block_size
     acts = batch * prompt_len * (12 * 4 * cfg.n_embd + cfg.vocab_size) * 4
     scores = batch * cfg.n_head * prompt_len * prompt_len * nbytes
     return kv + acts + scores

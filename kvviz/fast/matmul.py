@@ -4,7 +4,7 @@ A few rows times a weight matrix is bound by streaming the weights from memory, 
 for a few rows streams on one core at a time. On CPU with s >= 2 intra-op threads and grads
 off, the rows go through ``bmm`` over s column blocks of the same storage instead (a strided
 view, no copy): each thread streams its share of the weights. (One fp32 row in a decode step
-goes to the C kernel of ``kvviz.rowops`` where it can; this is its fallback, and the path of
+goes to the C kernel of ``kvviz.fast.rowops`` where it can; this is its fallback, and the path of
 prefill and batches.) Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per decode step.
 
 Small batches of rows gain as well, since MKL's GEMM for a few rows streams the weights little

@@ -14,12 +14,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from kvviz.model import GPTConfig
-
-
-def kv_bytes_per_token(config: GPTConfig, dtype: torch.dtype, batch: int = 1) -> int:
-    """K and V for one token across all layers: 2 * L * n_kv_head * head_dim * bytes * batch."""
-    return 2 * config.n_layer * config.kv_heads * config.head_dim * dtype.itemsize * batch
+from kvviz.engine.config import GPTConfig
+from kvviz.units import kv_bytes_per_token
 
 
 class KVCache(ABC):
@@ -33,7 +29,8 @@ class KVCache(ABC):
         self.pos = 0  # tokens committed so far; only the generator moves it
         self.bytes_copied = 0  # cumulative bytes this cache wrote or copied (O(T) vs O(T^2))
         # Fixed for the cache's life; read on every step's event, so computed once.
-        self.bytes_per_token = kv_bytes_per_token(config, dtype, batch)
+        self.bytes_per_token = int(kv_bytes_per_token(config.n_layer, config.kv_heads, config.head_dim,
+                                                      dtype.itemsize, batch))
 
     def advance(self, n: int) -> None:
         if self.pos + n > self.config.block_size:

@@ -37,7 +37,7 @@ class StepEvent:
     cache_bytes_allocated: int  # bytes the cache's tensors hold
     cache_bytes_copied: int  # cumulative bytes the cache wrote or copied so far
     latency_ms: float  # forward + sampling (synchronized on CUDA), capture work excluded
-    flops: int  # analytic matmul FLOPs of this step's forward (see kvviz.flops)
+    flops: int  # analytic matmul FLOPs of this step's forward (see kvviz.engine.flops)
     elapsed_ms: float  # wall time since the run started, at the end of this step
     top: tuple[TopToken, ...] = ()  # the 5 most likely next tokens
     token_ids: tuple[int, ...] = ()  # the sampled token of every batch row
@@ -84,6 +84,7 @@ class Run:
     max_new_tokens: int
     batch_size: int = 1
     events: tuple[StepEvent, ...] = ()
+    engine: str = "fast"  # "fast" (kvviz.fast ran the steps) or "readable" (the model's own forward)
     text: str = ""  # generated text (row 0), stop string trimmed
     stop_reason: str | None = None  # None while running
     stop_string: str | None = None
@@ -167,6 +168,7 @@ class Run:
             "dtype": self.dtype,
             "use_cache": self.use_cache,
             "cache_kind": self.cache_kind,
+            "engine": self.engine,
             "sampling": self.sampling,
             "batch_size": self.batch_size,
             "prompt_ids": list(self.prompt_ids),

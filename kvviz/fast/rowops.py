@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz.machine import cpu_name
+from kvviz.measure.machine import cpu_name
 
 SOURCE = Path(__file__).with_name("csrc") / "rowops.c"
 FLAG_SETS = (

@@ -12,13 +12,15 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.gpt2 import GPT
+from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
-from kvviz.model import GPT, GPTConfig
-from kvviz.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from kvviz.fast import build as build_fast
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL_DIR = ASSETS / "models" / "shakespeare"
@@ -61,6 +63,15 @@ class NoTokenizer:
         return f"<|{token_id}|>"
 
 
+class Accelerator(Protocol):
+    """What generation asks of an accelerator: the model's own forward, faster."""
+
+    name: str
+
+    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor, cache: Any = None, capture: Any = None,
+                last_only: bool = False) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready to generate: weights (eval, on device), tokenizer and where it came from."""
@@ -73,6 +84,9 @@ class LoadedModel:
     has_tokenizer: bool = True
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict, compare=False)
+    # kvviz.fast's accelerator for this model (same forward signature), or None: held beside
+    # the nn.Module, never on it; generate(fast=False) ignores it.
+    fast: Accelerator | None = field(default=None, compare=False)
 
     @property
     def config(self) -> GPTConfig:
@@ -132,7 +146,7 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
 def _finish(gpt: GPT, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
             source: str, info: dict[str, Any] | None = None) -> LoadedModel:
     gpt = gpt.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
-    return LoadedModel(gpt, tok, name, dev, dt, has_tok, source, dict(info or {}))
+    return LoadedModel(gpt, tok, name, dev, dt, has_tok, source, dict(info or {}), fast=build_fast(gpt))
 
 
 def read_config(folder: Path) -> dict[str, Any]:

@@ -29,20 +29,20 @@ from typing import Any, Callable
 
 import torch
 
-from kvviz import rowops
-from kvviz.checkpoints import LoadedModel, export_hf_gpt2, load_model, resolve_device
-from kvviz.decode import Matmul, plan_for
+from kvviz.fast import rowops
+from kvviz.engine.load import LoadedModel, export_hf_gpt2, load_model, resolve_device
+from kvviz.fast.gpt2 import Matmul
 from kvviz.errors import KVVizError
-from kvviz.generate import generate
-from kvviz.heap import freeze_long_lived
-from kvviz.machine import cpu_name
+from kvviz.engine.generate import generate
+from kvviz.fast.heap import freeze_long_lived
+from kvviz.measure.machine import cpu_name
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
 
 @dataclass(frozen=True)
 class Case:
-    shape: str  # a kvviz.checkpoints.RANDOM_SHAPES name
+    shape: str  # a kvviz.engine.load.RANDOM_SHAPES name
     new_tokens: int
     variants: tuple[str, ...]  # kvviz_static, kvviz_concat, kvviz_uncached, hf, floor
 
@@ -91,11 +91,11 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
 def weight_matmuls(model: LoadedModel) -> list[Matmul]:
     """Every matmul of a decode step, in order (each layer's four, then the LM head), prepared
     as the flat decode step runs them for the current thread count."""
-    return plan_for(model.gpt).matmuls()
+    return model.fast.plan().matmuls()
 
 
 def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
-    plan = plan_for(model.gpt)
+    plan = model.fast.plan()
     dev, dt = model.device, model.dtype
     calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = []
     for m in plan.matmuls():

@@ -16,44 +16,18 @@ from typing import Iterator, Sequence
 
 import torch
 
-from kvviz.cache import make_cache
-from kvviz.checkpoints import LoadedModel
+from kvviz.engine.cache import make_cache
+from kvviz.engine.capture import Capture, ForwardCapture
+from kvviz.engine.events import Run, StepEvent, TopToken
+from kvviz.engine.flops import forward_flops
+from kvviz.engine.load import LoadedModel
+from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.errors import KVVizError
-from kvviz.events import Run, StepEvent, TopToken
-from kvviz.flops import forward_flops
-from kvviz.model import ForwardCapture
-from kvviz.sampling import SamplingParams, make_generator, sample
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
 MAX_BATCH = 64
 
 
-@dataclass(frozen=True)
-class Capture:
-    """What to record besides timings. Everything is off by default and bounded in size."""
-
-    attention: bool | tuple[int, ...] = False  # newest query row's weights: True = all layers
-    kv_norms: bool = False  # L2 norm of every new K/V head vector, all layers
-    kv_layer: int | None = None  # raw new K/V values of this one layer
-    logits: bool = False  # last-position logits (tests; V floats per step)
-
-    def attention_layers(self, n_layer: int) -> tuple[int, ...]:
-        if self.attention is True:
-            return tuple(range(n_layer))
-        if not self.attention:
-            return ()
-        return tuple(sorted(set(int(i) for i in self.attention if 0 <= int(i) < n_layer)))
-
-    def ref_layers(self, n_layer: int) -> frozenset[int]:
-        layers = set(self.attention_layers(n_layer))
-        if self.kv_norms:
-            layers.update(range(n_layer))
-        if self.kv_layer is not None and 0 <= self.kv_layer < n_layer:
-            layers.add(self.kv_layer)
-        return frozenset(layers)
-
-
-CAPTURE_ALL = Capture(attention=True, kv_norms=True, kv_layer=0)
 
 
 @dataclass
@@ -70,6 +44,7 @@ class GenerationStream:
     stop: tuple[str, ...]
     capture: Capture
     batch_size: int
+    fast: bool = True  # run the model's accelerator (kvviz.fast) where it has one
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
@@ -79,6 +54,11 @@ class GenerationStream:
         if self._iter is None:
             self._iter = self._loop()
         return self._iter
+
+    @property
+    def engine(self) -> str:
+        """"fast" when the accelerator runs the steps, else "readable"."""
+        return "fast" if self.fast and self.model.fast is not None else "readable"
 
     @property
     def text(self) -> str:
@@ -95,6 +75,7 @@ class GenerationStream:
             cache_kind=self.cache_kind if self.use_cache else "none", sampling=self.params.describe(),
             prompt_ids=tuple(self.prompt_rows[0]), prompt_text=self.prompt_text,
             max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=tuple(self.events),
+            engine=self.engine,
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
             block_size=c.block_size,
         )
@@ -106,7 +87,9 @@ class GenerationStream:
 
     def _loop(self) -> Iterator[StepEvent]:
         m = self.model
-        gpt, cfg, tok, dev = m.gpt, m.config, m.tokenizer, m.device
+        cfg, tok, dev = m.config, m.tokenizer, m.device
+        # Which step runs: the accelerator (same signature, same maths, flat) or the readable model.
+        forward = m.fast.forward if self.engine == "fast" else m.gpt
         B, N, n_new = self.batch_size, len(self.prompt_rows[0]), self.max_new_tokens
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
@@ -136,7 +119,7 @@ class GenerationStream:
                 if on_cuda:
                     torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()
-                logits = gpt(inp, positions.narrow(0, start, t - start), cache, fc, last_only=True)
+                logits = forward(inp, positions.narrow(0, start, t - start), cache, fc, last_only=True)
                 logits = logits.select(1, -1)  # (B, V)
                 nxt = sample(logits if logits.dtype == torch.float32 else logits.float(), self.params, gen)  # (B,)
                 if cache is None:  # recomputing reads the whole sequence back
@@ -246,6 +229,7 @@ def iter_generate(
     stop: Sequence[str] | None = None,
     capture: Capture | None = None,
     batch_size: int = 1,
+    fast: bool = True,
 ) -> GenerationStream:
     """Validate the request (before any compute) and return a stream of StepEvents."""
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
@@ -263,7 +247,7 @@ def iter_generate(
         raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
     stops = tuple(s for s in (stop or ()) if s)
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
-                            capture or Capture(), batch_size)
+                            capture or Capture(), batch_size, bool(fast))
 
 
 def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]

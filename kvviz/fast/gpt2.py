@@ -1,45 +1,37 @@
-"""The one-token decode step, written flat: the hot loop of cached generation.
+"""The accelerator's GPT-2: the same maths as ``engine/models/gpt2.py``, written flat.
 
-Same maths as ``GPT.forward`` with a cache and T=1 (tests hold the two allclose, and both to a
-float64 reference and to transformers). It exists because a decode step of a small model is
-bound by per-op overhead and by streaming the weights, not by arithmetic: on tiny, the module
-path spends more time in Python, ``nn.Module.__call__`` and small kernels than in reading the
-12.6 MB of weights, and every op, even a view, costs about a microsecond of Python and
-dispatch. So this path counts ops:
+It exists because a step of a small model is bound by per-op overhead and by streaming the
+weights, not by arithmetic: on tiny, the module path spends more time in Python,
+``nn.Module.__call__`` and small kernels than in reading the weights, and every op, even a
+view, costs about a microsecond of Python and dispatch. So this path counts ops:
 
-- functional ops only: no ``Module.__call__`` (39 of them per step on tiny);
-- weights prepared once, in a ``DecodePlan`` of views of the parameters (no copies);
-- one row, fp32, on the CPU: each layer is four ``RowLinear`` calls into C (``kvviz.rowops``),
-  each fusing the matmul with what surrounds it: LN1 + c_attn, c_proj + residual, LN2 + c_fc +
-  GELU, MLP projection + residual, and ln_f + the LM head once per step. Between them only the
-  q/k/v views, the cache write and SDPA remain in PyTorch;
-- otherwise (batches, half precision, CUDA, or no C compiler) the same step in PyTorch ops,
-  with the matmuls through ``row_matmul``.
+- functional ops only, no ``Module.__call__``, with the weights prepared once in a ``Plan`` of
+  views of the parameters (no copies, except the LM head's transposed copy);
+- the matmuls of a few rows split across the CPU's threads by output columns (``matmul.py``);
+- one row (a cached decode step, batch 1, fp32, CPU with a C compiler): each layer is four calls
+  into C (``rowops.py``), each fusing the matmul with what surrounds it: LN1 + c_attn,
+  c_proj + residual, LN2 + c_fc + GELU, MLP projection + residual; ln_f + the LM head once.
 
-Measured against this step on PyTorch ops (2-core EPYC, fp32, 2 threads, alternating in one
-process): tiny 0.75 vs 1.66 ms per step (median of 15 runs of 255 steps; best 0.49 vs 1.19);
-gpt2-small 30.1 vs 29.1 ms (median of 7 runs of 32 steps; best 27.4 vs 27.6), where streaming
-490 MB of weights from memory bounds both. The README's benchmark has whole runs.
-
-``GPT.freeze()`` (called after the final ``.to()``) builds the plan. ``plan_for`` rebuilds it
-when the intra-op thread count changes. The plan reads the parameters in place, so in-place
-loads (``load_state_dict``) are seen at once; replaced or moved parameters need ``freeze()``,
-as the LM head copy does.
+Tests hold it allclose to the readable model, to a float64 reference and to transformers.
+``docs/performance.md`` has the measurements behind each choice.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from kvviz.matmul import row_matmul
-from kvviz.rowops import RowLinear, row_linear
+from kvviz.fast.matmul import row_matmul
+from kvviz.fast.rowops import RowLinear, row_linear
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvviz.cache import KVCache
-    from kvviz.model import GPT, Conv1D, ForwardCapture
+    from kvviz.engine.cache import KVCache
+    from kvviz.engine.capture import ForwardCapture
+    from kvviz.engine.config import GPTConfig
+    from kvviz.engine.models.gpt2 import GPT, Conv1D
 
 
 @dataclass(frozen=True)
@@ -50,9 +42,9 @@ class Matmul:
     bias: torch.Tensor | None  # (out,)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 1, in) -> (B, 1, out)."""
-        B, _, n_in = x.shape
-        return row_matmul(x.reshape(B, n_in), self.w, self.bias).view(B, 1, -1)
+        """(B, T, in) -> (B, T, out)."""
+        B, T, n_in = x.shape
+        return row_matmul(x.reshape(B * T, n_in), self.w, self.bias).view(B, T, -1)
 
 
 def _conv(m: "Conv1D") -> Matmul:
@@ -77,7 +69,7 @@ class LayerPlan:
 
 @dataclass(frozen=True)
 class LayerRowOps:
-    """A layer's four fused one-row calls into C (kvviz.rowops)."""
+    """A layer's four fused one-row calls into C (kvviz.fast.rowops)."""
 
     attn_in: RowLinear  # LN1 + c_attn: x (C,) -> qkv (C + 2*kv_dim,)
     attn_out: RowLinear  # c_proj + residual: y (C,), x -> x + y @ W + b
@@ -126,8 +118,17 @@ def _row_plan(gpt: "GPT", layers: tuple[LayerPlan, ...], head: Matmul, threads: 
     return None if head_row is None else RowPlan(tuple(ops), head_row)
 
 
-def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
-    assert gpt.lm_head_t is not None, "build_plan needs a frozen model"
+def lm_head_t(gpt: "GPT") -> torch.Tensor:
+    """wte as (C, V + pad): the LM head is the biggest matmul of a decode step, and the (in, out)
+    layout runs it ~2x faster on CPU. Padded to a multiple of 64 columns so ``row_matmul`` can
+    split it across threads even for an odd vocabulary (GPT-2's 50,257); steps slice it off."""
+    wte = gpt.transformer.wte.weight.detach()  # (V, C)
+    pad = -wte.shape[0] % 64
+    return torch.cat([wte, wte.new_zeros(pad, wte.shape[1])]).t().contiguous()  # (C, V + pad)
+
+
+def build_plan(gpt: "GPT", threads: int, head_t: torch.Tensor | None = None) -> DecodePlan:
+    """Views of the model's weights (read in place) and the C row ops for ``threads`` threads."""
     t = gpt.transformer
     layers = tuple(
         LayerPlan(
@@ -137,19 +138,51 @@ def build_plan(gpt: "GPT", threads: int) -> DecodePlan:
         )
         for b in t.h
     )
-    head = Matmul(gpt.lm_head_t, None)
+    head = Matmul(lm_head_t(gpt) if head_t is None else head_t, None)
     return DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
                       ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head,
                       rows=_row_plan(gpt, layers, head, threads))
 
 
-def plan_for(gpt: "GPT") -> DecodePlan:
-    """The model's plan, rebuilt (cheaply) when the intra-op thread count changed."""
-    threads = torch.get_num_threads()
-    plan = gpt.decode_plan
-    if plan is None or plan.threads != threads:
-        plan = gpt.decode_plan = build_plan(gpt, threads)  # a benign race: both builds are equal
-    return plan
+class FastGPT2:
+    """The accelerator for one frozen GPT-2, held beside it (never on the ``nn.Module``).
+
+    ``forward`` has the model's signature and result. Plans depend on the intra-op thread count
+    (the C row ops split columns by it), so one is kept per count, built on first use.
+    """
+
+    name = "fast"
+
+    def __init__(self, gpt: "GPT") -> None:
+        self.gpt = gpt
+        self.config = gpt.config
+        self._head_t = lm_head_t(gpt)  # the one copy this accelerator makes; rebuild() refreshes it
+        self._plans: dict[int, DecodePlan] = {}
+        self._lock = threading.Lock()
+
+    def rebuild(self) -> None:
+        """After replacing or moving parameters (an in-place load is seen without it)."""
+        with self._lock:
+            self._head_t = lm_head_t(self.gpt)
+            self._plans.clear()
+
+    def plan(self) -> DecodePlan:
+        threads = torch.get_num_threads()
+        plan = self._plans.get(threads)
+        if plan is None:
+            with self._lock:
+                plan = self._plans.get(threads)
+                if plan is None:
+                    plan = self._plans[threads] = build_plan(self.gpt, threads, self._head_t)
+        return plan
+
+    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor, cache: "KVCache | None" = None,
+                capture: "ForwardCapture | None" = None, last_only: bool = False) -> torch.Tensor:
+        """Logits (B, T|1, V), as ``GPT.forward`` gives them."""
+        p = self.plan()
+        if idx.shape[1] == 1 and cache is not None:
+            return decode_step(self.config, p, idx, input_pos, cache, capture)
+        return forward_rows(self.config, p, idx, input_pos, cache, capture, last_only)
 
 
 def _qkv(qkv: torch.Tensor, B: int, nh: int, nkv: int, hs: int) -> tuple[torch.Tensor, ...]:
@@ -161,13 +194,11 @@ def _qkv(qkv: torch.Tensor, B: int, nh: int, nkv: int, hs: int) -> tuple[torch.T
     return q.view(B, nh, 1, hs), k.view(B, nkv, 1, hs), v.view(B, nkv, 1, hs)
 
 
-def decode_step(gpt: "GPT", idx: torch.Tensor, input_pos: torch.Tensor, cache: "KVCache",
+def decode_step(c: "GPTConfig", p: DecodePlan, idx: torch.Tensor, input_pos: torch.Tensor, cache: "KVCache",
                 capture: "ForwardCapture | None") -> torch.Tensor:
     """Logits (B, 1, V) for one new token per row, idx (B, 1) at input_pos (1,), through the cache."""
-    p = plan_for(gpt)
     if idx.shape[0] == 1 and p.rows is not None:
-        return _one_row(gpt, p, p.rows, idx, input_pos, cache, capture)
-    c = gpt.config
+        return _one_row(c, p, p.rows, idx, input_pos, cache, capture)
     B = idx.shape[0]
     C, nh, nkv, hs, eps = c.n_embd, c.n_head, c.kv_heads, c.head_dim, c.layer_norm_epsilon
     # torch.embedding / torch.layer_norm: the ATen ops without F's Python argument checks.
@@ -186,10 +217,9 @@ def decode_step(gpt: "GPT", idx: torch.Tensor, input_pos: torch.Tensor, cache: "
     return p.head.rows(x)[..., : c.vocab_size]  # (B, 1, V): the padding columns dropped
 
 
-def _one_row(gpt: "GPT", p: DecodePlan, rows: RowPlan, idx: torch.Tensor, input_pos: torch.Tensor,
+def _one_row(c: "GPTConfig", p: DecodePlan, rows: RowPlan, idx: torch.Tensor, input_pos: torch.Tensor,
              cache: "KVCache", capture: "ForwardCapture | None") -> torch.Tensor:
     """The step for one row through the fused C row ops: the residual stream is a (C,) vector."""
-    c = gpt.config
     nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
     x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (1, 1, C), contiguous
     for i, op in enumerate(rows.layers):
@@ -203,3 +233,41 @@ def _one_row(gpt: "GPT", p: DecodePlan, rows: RowPlan, idx: torch.Tensor, input_
         x = op.attn_out(y.contiguous(), x)  # x + y @ c_proj + b: (C,)
         x = op.mlp_out(op.mlp_in(x), x)  # x + gelu(LN2(x) @ c_fc + b) @ proj + b: (C,)
     return rows.head(x)[: c.vocab_size].view(1, 1, -1)  # ln_f + LM head: (1, 1, V), padding dropped
+
+
+def forward_rows(c: "GPTConfig", p: DecodePlan, idx: torch.Tensor, input_pos: torch.Tensor,
+                 cache: "KVCache | None", capture: "ForwardCapture | None", last_only: bool) -> torch.Tensor:
+    """Logits for T tokens per row (prefill, chunked prefill, or a whole uncached sequence).
+
+    ``GPT.forward``'s maths and masks, with functional ops and the split matmuls.
+    """
+    B, T = idx.shape
+    C, nh, nkv, hs, eps = c.n_embd, c.n_head, c.kv_heads, c.head_dim, c.layer_norm_epsilon
+    start = cache.pos if cache is not None else 0
+    if start + T > c.block_size:
+        raise ValueError(f"sequence of {start + T} tokens exceeds block_size {c.block_size}")
+    mask: torch.Tensor | None = None
+    is_causal = T > 1 and start == 0  # plain prefill: SDPA's own causal path
+    if T > 1 and start > 0:  # chunked prefill: query i (at input_pos[i]) sees keys 0..input_pos[i]
+        mask = torch.arange(start + T, device=idx.device)[None, :] <= input_pos[:, None]  # (T, S)
+    x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (B, T, C)
+    kvd = nkv * hs
+    for i, lp in enumerate(p.layers):
+        h = torch.layer_norm(x, (C,), lp.ln_1_w, lp.ln_1_b, eps)  # (B, T, C)
+        q, k, v = lp.c_attn.rows(h).split([C, kvd, kvd], dim=2)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if cache is not None:
+            k, v = cache.update(i, k, v)  # every cached position: (B, nkv, S, hs)
+        if capture is not None and i in capture.layers:
+            capture.q_last[i], capture.k[i], capture.v[i] = q[:, :, -1:, :], k, v
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=nkv != nh)  # (B, nh, T, hs)
+        x = x + lp.c_proj.rows(y.transpose(1, 2).reshape(B, T, C))  # heads side by side: (B, T, C)
+        h = torch.layer_norm(x, (C,), lp.ln_2_w, lp.ln_2_b, eps)
+        x = x + lp.mlp_proj.rows(F.gelu(lp.c_fc.rows(h), approximate="tanh"))  # GPT-2's gelu_new
+    if last_only:
+        x = x[:, -1:, :]  # (B, 1, C)
+    x = torch.layer_norm(x, (C,), p.ln_f_w, p.ln_f_b, eps)
+    return p.head.rows(x)[..., : c.vocab_size]  # (B, T|1, V): the padding columns dropped

@@ -1,7 +1,7 @@
 """Pure analysis of measurements: spreads, aggregation, log-log slopes, roofline labels, prose.
 
-No torch and no streamlit: the harness (``kvviz.measure``) produces ``Sample``s and a
-``MachineProbe``; this module and ``kvviz.perf_charts`` turn them into tables, fits and words.
+No torch and no streamlit: the harness (``kvviz.measure.sweeps``) produces ``Sample``s and a
+``MachineProbe``; this module and ``kvviz.charts.perf`` turn them into tables, fits and words.
 Everything here is deterministic arithmetic, so it is tested against hand-computed values.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from kvviz.events import Run
+    from kvviz.engine.events import Run
 
 MODES = ("static", "concat", "none")  # race order: the two caches, then recomputation
 MODE_LABELS = {"static": "KV cache (static)", "concat": "KV cache (concat)", "none": "no cache"}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from kvviz.units import kv_bytes_per_token
+
 
 class Shape(Protocol):  # GPTConfig satisfies it; so does any object with these fields
     vocab_size: int
@@ -58,10 +60,8 @@ def weight_bytes(c: Shape, dtype_bytes: int) -> int:
 def forward_bytes(c: Shape, n_new: int, start: int = 0, dtype_bytes: int = 4, batch: int = 1,
                   cached: bool = True) -> int:
     """Minimum bytes moved by one forward (weights once + K/V read + K/V written)."""
-    L, _, kvd, _, _ = _dims(c)
-    kv_read = 2 * L * kvd * start * dtype_bytes * batch if cached else 0
-    kv_write = 2 * L * kvd * n_new * dtype_bytes * batch if cached else 0
-    return weight_bytes(c, dtype_bytes) + kv_read + kv_write
+    per_token = int(kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, dtype_bytes, batch)) if cached else 0
+    return weight_bytes(c, dtype_bytes) + per_token * (start + n_new)  # K/V read once + the new K/V written
 
 
 def arithmetic_intensity(c: Shape, n_new: int, start: int = 0, dtype_bytes: int = 4, batch: int = 1) -> float:

@@ -1,0 +1,18 @@
+"""The accelerator: the same maths as the readable models, run faster, held beside them.
+
+``build(net)`` returns an accelerator for a loaded (frozen) model, or None for a family it does
+not know. ``engine.load`` builds one when a model is loaded; ``engine.generate`` uses it only
+when asked (``fast=True``, the default), so switching it off runs the readable model alone.
+Nothing here is required: without a C compiler the accelerator keeps its PyTorch-op path.
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from kvviz.engine.models.gpt2 import GPT
+from kvviz.fast.gpt2 import FastGPT2
+
+
+def build(net: nn.Module) -> FastGPT2 | None:
+    """An accelerator for ``net`` (eval mode, grads off), or None where there is none."""
+    return FastGPT2(net) if isinstance(net, GPT) else None
