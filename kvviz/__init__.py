@@ -1,14 +1,39 @@
 """kvviz: see how an LLM generates text, and why the KV cache matters.
 
-The API is imported eagerly on purpose: `kvviz.engine.generate` must stay the function even after the
-submodule of the same name is imported (a lazy `__getattr__` would let the submodule win).
+The public API is resolved on first use, so ``import kvviz.memory`` (the calculator, pure
+Python) never imports torch. That is safe because no submodule shares an API name: the
+generation loop lives in ``kvviz.engine.generate``, so ``kvviz.generate`` is always the
+function (tests/test_generate.py holds that).
 """
-from kvviz.engine.load import LoadedModel, load_model
-from kvviz.errors import KVVizError
-from kvviz.engine.events import Run, StepEvent
-from kvviz.engine.capture import CAPTURE_ALL, Capture
-from kvviz.engine.generate import generate, iter_generate
+from __future__ import annotations
 
-__all__ = ["CAPTURE_ALL", "Capture", "KVVizError", "LoadedModel", "Run", "StepEvent", "generate",
-           "iter_generate", "load_model"]
-__version__ = "0.1.0"
+import importlib
+from typing import Any
+
+_API: dict[str, str] = {
+    "load_model": "kvviz.engine.load",
+    "LoadedModel": "kvviz.engine.load",
+    "KVVizError": "kvviz.errors",
+    "Run": "kvviz.engine.events",
+    "StepEvent": "kvviz.engine.events",
+    "Capture": "kvviz.engine.capture",
+    "CAPTURE_ALL": "kvviz.engine.capture",
+    "generate": "kvviz.engine.generate",
+    "iter_generate": "kvviz.engine.generate",
+}
+
+__all__ = sorted(_API)
+__version__ = "0.2.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvviz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once; later lookups never reach __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))
