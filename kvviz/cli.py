@@ -45,6 +45,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
     p.add_argument("--cache-kind", choices=["static", "concat"], default="static")
+    p.add_argument("--no-fast", action="store_true",
+                   help="run every step through the readable model, without the accelerator (kvviz.fast)")
     samp = p.add_mutually_exclusive_group()
     samp.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
     samp.add_argument("--temperature", type=_float, help="sample at this temperature")
@@ -59,8 +61,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.engine.load import load_model
     from kvviz.engine.generate import generate
+    from kvviz.engine.load import load_model
     from kvviz.fast.heap import freeze_long_lived
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
@@ -71,10 +73,10 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
         use_cache=not args.no_cache, cache_kind=args.cache_kind,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast,
     )
     obj = {
-        "model": run.model, "device": run.device, "use_cache": run.use_cache,
+        "model": run.model, "device": run.device, "use_cache": run.use_cache, "engine": run.engine,
         "prompt_ids": list(run.prompt_ids), "generated_ids": run.generated_ids, "text": run.text,
         "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
     }

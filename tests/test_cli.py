@@ -18,7 +18,7 @@ from kvviz.engine.load import LoadedModel
 from kvviz.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_KEYS = {"model", "device", "use_cache", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}
+RUN_KEYS = {"model", "device", "use_cache", "engine", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}
 STEP_KEYS = {"step", "phase", "token_id", "position", "input_len", "cache_len", "cache_bytes", "latency_ms"}
 TINY_BYTES_PER_TOKEN = 2 * 4 * 4 * 64 * 4  # K and V, 4 layers, 4 heads of 64, fp32
 
@@ -56,7 +56,17 @@ def test_generate_json_cached(random_models: dict[str, LoadedModel]) -> None:
     ref = kvviz.generate(random_models["tiny"], prompt="Hello", max_new_tokens=6)
     assert obj["model"] == "random:tiny" and obj["device"] == "cpu" and obj["use_cache"] is True
     assert obj["prompt_ids"] == list(b"Hello") and obj["generated_ids"] == ref.generated_ids
-    assert obj["text"] == ref.text and obj["stop_reason"] == "max_new_tokens"
+    assert obj["text"] == ref.text and obj["stop_reason"] == "max_new_tokens" and obj["engine"] == "fast"
+
+
+def test_generate_no_fast_runs_the_readable_model_to_the_same_tokens(random_models: dict[str, LoadedModel]) -> None:
+    p = _kvviz("generate", "--model", "random:tiny", "--prompt", "Hello", "--max-new-tokens", "6", "--no-fast",
+               "--json")
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    _check_contract(obj, 5, 6, cached=True)
+    assert obj["engine"] == "readable"
+    assert obj["generated_ids"] == kvviz.generate(random_models["tiny"], prompt="Hello", max_new_tokens=6).generated_ids
 
 
 def test_generate_json_uncached_sampling(random_models: dict[str, LoadedModel]) -> None:

@@ -70,6 +70,7 @@ class Request:
     top_p: float | None = None
     seed: int = 0
     prompt: str | None = None  # the text, when the rows came from one (kept for the Run)
+    fast: bool = True  # every mode through the accelerator, or every mode through the readable model
 
     @property
     def prompt_len(self) -> int:
@@ -97,7 +98,7 @@ class Request:
         sampling: dict[str, object] = {"greedy": True} if self.greedy else {
             "greedy": False, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
         return {**src, "max_new_tokens": self.max_new_tokens, "use_cache": mode != "none",
-                "cache_kind": "static" if mode == "none" else mode, "seed": self.seed, **sampling}
+                "cache_kind": "static" if mode == "none" else mode, "seed": self.seed, "fast": self.fast, **sampling}
 
 
 def request_from_text(model: LoadedModel, prompt: str, max_new_tokens: int, **sampling: object) -> Request:

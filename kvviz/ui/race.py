@@ -17,7 +17,7 @@ from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_s
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
-from kvviz.ui.settings import Settings
+from kvviz.ui.settings import ENGINES, Settings
 
 SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
@@ -53,7 +53,7 @@ def page() -> None:
 def _request(s: Settings, model: LoadedModel) -> Request:
     ids = tuple(model.tokenizer.encode(s.prompt)) if s.prompt else ()
     return Request(prompt_ids=(ids,), max_new_tokens=s.max_new_tokens, prompt=s.prompt,
-                   **s.sampling_kwargs())
+                   fast=s.engine == "fast", **s.sampling_kwargs())
 
 
 def shown(text: str) -> str:
@@ -76,8 +76,9 @@ def _sampling_text(s: Settings) -> str:
 
 def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     st.subheader("The race")
-    st.caption(f"{s.max_new_tokens} new tokens · {_sampling_text(s)} · {where(model)} · prompt and settings "
-               "come from the sidebar")
+    st.caption(f"{s.max_new_tokens} new tokens · {_sampling_text(s)} · {where(model)} · engine: "
+               f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
+               "settings come from the sidebar")
     with st.container(horizontal=True):
         start = st.button("Start the race", key="race_start", type="primary",
                           help="Run static cache, concat cache and no cache, one after another")
@@ -260,7 +261,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     key = results_key("race_sweep", model)
     charts = st.empty()
     if run_it and ns:
-        req = Request(prompt_ids=(ids,), max_new_tokens=max(ns), **s.sampling_kwargs())
+        req = Request(prompt_ids=(ids,), max_new_tokens=max(ns), fast=s.engine == "fast", **s.sampling_kwargs())
         lock = acquire_or_warn()
         if lock is None:
             return

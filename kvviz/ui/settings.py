@@ -14,6 +14,10 @@ CACHE_MODES: dict[str, str] = {
     "none": "No cache (recompute everything)",
 }
 DTYPE_CHOICES = ("fp32", "bf16", "fp16")
+ENGINES: dict[str, str] = {
+    "fast": "fast (kvviz.fast: the same maths, flat, with C row kernels)",
+    "readable": "readable PyTorch (the model's own forward)",
+}
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Settings:
     seed: int = 0  # seeds the run's own random generator: same seed, same text
     cache_mode: str = "static"  # one of CACHE_MODES
     speed_tps: float | None = None  # presentation speed: slow live generation to N tokens/s (None = full speed)
+    engine: str = "fast"  # one of ENGINES: which code runs each step (same maths, same tokens)
 
     @property
     def use_cache(self) -> bool:
@@ -57,5 +62,6 @@ class Settings:
             "max_new_tokens": self.max_new_tokens,
             "use_cache": self.use_cache,
             "cache_kind": self.cache_mode if self.use_cache else "static",
+            "fast": self.engine == "fast",
             **self.sampling_kwargs(),
         }

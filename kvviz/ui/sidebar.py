@@ -9,7 +9,7 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.ui import persist
-from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, Settings
+from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
 
 EXAMPLES: dict[str, str] = {
@@ -21,7 +21,7 @@ DEFAULT_PROMPT = EXAMPLES["Romeo"]
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 KEPT_KEYS = ("model", "device", "dtype", "prompt", "max_new_tokens", "sampling", "temperature", "top_k",
-             "top_p", "seed", "cache_mode", "present", "speed_tps")
+             "top_p", "seed", "cache_mode", "engine", "present", "speed_tps")
 
 HELP = {
     "model": "Which network generates. `default` is the small model trained on Tiny Shakespeare that "
@@ -47,6 +47,9 @@ HELP = {
                   "one column in place. Concat: the cache grows by torch.cat, copying everything each step. "
                   "No cache: every step re-runs the model over the whole sequence, recomputing every K and "
                   "V and keeping none. The text is identical in all three; the work is not.",
+    "engine": "Which code runs each step. Readable: the model's own PyTorch forward, the one to read "
+              "(kvviz/engine/models/). Fast: kvviz.fast runs the same maths flat, with fused C kernels "
+              "for one-token steps on CPU. Same tokens either way; the timings differ.",
     "present": "Slow live generation down so an audience can follow each token.",
     "speed_tps": "Target tokens per second while presenting.",
 }
@@ -159,6 +162,8 @@ def render_sidebar() -> Settings:
         persist.keep("cache_mode", "static", options=tuple(CACHE_MODES))
         cache_mode = st.radio("Cache mode", tuple(CACHE_MODES), key="cache_mode", format_func=CACHE_MODES.get,
                               help=HELP["cache_mode"])
+        persist.keep("engine", "fast", options=tuple(ENGINES))
+        engine = st.radio("Engine", tuple(ENGINES), key="engine", format_func=ENGINES.get, help=HELP["engine"])
         st.header("Presenting")
         persist.keep("present", False)
         present = st.toggle("Presentation speed", key="present", help=HELP["present"])
@@ -168,5 +173,5 @@ def render_sidebar() -> Settings:
         persist.remember(*KEPT_KEYS)
     return Settings(
         model=choice, device=device, dtype=dtype, prompt=prompt, max_new_tokens=n_new,
-        cache_mode=str(cache_mode), speed_tps=float(speed) if present else None, **sampling,  # type: ignore[arg-type]
+        cache_mode=str(cache_mode), engine=str(engine), speed_tps=float(speed) if present else None, **sampling,  # type: ignore[arg-type]
     )
