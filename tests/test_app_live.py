@@ -193,7 +193,7 @@ def test_a_hugging_face_folder_with_a_bpe_tokenizer(  # type: ignore[no-untyped-
     generate(at, "To be, or not to be", n=4)
     run = store(at)[-1].run
     assert run.model == "tiny-bpe" and len(run.events) == 4
-    assert run.meta["prompt_tokens"][:3] == ["To", " be", ","]  # BPE pieces, as the tokenizer shows them
+    assert run.prompt_tokens[:3] == ("To", " be", ",")  # BPE pieces, as the tokenizer shows them
     assert '>·be</span>' in html_text(at)  # one chip for " be", its space made visible
 
 
@@ -222,8 +222,12 @@ def test_a_device_failure_mid_run_keeps_the_partial_run(app: AppTest, monkeypatc
             yield next(it)
             raise RuntimeError("CUDA error: device-side assert (simulated)")  # the 3rd forward fails
 
-        class Wrapped:  # the page iterates the stream and reads .run
-            run = property(lambda self: stream.run)
+        class Wrapped:  # the page iterates the stream; every attribute (run, capture...) is the stream's
+            def __getattr__(self, name: str) -> Any:
+                return getattr(stream, name)
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                setattr(stream, name, value)
 
             def __iter__(self) -> Iterator[Any]:
                 return events()

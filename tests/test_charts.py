@@ -52,19 +52,22 @@ def test_visible_makes_whitespace_and_control_characters_readable() -> None:
     assert charts.visible("é😀") == "é😀"
 
 
-def test_token_bytes_reads_byte_escapes() -> None:
-    assert charts.token_bytes("<0xE2><0x80>") == b"\xe2\x80"
-    assert charts.token_bytes("hé") == "hé".encode()
-    assert charts.is_byte_token("<0xF0>") and not charts.is_byte_token("<0xF0>x")
+def test_events_carry_the_bytes_the_text_is_made_of(runs: dict[str, Run]) -> None:
+    """Charts read token bytes from the events, never by parsing '<0xNN>' display strings."""
+    run = runs["static"]
+    assert [e.token_bytes for e in run.events] == [bytes([i]) for i in run.generated_ids]
+    assert run.prompt_bytes == tuple(bytes([b]) for b in PROMPT.encode())
 
 
-def test_position_labels_use_the_stored_prompt_tokens_else_bytes(runs: dict[str, Run]) -> None:
+def test_position_labels_use_the_recorded_prompt_tokens_else_ids(runs: dict[str, Run]) -> None:
     run = runs["static"]
     labels = charts.position_labels(run)
     assert labels[:9] == list(PROMPT)  # byte ids decode one character each
     assert labels[9:] == [e.token_text for e in run.events]
-    stored = dataclasses.replace(run, meta={"prompt_tokens": ["Hi", " there", "\n"] + [""] * 6})
+    stored = dataclasses.replace(run, prompt_tokens=("Hi", " there", "\n") + ("",) * 6)
     assert charts.position_labels(stored)[:2] == ["Hi", " there"]
+    bare = dataclasses.replace(run, prompt_tokens=())
+    assert charts.position_labels(bare)[:2] == [f"<|{i}|>" for i in run.prompt_ids[:2]]
 
 
 def test_generated_text_of_a_prefix_decodes_its_events(runs: dict[str, Run]) -> None:

@@ -24,8 +24,13 @@ def test_chips_escape_every_piece_of_text(make_model) -> None:  # type: ignore[n
     assert html.count("<span") == html.count("</span>")
 
 
+def _toks(displays: list[str]) -> list[tuple[str, bytes]]:
+    """(display, bytes) as a byte tokenizer gives them: '<0xF0>' is the byte 0xF0."""
+    return [(d, bytes([int(d[3:5], 16)]) if d.startswith("<0x") else d.encode()) for d in displays]
+
+
 def test_chips_group_utf8_bytes_into_one_glyph_over_its_byte_boxes() -> None:
-    tokens = ["a", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", " ", "\n", "\n", "b", "<0xD7>"]
+    tokens = _toks(["a", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", " ", "\n", "\n", "b", "<0xD7>"])
     cs = chips.build_chips(tokens, n_prompt=2)
     texts = [c.text for c in cs]
     assert texts == ["a", "😀", "·", "↵", "↵", "b", "<0xD7>"]  # a trailing partial byte stays a byte
@@ -36,17 +41,23 @@ def test_chips_group_utf8_bytes_into_one_glyph_over_its_byte_boxes() -> None:
 
 
 def test_chips_break_lines_after_a_run_of_newlines() -> None:
-    body = chips.chips_body(chips.build_chips(list("a\n\nb\nc"), n_prompt=6))
+    body = chips.chips_body(chips.build_chips(_toks(list("a\n\nb\nc")), n_prompt=6))
     assert body.count("<br>") == 2  # after "↵↵" and after the single "↵"
     assert body.index("<br>") > body.rindex("↵", 0, body.index("b<"))
 
 
 def test_chips_render_invalid_byte_runs_as_separate_bytes() -> None:
-    cs = chips.build_chips(["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"], n_prompt=5)
+    cs = chips.build_chips(_toks(["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"]), n_prompt=5)
     assert [c.text for c in cs] == ["<0xFF>", "<0xFE>", "<0xFD>", "<0xFC>", "x"]
     # A lead byte followed by another lead byte stands alone; the second still makes its character.
-    cs = chips.build_chips(["<0xD1>", "<0xD1>", "<0x89>", "<0xE2>"], n_prompt=0)
+    cs = chips.build_chips(_toks(["<0xD1>", "<0xD1>", "<0x89>", "<0xE2>"]), n_prompt=0)
     assert [c.text for c in cs] == ["<0xD1>", "щ", "<0xE2>"]
+
+
+def test_chips_group_multi_byte_bpe_pieces_and_label_each_piece_in_hex() -> None:
+    """A BPE token can carry two bytes of a four-byte emoji: pieces, not single bytes, are grouped."""
+    cs = chips.build_chips([("x", b"x"), ("<0xF0><0x9F>", b"\xf0\x9f"), ("<0x98><0x80>", b"\x98\x80")], n_prompt=1)
+    assert [c.text for c in cs] == ["x", "😀"] and cs[1].byte_labels == ("F0 9F", "98 80")
 
 
 # --- capture budget -----------------------------------------------------------------------------

@@ -42,7 +42,6 @@ TEMPLATE = go.layout.Template(layout=dict(
     yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
 ))
 
-_BYTE_ESCAPE = re.compile(r"^(?:<0x[0-9A-Fa-f]{2}>)+$")
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥"}  # glyphs every common font has
 
 
@@ -61,32 +60,11 @@ def visible(text: str) -> str:
     return "".join(out) or "∅"
 
 
-def token_bytes(display: str) -> bytes:
-    """The bytes behind a token's display text ('<0xE2>' escapes are partial UTF-8 bytes)."""
-    if _BYTE_ESCAPE.match(display):
-        return bytes(int(display[i + 3:i + 5], 16) for i in range(0, len(display), 6))
-    return display.encode("utf-8")
-
-
-def is_byte_token(display: str) -> bool:
-    return bool(_BYTE_ESCAPE.match(display))
-
-
 def prompt_tokens(run: Run) -> list[str]:
-    """Display text of each prompt token: stored in run.meta by the app, else bytes when it can."""
-    stored = run.meta.get("prompt_tokens") if run.meta else None
-    if stored is not None and len(stored) == len(run.prompt_ids):
-        return list(stored)
-    if all(0 <= i < 256 for i in run.prompt_ids):  # a byte-level tokenizer
-        return [_display_byte(i) for i in run.prompt_ids]
+    """Display text of each prompt token, as the run recorded it (ids where it recorded none)."""
+    if len(run.prompt_tokens) == len(run.prompt_ids):
+        return list(run.prompt_tokens)
     return [f"<|{i}|>" for i in run.prompt_ids]
-
-
-def _display_byte(i: int) -> str:
-    try:
-        return bytes([i]).decode("utf-8")
-    except UnicodeDecodeError:
-        return f"<0x{i:02X}>"
 
 
 def position_labels(run: Run) -> list[str]:
@@ -96,7 +74,8 @@ def position_labels(run: Run) -> list[str]:
 
 def generated_text(run: Run) -> str:
     """The generated text so far, decoded from the events (works for a replayed prefix too)."""
-    return b"".join(token_bytes(e.token_text) for e in run.events).decode("utf-8", errors="replace")
+    # A token with no bytes (an id past a byte tokenizer's 256, or no tokenizer) shows as its label.
+    return b"".join(e.token_bytes or e.token_text.encode() for e in run.events).decode("utf-8", errors="replace")
 
 
 def planned_columns(run: Run) -> int:

@@ -3,8 +3,11 @@ that attention layers fill with references (``ForwardCapture``). Shared by every
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -48,3 +51,49 @@ class ForwardCapture:
     q_last: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nh, 1, hs)
     k: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs) all keys so far
     v: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The arrays a step's captures became (batch row 0, CPU float16), or None where not asked."""
+
+    attn: np.ndarray | None = None  # (n_cap_layers, n_head, S): the newest query row over all keys
+    attn_layers: tuple[int, ...] = ()
+    kv_norms: np.ndarray | None = None  # (n_layer, 2, n_kv_head, T_new)
+    kv_layer: int | None = None
+    kv_values: np.ndarray | None = None  # (2, n_kv_head, T_new, head_dim)
+
+
+def record(capture: Capture, fc: ForwardCapture | None, cfg: Any, kv_start: int, t: int) -> Recorded:
+    """Turn a forward's references into small arrays, after the clock has stopped.
+
+    kv_start..t are the K/V columns new at this step. cfg gives n_layer, n_head, kv_heads, head_dim.
+    """
+    if fc is None:
+        return Recorded()
+    attn = kv_norms = kv_values = None
+    layers = capture.attention_layers(cfg.n_layer)
+    if layers:
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        rows = []
+        for layer in layers:
+            q = fc.q_last[layer][0].float()  # (nh, 1, hs)
+            k = fc.k[layer][0].float()  # (nkv, S, hs)
+            k = k.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=0)  # (nh, S, hs): GQA's shared heads
+            # The newest query is the last position, so no mask is needed: it sees all S keys.
+            w = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)  # (nh, 1, S)
+            rows.append(w[:, 0, :])
+        attn = torch.stack(rows).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
+    if capture.kv_norms:
+        norms = [
+            torch.stack([fc.k[layer][0, :, kv_start:t].float().norm(dim=-1),
+                         fc.v[layer][0, :, kv_start:t].float().norm(dim=-1)])  # (2, nkv, Tn)
+            for layer in range(cfg.n_layer)
+        ]
+        kv_norms = torch.stack(norms).to(torch.float16).cpu().numpy()  # (L, 2, nkv, Tn)
+    kl = capture.kv_layer
+    if kl is not None and kl in fc.k:
+        kv_values = torch.stack([fc.k[kl][0, :, kv_start:t], fc.v[kl][0, :, kv_start:t]]).to(
+            torch.float16).cpu().numpy()  # (2, nkv, Tn, hs)
+    return Recorded(attn, tuple(layers) if attn is not None else (), kv_norms,
+                    kl if kv_values is not None else None, kv_values)

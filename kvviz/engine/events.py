@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from statistics import median
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, overload
 
 import numpy as np
 
@@ -30,6 +32,7 @@ class StepEvent:
     phase: str  # "prefill" | "decode"
     token_id: int  # the sampled token (batch row 0)
     token_text: str  # its display text
+    token_bytes: bytes  # its bytes (what the text is made of; b"" for a model without a tokenizer)
     position: int  # the position the sampled token will occupy
     input_len: int  # tokens fed to this forward pass: N then 1 (cached), t every step (uncached)
     cache_len: int  # tokens held in the KV cache after this step (0 without a cache)
@@ -68,7 +71,45 @@ class StepEvent:
         return sum(a.nbytes for a in arrays if a is not None)
 
 
-STOP_REASONS = ("max_new_tokens", "eos", "stop_string", "stopped", "error")
+class EventLog(Sequence[StepEvent]):
+    """The first ``n`` events of an append-only list, without copying it.
+
+    A stream hands the UI a new Run after every token; sharing the list keeps that O(1), where a
+    tuple of all events per token made a long run cost O(T^2). The list only ever grows, so a
+    log's view of its first ``n`` events never changes.
+    """
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[StepEvent], n: int | None = None) -> None:
+        self._items = items
+        self._n = len(items) if n is None else n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> StepEvent: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[StepEvent, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> StepEvent | tuple[StepEvent, ...]:
+        if isinstance(i, slice):
+            return tuple(self._items[: self._n][i])
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("event index out of range")
+        return self._items[i]
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        return islice(self._items, self._n)  # stops at n even if the stream appends meanwhile
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == self._n and all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"EventLog({self._n} events)"
 
 
 @dataclass(frozen=True)
@@ -83,7 +124,9 @@ class Run:
     prompt_text: str
     max_new_tokens: int
     batch_size: int = 1
-    events: tuple[StepEvent, ...] = ()
+    events: Sequence[StepEvent] = ()  # a tuple, or a stream's EventLog
+    prompt_tokens: tuple[str, ...] = ()  # display text of each prompt token (row 0)
+    prompt_bytes: tuple[bytes, ...] = ()  # the bytes of each prompt token (row 0)
     engine: str = "fast"  # "fast" (kvviz.fast ran the steps) or "readable" (the model's own forward)
     text: str = ""  # generated text (row 0), stop string trimmed
     stop_reason: str | None = None  # None while running
@@ -97,9 +140,6 @@ class Run:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # --- building (frozen: each returns a new Run) ---
-    def append(self, ev: StepEvent) -> "Run":
-        return dataclasses.replace(self, events=self.events + (ev,))
-
     def finish(self, stop_reason: str, text: str, stop_string: str | None = None, note: str = "") -> "Run":
         return dataclasses.replace(self, stop_reason=stop_reason, text=text, stop_string=stop_string, note=note)
 

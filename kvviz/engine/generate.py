@@ -9,16 +9,16 @@ sampling only, synchronized on CUDA, and stops before any capture or event work.
 """
 from __future__ import annotations
 
-import math
+import codecs
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
-from kvviz.engine.cache import make_cache
-from kvviz.engine.capture import Capture, ForwardCapture
-from kvviz.engine.events import Run, StepEvent, TopToken
+from kvviz.engine.cache import KVCache, make_cache
+from kvviz.engine.capture import Capture, ForwardCapture, record
+from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.sampling import SamplingParams, make_generator, sample
@@ -30,9 +30,26 @@ MAX_BATCH = 64
 
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What one step measured, handed from the timed loop to the event builder."""
+
+    step: int  # 0 = prefill
+    t: int  # tokens in the sequence before this step's sample
+    start: int  # first position this forward fed (0 for a prefill or an uncached step)
+    ids: list[int]  # the sampled token of every batch row
+    logits: torch.Tensor  # (B, V) last-position logits
+    latency_ms: float  # forward + sampling
+
+
 @dataclass
 class GenerationStream:
-    """Iterate it for StepEvents; ``run`` is the Run so far (partial if iteration stopped)."""
+    """Iterate it for StepEvents; ``run`` is the Run so far (partial if iteration stopped).
+
+    The Run grows with the stream: events go into one list that every Run shares (an EventLog
+    view), and the text is decoded token by token, so asking for the Run after every token
+    costs the same at token 1,000 as at token 1.
+    """
 
     model: LoadedModel
     prompt_rows: list[list[int]]  # (B, N): one row per batch element, equal lengths
@@ -49,6 +66,16 @@ class GenerationStream:
     stop_reason: str | None = None
     stop_string: str | None = None
     _iter: Iterator[StepEvent] | None = None
+    _text: str = ""  # row 0's generated text, decoded as tokens arrive
+    _stop_at: int | None = None  # where the stop string starts in _text
+    _utf8: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def __post_init__(self) -> None:
+        tok, row = self.model.tokenizer, self.prompt_rows[0]
+        # Prompt tokens as the views show them, computed once per run (never per step).
+        self.prompt_tokens = tuple(tok.token_display(i) for i in row)
+        self.prompt_bytes = tuple(tok.token_bytes(i) for i in row)
 
     def __iter__(self) -> Iterator[StepEvent]:
         if self._iter is None:
@@ -62,10 +89,17 @@ class GenerationStream:
 
     @property
     def text(self) -> str:
-        text = self.model.tokenizer.decode([e.token_id for e in self.events])
-        if self.stop_string is not None:
-            text = text[: text.find(self.stop_string)]
-        return text
+        """Row 0's generated text so far (up to the stop string, once one is hit)."""
+        if self._stop_at is not None:
+            return self._text[: self._stop_at]
+        pending = self._utf8.getstate()[0]  # bytes of a character still waiting for the rest
+        return self._text + pending.decode("utf-8", errors="replace") if pending else self._text
+
+    def _add_text(self, ev: StepEvent) -> str:
+        """Decode one more token; bytes of an unfinished character wait for the rest."""
+        piece = self._utf8.decode(ev.token_bytes) if self.model.has_tokenizer else ev.token_text
+        self._text += piece
+        return piece
 
     @property
     def run(self) -> Run:
@@ -74,8 +108,8 @@ class GenerationStream:
             model=m.name, device=str(m.device), dtype=m.dtype_name, use_cache=self.use_cache,
             cache_kind=self.cache_kind if self.use_cache else "none", sampling=self.params.describe(),
             prompt_ids=tuple(self.prompt_rows[0]), prompt_text=self.prompt_text,
-            max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=tuple(self.events),
-            engine=self.engine,
+            max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=EventLog(self.events),
+            prompt_tokens=self.prompt_tokens, prompt_bytes=self.prompt_bytes, engine=self.engine,
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
             block_size=c.block_size,
         )
@@ -93,8 +127,6 @@ class GenerationStream:
         B, N, n_new = self.batch_size, len(self.prompt_rows[0]), self.max_new_tokens
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
-        attn_layers = self.capture.attention_layers(cfg.n_layer)
-        scale = 1.0 / math.sqrt(cfg.head_dim)
         eos = tok.eos_token_id if B == 1 else None  # batch rows run to max_new_tokens together
         gen = None if self.params.greedy else make_generator(self.params, dev)
         t_start = time.perf_counter()
@@ -129,72 +161,52 @@ class GenerationStream:
 
                 if cache is not None:
                     cache.advance(t - start)
-                ev = self._event(step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start)
+                ev = self._event(_Step(step, t, start, ids, logits, latency_ms), cache, fc, t_start)
                 del fc, logits  # drop the references before handing control to the consumer
             self.events.append(ev)
+            piece = self._add_text(ev)
             yield ev
             if eos is not None and ids[0] == eos:
                 self.stop_reason = "eos"
                 return
-            if self.stop and self._hit_stop():
+            if self.stop and self._hit_stop(len(piece)):
                 self.stop_reason = "stop_string"
                 return
         self.stop_reason = "max_new_tokens"
 
-    def _hit_stop(self) -> bool:
-        text = self.model.tokenizer.decode([e.token_id for e in self.events])
-        hits = [(text.find(s), s) for s in self.stop if s and s in text]
+    def _hit_stop(self, new_chars: int) -> bool:
+        """Did this step's text complete a stop string? Only the tail can hold a new match."""
+        longest = max(len(s) for s in self.stop)
+        tail = max(0, len(self._text) - new_chars - longest + 1)
+        hits = [(at, s) for s in self.stop if (at := self._text.find(s, tail)) >= 0]
         if hits:
-            self.stop_string = min(hits)[1]
+            self._stop_at, self.stop_string = min(hits)
             return True
         return False
 
-    def _event(self, step, t, start, ids, logits, latency_ms, cache, fc, attn_layers, scale, t_start):  # type: ignore[no-untyped-def]
-        m, cfg, tok = self.model, self.model.config, self.model.tokenizer
-        probs = torch.softmax(logits.select(0, 0), dim=-1, dtype=torch.float32)  # (V,)
+    def _event(self, s: _Step, cache: KVCache | None, fc: ForwardCapture | None, t_start: float) -> StepEvent:
+        cfg, tok = self.model.config, self.model.tokenizer
+        probs = torch.softmax(s.logits.select(0, 0), dim=-1, dtype=torch.float32)  # (V,)
         p, i = torch.topk(probs, min(5, probs.shape[-1]))
         top = tuple(TopToken(a, tok.token_display(a), b) for a, b in zip(i.tolist(), p.tolist()))
-        n_in = t - start
+        n_in = s.t - s.start
         cached = cache is not None
-        flops = forward_flops(cfg, n_in, start, 1, self.batch_size)
         # New K/V columns: those written this step (cached), or the newest one when recomputing
         # (the others were recomputed identically, which is the point the no-cache view makes).
-        kv_start = start if (cached or step == 0) else t - 1
-        attn = kv_norms = kv_values = None
-        if fc is not None:
-            if attn_layers:
-                rows = []
-                for layer in attn_layers:
-                    q = fc.q_last[layer][0].float()  # (nh, 1, hs)
-                    k = fc.k[layer][0].float()  # (nkv, S, hs)
-                    k = k.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=0)  # (nh, S, hs)
-                    # The newest query is the last position, so no mask is needed: it sees all S.
-                    w = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)  # (nh, 1, S)
-                    rows.append(w[:, 0, :])
-                attn = torch.stack(rows).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
-            if self.capture.kv_norms:
-                norms = [
-                    torch.stack([fc.k[layer][0, :, kv_start:t].float().norm(dim=-1),
-                                 fc.v[layer][0, :, kv_start:t].float().norm(dim=-1)])  # (2, nkv, Tn)
-                    for layer in range(cfg.n_layer)
-                ]
-                kv_norms = torch.stack(norms).to(torch.float16).cpu().numpy()  # (L, 2, nkv, Tn)
-            kl = self.capture.kv_layer
-            if kl is not None and kl in fc.k:
-                kv_values = torch.stack([fc.k[kl][0, :, kv_start:t], fc.v[kl][0, :, kv_start:t]]).to(
-                    torch.float16).cpu().numpy()  # (2, nkv, Tn, hs)
+        kv_start = s.start if (cached or s.step == 0) else s.t - 1
+        got = record(self.capture, fc, cfg, kv_start, s.t)
         return StepEvent(
-            step=step, phase="prefill" if step == 0 else "decode", token_id=ids[0],
-            token_text=tok.token_display(ids[0]), position=t, input_len=n_in,
-            cache_len=cache.pos if cached else 0,
+            step=s.step, phase="prefill" if s.step == 0 else "decode", token_id=s.ids[0],
+            token_text=tok.token_display(s.ids[0]), token_bytes=tok.token_bytes(s.ids[0]), position=s.t,
+            input_len=n_in, cache_len=cache.pos if cached else 0,
             cache_bytes_used=cache.bytes_used if cached else 0,
             cache_bytes_allocated=cache.bytes_allocated if cached else 0,
             cache_bytes_copied=cache.bytes_copied if cached else 0,
-            latency_ms=latency_ms, flops=flops, elapsed_ms=(time.perf_counter() - t_start) * 1000.0,
-            top=top, token_ids=tuple(ids), attn=attn, attn_layers=tuple(attn_layers) if attn is not None else (),
-            kv_norms=kv_norms, kv_layer=self.capture.kv_layer if kv_values is not None else None,
-            kv_values=kv_values, kv_start=kv_start,
-            logits=logits[0].float().cpu().numpy() if self.capture.logits else None,
+            latency_ms=s.latency_ms, flops=forward_flops(cfg, n_in, s.start, 1, self.batch_size),
+            elapsed_ms=(time.perf_counter() - t_start) * 1000.0, top=top, token_ids=tuple(s.ids),
+            attn=got.attn, attn_layers=got.attn_layers, kv_norms=got.kv_norms, kv_layer=got.kv_layer,
+            kv_values=got.kv_values, kv_start=kv_start,
+            logits=s.logits[0].float().cpu().numpy() if self.capture.logits else None,
         )
 
 

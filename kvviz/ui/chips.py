@@ -15,7 +15,7 @@ from html import escape
 import streamlit as st
 
 from kvviz import Run
-from kvviz.charts.live import generated_text, is_byte_token, prompt_tokens, token_bytes, visible
+from kvviz.charts.live import generated_text, prompt_tokens, visible
 
 CSS = """<style>
 .kv-chips{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:1.2rem;line-height:2.35;
@@ -49,24 +49,34 @@ class Chip:
     whitespace: bool = False
 
 
-def build_chips(tokens: list[str], n_prompt: int) -> list[Chip]:
-    """Chips for token display texts (prompt first); byte tokens are grouped into characters."""
-    chips: list[Chip] = []
-    pending: list[tuple[int, str]] = []  # (position, display) of byte tokens not yet a whole character
+def _partial(raw: bytes) -> bool:
+    """Bytes that are not whole UTF-8 characters on their own (part of an emoji, say)."""
+    try:
+        raw.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
 
-    def single(pos: int, disp: str) -> Chip:
+
+def build_chips(tokens: list[tuple[str, bytes]], n_prompt: int) -> list[Chip]:
+    """Chips for (display text, bytes) of each token, prompt first. Tokens whose bytes are only
+    part of a character are grouped until they make one."""
+    chips: list[Chip] = []
+    pending: list[tuple[int, str, bytes]] = []  # (position, display, bytes) not yet a whole character
+
+    def single(pos: int, disp: str, raw: bytes) -> Chip:
         return Chip(disp, f"position {pos}: byte {disp}", pos >= n_prompt)
 
-    for pos, disp in enumerate(tokens):
-        if not is_byte_token(disp):
-            chips.extend(single(p, d) for p, d in pending)  # an unfinished character stays bytes
+    for pos, (disp, raw_tok) in enumerate(tokens):
+        if not _partial(raw_tok):
+            chips.extend(single(*x) for x in pending)  # an unfinished character stays bytes
             pending.clear()
             chips.append(Chip(visible(disp), f"position {pos}: {disp!r}", pos >= n_prompt,
                               whitespace=disp != "" and disp.strip() == ""))
             continue
-        pending.append((pos, disp))
+        pending.append((pos, disp, raw_tok))
         while pending:
-            raw = b"".join(token_bytes(d) for _, d in pending)
+            raw = b"".join(b for _, _, b in pending)
             try:
                 glyph = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -77,11 +87,11 @@ def build_chips(tokens: list[str], n_prompt: int) -> list[Chip]:
                     chips.append(single(*pending.pop(0)))
                     continue
             first = pending[0][0]
-            labels = tuple(d[3:-1] if len(d) == 6 else d for _, d in pending)
+            labels = tuple(" ".join(f"{x:02X}" for x in b) for _, _, b in pending)
             chips.append(Chip(visible(glyph), f"positions {first}–{pending[-1][0]}: “{glyph}” = {len(pending)} "
                                               "byte tokens", first >= n_prompt, byte_labels=labels))
             pending.clear()
-    chips.extend(single(p, d) for p, d in pending)
+    chips.extend(single(*x) for x in pending)
     if chips:
         last = chips[-1]
         chips[-1] = Chip(last.text, last.title, last.generated, last.generated, last.byte_labels, last.whitespace)
@@ -110,8 +120,9 @@ def chips_body(chips: list[Chip]) -> str:
 def run_html(run: Run) -> str:
     """The chips, a legend, the plain text and the next-token candidates of a run's last step."""
     p_tokens = prompt_tokens(run)
-    gen = [e.token_text for e in run.events]
-    chips = build_chips(p_tokens + gen, len(p_tokens))
+    p_bytes = run.prompt_bytes if len(run.prompt_bytes) == len(p_tokens) else (b"",) * len(p_tokens)
+    gen = [(e.token_text, e.token_bytes) for e in run.events]
+    chips = build_chips(list(zip(p_tokens, p_bytes)) + gen, len(p_tokens))
     legend = (f'<div class="kv-legend"><span class="kv-chip kv-p">prompt</span> {len(p_tokens):,} tokens · '
               f'<span class="kv-chip kv-g">generated</span> {len(gen):,} of {run.max_new_tokens:,} · '
               f'<span class="kv-chip kv-g kv-new">newest</span> &nbsp; '

@@ -108,13 +108,14 @@ def _start(settings: Settings, model: LoadedModel):  # type: ignore[no-untyped-d
     """A validated stream and its metadata, or None after showing why not (inputs stay as typed)."""
     kv_layer = min(max(int(persist.last("nb_layer", 0) or 0), 0), model.config.n_layer - 1)
     try:
-        n_prompt = len(model.tokenizer.encode(settings.prompt)) if settings.prompt and model.has_tokenizer else 1
-        capture, note = plan_capture(_shape(model), n_prompt, max(1, settings.max_new_tokens), kv_layer)
-        stream = iter_generate(model, capture=capture, **settings.generate_kwargs())
+        stream = iter_generate(model, **settings.generate_kwargs())  # tokenizes the prompt, once
+        n_prompt = len(stream.prompt_rows[0])
+        # Set before the first step: the loop reads the capture request once, when it starts.
+        stream.capture, note = plan_capture(_shape(model), n_prompt, max(1, settings.max_new_tokens), kv_layer)
     except KVVizError as e:
         st.error(f"Cannot generate: {e}")
         return None
-    meta = {"prompt_tokens": [model.tokenizer.token_display(i) for i in stream.run.prompt_ids]}
+    meta: dict[str, Any] = {}
     if note:
         meta["capture_note"] = note
     return stream, meta
