@@ -14,9 +14,10 @@ import torch
 from kvviz.engine.flops import forward_bytes, forward_flops
 from kvviz.measure.sweeps import (
     Request, batch_memory, batch_rows, batch_sizes, compare_outputs, cycle_to, document_ids, iter_race,
-    probe_machine, prompt_lengths, request_from_text, run_once, sweep_batch, sweep_decode, sweep_ns,
+    prompt_lengths, request_from_text, run_once, sweep_batch, sweep_decode, sweep_ns,
     sweep_short_long, sweep_total_time, sweep_ttft,
 )
+from kvviz.measure.probe import probe_machine
 from kvviz.measure.stats import MODES, aggregate
 
 PROMPT = (72, 105, 32, 116, 104, 101, 114, 101)  # "Hi there"

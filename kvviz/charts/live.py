@@ -11,11 +11,12 @@ the sampled token goes, so it is also the number of K/V columns that exist after
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import plotly.graph_objects as go
 
+from kvviz.charts.tokens import (  # noqa: F401 (visible, prompt_tokens, generated_text: the views' API too)
+    MAX_TICKS, generated_text, planned_columns, position_labels, prompt_tokens, short_label, token_axis, visible,
+)
 from kvviz.engine.events import Run, StepEvent
 
 # One look for every chart: large enough for a projector, calm colours, fixed heights.
@@ -30,8 +31,6 @@ EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
 ATTENTION_SCALE = [[0.0, "#ffffff"], [0.01, "#deebf7"], [0.05, "#9ecae1"], [0.2, "#4292c6"], [0.5, "#2171b5"],
                    [1.0, "#08306b"]]
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
-MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
-MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)
 
 # A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
 # big template is looked up and deep-copied every time), too slow for live redraws and replay.
@@ -41,72 +40,6 @@ TEMPLATE = go.layout.Template(layout=dict(
     xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
     yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
 ))
-
-_VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥"}  # glyphs every common font has
-
-
-# --- token labels ----------------------------------------------------------------------------
-
-def visible(text: str) -> str:
-    """Token text with whitespace and control characters made visible (a space is '·')."""
-    out = []
-    for ch in text:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"<0x{ord(ch):02X}>")  # control characters: hex, as the tokenizer shows raw bytes
-        else:
-            out.append(ch)
-    return "".join(out) or "∅"
-
-
-def prompt_tokens(run: Run) -> list[str]:
-    """Display text of each prompt token, as the run recorded it (ids where it recorded none)."""
-    if len(run.prompt_tokens) == len(run.prompt_ids):
-        return list(run.prompt_tokens)
-    return [f"<|{i}|>" for i in run.prompt_ids]
-
-
-def position_labels(run: Run) -> list[str]:
-    """Token display text at every position that exists: prompt, then each generated token."""
-    return prompt_tokens(run) + [e.token_text for e in run.events]
-
-
-def generated_text(run: Run) -> str:
-    """The generated text so far, decoded from the events (works for a replayed prefix too)."""
-    # A token with no bytes (an id past a byte tokenizer's 256, or no tokenizer) shows as its label.
-    return b"".join(e.token_bytes or e.token_text.encode() for e in run.events).decode("utf-8", errors="replace")
-
-
-def planned_columns(run: Run) -> int:
-    """K/V columns a full run writes: prompt + max_new_tokens - 1 (the last token is never fed)."""
-    return max(1, len(run.prompt_ids) + max(run.max_new_tokens, len(run.events)) - 1)
-
-
-def _short(label: str) -> str:
-    label = visible(label)
-    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
-
-
-def token_axis(labels: list[str], n: int, title: str = "position (token)") -> dict:
-    """Axis settings for positions 0..n-1 labelled with token text, thinned to stay legible.
-
-    The title says when only every k-th token is labelled, so nobody reads "R M O" as the prompt.
-    """
-    every = max(1, -(-n // MAX_TICKS))
-    vals = list(range(0, n, every))
-    text = [_short(labels[i]) if i < len(labels) else "" for i in vals]
-    longest = max((len(t) for t in text), default=1)
-    if every > 1:
-        title += f": every {_ordinal(every)} token labelled, hover for all"
-    return dict(tickmode="array", tickvals=vals, ticktext=text, tickangle=0 if longest <= 2 else -50,
-                tickfont=dict(size=14 if longest <= 2 else 12, family="DejaVu Sans Mono, monospace"),
-                range=[-0.5, n - 0.5], showgrid=False, zeroline=False, title=dict(text=title, standoff=6))
-
-
-def _ordinal(k: int) -> str:
-    return {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
-
 
 def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure:
     # Title and subtitle are anchored in pixels from the top of the figure, so a short chart
@@ -404,7 +337,7 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
     # Name the three strongest positions so a projector audience can read them.
     top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards
     fig.update_layout(annotations=[
-        dict(x=p, y=float(w[p]), text=f"“{_short(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
+        dict(x=p, y=float(w[p]), text=f"“{short_label(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
              # Fan the three labels out left, up, right; near the right edge, lean them all left.
              ax=50 * (i - 1) - (70 if p > 0.8 * X else 0), ay=-30 - 18 * (i % 2), font=dict(size=14, color="#212529"),
              bgcolor="rgba(255,255,255,0.85)")

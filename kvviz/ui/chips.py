@@ -15,7 +15,7 @@ from html import escape
 import streamlit as st
 
 from kvviz import Run
-from kvviz.charts.live import generated_text, prompt_tokens, visible
+from kvviz.charts.tokens import generated_text, prompt_tokens, visible
 
 CSS = """<style>
 .kv-chips{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:1.2rem;line-height:2.35;

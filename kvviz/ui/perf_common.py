@@ -18,7 +18,7 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.measure.cpu_load import busy_warning
-from kvviz.measure.sweeps import probe_machine
+from kvviz.measure.probe import probe_machine
 from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import get_model

@@ -1,0 +1,74 @@
+"""Token labels for the charts and the chips: whitespace made visible, positions named by their
+tokens, axes thinned to stay legible. Pure Python over a Run; no streamlit, no torch.
+"""
+from __future__ import annotations
+
+from kvviz.engine.events import Run
+
+MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
+MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)
+
+_VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥"}  # glyphs every common font has
+
+
+# --- token labels ----------------------------------------------------------------------------
+
+def visible(text: str) -> str:
+    """Token text with whitespace and control characters made visible (a space is '·')."""
+    out = []
+    for ch in text:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"<0x{ord(ch):02X}>")  # control characters: hex, as the tokenizer shows raw bytes
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def prompt_tokens(run: Run) -> list[str]:
+    """Display text of each prompt token, as the run recorded it (ids where it recorded none)."""
+    if len(run.prompt_tokens) == len(run.prompt_ids):
+        return list(run.prompt_tokens)
+    return [f"<|{i}|>" for i in run.prompt_ids]
+
+
+def position_labels(run: Run) -> list[str]:
+    """Token display text at every position that exists: prompt, then each generated token."""
+    return prompt_tokens(run) + [e.token_text for e in run.events]
+
+
+def generated_text(run: Run) -> str:
+    """The generated text so far, decoded from the events (works for a replayed prefix too)."""
+    # A token with no bytes (an id past a byte tokenizer's 256, or no tokenizer) shows as its label.
+    return b"".join(e.token_bytes or e.token_text.encode() for e in run.events).decode("utf-8", errors="replace")
+
+
+def planned_columns(run: Run) -> int:
+    """K/V columns a full run writes: prompt + max_new_tokens - 1 (the last token is never fed)."""
+    return max(1, len(run.prompt_ids) + max(run.max_new_tokens, len(run.events)) - 1)
+
+
+def short_label(label: str) -> str:
+    label = visible(label)
+    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
+
+
+def token_axis(labels: list[str], n: int, title: str = "position (token)") -> dict:
+    """Axis settings for positions 0..n-1 labelled with token text, thinned to stay legible.
+
+    The title says when only every k-th token is labelled, so nobody reads "R M O" as the prompt.
+    """
+    every = max(1, -(-n // MAX_TICKS))
+    vals = list(range(0, n, every))
+    text = [short_label(labels[i]) if i < len(labels) else "" for i in vals]
+    longest = max((len(t) for t in text), default=1)
+    if every > 1:
+        title += f": every {_ordinal(every)} token labelled, hover for all"
+    return dict(tickmode="array", tickvals=vals, ticktext=text, tickangle=0 if longest <= 2 else -50,
+                tickfont=dict(size=14 if longest <= 2 else 12, family="DejaVu Sans Mono, monospace"),
+                range=[-0.5, n - 0.5], showgrid=False, zeroline=False, title=dict(text=title, standoff=6))
+
+
+def _ordinal(k: int) -> str:
+    return {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
