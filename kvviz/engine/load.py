@@ -22,7 +22,7 @@ from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"  # kvviz/engine/load.py -> repo root
 DEFAULT_MODEL_DIR = ASSETS / "models" / "shakespeare"
 KVVIZ_MODEL_TYPE = "kvviz-gpt"
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few KB; refuse anything huge before parsing
