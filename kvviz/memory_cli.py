@@ -1,8 +1,7 @@
 """``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.memory.
 
-Also home of ``builtin_specs()``: kvviz's own models as calculator entries, derived from
-``kvviz.engine.load.RANDOM_SHAPES`` and the shipped model's config.json so nothing is duplicated.
-It lives here rather than in memory.py because checkpoints.py imports torch.
+This layer may import the engine; kvviz.memory may not. So kvviz's own model shapes are read
+here (``engine_shapes``) and handed to ``kvviz.memory.builtin_specs``; the page does the same.
 """
 from __future__ import annotations
 
@@ -14,38 +13,24 @@ from typing import Any
 from kvviz.argtypes import positive_int
 from kvviz.errors import KVVizError
 from kvviz.memory import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, KVVIZ_MODEL_TYPE,
-    SCALE_DTYPE_BYTES, CalcError, ConfigError, MemoryRequest, ModelSpec, calculate, find_preset, load_config_file,
-    load_presets, parse_config, summary_text,
+    DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, SCALE_DTYPE_BYTES, CalcError,
+    ModelSpec, MemoryRequest, builtin_specs, calculate, find_preset, load_config_file, summary_text, with_builtins,
 )
 
-BUILTIN_PREFIX = "kvviz:"
 _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 
-def builtin_specs() -> dict[str, ModelSpec]:
-    """kvviz's shipped model (when its config.json exists) and every random shape, keyed 'kvviz:...'."""
-    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES  # torch: keep it out of memory.py
+def engine_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
+    """kvviz's random shapes (as plain dicts) and the shipped model's config.json path, from the engine."""
+    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES  # torch: imported only when asked for
 
-    out: dict[str, ModelSpec] = {}
-    cfg = DEFAULT_MODEL_DIR / "config.json"
-    if cfg.is_file():
-        try:
-            out[BUILTIN_PREFIX + "default"] = load_config_file(
-                cfg, name="kvviz default (shipped model)", key=BUILTIN_PREFIX + "default",
-                source="assets/models/shakespeare/config.json")
-        except ConfigError:
-            pass  # half-written while the model trains: list the other built-ins anyway
-    for shape, gcfg in RANDOM_SHAPES.items():
-        key = f"{BUILTIN_PREFIX}random:{shape}"
-        out[key] = parse_config({"model_type": KVVIZ_MODEL_TYPE, **gcfg.to_dict()}, key, name=f"kvviz random:{shape}",
-                                source="kvviz/checkpoints.py RANDOM_SHAPES", key=key)
-    return out
+    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, DEFAULT_MODEL_DIR / "config.json"
 
 
 def all_presets() -> dict[str, ModelSpec]:
     """Published presets first, then kvviz's own models."""
-    return {**load_presets(), **builtin_specs()}
+    shapes, shipped = engine_shapes()
+    return with_builtins(builtin_specs(shapes, shipped, "kvviz/checkpoints.py RANDOM_SHAPES"))
 
 
 def parse_count(s: str) -> int:

@@ -6,6 +6,8 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kvviz.ui.plain_text import unescape
+
 LLAMA_SENTENCE = "is the MHA figure"
 
 
@@ -24,6 +26,11 @@ def fresh(**query: str) -> AppTest:
 
 def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
+
+
+def plain(elements: object) -> list[str]:
+    """The text of st.warning / st.error / st.caption elements, with md_plain's escapes undone."""
+    return [unescape(e.value) for e in elements]  # type: ignore[attr-defined]
 
 
 def figures(at: AppTest) -> list[dict]:
@@ -100,7 +107,7 @@ def test_choosing_presets_and_settings() -> None:
 def test_gemma_windows_and_beyond_max_positions_warning() -> None:
     at = fresh(mem_preset="gemma-2-9b", mem_seq_len="16384")
     assert not at.exception
-    assert any("max_position_embeddings" in w.value for w in at.warning)
+    assert any("max_position_embeddings" in w for w in plain(at.warning))
     assert "21 x min(16,384, 4,096) + 21 x 16,384" in at.code[0].value
 
 
@@ -125,8 +132,8 @@ def test_bad_config_names_each_problem() -> None:
          "num_key_value_heads": 4}))
     at.run()
     assert not at.exception and len(at.error) == 1
-    msg = at.error[0].value
-    for part in ("num\\_hidden\\_layers must be positive", "6 attention heads do not divide hidden size 100",
+    msg = unescape(at.error[0].value)
+    for part in ("num_hidden_layers must be positive", "6 attention heads do not divide hidden size 100",
                  "4 key/value heads do not divide the 6 attention heads"):
         assert part in msg
     assert not at.metric
@@ -142,7 +149,7 @@ def test_link_reproduces_a_calculation_and_rejects_bad_values() -> None:
     assert metrics(at)["KV cache total (binary)"] == "8.00 GiB"  # 4 x 32,768 x 65,536 B, windows off
     at = fresh(mem_seq_len="-5", mem_dtype="fp64", mem_preset="gpt-9", mem_gpu="33.5")
     assert not at.exception
-    warned = " ".join(w.value for w in at.warning)
+    warned = " ".join(plain(at.warning))
     assert "mem_seq_len" in warned and "mem_dtype" in warned and "mem_preset" in warned
     assert at.number_input(key="mem_seq_len").value == 8192  # invalid values fall back to the defaults
     assert at.selectbox(key="mem_gpu").value == "custom" and at.number_input(key="mem_gpu_custom").value == 33.5

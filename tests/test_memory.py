@@ -27,28 +27,62 @@ def kv(key: str, seq_len: int, dtype: str = "fp16", **kw: object) -> int:
 
 
 # ----------------------------------------------------------------------------- layering
-def test_memory_imports_neither_torch_nor_streamlit() -> None:
-    # Loaded by path: `import kvviz.memory` would run kvviz/__init__.py, which imports torch itself.
+MEMORY_DIR = ROOT / "kvviz" / "memory"
+MEMORY_FILES = sorted(p.name for p in MEMORY_DIR.glob("*.py"))
+ALLOWED_KVVIZ = {"kvviz.errors", "kvviz.units"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    return names
+
+
+@pytest.mark.parametrize("module", MEMORY_FILES)
+def test_memory_package_imports_only_stdlib_errors_and_units(module: str) -> None:
+    for name in _imports(MEMORY_DIR / module):
+        top = name.split(".")[0]
+        if top == "kvviz":
+            assert name in ALLOWED_KVVIZ or name.startswith("kvviz.memory."), (module, name)
+        else:
+            assert top in sys.stdlib_module_names or top == "__future__", (module, name)
+
+
+def test_memory_package_files_stay_small() -> None:
+    for name in MEMORY_FILES:
+        assert len((MEMORY_DIR / name).read_text(encoding="utf-8").splitlines()) <= 420, name
+
+
+def test_memory_charts_import_no_framework() -> None:
+    names = {n.split(".")[0] for n in _imports(ROOT / "kvviz" / "charts" / "memory.py")}
+    assert not names & {"torch", "streamlit"}
+
+
+def test_import_kvviz_memory_loads_no_framework() -> None:
+    # `import kvviz.memory` runs kvviz/__init__.py first. While that file imports the engine
+    # eagerly (issue 12 makes it lazy), torch arrives through it, not through memory/: then the
+    # package is imported without running kvviz/__init__.py, to check memory/ alone.
     code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('kvviz_memory', {str(ROOT / 'kvviz' / 'memory.py')!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['kvviz_memory'] = m; spec.loader.exec_module(m)\n"
+        "import json, sys, types\n"
+        "eager = False\n"
+        "try:\n"
+        "    import kvviz\n"
+        "    eager = 'torch' in sys.modules\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "if eager:\n"
+        "    for k in [k for k in sys.modules if k.split('.')[0] in ('kvviz', 'torch', 'numpy', 'streamlit', 'plotly')]:\n"
+        "        del sys.modules[k]\n"
+        f"    pkg = types.ModuleType('kvviz'); pkg.__path__ = [{str(ROOT / 'kvviz')!r}]; sys.modules['kvviz'] = pkg\n"
+        "import kvviz.memory as m\n"
         "assert len(m.load_presets()) >= 22\n"
         "bad = sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'streamlit', 'numpy', 'plotly'))\n"
-        "print(bad)\n"
+        "print(json.dumps({'eager': eager, 'bad': bad}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("module", ["memory.py", "memory_charts.py"])
-def test_pure_modules_import_no_framework(module: str) -> None:
-    tree = ast.parse((ROOT / "kvviz" / module).read_text(encoding="utf-8"))
-    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert not names & {"torch", "streamlit"}
-    if module == "memory.py":
-        assert "kvviz" not in names  # self-contained, so the subprocess test above can load it alone
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=ROOT)
+    assert json.loads(out.stdout)["bad"] == []
 
 
 # ----------------------------------------------------------------------------- published figures
@@ -421,9 +455,9 @@ torch = pytest.importorskip("torch")
 
 
 def _builtin() -> dict[str, ModelSpec]:
-    from kvviz.memory_cli import builtin_specs
+    from kvviz.memory_cli import all_presets
 
-    return builtin_specs()
+    return all_presets()
 
 
 def test_builtin_entries_come_from_random_shapes() -> None:
@@ -467,3 +501,13 @@ def test_builtin_param_count_equals_the_model() -> None:
     # The GPT-2 shapes are GPT-2 itself (tied head, same layout): the published counts.
     assert specs_["kvviz:random:gpt2-small"].params == PUBLISHED_PARAMS["gpt2"]
     assert specs_["kvviz:random:gpt2-medium"].params == PUBLISHED_PARAMS["gpt2-medium"]
+
+
+def test_report_uses_units_fmt_bytes_in_both_units() -> None:
+    from kvviz.memory import summary_text
+
+    text = summary_text(calculate(PRESETS["llama-3-8b"], MemoryRequest(seq_len=8192, kv_dtype="bf16")))
+    assert "KV per token:  131,072 B (128.0 KiB)" in text  # the calculator's format, now from kvviz.units
+    assert "KV total:      1.07 GB (1.00 GiB)" in text
+    small = summary_text(calculate(PRESETS["gpt2"], MemoryRequest(seq_len=10)))
+    assert "KV total:      368,640 B (360.0 KiB)" in small

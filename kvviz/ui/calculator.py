@@ -1,9 +1,10 @@
 """The KV memory calculator page: how much memory does model X need at context T and batch B?
 
-All arithmetic is in kvviz.memory (pure Python) and every figure in kvviz.memory_charts; this
+All arithmetic is in kvviz.memory (pure Python) and every figure in kvviz.charts.memory; this
 module only turns widgets into a MemoryRequest and results into metrics, charts and a table.
 Settings live in the URL (``st.query_params``, named like the widget keys), so a link reproduces
 a calculation: they are read and validated once per session, then written back on every run.
+Every user or config value shown inside Markdown goes through ``md_plain`` (kvviz.ui.plain_text).
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from kvviz import memory_charts as charts
+from kvviz.charts import memory as charts
 from kvviz.memory import (
     DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DTYPES, GB, GIB, GPU_PRESETS_GIB, MAX_BATCH, MAX_CONFIG_BYTES,
     MAX_SEQ_LEN, SCALE_DTYPE_BYTES, CalcError, ConfigError, MemoryRequest, MemoryResult, ModelSpec,
-    attention_variants, calculate, context_curve, kv_bytes, parse_config_text,
+    attention_variants, builtin_specs, calculate, context_curve, kv_bytes, parse_config_text, with_builtins,
 )
-from kvviz.memory_cli import all_presets
+from kvviz.ui.plain_text import md_plain
 
 SOURCES = {"preset": "Preset", "import": "Import config.json"}
 GPU_OPTIONS = [str(g) for g in GPU_PRESETS_GIB] + ["custom"]
@@ -108,8 +109,8 @@ def read_query_params(preset_keys: list[str]) -> list[str]:
         raw = st.query_params[key]
         try:
             value = parse(raw)
-        except ValueError as e:
-            bad.append(f"{key}={raw[:40]!r} ignored: {e}")
+        except ValueError as e:  # also int()/float() on 5,000 digits: Python refuses, with a ValueError
+            bad.append(f"{key}={raw[:40]!r} ignored: {str(e)[:120]}")
             continue
         if key == "mem_gpu" and isinstance(value, float):
             st.session_state["mem_gpu"], st.session_state["mem_gpu_custom"] = "custom", value
@@ -139,13 +140,6 @@ def _pair(n: int) -> tuple[str, str]:
         if n >= b:
             return f"{n / b:,.2f} {bin_unit}", f"{n / d:,.2f} {dec_unit}"
     return f"{n:,} B", f"{n:,} B"
-
-
-def _md_escape(s: str) -> str:
-    """Config text goes into st.error's markdown: escape what markdown would interpret."""
-    for ch in "\\`*_[]<>#|~$":
-        s = s.replace(ch, "\\" + ch)
-    return s
 
 
 # ----------------------------------------------------------------------------- controls
@@ -220,14 +214,14 @@ def _describe(spec: ModelSpec) -> None:
     shape = (f"MLA latent {spec.mla.kv_lora_rank} + {spec.mla.qk_rope_head_dim}" if spec.mla
              else f"{spec.n_kv_heads} KV heads, head_dim {spec.head_dim}")
     maxpos = f"{spec.max_positions:,}" if spec.max_positions else "unknown"
-    st.markdown(f"**{_md_escape(spec.name)}**: {spec.attention}, {spec.n_layers} layers, {spec.n_heads} heads, {shape}; "
+    st.markdown(f"**{md_plain(spec.name, 120)}**: {spec.attention}, {spec.n_layers} layers, {spec.n_heads} heads, {shape}; "
                 f"sliding windows: {spec.window_summary()}; max positions {maxpos}")
     if spec.source.startswith("https://"):
         st.caption(f"Source: [{spec.source}]({spec.source})")  # our own presets file, never user text
     elif spec.source:
-        st.caption(f"Source: {spec.source}")
+        st.caption(f"Source: {md_plain(spec.source)}")
     for note in spec.notes:
-        st.caption(_md_escape(note))
+        st.caption(md_plain(note))
 
 
 def _metrics(res: MemoryResult) -> None:
@@ -268,7 +262,7 @@ def _explain(spec: ModelSpec, res: MemoryResult) -> None:
         st.caption(f"Paging waste (partly filled last blocks of {r.block_size} tokens): {size}, "
                    f"{share:.2%} of the cache.")
     for w in res.warnings:
-        st.warning(w)
+        st.warning(md_plain(w))
     st.code("\n".join(res.formula), language=None)
     with st.expander("What is counted, and what is not"):
         st.markdown("**Counted**\n" + "\n".join(f"- {c}" for c in res.counted))
@@ -343,14 +337,23 @@ def _table(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -
                        mime="text/csv", key="mem_download_csv", on_click="ignore")
 
 
+def _presets() -> dict[str, ModelSpec]:
+    """Published presets, then kvviz's own models: the shapes come from the engine (this layer may
+    import it; kvviz.memory may not)."""
+    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES
+
+    shapes = {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}
+    return with_builtins(builtin_specs(shapes, DEFAULT_MODEL_DIR / "config.json", "kvviz/checkpoints.py RANDOM_SHAPES"))
+
+
 def page() -> None:
     st.title("KV memory calculator")
     st.caption("Exact bytes for the KV cache and weights of real models: GQA, MQA, MLA and sliding windows included.")
-    presets = all_presets()
+    presets = _presets()
     for key, value in DEFAULTS.items():
         st.session_state.setdefault(key, list(value) if isinstance(value, list) else value)
     for msg in read_query_params(list(presets)):
-        st.warning(f"Link setting {msg}")
+        st.warning(f"Link setting {md_plain(msg)}")  # the value is whatever the link says: never Markdown
     # A preset that disappeared (e.g. the shipped model is missing) falls back to the default one.
     if st.session_state["mem_preset"] not in presets:
         st.session_state["mem_preset"] = DEFAULTS["mem_preset"]
@@ -364,14 +367,14 @@ def page() -> None:
         st.info("Upload or paste a Hugging Face config.json in the sidebar to size it.")
         return
     if isinstance(spec, ConfigError):
-        items = "\n".join(f"- {_md_escape(p)}" for p in spec.problems)
-        st.error(f"**{_md_escape(spec.where)}** cannot be sized:\n\n{items}")
+        items = "\n".join(f"- {md_plain(p)}" for p in spec.problems)
+        st.error(f"**{md_plain(spec.where, 80)}** cannot be sized:\n\n{items}")
         return
     try:
         req = _request()
         res = calculate(spec, req)
     except CalcError as e:
-        st.error("Cannot compute:\n\n" + "\n".join(f"- {_md_escape(p)}" for p in e.problems))
+        st.error("Cannot compute:\n\n" + "\n".join(f"- {md_plain(p)}" for p in e.problems))
         return
     _describe(spec)
     _metrics(res)

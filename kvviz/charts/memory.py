@@ -12,8 +12,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-GIB = 1024**3
-GB = 10**9
+from kvviz.units import GB, GIB
 HEIGHT = 420  # fixed: Streamlit otherwise resizes charts on every rerun
 _CAPACITY_COLORS = ("#c92a2a", "#e8590c", "#5f3dc4", "#2b8a3e")
 

@@ -1,0 +1,164 @@
+"""config.json -> ModelSpec for the model families kvviz knows, following each family's
+transformers implementation (and its config class's defaults for keys a file leaves out).
+
+Every problem is collected and reported together, as sentences, in one ConfigError.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kvviz.memory.config_file import parse_json_text, read_config_bytes
+from kvviz.memory.hf_fields import (
+    HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, KVVIZ_MODEL_TYPE, LAYER_KEYS, POS_KEYS, SUPPORTED_MODEL_TYPES, Reader, Shape,
+)
+from kvviz.memory.hf_params import count_params
+from kvviz.memory.spec import MAX_LAYERS, MAX_SEQ_LEN, MLA, ConfigError, ModelSpec
+
+def parse_config(raw: Any, where: str = "config.json", name: str | None = None, source: str = "",
+                 key: str = "") -> ModelSpec:
+    """A ModelSpec from a Hugging Face (or kvviz) config.json object; ConfigError names every problem."""
+    if not isinstance(raw, dict):
+        raise ConfigError([f"must hold a JSON object, got {type(raw).__name__}"], where)
+    notes: list[str] = []
+    mtype = raw.get("model_type")
+    if mtype not in SUPPORTED_MODEL_TYPES and isinstance(raw.get("text_config"), dict):
+        notes.append("read the decoder from text_config")  # multimodal wrappers nest the LM config
+        raw = {**raw["text_config"]}
+        mtype = raw.get("model_type")
+    if not isinstance(mtype, str):
+        mtype = "unknown"
+    rd = Reader(raw)
+    if mtype == "falcon":
+        shape, more = _falcon_shape(rd, notes)
+    elif mtype in ("deepseek_v2", "deepseek_v3"):
+        shape, more = _deepseek_shape(rd, notes)
+    else:
+        if mtype not in SUPPORTED_MODEL_TYPES:
+            notes.append(f"model_type {mtype!r} is not one kvviz knows: read the generic keys "
+                         f"({', '.join(SUPPORTED_MODEL_TYPES[:-1])} are recognised)")
+        shape, more = _standard_shape(rd, mtype)
+    max_pos = rd.int(POS_KEYS, required=False, maximum=MAX_SEQ_LEN)
+    vocab = rd.int(("vocab_size", "padded_vocab_size"), required=False)
+    if max_pos is None and mtype == "falcon":
+        max_pos = 2048  # FalconConfig's default; falcon-7b's config.json leaves it out
+    windows = _windows(rd, mtype, shape.layers if shape else 0, notes) if shape else ()
+    if rd.problems or shape is None:
+        raise ConfigError(rd.problems or ["could not read the attention shape"], where)
+    spec = ModelSpec(
+        name=name or str(raw.get("_name_or_path") or mtype), model_type=mtype, n_layers=shape.layers,
+        n_heads=shape.heads, n_kv_heads=shape.kv, head_dim=shape.head_dim, hidden=shape.hidden,
+        max_positions=max_pos, windows=windows, mla=more.get("mla"), vocab_size=vocab,
+        source=source, key=key,
+    )
+    params, active, pnote = count_params(raw, mtype, spec, notes)
+    return replace(spec, params=params, active_params=active, params_note=pnote, notes=tuple(notes))
+
+
+def _standard_shape(rd: Reader, mtype: str) -> tuple[Shape | None, dict[str, Any]]:
+    layers = rd.int(LAYER_KEYS, maximum=MAX_LAYERS)
+    heads = rd.int(HEAD_KEYS)
+    hidden = rd.int(HIDDEN_KEYS)
+    head_dim = rd.int("head_dim", required=False)
+    kv = rd.int(KV_KEYS, required=False) if mtype != "gpt2" else None
+    if kv is None:
+        kv = heads  # absent (or null) means MHA in every transformers config class
+    if heads and hidden and head_dim is None:
+        if hidden % heads:
+            rd.problems.append(f"{heads} attention heads do not divide hidden size {hidden} (and no head_dim is given)")
+        head_dim = hidden // heads
+    if heads and kv:
+        if kv > heads:
+            rd.problems.append(f"{kv} key/value heads is more than the {heads} attention heads")
+        elif heads % kv:
+            rd.problems.append(f"{kv} key/value heads do not divide the {heads} attention heads")
+    if None in (layers, heads, hidden, head_dim, kv):
+        return None, {}
+    return Shape(layers, heads, kv, head_dim, hidden), {}  # type: ignore[arg-type]
+
+
+def _falcon_shape(rd: Reader, notes: list[str]) -> tuple[Shape | None, dict[str, Any]]:
+    layers = rd.int(LAYER_KEYS, maximum=MAX_LAYERS)
+    heads = rd.int(HEAD_KEYS)
+    hidden = rd.int(HIDDEN_KEYS)
+    new_arch = rd.bool("new_decoder_architecture", False)
+    multi_query = rd.bool("multi_query", True)  # FalconConfig's default is True
+    kv_raw = rd.int(("num_kv_heads", "n_head_kv"), required=False)
+    if new_arch:
+        kv = kv_raw if kv_raw is not None else heads
+        notes.append(f"falcon new_decoder_architecture: {kv} K/V groups from num_kv_heads")
+    elif multi_query:
+        kv = 1
+        if kv_raw not in (None, 1):
+            notes.append(f"falcon: num_kv_heads {kv_raw} ignored because multi_query is true (one K/V head)")
+    else:
+        kv = heads
+    head_dim = rd.int("head_dim", required=False)
+    if heads and hidden and head_dim is None:
+        if hidden % heads:
+            rd.problems.append(f"{heads} attention heads do not divide hidden size {hidden}")
+        head_dim = hidden // heads
+    if heads and kv and heads % kv:
+        rd.problems.append(f"{kv} key/value heads do not divide the {heads} attention heads")
+    if None in (layers, heads, hidden, head_dim, kv):
+        return None, {}
+    return Shape(layers, heads, kv, head_dim, hidden), {}  # type: ignore[arg-type]
+
+
+def _deepseek_shape(rd: Reader, notes: list[str]) -> tuple[Shape | None, dict[str, Any]]:
+    layers = rd.int(LAYER_KEYS, maximum=MAX_LAYERS)
+    heads = rd.int(HEAD_KEYS)
+    hidden = rd.int(HIDDEN_KEYS)
+    kv_lora = rd.int("kv_lora_rank")
+    rope = rd.int("qk_rope_head_dim")
+    nope = rd.int("qk_nope_head_dim")
+    v_dim = rd.int("v_head_dim")
+    if None in (layers, heads, hidden, kv_lora, rope, nope, v_dim):
+        return None, {}
+    notes.append("MLA: the cache holds one (kv_lora_rank + qk_rope_head_dim) latent per layer per token; "
+                 "num_key_value_heads does not apply")
+    mla = MLA(kv_lora, rope, nope, v_dim)  # type: ignore[arg-type]
+    return Shape(layers, heads, heads, nope + rope, hidden), {"mla": mla}  # type: ignore[arg-type]
+
+
+def _windows(rd: Reader, mtype: str, n_layers: int, notes: list[str]) -> tuple[int | None, ...]:
+    """Per-layer sliding windows, following each model's transformers implementation."""
+    raw = rd.raw
+    win = rd.int("sliding_window", required=False, maximum=MAX_SEQ_LEN)
+    layer_types = raw.get("layer_types")
+    if win is None and mtype == "gemma2" and "sliding_window" not in raw:
+        win = 4096  # Gemma2Config's default
+    if win is None:
+        return ()
+    if isinstance(layer_types, list) and len(layer_types) == n_layers and all(isinstance(t, str) for t in layer_types):
+        notes.append("sliding layers taken from layer_types")
+        return tuple(win if t == "sliding_attention" else None for t in layer_types)
+    if mtype in ("qwen2", "qwen3"):
+        if not rd.bool("use_sliding_window", False):
+            notes.append(f"use_sliding_window is false: sliding_window {win:,} does not apply")
+            return ()
+        first = rd.int("max_window_layers", required=False, minimum=0, maximum=MAX_LAYERS)
+        first = n_layers if first is None else first
+        return tuple(win if i >= first else None for i in range(n_layers))  # as in Qwen2Config.layer_types
+    if mtype == "gemma2":
+        notes.append(f"Gemma 2: even-indexed layers slide ({win:,} tokens), odd ones are global")
+        return tuple(win if i % 2 == 0 else None for i in range(n_layers))
+    if mtype in ("llama", "gemma", "gpt2", "opt", "falcon", "deepseek_v2", "deepseek_v3", KVVIZ_MODEL_TYPE):
+        return ()  # these implementations never use a window
+    if mtype == "phi3":
+        notes.append(f"Phi-3 declares sliding_window {win:,} on every layer; transformers' cache honours it, "
+                     "some servers keep every token (turn windows off to see that)")
+    return (win,) * n_layers
+
+
+
+
+def parse_config_text(text: str | bytes, where: str = "config.json", **kw: Any) -> ModelSpec:
+    """Parse config.json text, bounded in size; every failure is a ConfigError, never a traceback."""
+    return parse_config(parse_json_text(text, where), where, **kw)
+
+
+def load_config_file(path: str | Path, **kw: Any) -> ModelSpec:
+    """A ModelSpec from a config.json on disk: regular files only, read with a byte cap."""
+    return parse_config_text(read_config_bytes(path), Path(path).name, **kw)

@@ -1,0 +1,168 @@
+"""The layers are a test: every module's imports, read with ``ast``, point down a floor or across
+it, never up and never around a circle; only the UI imports streamlit; the calculator and the
+charts never import torch. docs/ARCHITECTURE.md draws the same floors.
+"""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Module (or package prefix) -> floor. The longest matching prefix wins. A module that no entry
+# covers fails the test: a new module gets its floor on purpose, here and in ARCHITECTURE.md.
+FLOORS: dict[str, int] = {
+    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.measure.machine": 0,
+    "kvviz.memory": 1,  # the calculator: pure Python
+    "kvviz.engine.config": 1, "kvviz.engine.capture": 1, "kvviz.engine.events": 1,
+    "kvviz.engine.sampling": 1, "kvviz.engine.tokenizers": 1, "kvviz.engine.flops": 1,
+    "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.measure.cpu_load": 1,
+    "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.charts": 2,
+    "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
+    "kvviz.engine.load": 4,
+    "kvviz.engine.generate": 5,
+    "kvviz": 6,  # the package's public API (kvviz/__init__.py)
+    "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
+    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.__main__": 8, "app": 8,
+}
+# Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
+EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")
+STREAMLIT_ALLOWED = ("kvviz.ui", "app")
+NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors")
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package and app.py."""
+    out = {"app": root / "app.py"}
+    for f in sorted((root / "kvviz").rglob("*.py")):
+        parts = f.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = f
+    return out
+
+
+def floor_of(name: str) -> int | None:
+    if name in EMPTY_PACKAGES:
+        return 0
+    # "kvviz" names the package's __init__ only; every other entry also covers what lies under it.
+    best = max((p for p in FLOORS if name == p or (p != "kvviz" and name.startswith(p + "."))), key=len,
+               default=None)
+    return None if best is None else FLOORS[best]
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """(imported name, line) for every import in the file, TYPE_CHECKING blocks included: a
+    type-only import still says which way the dependency points."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:  # `from kvviz.charts import perf` imports the module kvviz.charts.perf
+                sub = f"{base}.{a.name}"
+                out.append((sub if sub in known else base, node.lineno))
+    return out
+
+
+def violations(root: Path) -> list[str]:
+    mods = modules(root)
+    known = set(mods)
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        mine = floor_of(name)
+        if mine is None:
+            problems.append(f"{name}: no floor assigned (add it to FLOORS and docs/ARCHITECTURE.md)")
+            continue
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        if name in EMPTY_PACKAGES and any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+                                          for n in body):
+            problems.append(f"{name}: a folder-marking __init__.py holds a docstring at most")
+        for target, line in imports_of(name, path, known):
+            top = target.split(".")[0]
+            if top == "streamlit" and not _within(name, STREAMLIT_ALLOWED):
+                problems.append(f"{name}:{line} imports streamlit (only kvviz.ui and app.py may)")
+            if top == "torch" and _within(name, NO_TORCH):
+                problems.append(f"{name}:{line} imports torch (it must stay pure Python)")
+            if top not in ("kvviz", "app") or target in EMPTY_PACKAGES:
+                continue
+            theirs = floor_of(target)
+            if theirs is not None and theirs > mine:
+                problems.append(f"{name}:{line} (floor {mine}) imports {target} (floor {theirs}): upward")
+            if target in graph and target != name:
+                graph[name].add(target)
+    problems += [f"import cycle: {' -> '.join(c)}" for c in _cycles(graph)]
+    return problems
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected knot found by depth-first search."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                found.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return found
+
+
+def test_the_package_keeps_its_floors() -> None:
+    assert violations(ROOT) == []
+
+
+@pytest.mark.parametrize("file,line,needle", [
+    ("kvviz/engine/config.py", "from kvviz.ui import state\n", "upward"),
+    ("kvviz/engine/cache.py", "from kvviz.engine.generate import generate\n", "upward"),
+    ("kvviz/charts/live.py", "import streamlit as st\n", "imports streamlit"),
+    ("kvviz/units.py", "import torch\n", "imports torch"),
+    ("kvviz/engine/sampling.py", "from kvviz.engine.tokenizers import Tokenizer\n", "import cycle"),
+    ("kvviz/engine/brand_new.py", "x = 1\n", "no floor assigned"),
+])
+def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle: str) -> None:
+    """The checker is not vacuous: each kind of violation, planted in a copy, is reported."""
+    shutil.copytree(ROOT / "kvviz", tmp_path / "kvviz", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "app.py", tmp_path / "app.py")
+    target = tmp_path / file
+    if needle == "import cycle":  # sampling -> tokenizers, and tokenizers -> sampling back
+        (tmp_path / "kvviz/engine/tokenizers.py").write_text(
+            "from kvviz.engine.sampling import sample\n" + (tmp_path / "kvviz/engine/tokenizers.py").read_text())
+    target.write_text(line + (target.read_text() if target.exists() else ""))
+    found = violations(tmp_path)
+    assert any(needle in p for p in found), found
+
+
+def test_the_calculator_imports_without_torch() -> None:
+    """`import kvviz.memory` is the plain import (no file-path trick), and torch stays out."""
+    charts = [f"kvviz.charts.{p.stem}" for p in (ROOT / "kvviz/charts").glob("*.py") if p.stem != "__init__"]
+    code = (f"import sys, kvviz.memory, kvviz.units, {', '.join(charts)}\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
