@@ -31,15 +31,18 @@ def test_quick_bench_writes_the_contract(tmp_path: Path, capsys: pytest.CaptureF
     main_case, cache_case = written["results"]
     assert (main_case["shape"], main_case["new_tokens"], written["repeats"]) == ("tiny", 16, 2)
     v = main_case["variants"]
-    assert set(v) == {"kvviz_static", "kvviz_uncached", "hf", "floor"}
+    assert set(v) == {"kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor"}
     # Every generator produced the same greedy tokens as kvviz cached; the floor generates none.
-    assert [v[k]["tokens_match"] for k in ("kvviz_static", "kvviz_uncached", "hf", "floor")] == [True, True, True, None]
+    assert [v[k]["tokens_match"] for k in ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")] == [
+        True, True, True, True, None]
     for d in v.values():
         assert d["runs"] == 2 and 0 < d["tok_s_min"] <= d["tok_s_median"] <= d["tok_s_max"]
     med = {k: d["tok_s_median"] for k, d in v.items()}
     r = main_case["ratios"]
     assert r["kvviz_static_vs_hf"] == pytest.approx(med["kvviz_static"] / med["hf"], rel=1e-12)
     assert r["cached_vs_uncached"] == pytest.approx(med["kvviz_static"] / med["kvviz_uncached"], rel=1e-12)
+    assert r["fast_vs_readable"] == pytest.approx(med["kvviz_static"] / med["readable_static"], rel=1e-12)
+    assert r["readable_static_vs_hf"] == pytest.approx(med["readable_static"] / med["hf"], rel=1e-12)
     assert r["floor_vs_hf"] == pytest.approx(med["floor"] / med["hf"], rel=1e-12)
     assert r["kvviz_static_vs_floor"] == pytest.approx(med["kvviz_static"] / med["floor"], rel=1e-12)
     # Repeat by repeat: repeat i of kvviz over repeat i of transformers, from the runs in order.

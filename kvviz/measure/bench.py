@@ -8,6 +8,9 @@ max. Ratios are taken between medians of the same run. The first run of each var
 warm-up and is discarded. Throughput is wall-clock: prefill + every decode step + the event
 bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before reading clocks).
 
+``kvviz_static`` runs the accelerator (``kvviz.fast``); ``readable_static`` the same cached
+generation through the readable model alone (``fast=False``), so both engines are measured.
+
 The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
 one row each, prepared exactly as kvviz's decode step runs them) once per token: no attention,
 no norms, no model code. It is what one decode step cannot go below with these kernels at this
@@ -44,12 +47,12 @@ DEFAULT_OUT = Path("bench-results") / "bench.json"
 class Case:
     shape: str  # a kvviz.engine.load.RANDOM_SHAPES name
     new_tokens: int
-    variants: tuple[str, ...]  # kvviz_static, kvviz_concat, kvviz_uncached, hf, floor
+    variants: tuple[str, ...]  # kvviz_static, readable_static, kvviz_concat, kvviz_uncached, hf, floor
 
 
 CASES = (
-    Case("tiny", 256, ("kvviz_static", "kvviz_uncached", "hf", "floor")),
-    Case("gpt2-small", 64, ("kvviz_static", "kvviz_uncached", "hf", "floor")),
+    Case("tiny", 256, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
+    Case("gpt2-small", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
 )
 
@@ -127,8 +130,9 @@ def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int
         return run_hf
     use_cache = variant != "kvviz_uncached"
     kind = "concat" if variant == "kvviz_concat" else "static"
+    fast = variant != "readable_static"  # the readable engine: the model's own forward, no kvviz.fast
     return lambda: generate(model, prompt_ids=prompt, max_new_tokens=n, use_cache=use_cache,
-                            cache_kind=kind).generated_ids
+                            cache_kind=kind, fast=fast).generated_ids
 
 
 def _timed(fn: Callable[[], list[int]], device: torch.device) -> tuple[float, list[int]]:
@@ -187,6 +191,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
 # (name or None for "a_vs_b", numerator, denominator); floor / hf bounds what any implementation could gain.
 RATIOS = (
     (None, "kvviz_static", "hf"),
+    (None, "readable_static", "hf"),
+    ("fast_vs_readable", "kvviz_static", "readable_static"),
     ("cached_vs_uncached", "kvviz_static", "kvviz_uncached"),
     (None, "kvviz_static", "floor"),
     (None, "floor", "hf"),
