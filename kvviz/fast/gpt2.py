@@ -1,12 +1,12 @@
 """The accelerator's GPT-2: the same maths as ``engine/models/gpt2.py``, written flat.
 
-It exists because a step of a small model is bound by per-op overhead and by streaming the
-weights, not by arithmetic: on tiny, the module path spends more time in Python,
-``nn.Module.__call__`` and small kernels than in reading the weights, and every op, even a
-view, costs about a microsecond of Python and dispatch. So this path counts ops:
+It exists because a decode step of a small model is bound by per-op overhead and by streaming the
+weights, not by arithmetic: the module path spends more time in Python, ``nn.Module.__call__``
+and small kernels than in reading the weights, and every op, even a view, pays for Python and
+the dispatcher. So this path counts ops:
 
-- functional ops only, no ``Module.__call__``, with the weights prepared once in a ``Plan`` of
-  views of the parameters (no copies, except the LM head's transposed copy);
+- functional ops only, no ``Module.__call__``, with the weights prepared once in a
+  ``DecodePlan`` of views of the parameters (no copies, except the LM head's transposed copy);
 - the matmuls of a few rows split across the CPU's threads by output columns (``matmul.py``);
 - one row (a cached decode step, batch 1, fp32, CPU with a C compiler): each layer is four calls
   into C (``rowops.py``), each fusing the matmul with what surrounds it: LN1 + c_attn,

@@ -1,10 +1,11 @@
 """Keep Python's cyclic garbage collector off the long-lived heap while tokens are generated.
 
-Once torch (and transformers, Streamlit) are imported and a model is loaded, the process holds
-about 170,000 objects that the cyclic collector tracks and that live until exit. Every full
-collection walks all of them: 74 ms on the development VM, which generation set off about every
-2,000 tokens, a stall worth some 90 decode steps of tiny. ``gc.freeze()`` moves what exists now
-into a permanent generation that collections skip; objects created later are collected as usual.
+Once torch (and transformers, Streamlit) are imported and a model is loaded, the process holds a
+great many objects that the cyclic collector tracks and that live until exit. Every full
+collection walks all of them, a pause longer than many decode steps of a small model, and
+generation sets one off every few thousand tokens, inside some step's timed forward.
+``gc.freeze()`` moves what exists now into a permanent generation that collections skip;
+objects created later are collected as usual. ``docs/performance.md`` has the measurements.
 
 Frozen objects are never collected by the cyclic collector, so only what truly lives until exit
 may be frozen. The CLI and the bench are short-lived and freeze after loading their models. The

@@ -5,14 +5,12 @@ for a few rows streams on one core at a time. On CPU with s >= 2 intra-op thread
 off, the rows go through ``bmm`` over s column blocks of the same storage instead (a strided
 view, no copy): each thread streams its share of the weights. (One fp32 row in a decode step
 goes to the C kernel of ``kvviz.fast.rowops`` where it can; this is its fallback, and the path of
-prefill and batches.) Measured on tiny (2-core EPYC, fp32): 1.2 vs 1.8 ms per decode step.
+prefill and batches.)
 
-Small batches of rows gain as well, since MKL's GEMM for a few rows streams the weights little
-better. Split against plain, 2 threads: tiny's 17 matmuls of a step, median of 12 interleaved
-repeats, 1.1-1.2x for 2 to 64 rows, 1.06x at 128 and none at 256-512; gpt2-small's shapes
-1.7-1.8x for 2-8 rows, 1.24x at 32, 1.02x at 128. So up to 64 rows split (MAX_SPLIT_ROWS),
-more keep the plain GEMM. One thread, training and bf16/fp16 keep it too: the half-precision
-GEMM is a different, oneDNN kernel, which the split made slower (329 vs 455 tok/s in bf16).
+The split pays most for a few rows and fades as the rows grow, so up to ``MAX_SPLIT_ROWS`` rows
+split and more keep the plain GEMM. One thread, training and bf16/fp16 keep it too: the
+half-precision GEMM is a different (oneDNN) kernel, which the split made slower.
+``docs/performance.md`` has the measurements.
 """
 from __future__ import annotations
 

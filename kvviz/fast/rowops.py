@@ -1,13 +1,10 @@
 """One-row fp32 linear layers in C (``csrc/rowops.c``): the matmuls of a CPU decode step.
 
 A decode step of a small model is bound by streaming its weights and by per-op overhead. MKL's
-kernels stream a single row's weights at about a third of what the caches deliver here, and
-every PyTorch op costs about a microsecond of dispatch. ``RowLinear`` does one layer's
-``act(LN(x) @ W + b) + res`` in one call: the LayerNorm before and the bias, GELU and residual
-after are fused, and the columns are shared among the intra-op threads. Measured on tiny's 17
-matmuls (2-core EPYC, 2 threads, weights cycling through the caches as in a step): ~140 us
-against ~270 us for ``bmm`` over column blocks (the best PyTorch split) and ~1,100 us for
-``addmm`` on one thread.
+kernels stream a single row's weights well below what the CPU caches deliver, and every PyTorch
+op pays for dispatch. ``RowLinear`` does one layer's ``act(LN(x) @ W + b) + res`` in one call:
+the LayerNorm before and the bias, GELU and residual after are fused, and the columns are shared
+among the intra-op threads. ``docs/performance.md`` has the measurements.
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``/``gcc``)
 and OpenMP, into a cache folder (``$KVVIZ_CACHE_DIR``, else ``~/.cache/kvviz``), keyed by the
