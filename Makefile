@@ -36,7 +36,7 @@ browser:
 test: $(DEV_STAMP) browser
 	$(PY) -m pytest tests -q
 
-# The README's screenshots: the browser tests on the shipped model, saved into docs/screenshots/.
+# The screenshots in docs/: the browser tests on the shipped model, saved into docs/screenshots/.
 screenshots: $(DEV_STAMP) browser
 	KVVIZ_BROWSER_MODEL=default KVVIZ_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
 

@@ -30,7 +30,7 @@ def engine_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
 def all_presets() -> dict[str, ModelSpec]:
     """Published presets first, then kvviz's own models."""
     shapes, shipped = engine_shapes()
-    return with_builtins(builtin_specs(shapes, shipped, "kvviz/checkpoints.py RANDOM_SHAPES"))
+    return with_builtins(builtin_specs(shapes, shipped, "kvviz/engine/load.py RANDOM_SHAPES"))
 
 
 def parse_count(s: str) -> int:

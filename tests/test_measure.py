@@ -178,3 +178,24 @@ def test_probe_machine_small() -> None:
 def test_compare_outputs_needs_two_runs(small_model) -> None:  # type: ignore[no-untyped-def]
     a = compare_outputs({"static": run_once(small_model, _req(3), "static")})
     assert not a.identical and "nothing was compared" in a.message
+
+
+def test_every_sweep_honours_the_engine_switch(small_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """fast=False: no step goes through the accelerator; fast=True: every step does."""
+    import kvviz.fast.gpt2
+
+    calls: list[int] = []
+    real = kvviz.fast.gpt2.FastGPT2.forward
+    monkeypatch.setattr(kvviz.fast.gpt2.FastGPT2, "forward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    sweeps = (
+        lambda fast: sweep_ttft(small_model, PROMPT, [4, 8], repeats=1, warm=False, fast=fast),
+        lambda fast: sweep_decode(small_model, PROMPT, repeats=1, prompt_len=4, max_context=10, warm=False, fast=fast),
+        lambda fast: sweep_short_long(small_model, PROMPT[:3], 12, n_new=3, repeats=1, warm=False, fast=fast),
+        lambda fast: sweep_batch(small_model, PROMPT, [1, 2], prompt_len=4, n_new=3, repeats=1, warm=False, fast=fast),
+    )
+    for sweep in sweeps:
+        calls.clear()
+        list(sweep(False))
+        assert calls == []
+        list(sweep(True))
+        assert calls

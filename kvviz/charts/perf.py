@@ -1,6 +1,6 @@
 """Pure Plotly builders for the race, prefill/decode and batching views (no streamlit import).
 
-Inputs are Runs (one per cache mode) or the tables of ``perf_stats.aggregate`` (columns
+Inputs are Runs (one per cache mode) or the tables of ``measure.stats.aggregate`` (columns
 series, x, median, min, max, n). Every figure has a title naming what was measured where,
 axis labels with units, a fixed height, and min-max spread wherever there were repeats.
 Arrays go out as float32: half the bytes of float64 in the browser message.

@@ -1,4 +1,4 @@
-"""The roofline probe: what this machine's matmuls and memory deliver, measured in a few ms.
+"""The roofline probe: what this machine's matmuls and memory deliver, measured in about a second.
 
 The timing pages place their measurements against these two numbers (peak matmul FLOP/s and
 memory bandwidth) to say whether a step is compute- or memory-bound. CUDA timings synchronize

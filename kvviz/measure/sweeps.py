@@ -5,7 +5,7 @@ Every measurement is a generator, so the UI can stream it, draw a progress bar, 
 concurrently, and all timings come from ``iter_generate`` (forward + sampling, synchronized on
 CUDA) or from this module's own synchronized clock (the roofline probe).
 
-Nothing here knows about Streamlit; the analysis of what is measured lives in ``perf_stats``.
+Nothing here knows about Streamlit; the analysis of what is measured lives in ``measure.stats``.
 """
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def sweep_total_time(model: LoadedModel, req: Request, ns: Sequence[int], repeat
 
 
 def sweep_ttft(model: LoadedModel, base: Sequence[int], lengths: Sequence[int], repeats: int = 3,
-               warm: bool = True) -> Iterator[Sample]:
+               warm: bool = True, fast: bool = True) -> Iterator[Sample]:
     """Time to first token (the prefill forward) vs prompt length, with its FLOPs and bytes."""
     if warm:
         warmup(model, ("static",))
@@ -269,7 +269,7 @@ def sweep_ttft(model: LoadedModel, base: Sequence[int], lengths: Sequence[int], 
     # sweep still has the whole curve.
     for rep in range(repeats):
         for length in lengths:
-            req = Request(prompt_ids=(cycle_to(base, length),), max_new_tokens=1)
+            req = Request(prompt_ids=(cycle_to(base, length),), max_new_tokens=1, fast=fast)
             ev = run_once(model, req, "static").events[0]
             done += 1
             flops = forward_flops(cfg, length, 0)
@@ -281,7 +281,7 @@ def sweep_ttft(model: LoadedModel, base: Sequence[int], lengths: Sequence[int], 
 
 
 def sweep_decode(model: LoadedModel, base: Sequence[int], repeats: int = 3, prompt_len: int = 16,
-                 max_context: int | None = None, warm: bool = True) -> Iterator[Sample]:
+                 max_context: int | None = None, warm: bool = True, fast: bool = True) -> Iterator[Sample]:
     """Per-token decode latency vs context length: one long cached run per repeat, a sample per step."""
     if warm:
         warmup(model, ("static",))
@@ -290,7 +290,7 @@ def sweep_decode(model: LoadedModel, base: Sequence[int], repeats: int = 3, prom
     n_new = top - prompt_len
     if n_new < 2:
         raise ValueError(f"a {prompt_len}-token prompt leaves no room to decode in a {top}-token context")
-    req = Request(prompt_ids=(cycle_to(base, prompt_len),), max_new_tokens=n_new)
+    req = Request(prompt_ids=(cycle_to(base, prompt_len),), max_new_tokens=n_new, fast=fast)
     total, done = repeats * (n_new - 1), 0
     for rep in range(repeats):
         for ev in start(model, req, "static"):
@@ -306,7 +306,7 @@ def sweep_decode(model: LoadedModel, base: Sequence[int], repeats: int = 3, prom
 
 
 def sweep_short_long(model: LoadedModel, short: Sequence[int], long_len: int, n_new: int = 32,
-                     repeats: int = 3, warm: bool = True) -> Iterator[Sample]:
+                     repeats: int = 3, warm: bool = True, fast: bool = True) -> Iterator[Sample]:
     """The seeds' example: a short question vs a long pasted document, same number of new tokens."""
     if warm:
         warmup(model, ("static",))
@@ -316,7 +316,7 @@ def sweep_short_long(model: LoadedModel, short: Sequence[int], long_len: int, n_
     total, done = repeats * len(cases), 0
     for rep in range(repeats):
         for name, ids in cases:
-            run = run_once(model, Request(prompt_ids=(tuple(ids),), max_new_tokens=n_new), "static")
+            run = run_once(model, Request(prompt_ids=(tuple(ids),), max_new_tokens=n_new, fast=fast), "static")
             done += 1
             yield Sample("short_long", name, len(ids), rep, {
                 "ttft_ms": run.ttft_ms or 0.0, "tpot_ms": _decode_ms(run),
@@ -358,7 +358,7 @@ def free_memory(device: torch.device) -> int:
 
 def sweep_batch(model: LoadedModel, base: Sequence[int], sizes: Sequence[int], prompt_len: int = 32,
                 n_new: int = 32, repeats: int = 3, different: bool = False,
-                warm: bool = True) -> Iterator[Sample]:
+                warm: bool = True, fast: bool = True) -> Iterator[Sample]:
     """Cached decode at each batch size: per-request latency, aggregate tokens/s and KV bytes."""
     if warm:
         warmup(model, ("static",))
@@ -366,7 +366,8 @@ def sweep_batch(model: LoadedModel, base: Sequence[int], sizes: Sequence[int], p
     total, done = len(sizes) * repeats, 0
     for rep in range(repeats):  # repeats outside, as in sweep_ttft
         for b in sizes:
-            req = Request(prompt_ids=batch_rows(model, base, b, prompt_len, different), max_new_tokens=n_new)
+            req = Request(prompt_ids=batch_rows(model, base, b, prompt_len, different), max_new_tokens=n_new,
+                          fast=fast)
             run = run_once(model, req, "static")
             done += 1
             last = run.events[-1]

@@ -11,7 +11,7 @@ from kvviz.measure.stats import Sample, aggregate
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, page_model, results_key, where,
 )
-from kvviz.ui.settings import Settings
+from kvviz.ui.settings import ENGINES, Settings
 
 INTRO = (
     "A decode step reads every weight to produce one token per request. Put B requests in one batch and "
@@ -32,6 +32,7 @@ def page() -> None:
     state = SweepState("batch_status")
     state.settle()
     busy_note()
+    st.caption(f"Engine: {ENGINES[s.engine]}.")
     _sweep(s, model, state)
 
 
@@ -74,7 +75,8 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
         stored[series] = []
         state.begin()
         try:
-            drive(sweep_batch(model, _base(s, model), sizes, prompt_len, n_new, repeats, prompts == "different"),
+            drive(sweep_batch(model, _base(s, model), sizes, prompt_len, n_new, repeats, prompts == "different",
+                              fast=s.engine == "fast"),
                   stored[series], "Measuring…",
                   lambda xs: live.plotly_chart(_tradeoff(xs, model), key=f"batch_live_{len(xs)}"))
             state.end()

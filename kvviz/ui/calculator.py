@@ -343,7 +343,7 @@ def _presets() -> dict[str, ModelSpec]:
     from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES
 
     shapes = {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}
-    return with_builtins(builtin_specs(shapes, DEFAULT_MODEL_DIR / "config.json", "kvviz/checkpoints.py RANDOM_SHAPES"))
+    return with_builtins(builtin_specs(shapes, DEFAULT_MODEL_DIR / "config.json", "kvviz/engine/load.py RANDOM_SHAPES"))
 
 
 def page() -> None:

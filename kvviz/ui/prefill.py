@@ -15,6 +15,7 @@ from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_point
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
+from kvviz.ui.settings import ENGINES
 
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
@@ -38,10 +39,12 @@ def page() -> None:
     busy_note()
     results: dict[str, list[Sample]] = st.session_state.setdefault(results_key("pd_results", model), {})
     ctx = _context_limit(model)
-    _sweeps(model, results, sweep_state, ctx)
+    fast = s.engine == "fast"  # the sidebar's engine runs every measured step
+    st.caption(f"Engine: {ENGINES[s.engine]}.")
+    _sweeps(model, results, sweep_state, ctx, fast)
     st.divider()
     prompt_ids = tuple(model.tokenizer.encode(s.prompt)) if (s.prompt and model.has_tokenizer) else ()
-    _example(model, results, example_state, prompt_ids, ctx)
+    _example(model, results, example_state, prompt_ids, ctx, fast)
 
 
 def _context_limit(model: LoadedModel) -> int:
@@ -63,7 +66,7 @@ def _decode_bin(ctx: int) -> int:
     return max(8, ctx // 32)
 
 
-def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState, ctx: int) -> None:
+def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState, ctx: int, fast: bool) -> None:
     lengths = prompt_lengths(ctx)
     st.subheader("TTFT vs prompt length, decode latency vs context")
     st.caption(f"Prompt lengths {', '.join(map(str, lengths))} · decode from a 16-token prompt to a "
@@ -83,10 +86,10 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
             machine_probe(model)
             base = _base_ids(model)
             results["ttft"], results["decode"] = [], []
-            drive(sweep_ttft(model, base, lengths, int(repeats)), results["ttft"], "Prefill sweep…",
+            drive(sweep_ttft(model, base, lengths, int(repeats), fast=fast), results["ttft"], "Prefill sweep…",
                   lambda xs: live.plotly_chart(pc.ttft_chart(aggregate(xs, "ttft_ms"), where(model)),
                                                key=f"pd_live_ttft_{len(xs)}"))
-            drive(sweep_decode(model, base, int(repeats), max_context=ctx), results["decode"], "Decode sweep…",
+            drive(sweep_decode(model, base, int(repeats), max_context=ctx, fast=fast), results["decode"], "Decode sweep…",
                   lambda xs: live.plotly_chart(
                       pc.decode_chart(aggregate(xs, "latency_ms", _decode_bin(ctx)), where(model)),
                       key=f"pd_live_decode_{len(xs)}"))
@@ -147,7 +150,7 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
 # --- the seeds' example ------------------------------------------------------------------------
 
 def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState,
-             prompt_ids: tuple[int, ...], ctx: int) -> None:
+             prompt_ids: tuple[int, ...], ctx: int, fast: bool) -> None:
     st.subheader("A short question vs a long pasted document")
     short = tuple(model.tokenizer.encode(SHORT_QUESTION)) if model.has_tokenizer else prompt_ids[:16]
     if not short:
@@ -169,7 +172,7 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         state.begin()
         results["example"] = []
         try:
-            drive(sweep_short_long(model, short, long_len, n_new, repeats=3), results["example"], "Measuring…")
+            drive(sweep_short_long(model, short, long_len, n_new, repeats=3, fast=fast), results["example"], "Measuring…")
             state.end()
         finally:
             lock.release()

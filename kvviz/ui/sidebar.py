@@ -5,6 +5,9 @@ Every control has a key (tests and bookmarks rely on them) and help text that te
 """
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
@@ -53,6 +56,13 @@ HELP = {
     "present": "Slow live generation down so an audience can follow each token.",
     "speed_tps": "Target tokens per second while presenting.",
 }
+
+
+@functools.lru_cache(maxsize=32)
+def _count_tokens(tokenizer: Any, prompt: str) -> int:
+    """The prompt's length in tokens, for the budget line: counted once per (model, text), not
+    on every script run (each widget touch reruns the sidebar)."""
+    return len(tokenizer.encode(prompt))
 
 
 def _set_prompt(text: str) -> None:
@@ -104,7 +114,7 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int]:
     block = model.config.block_size if model is not None else 1024
     n_prompt = None
     if model is not None and model.has_tokenizer and prompt:
-        n_prompt = len(model.tokenizer.encode(prompt[:200_000]))
+        n_prompt = _count_tokens(model.tokenizer, prompt[:200_000])
     limit = max(1, block - 1)
     persist.keep("max_new_tokens", 64, bounds=(1, limit))
     st.number_input("Max new tokens", min_value=1, max_value=limit, step=16, key="max_new_tokens",

@@ -1,12 +1,11 @@
 /* One row through one linear layer, fp32, on the CPU threads: y = act(LN(x) @ W + b) + res.
  *
  * Why this exists: a decode step multiplies ONE row by every weight matrix, so it is bound by
- * streaming the weights. MKL's kernels for a single row stream them at about a third of what
- * this machine's caches deliver (tiny's 12.6 MB of matmuls: ~270 us through bmm over column
- * blocks, ~140 us here, 2 threads). Each call also fuses what would be separate PyTorch ops
- * around the matmul (LayerNorm before; bias, GELU and the residual add after), and every op
- * saved is about a microsecond of dispatch. kvviz/rowops.py builds and loads this file; the
- * flat decode step (kvviz/decode.py) calls it; tests hold it to PyTorch's ops.
+ * streaming the weights, and MKL's kernels stream a single row's weights well below what the
+ * caches deliver (docs/performance.md has the measurements). Each call also fuses what would be
+ * separate PyTorch ops around the matmul (LayerNorm before; bias, GELU and the residual add
+ * after), since every op saved is a dispatch saved. kvviz/fast/rowops.py builds and loads this file; the
+ * flat decode step (kvviz/fast/gpt2.py) calls it; tests hold it to PyTorch's ops.
  *
  * W is GPT-2's Conv1D layout, (n_in, n_out) row-major, read in place (no packed copy). The
  * output columns are cut into tiles of TILE; a tile's accumulators stay in registers while the
