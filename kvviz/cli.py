@@ -45,6 +45,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
     p.add_argument("--cache-kind", choices=["static", "concat"], default="static")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user message through the model's chat template (instruct models)")
     p.add_argument("--no-fast", action="store_true",
                    help="run every step through the readable model, without the accelerator (kvviz.fast)")
     samp = p.add_mutually_exclusive_group()
@@ -73,7 +75,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
         use_cache=not args.no_cache, cache_kind=args.cache_kind,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
     )
     obj = {
         "model": run.model, "device": run.device, "use_cache": run.use_cache, "engine": run.engine,

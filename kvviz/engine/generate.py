@@ -12,12 +12,13 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
 from kvviz.engine.cache import KVCache, make_cache
 from kvviz.engine.capture import Capture, ForwardCapture, record
+from kvviz.engine.chat import chat_prompt
 from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
@@ -242,10 +243,20 @@ def iter_generate(
     capture: Capture | None = None,
     batch_size: int = 1,
     fast: bool = True,
+    chat: bool = False,
+    messages: Sequence[Mapping[str, str]] | None = None,
 ) -> GenerationStream:
-    """Validate the request (before any compute) and return a stream of StepEvents."""
+    """Validate the request (before any compute) and return a stream of StepEvents.
+
+    ``chat=True`` wraps ``prompt`` as one user message; ``messages`` gives a whole conversation.
+    Either is rendered with the model's own chat template (an instruct model answers, and stops
+    at its end-of-turn token, which is its EOS).
+    """
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
-    rows, text = resolve_prompt(model, prompt, prompt_ids)
+    if chat or messages is not None:
+        rows, text = resolve_chat(model, prompt, prompt_ids, messages)
+    else:
+        rows, text = resolve_prompt(model, prompt, prompt_ids)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
         raise KVVizError(f"batch_size must be between 1 and {MAX_BATCH} (got {batch_size!r})")
     if len(rows) > 1:
@@ -300,6 +311,28 @@ def resolve_prompt(model: LoadedModel, prompt: str | None,
     if not rows or not rows[0]:
         raise KVVizError("the prompt encodes to zero tokens")
     return rows, text
+
+
+def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
+                 messages: Sequence[Mapping[str, str]] | None) -> tuple[list[list[int]], str]:
+    """One token row and its text: the conversation laid out by the model's chat template."""
+    if prompt_ids is not None:
+        raise KVVizError("a chat is given as text (prompt= or messages=), not as prompt_ids")
+    if messages is None:
+        if prompt is None or prompt == "":
+            raise KVVizError("the message is empty: type a question to ask")
+        messages = [{"role": "user", "content": prompt}]
+    elif prompt is not None:
+        raise KVVizError("give a prompt or messages, not both")
+    total = sum(len(m.get("content", "")) for m in messages if isinstance(m, Mapping)
+                and isinstance(m.get("content", ""), str))
+    if total > MAX_PROMPT_CHARS:
+        raise KVVizError(f"the conversation is {total:,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    tok = model.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise KVVizError(f"model {model.name!r} has no chat template: turn chat off and give a plain prompt")
+    got = chat_prompt(tok, messages)  # type: ignore[arg-type]
+    return [list(got.ids)], got.text
 
 
 def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
