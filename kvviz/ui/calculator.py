@@ -45,7 +45,7 @@ def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | 
         return presets[key]
     up = st.file_uploader("Upload a config.json", type=["json"], key="mem_config_file", max_upload_size=1,
                           help=f"At most {MAX_CONFIG_BYTES:,} bytes.")
-    text = st.text_area("...or paste it", key="mem_config_text", height=160,
+    text = st.text_area("...or paste it", key="mem_config_text", height=160, max_chars=MAX_CONFIG_BYTES,
                         placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
     data: str | bytes = up.getvalue() if up is not None else text
     where = up.name if up is not None else "pasted config.json"
