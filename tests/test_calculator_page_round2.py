@@ -124,8 +124,10 @@ def test_choosing_a_gpu_fills_memory_bandwidth_and_price() -> None:
     assert at.number_input(key="mem_bandwidth").value == 300 and at.number_input(key="mem_price").value == 0.5
     at.selectbox(key="mem_gpu_kind").set_value("custom").run()
     assert at.number_input(key="mem_bandwidth").value == 300  # custom keeps what was there
-    at = fresh(mem_gpu_kind="h200", mem_bandwidth="4800", mem_gpu="141", mem_efficiency="2")
+    at = fresh(mem_gpu_kind="h200", mem_bandwidth="4000", mem_efficiency="2")
     assert at.selectbox(key="mem_gpu_kind").value == "h200" and at.selectbox(key="mem_gpu").value == "141"
+    assert at.number_input(key="mem_bandwidth").value == 4000  # the link's own value wins over the preset's
+    assert at.number_input(key="mem_price").value == 3.5  # the link named the GPU alone: its example price
     assert "mem_efficiency" in texts(at, "warning")
 
 

@@ -123,6 +123,11 @@ def read_query_params(preset_keys: list[str]) -> list[str]:
             st.session_state["mem_gpu"], st.session_state["mem_gpu_custom"] = CUSTOM_GPU, value
         else:
             st.session_state[key] = value
+    if "mem_gpu_kind" in st.query_params:  # a hand-written link may name the GPU alone: fill in the rest
+        given = {k: st.session_state.get(k) for k in ("mem_gpu", "mem_gpu_custom", "mem_bandwidth", "mem_price")
+                 if k in st.query_params}
+        apply_gpu_kind()
+        st.session_state.update(given)
     return bad
 
 
