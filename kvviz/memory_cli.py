@@ -13,8 +13,9 @@ from typing import Any
 from kvviz.argtypes import positive_int
 from kvviz.errors import KVVizError
 from kvviz.memory import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, SCALE_DTYPE_BYTES, CalcError,
-    ModelSpec, MemoryRequest, builtin_specs, calculate, find_preset, load_config_file, summary_text, with_builtins,
+    DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_TP,
+    SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs, calculate, find_preset,
+    load_config_file, load_gpus, summary_text, with_builtins,
 )
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -68,11 +69,48 @@ def _fraction(s: str) -> float:
     return v
 
 
+def _positive_float(what: str, example: str) -> Any:
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} such as {example}, got {s!r}") from None
+        if not math.isfinite(v) or v <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {s!r}")
+        return v
+    return parse
+
+
+def _price(s: str) -> float:
+    try:
+        v = float(s.removeprefix("$"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected dollars per GPU-hour such as 2.5, got {s!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a price >= 0, got {s!r}")
+    return v
+
+
+def _efficiency(s: str) -> float:
+    v = _positive_float("fraction", "0.7")(s)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {s!r}")
+    return v
+
+
+def _tp(s: str) -> int:
+    v = positive_int(s)
+    if v > MAX_TP:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_TP:,} GPUs, got {s!r}")
+    return v
+
+
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", metavar="NAME", help="a preset key or name (see --list-presets)")
     src.add_argument("--config", type=Path, metavar="config.json", help="a Hugging Face or kvviz config.json")
     src.add_argument("--list-presets", action="store_true", help="list the presets with their sources")
+    src.add_argument("--list-gpus", action="store_true", help="list the GPU presets with their sources")
     p.add_argument("--seq-len", type=positive_int, metavar="N", help="tokens per sequence: prompt + output (required)")
     p.add_argument("--batch", type=positive_int, default=1, help="concurrent requests (default 1)")
     p.add_argument("--beams", type=positive_int, default=1, help="parallel samples / beams per request (default 1)")
@@ -93,6 +131,18 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"GPU memory in GiB for the fit check ({', '.join(map(str, GPU_PRESETS_GIB))} or any)")
     p.add_argument("--reserve", type=_fraction, default=DEFAULT_RESERVE,
                    help=f"fraction of the GPU kept free for activations and the CUDA context (default {DEFAULT_RESERVE})")
+    p.add_argument("--tp", type=_tp, default=1, metavar="N",
+                   help="tensor-parallel GPUs: per-GPU KV and weights, KV heads replicated when N > KV heads")
+    p.add_argument("--state-dtype", choices=STATE_DTYPES, default="auto",
+                   help="linear-attention / Mamba state dtype (default auto: the weight dtype when it is a float)")
+    p.add_argument("--gpu-model", choices=tuple(load_gpus()), metavar="GPU",
+                   help=f"a GPU preset ({', '.join(load_gpus())}): its memory (unless --gpu), bandwidth and price")
+    p.add_argument("--bandwidth", type=_positive_float("GB/s", "3350"), metavar="GB/S",
+                   help="peak memory bandwidth of one GPU in GB/s: adds the decode roofline's tokens/s")
+    p.add_argument("--price", type=_price, metavar="USD",
+                   help="dollars per GPU-hour: adds the cost per 1M output tokens")
+    p.add_argument("--efficiency", type=_efficiency, default=DEFAULT_EFFICIENCY,
+                   help=f"achieved / peak bandwidth for the roofline (default {DEFAULT_EFFICIENCY})")
     p.add_argument("--json", action="store_true")
 
 
@@ -104,7 +154,29 @@ def _list(presets: dict[str, ModelSpec]) -> tuple[dict[str, Any], str]:
     return {"presets": rows}, text
 
 
+def _list_gpus() -> tuple[dict[str, Any], str]:
+    rows = [{"key": g.key, "name": g.name, "memory_gib": g.memory_gib, "bandwidth_gbs": g.bandwidth_gbs,
+             "price_per_hour": g.price_per_hour, "source": g.source} for g in load_gpus().values()]
+    text = "\n".join(f"{r['key']:10} {r['memory_gib']:>4} GiB {r['bandwidth_gbs']:>6,.0f} GB/s "
+                     f"${r['price_per_hour']:<5g} {r['name']}  <{r['source']}>" for r in rows)
+    return {"gpus": rows}, text
+
+
+def _gpu_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Memory, bandwidth and price: as given, with --gpu-model filling in those not given."""
+    out = {"gpu_gib": args.gpu, "bandwidth_gbs": args.bandwidth, "price_per_gpu_hour": args.price}
+    if args.gpu_model is not None:
+        g = load_gpus()[args.gpu_model]
+        for key, value in (("gpu_gib", float(g.memory_gib)), ("bandwidth_gbs", g.bandwidth_gbs),
+                           ("price_per_gpu_hour", g.price_per_hour)):
+            if out[key] is None:
+                out[key] = value
+    return out
+
+
 def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.list_gpus:
+        return _list_gpus()
     presets = all_presets() if (args.list_presets or args.preset) else {}
     if args.list_presets:
         return _list(presets)
@@ -116,7 +188,8 @@ def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             seq_len=args.seq_len, batch=args.batch, beams=args.beams, kv_dtype=args.dtype,
             weight_dtype=args.weight_dtype, group_size=args.group_size, scale_dtype=args.scale_dtype,
             zero_point=args.zero_point, paged=args.paged, block_size=args.block_size,
-            use_windows=not args.no_windows, params=args.params, gpu_gib=args.gpu, reserve=args.reserve,
+            use_windows=not args.no_windows, params=args.params, reserve=args.reserve, tp=args.tp,
+            state_dtype=args.state_dtype, efficiency=args.efficiency, **_gpu_settings(args),
         )
         res = calculate(spec, req)
     except CalcError as e:

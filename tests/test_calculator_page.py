@@ -37,6 +37,17 @@ def figures(at: AppTest) -> list[dict]:
     return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
 
 
+def figure(at: AppTest, x_title: str, nth: int = 0) -> dict:
+    """The nth figure whose x axis is titled ``x_title``."""
+    found = [f for f in figures(at) if f["layout"]["xaxis"]["title"]["text"] == x_title]
+    return found[nth]
+
+
+def table(at: AppTest, column: str) -> "object":
+    """The first st.dataframe with this column."""
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
 @pytest.fixture(scope="module")
 def default_page() -> AppTest:
     return fresh()
@@ -60,22 +71,26 @@ def test_default_preset_renders_metrics_sentence_and_link(default_page: AppTest)
 
 def test_charts_have_titles_axis_units_and_fixed_height(default_page: AppTest) -> None:
     figs = figures(default_page)
-    assert len(figs) == 3
+    # the per-layer strip, memory vs context, weights + KV vs batch, attention kinds, $ and tokens/s vs batch
+    assert len(figs) == 6
     for f in figs:
         layout = f["layout"]
-        assert layout["title"]["text"] and layout["height"] == 420
-        assert layout["xaxis"]["title"]["text"] and "(GiB)" in layout["yaxis"]["title"]["text"]
-    assert figs[0]["layout"]["xaxis"]["title"]["text"] == "context length (tokens)"
-    assert figs[1]["layout"]["xaxis"]["title"]["text"] == "batch size (requests)"
-    assert figs[0]["layout"]["xaxis"]["type"] == "log"  # log axes are on by default
-    names = [t["name"] for t in figs[0]["data"]]
+        assert layout["title"]["text"] and layout["height"] in (420, 260)
+        assert layout["xaxis"]["title"]["text"] and layout["yaxis"]["title"]["text"]
+    memory = [f for f in figs if "(GiB)" in f["layout"]["yaxis"]["title"]["text"]]
+    assert len(memory) == 4
+    context = figure(default_page, "context length (tokens)")
+    assert context["layout"]["xaxis"]["type"] == "log"  # log axes are on by default
+    names = [t["name"] for t in context["data"]]
     assert "GPU 80 GiB" in names and "usable after 10% reserve" in names  # GPU capacity lines
-    assert figs[1]["layout"]["barmode"] == "stack"
-    assert [b for b in figs[2]["data"][0]["x"]][:3] == ["MHA (32 KV heads)", "GQA (8 KV heads)", "MQA (1 KV head)"]
+    batch = figure(default_page, "batch size (requests)")
+    assert batch["layout"]["barmode"] == "stack"
+    kinds = figure(default_page, "attention kind")
+    assert [b for b in kinds["data"][0]["x"]][:3] == ["MHA (32 KV heads)", "GQA (8 KV heads)", "MQA (1 KV head)"]
 
 
 def test_table_and_csv_download(default_page: AppTest) -> None:
-    df = default_page.dataframe[0].value
+    df = table(default_page, "model")
     assert list(df["model"])[:2] == ["Llama-3-8B", "Llama-2-7B"] and "kv_bytes" in df.columns
     assert len(default_page.get("download_button")) == 1
 

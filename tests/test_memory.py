@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvviz.memory import (
-    GB, GIB, MAX_CONFIG_BYTES, CalcError, ConfigError, KVFormat, MemoryRequest, ModelSpec, attention_variants,
+    FULL, GB, GIB, MAX_CONFIG_BYTES, CalcError, ConfigError, KVFormat, Layer, MemoryRequest, ModelSpec, attention_variants,
     calculate, find_preset, formula_lines, kv_bytes, layer_token_bytes, load_config_file, load_presets,
     max_seq_len_for, parse_config, parse_config_text, weight_bytes,
 )
@@ -147,7 +147,10 @@ def test_at_least_22_presets_each_with_a_config_json_source() -> None:
     wanted = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-2-70b",
               "llama-3-8b", "llama-3-70b", "llama-3.1-405b", "mistral-7b-v0.1", "mixtral-8x7b", "qwen2.5-7b",
               "qwen2.5-72b", "gemma-2-9b", "phi-3-mini-4k", "falcon-7b", "deepseek-v2", "deepseek-v3",
-              "smollm-135m", "tinyllama-1.1b", "opt-13b"}
+              "smollm-135m", "tinyllama-1.1b", "opt-13b",
+              # issue 16: hybrid layouts
+              "smollm2-135m", "gemma-3-1b", "gemma-3-4b", "gpt-oss-20b", "llama-4-scout", "qwen3-8b",
+              "qwen3-next-80b-a3b"}
     assert wanted <= set(PRESETS)
 
 
@@ -160,9 +163,12 @@ PUBLISHED_PARAMS = {
     "qwen2.5-72b": 72_706_203_648, "gemma-2-9b": 9_241_705_984, "phi-3-mini-4k": 3_821_079_552,
     "falcon-7b": 6_921_720_704, "tinyllama-1.1b": 1_100_048_384, "smollm-135m": 134_515_008,
     "deepseek-v3": 671_026_419_200,
+    # SmolLM2-135M has SmolLM-135M's architecture; Gemma 3 1B is text-only (its safetensors total).
+    "smollm2-135m": 134_515_008, "gemma-3-1b": 999_885_952,
 }
 # Known only to the published rounding, in billions: ("236B", "8.19B", ...).
-ROUNDED_PARAMS = {"deepseek-v2": "236", "qwen3-8b": "8.19", "mistral-nemo-12b": "12.2", "opt-13b": "12.85"}
+ROUNDED_PARAMS = {"deepseek-v2": "236", "qwen3-8b": "8.19", "mistral-nemo-12b": "12.2", "opt-13b": "12.85",
+                  "gpt-oss-20b": "21", "qwen3-next-80b-a3b": "80"}
 
 
 @pytest.mark.parametrize("key", sorted(PUBLISHED_PARAMS))
@@ -178,6 +184,9 @@ def test_parameter_count_matches_published_rounding(key: str) -> None:
 
 
 def test_moe_active_params() -> None:
+    assert PRESETS["llama-4-scout"].active_params == pytest.approx(17e9, rel=0.02)  # "17B active"
+    oss = PRESETS["gpt-oss-20b"]  # OpenAI's "3.6B active" leaves the input embedding out
+    assert oss.active_params - oss.vocab_size * oss.hidden == pytest.approx(3.6e9, rel=0.01)  # type: ignore[operator]
     assert PRESETS["mixtral-8x7b"].active_params == pytest.approx(12.9e9, rel=0.01)
     assert PRESETS["deepseek-v3"].active_params == pytest.approx(37e9, rel=0.02)
     assert PRESETS["deepseek-v2"].active_params == pytest.approx(21e9, rel=0.03)
@@ -209,6 +218,23 @@ def test_head_dim_from_config_not_hidden_over_heads() -> None:
     assert PRESETS["qwen3-8b"].head_dim == 128
     assert parse_config({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
                          "hidden_size": 64, "head_dim": None}).head_dim == 16  # null head_dim: hidden / heads
+
+
+def test_published_layouts_of_the_new_presets() -> None:
+    shape = {k: (s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.hidden, s.max_positions) for k, s in PRESETS.items()}
+    assert shape["smollm2-135m"] == (30, 9, 3, 64, 576, 8192)
+    assert shape["gemma-3-1b"] == (26, 4, 1, 256, 1152, 32_768)
+    assert shape["gemma-3-4b"] == (34, 8, 4, 256, 2560, 131_072)
+    assert shape["gpt-oss-20b"] == (24, 64, 8, 64, 2880, 131_072)
+    assert shape["llama-4-scout"] == (48, 40, 8, 128, 5120, 10_485_760)
+    assert shape["qwen3-next-80b-a3b"] == (48, 16, 2, 256, 2048, 262_144)
+    summary = {k: PRESETS[k].window_summary() for k in ("gemma-3-1b", "gemma-3-4b", "gpt-oss-20b", "llama-4-scout",
+                                                          "qwen3-next-80b-a3b")}
+    assert summary == {"gemma-3-1b": "22 layers x 512, 4 global layers", "gemma-3-4b": "29 layers x 1,024, 5 global layers",
+                       "gpt-oss-20b": "12 layers x 128, 12 global layers",
+                       "llama-4-scout": "36 chunked layers x 8,192, 12 global layers",
+                       "qwen3-next-80b-a3b": "12 global layers, 36 linear layers (no KV)"}
+    assert any("quantized (mxfp4)" in n for n in PRESETS["gpt-oss-20b"].notes)
 
 
 def test_sliding_windows_per_model() -> None:
@@ -375,13 +401,17 @@ def specs(draw: st.DrawFn) -> ModelSpec:
     layers = draw(st.integers(1, 40))
     hd = draw(st.integers(1, 256))
     win = draw(st.none() | st.integers(1, 5000))
-    pattern = draw(st.sampled_from(["none", "all", "even"]))
-    windows: tuple[int | None, ...] = ()
+    pattern = draw(st.sampled_from(["none", "all", "even", "chunked", "linear"]))
+    kinds: tuple[Layer, ...] = ()
     if win is not None and pattern == "all":
-        windows = (win,) * layers
+        kinds = (Layer("sliding", win),) * layers
     elif win is not None and pattern == "even":
-        windows = tuple(win if i % 2 == 0 else None for i in range(layers))
-    return ModelSpec("prop", "test", layers, heads, kv_heads, hd, heads * hd, windows=windows)
+        kinds = tuple(Layer("sliding", win) if i % 2 == 0 else FULL for i in range(layers))
+    elif win is not None and pattern == "chunked":  # Llama 4: three chunked layers, then a full one
+        kinds = tuple(FULL if (i + 1) % 4 == 0 else Layer("chunked", win) for i in range(layers))
+    elif pattern == "linear":  # Qwen3-Next: three linear layers (no KV), then a full one
+        kinds = tuple(FULL if (i + 1) % 4 == 0 else Layer("linear") for i in range(layers))
+    return ModelSpec("prop", "test", layers, heads, kv_heads, hd, heads * hd, layers=kinds)
 
 
 FAST = settings(max_examples=60, deadline=None)

@@ -101,3 +101,72 @@ def test_module_entry_point_prints_only_json() -> None:
     out = subprocess.run([sys.executable, "-m", "kvviz", "memory", "--preset", "opt-13b", "--seq-len", "1", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout)["kv_bytes_per_token"] == 800 * 1024
+
+
+# ----------------------------------------------------------------------------- round 2 (issue 16)
+def test_layers_breakdown_and_state_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--preset", "qwen3-next-80b-a3b", "--seq-len", "1000", "--dtype", "bf16",
+                 "--weight-dtype", "bf16")
+    assert d["layers"] == [
+        {"kind": "full", "span": None, "count": 12, "tokens_held": 1000, "bytes": 12 * 1000 * 2048,
+         "bytes_per_gpu": 12 * 1000 * 2048, "state_bytes": 0},
+        {"kind": "linear", "span": None, "count": 36, "tokens_held": 0, "bytes": 0, "bytes_per_gpu": 0,
+         "state_bytes": 36 * 1_097_728},
+    ]
+    assert d["kv_bytes"] == 12 * 1000 * 2048 and d["state_bytes"] == 36 * 1_097_728 and d["state_dtype"] == "bf16"
+    d = run_json(capsys, "--preset", "gemma-3-1b", "--seq-len", "1000", "--dtype", "bf16")
+    assert [(g["kind"], g["span"], g["count"], g["tokens_held"]) for g in d["layers"]] == [
+        ("sliding", 512, 22, 512), ("full", None, 4, 1000)]
+    assert d["state_bytes"] == 0 and d["state_dtype"] is None
+
+
+def test_state_dtype_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--preset", "qwen3-next-80b-a3b", "--seq-len", "1", "--state-dtype", "fp32")
+    assert d["state_bytes"] == 36 * (8192 * 3 + 32 * 128 * 128) * 4
+
+
+def test_tp_per_gpu_and_replication(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--preset", "llama-3-8b", "--seq-len", "8192", "--dtype", "bf16", "--tp", "16")
+    assert (d["tp"], d["kv_heads_per_gpu"], d["kv_head_replication"]) == (16, 1, 2)
+    assert d["kv_bytes"] == 1024**3 and d["kv_bytes_per_gpu"] == 1024**3 // 8
+    assert d["weights_bytes_per_gpu"] == -(-2 * 8_030_261_248 // 16)
+    assert any("replicated 2x" in w for w in d["warnings"])
+    d = run_json(capsys, "--preset", "deepseek-v2", "--seq-len", "100", "--tp", "8")
+    assert d["kv_bytes_per_gpu"] == d["kv_bytes"] and d["kv_heads_per_gpu"] is None
+    err = run_error(capsys, "--preset", "llama-3-8b", "--seq-len", "1", "--tp", "3")
+    assert "tp 3 neither divides nor is a multiple of the 8 KV heads" in err
+    assert "at most 1,024 GPUs" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--tp", "5000")
+
+
+def test_gpu_model_bandwidth_price_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--preset", "llama-3-8b", "--seq-len", "8192", "--dtype", "bf16", "--weight-dtype", "bf16",
+                 "--gpu-model", "h100-sxm")
+    assert d["gpu"]["gib"] == 80 and d["gpu"]["fits"] is True
+    c = d["cost"]
+    moved = 2 * 8_030_261_248 + 2**30
+    assert c["bandwidth_bytes_per_s"] == 3350e9 and c["efficiency"] == 0.7 and c["bytes_per_step_per_gpu"] == moved
+    assert c["tokens_per_s"] == pytest.approx(3350e9 * 0.7 / moved)
+    assert c["usd_per_million_tokens"] == pytest.approx(2.5 / (c["tokens_per_s"] * 3600) * 1e6)
+    assert c["kind"].startswith("upper-bound")
+    d = run_json(capsys, "--preset", "llama-3-8b", "--seq-len", "8192", "--gpu-model", "h100-sxm", "--gpu", "40",
+                 "--bandwidth", "1000", "--price", "0", "--efficiency", "0.5")
+    assert d["gpu"]["gib"] == 40 and d["cost"]["bandwidth_bytes_per_s"] == 1e12
+    assert d["cost"]["usd_per_million_tokens"] == 0 and d["cost"]["efficiency"] == 0.5
+    d = run_json(capsys, "--preset", "llama-3-8b", "--seq-len", "8192", "--bandwidth", "1000")
+    assert d["cost"]["usd_per_million_tokens"] is None and d["gpu"] is None
+    assert "fraction in (0, 1]" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--efficiency", "2")
+    assert "invalid choice" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--gpu-model", "tpu")
+    assert "positive GB/s" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--bandwidth", "-3")
+
+
+def test_human_text_shows_kinds_tp_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "--preset", "gpt-oss-20b", "--seq-len", "4096", "--tp", "2", "--gpu-model", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    assert "12 sliding (window 128) layers: 128 tokens each" in out and "12 full layers: 4,096 tokens each" in out
+    assert "per GPU (tp 2):" in out and "decode roofline (upper bound):" in out and "$ per 1M tokens" in out
+
+
+def test_list_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--list-gpus")
+    assert [g["key"] for g in d["gpus"]] == ["h100-sxm", "h200", "a100-80gb", "l40s", "l4", "rtx-4090"]
+    assert all(g["source"].startswith("https://") for g in d["gpus"])

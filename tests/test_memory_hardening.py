@@ -86,6 +86,14 @@ def test_fifo_is_refused_without_blocking(capsys: pytest.CaptureFixture[str], tm
     assert "is a named pipe (FIFO), not a regular file" in cli_error(capsys, fifo)
 
 
+def test_odd_paths(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert "not a valid path (it holds a NUL character)" in cli_error(capsys, "con\x00fig.json")
+    assert "File name too long" in cli_error(capsys, tmp_path / ("x" * 5000))
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    assert "cannot be opened" in cli_error(capsys, loop)
+
+
 def test_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert "is a folder, not a config.json file" in cli_error(capsys, tmp_path)
 

@@ -110,3 +110,76 @@ def attention_variants(variants: Sequence[tuple[str, int]], title: str = "Same s
     top = max(vals) / GIB if vals else 1.0
     fig.update_yaxes(range=[0, top * 1.15 if top > 0 else 1])  # room for the text above the tallest bar
     return _layout(fig, title, "attention kind", "KV cache (GiB)")
+
+
+# The per-layer strip and the cost charts (calculator round 2).
+KIND_COLORS = {"full": "#1c7ed6", "mla": "#1c7ed6", "sliding": "#37b24d", "chunked": "#f59f00", "linear": "#ae3ec9"}
+STRIP_HEIGHT = 260  # fixed, like HEIGHT: one short row of bars
+
+
+@dataclass(frozen=True)
+class LayerBar:
+    """One layer of the strip: its kind, what it holds at the context, and the bytes that takes."""
+
+    index: int
+    kind: str  # full, mla, sliding, chunked, linear
+    label: str  # e.g. "sliding (window 512)"
+    tokens: int  # tokens held per sequence (0 for linear)
+    bytes: int  # KV (or, for linear layers, state) bytes, all sequences
+
+
+def layer_strip(bars: Sequence[LayerBar], title: str = "What each layer holds") -> go.Figure:
+    """One bar per layer, coloured by kind, as tall as the bytes it holds: the layout at a glance."""
+    fig = go.Figure()
+    for kind in dict.fromkeys(b.kind for b in bars):
+        sel = [b for b in bars if b.kind == kind]
+        what = "state" if kind == "linear" else "KV"
+        fig.add_trace(go.Bar(
+            x=np.asarray([b.index for b in sel], dtype=np.float32), y=_gib([b.bytes for b in sel]),
+            customdata=np.asarray([[b.tokens, b.bytes / GB] for b in sel], dtype=np.float32),
+            text=[_plain(b.label) for b in sel], name=_plain(kind), marker_color=KIND_COLORS.get(kind, "#868e96"),
+            hovertemplate="layer %{x}: %{text}<br>holds %{customdata[0]:,} tokens per sequence<br>"
+                          f"{what} %{{y:.4f}} GiB (%{{customdata[1]:.4f}} GB)<extra></extra>"))
+    fig.update_layout(barmode="overlay", bargap=0.1, legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+    _layout(fig, title, "layer", "memory (GiB)")
+    fig.update_layout(height=STRIP_HEIGHT)
+    return fig
+
+
+@dataclass(frozen=True)
+class CostSeries:
+    """One line of the cost charts: the roofline at each batch, for one KV dtype."""
+
+    label: str
+    batches: tuple[int, ...]
+    usd_per_million: tuple[float, ...]  # empty when no price is set
+    tokens_per_s: tuple[float, ...]
+
+
+def cost_vs_batch(series: Sequence[CostSeries], title: str = "Cost per 1M output tokens vs batch") -> go.Figure:
+    """$ per 1M output tokens falls with the batch while the weights dominate each step."""
+    fig = go.Figure()
+    for s in series:
+        if s.usd_per_million:
+            fig.add_trace(go.Scatter(
+                x=np.asarray(s.batches, dtype=np.float32), y=np.asarray(s.usd_per_million, dtype=np.float32),
+                name=_plain(s.label), mode="lines+markers",
+                hovertemplate="batch %{x:,}: $%{y:.4f} per 1M tokens<extra>" + _plain(s.label) + "</extra>"))
+    _layout(fig, title, "batch size (requests)", "$ per 1M output tokens")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tokens/s vs batch") -> go.Figure:
+    """Roofline throughput: grows almost linearly with the batch until the KV reads rival the weights."""
+    fig = go.Figure()
+    for s in series:
+        fig.add_trace(go.Scatter(
+            x=np.asarray(s.batches, dtype=np.float32), y=np.asarray(s.tokens_per_s, dtype=np.float32),
+            name=_plain(s.label), mode="lines+markers",
+            hovertemplate="batch %{x:,}: %{y:,.0f} tokens/s<extra>" + _plain(s.label) + "</extra>"))
+    _layout(fig, title, "batch size (requests)", "tokens/s (upper bound)")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig

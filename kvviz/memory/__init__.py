@@ -6,38 +6,50 @@ config.json can be sized without a deep-learning stack. kvviz's own model shapes
 by a higher layer (see ``presets.builtin_specs``).
 
 Modules:
-- ``spec``: ModelSpec, MemoryRequest, MemoryResult and the errors (the vocabulary);
-- ``formulas``: the arithmetic (bytes per token and layer, the cache, weights, the GPU fit);
+- ``spec``: ModelSpec (a kind per layer, the linear state), MemoryRequest and the errors;
+- ``result``: MemoryResult, its per-kind breakdown, the fit and the cost (the JSON contract);
+- ``formulas``: the arithmetic (bytes per token, layer and GPU, the cache, the state, weights);
+- ``cost``: the decode bandwidth roofline and the GPU presets;
+- ``calculate``: one request in, one result out;
 - ``config_file``: reading a config.json safely (bounded, regular files only);
-- ``hf_fields``, ``hf_config``, ``hf_params``: config.json -> ModelSpec for each family;
+- ``hf_fields``, ``hf_config``, ``layouts``, ``hf_params``: config.json -> ModelSpec per family;
 - ``presets``: the shipped presets and kvviz's own models;
-- ``report``: the human-readable summary.
+- ``report``: the formula text and the human-readable summary.
 """
+from kvviz.memory.calculate import calculate, layer_groups
 from kvviz.memory.config_file import MAX_CONFIG_BYTES, parse_json_text, read_config_bytes
+from kvviz.memory.cost import GPUPreset, batch_steps, cost_curve, decode_cost, load_gpus, request_cost
 from kvviz.memory.formulas import (
-    COUNTED, NOT_COUNTED, attention_variants, calculate, context_curve, formula_lines, kv_bytes, layer_token_bytes,
-    max_seq_len_for, mha_layer_token_bytes, stored_tokens, weight_bytes,
+    attention_variants, cache_saturates, context_curve, kv_bytes, kv_heads_per_gpu, kv_replication,
+    layer_token_bytes, max_seq_len_for, mha_layer_token_bytes, state_bytes, state_layer_bytes, stored_tokens,
+    token_slots, tokens_held, tp_problems, weight_bytes, weights_per_gpu,
 )
 from kvviz.memory.hf_config import load_config_file, parse_config, parse_config_text
 from kvviz.memory.hf_fields import KVVIZ_MODEL_TYPE, SUPPORTED_MODEL_TYPES
+from kvviz.memory.layouts import LAYER_TYPES
 from kvviz.memory.presets import (
     BUILTIN_PREFIX, PRESETS_PATH, builtin_specs, find_preset, load_presets, with_builtins,
 )
-from kvviz.memory.report import summary_text
+from kvviz.memory.report import COUNTED, NOT_COUNTED, formula_lines, summary_text
+from kvviz.memory.result import Cost, Fit, LayerGroup, MemoryResult
 from kvviz.memory.spec import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, GROUPED_DTYPES, MAX_BATCH,
-    MAX_SEQ_LEN, MLA, SCALE_DTYPE_BYTES, CalcError, ConfigError, Fit, KVFormat, MemoryRequest, MemoryResult, ModelSpec,
-    request_problems,
+    DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, FULL, GPU_PRESETS_GIB,
+    GROUPED_DTYPES, LAYER_KINDS, MAX_BATCH, MAX_SEQ_LEN, MAX_TP, MLA, SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError,
+    ConfigError, KVFormat, Layer, MemoryRequest, ModelSpec, StateShape, request_problems,
 )
 from kvviz.units import DTYPE_BITS, GB, GIB
 
 __all__ = [
-    "BUILTIN_PREFIX", "COUNTED", "DEFAULT_BLOCK_SIZE", "DEFAULT_GROUP_SIZE", "DEFAULT_RESERVE", "DTYPES", "DTYPE_BITS",
-    "GB", "GIB", "GPU_PRESETS_GIB", "GROUPED_DTYPES", "KVVIZ_MODEL_TYPE", "MAX_BATCH", "MAX_CONFIG_BYTES", "MAX_SEQ_LEN",
-    "MLA", "NOT_COUNTED", "PRESETS_PATH", "SCALE_DTYPE_BYTES", "SUPPORTED_MODEL_TYPES", "CalcError", "ConfigError",
-    "Fit", "KVFormat", "MemoryRequest", "MemoryResult", "ModelSpec", "attention_variants", "builtin_specs",
-    "calculate", "context_curve", "find_preset", "formula_lines", "kv_bytes", "layer_token_bytes",
-    "load_config_file", "load_presets", "max_seq_len_for", "mha_layer_token_bytes", "parse_config",
-    "parse_config_text", "parse_json_text", "read_config_bytes", "request_problems", "stored_tokens",
-    "summary_text", "weight_bytes", "with_builtins",
+    "BUILTIN_PREFIX", "COUNTED", "DEFAULT_BLOCK_SIZE", "DEFAULT_EFFICIENCY", "DEFAULT_GROUP_SIZE",
+    "DEFAULT_RESERVE", "DTYPE_BITS", "DTYPES", "FULL", "GB", "GIB", "GPU_PRESETS_GIB", "GROUPED_DTYPES",
+    "KVVIZ_MODEL_TYPE", "LAYER_KINDS", "LAYER_TYPES", "MAX_BATCH", "MAX_CONFIG_BYTES", "MAX_SEQ_LEN", "MAX_TP",
+    "MLA", "NOT_COUNTED", "PRESETS_PATH", "SCALE_DTYPE_BYTES", "STATE_DTYPES", "SUPPORTED_MODEL_TYPES",
+    "attention_variants", "batch_steps", "builtin_specs", "cache_saturates", "CalcError", "calculate",
+    "ConfigError", "context_curve", "Cost", "cost_curve", "decode_cost", "find_preset", "Fit", "formula_lines",
+    "GPUPreset", "kv_bytes", "kv_heads_per_gpu", "kv_replication", "KVFormat", "Layer", "layer_groups",
+    "layer_token_bytes", "LayerGroup", "load_config_file", "load_gpus", "load_presets", "max_seq_len_for",
+    "MemoryRequest", "MemoryResult", "mha_layer_token_bytes", "ModelSpec", "parse_config", "parse_config_text",
+    "parse_json_text", "read_config_bytes", "request_cost", "request_problems", "state_bytes", "state_layer_bytes",
+    "StateShape", "stored_tokens", "summary_text", "token_slots", "tokens_held", "tp_problems", "weight_bytes",
+    "weights_per_gpu", "with_builtins",
 ]

@@ -46,6 +46,8 @@ def read_config_bytes(path: str | Path) -> bytes:
         raise ConfigError(["cannot be read (permission denied)"], str(p)) from None
     except OSError as e:
         raise ConfigError([f"cannot be opened ({e.strerror or e})"], str(p)) from None
+    except ValueError:  # a NUL byte in the path: the OS cannot even be asked
+        raise ConfigError(["is not a valid path (it holds a NUL character)"], repr(str(p))[:80]) from None
     chunks: list[bytes] = []
     got = 0
     try:

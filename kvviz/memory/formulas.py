@@ -1,54 +1,100 @@
-"""The arithmetic: bytes per token, per layer and for the whole cache; weights; the GPU fit.
+"""The arithmetic: bytes per token, per layer, per GPU and for the whole cache; the linear layers'
+state; weights; the largest context that fits. Everything is integer arithmetic, exact to the byte.
 
-What one token costs, per layer, for one sequence:
+What one token costs, per KV layer, for one sequence:
 - standard attention (MHA / GQA / MQA): 2 (K and V) x n_kv_heads x head_dim x bytes
   (kvviz.units.kv_bytes_per_token, the formula the engine's cache uses too);
 - MLA (DeepSeek-V2/V3): one latent of (kv_lora_rank + qk_rope_head_dim) x bytes;
 - int8 / int4 add one scale (optionally one zero point too) per group of ``group_size`` values.
-A layer with sliding window W stores min(T, W) tokens; paging rounds each layer's tokens up to
-whole blocks. Everything is integer arithmetic, so results are exact to the byte.
+What a layer keeps for T tokens: full T; sliding (window W) min(T, W); chunked (chunk C)
+min(T, C), the whole chunk an engine allocates; linear none (a fixed state, counted apart).
+Paging rounds each layer's tokens up to whole blocks.
+
+Under tensor parallelism over N GPUs each GPU holds max(1, n_kv_heads / N) KV heads per layer
+(so heads are replicated when N > n_kv_heads), and the whole MLA latent (it has no heads to split).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from typing import Iterable
 
 from kvviz.memory.spec import (
-    MAX_SEQ_LEN, MLA, SCALE_DTYPE_BYTES, Fit, KVFormat, MemoryRequest, MemoryResult, ModelSpec,
+    MAX_SEQ_LEN, MLA, KVFormat, Layer, MemoryRequest, ModelSpec,
 )
-from kvviz.units import DTYPE_BITS, GB, GIB, dtype_bytes, kv_bytes_per_token
+from kvviz.units import DTYPE_BITS, dtype_bytes, kv_bytes_per_token
 
-# ----------------------------------------------------------------------------- the arithmetic
-def layer_token_bytes(spec: ModelSpec, fmt: KVFormat) -> int:
-    """Bytes one token adds to one layer's cache for one sequence."""
+
+# ----------------------------------------------------------------------------- tensor parallelism
+def tp_problems(spec: ModelSpec, tp: int) -> list[str]:
+    """Why ``tp`` GPUs cannot split this model, as sentences (vLLM's rules); empty when they can."""
+    if tp == 1:
+        return []
+    out: list[str] = []
+    if spec.n_heads % tp:
+        out.append(f"tp {tp} does not divide the {spec.n_heads} attention heads")
+    kv = spec.n_kv_heads
+    if spec.mla is None and spec.kv_layers and kv % tp and tp % kv:
+        out.append(f"tp {tp} neither divides nor is a multiple of the {kv} KV heads, so the heads cannot be "
+                   f"split or replicated evenly (vLLM refuses it too)")
+    if spec.state is not None:
+        for field, count in spec.state.split:
+            if count % tp:
+                out.append(f"tp {tp} does not divide the linear layers' {count} {field}")
+        st = spec.state
+        if st.n_groups and st.n_groups % tp and st.n_groups != 1:
+            out.append(f"tp {tp} does not divide the linear layers' {st.n_groups} groups")
+    return out
+
+
+def kv_heads_per_gpu(spec: ModelSpec, tp: int = 1) -> int:
+    """KV heads each GPU holds per layer: split when tp divides them, one (replicated) when tp exceeds them."""
+    return max(1, spec.n_kv_heads // tp)
+
+
+def kv_replication(spec: ModelSpec, tp: int = 1) -> int:
+    """How many GPUs hold a copy of each KV head (or of the MLA latent)."""
     if spec.mla is not None:
-        return fmt.vector_bytes(spec.mla.latent_dim)  # one latent, shared by every head
+        return tp
+    return tp * kv_heads_per_gpu(spec, tp) // spec.n_kv_heads if spec.kv_layers else 1
+
+
+# ----------------------------------------------------------------------------- per token and layer
+def layer_token_bytes(spec: ModelSpec, fmt: KVFormat, tp: int = 1) -> int:
+    """Bytes one token adds to one KV layer's cache for one sequence, on one GPU of ``tp``."""
+    if spec.mla is not None:
+        return fmt.vector_bytes(spec.mla.latent_dim)  # one latent, shared by every head, never split
+    heads = kv_heads_per_gpu(spec, tp)
     if not fmt.grouped:
-        return int(kv_bytes_per_token(1, spec.n_kv_heads, spec.head_dim, dtype_bytes(fmt.dtype)))
+        return int(kv_bytes_per_token(1, heads, spec.head_dim, dtype_bytes(fmt.dtype)))
     # Grouped formats carry scales per head vector, so the unit is a whole packed vector:
     # the shared formula with head_dim 1 and that vector's bytes as the element size.
-    return int(kv_bytes_per_token(1, spec.n_kv_heads, 1, fmt.vector_bytes(spec.head_dim)))
+    return int(kv_bytes_per_token(1, heads, 1, fmt.vector_bytes(spec.head_dim)))
 
 
 def stored_tokens(seq_len: int, window: int | None, use_windows: bool = True, block_size: int | None = None) -> int:
-    """Tokens one layer keeps for one sequence, rounded up to whole blocks when paged."""
+    """Tokens one layer with cap ``window`` (None: full) keeps for one sequence, rounded up to whole blocks when paged."""
     t = min(seq_len, window) if (window is not None and use_windows) else seq_len
     if block_size:
         t = -(-t // block_size) * block_size
     return t
 
 
-def _token_slots(spec: ModelSpec, seq_len: int, use_windows: bool, block_size: int | None) -> int:
-    """Sum over layers of the tokens each layer stores (one sequence)."""
-    counts = Counter(spec.windows or (None,) * spec.n_layers)  # layers grouped by window: O(#windows)
-    return sum(n * stored_tokens(seq_len, w, use_windows, block_size) for w, n in counts.items())
+def tokens_held(layer: Layer, seq_len: int, use_windows: bool = True, block_size: int | None = None) -> int:
+    """Tokens ``layer`` keeps for one sequence of ``seq_len`` tokens; a linear layer keeps none."""
+    if not layer.has_kv:
+        return 0
+    return stored_tokens(seq_len, layer.span if layer.caps else None, use_windows, block_size)
+
+
+def token_slots(spec: ModelSpec, seq_len: int, use_windows: bool = True, block_size: int | None = None) -> int:
+    """Sum over layers of the tokens each keeps (one sequence); grouped by kind, so O(kinds)."""
+    return sum(n * tokens_held(layer, seq_len, use_windows, block_size) for layer, n in spec.layer_counts())
 
 
 def kv_bytes(spec: ModelSpec, fmt: KVFormat, seq_len: int, sequences: int = 1, use_windows: bool = True,
-             block_size: int | None = None) -> int:
-    """The whole cache in bytes. Every layer has the same shape, so it factors exactly."""
-    return sequences * layer_token_bytes(spec, fmt) * _token_slots(spec, seq_len, use_windows, block_size)
+             block_size: int | None = None, tp: int = 1) -> int:
+    """The cache in bytes (on each GPU of ``tp``). Every KV layer has the same width, so it factors exactly."""
+    return sequences * layer_token_bytes(spec, fmt, tp) * token_slots(spec, seq_len, use_windows, block_size)
 
 
 def mha_layer_token_bytes(spec: ModelSpec, fmt: KVFormat) -> int:
@@ -61,149 +107,62 @@ def mha_layer_token_bytes(spec: ModelSpec, fmt: KVFormat) -> int:
     return spec.n_heads * (fmt.vector_bytes(m.qk_nope_head_dim + m.qk_rope_head_dim) + fmt.vector_bytes(m.v_head_dim))
 
 
+# ----------------------------------------------------------------------------- linear layers' state
+def state_layer_bytes(spec: ModelSpec, state_dtype: str, tp: int = 1) -> int:
+    """One linear layer's state for one sequence, on one GPU of ``tp``."""
+    if spec.state is None:
+        return 0
+    return spec.state.elements(tp) * dtype_bytes(state_dtype)
+
+
+def state_bytes(spec: ModelSpec, state_dtype: str, sequences: int = 1, tp: int = 1) -> int:
+    """Every linear layer's state, for ``sequences`` sequences; it does not depend on the context."""
+    return sequences * spec.linear_layers * state_layer_bytes(spec, state_dtype, tp)
+
+
+# ----------------------------------------------------------------------------- weights and limits
 def weight_bytes(params: int, dtype: str) -> int:
     return -(-params * DTYPE_BITS[dtype] // 8)  # ceil: an odd count of int4 weights still fills a byte
 
 
+def weights_per_gpu(weights: int, tp: int = 1) -> int:
+    """Weights evenly split over ``tp`` GPUs, rounded up (norms and biases are really replicated: bytes)."""
+    return -(-weights // tp)
+
+
+def cache_saturates(spec: ModelSpec, use_windows: bool) -> bool:
+    """True when no layer keeps more than a fixed number of tokens: every KV layer sliding or chunked."""
+    return use_windows and all(layer.caps or not layer.has_kv for layer, _ in spec.layer_counts())
+
+
 def max_seq_len_for(spec: ModelSpec, fmt: KVFormat, budget: int, sequences: int, use_windows: bool,
-                    block_size: int | None) -> int | None:
-    """Largest T whose cache fits ``budget`` bytes; None when the cache stops growing (all windowed)."""
-    if budget < kv_bytes(spec, fmt, 1, sequences, use_windows, block_size):
+                    block_size: int | None, tp: int = 1) -> int | None:
+    """Largest T whose cache fits ``budget`` bytes; None when the cache stops growing and fits."""
+    if budget < kv_bytes(spec, fmt, 1, sequences, use_windows, block_size, tp):
         return 0
-    if use_windows and spec.windows and all(w is not None for w in spec.windows):
-        cap = max(w for w in spec.windows if w is not None)
-        if kv_bytes(spec, fmt, cap + (block_size or 0), sequences, use_windows, block_size) <= budget:
-            return None  # the cache saturates at the window and still fits: any context does
+    if cache_saturates(spec, use_windows):
+        cap = max((layer.span or 0 for layer, _ in spec.layer_counts() if layer.caps), default=0)
+        if kv_bytes(spec, fmt, cap + (block_size or 0), sequences, use_windows, block_size, tp) <= budget:
+            return None  # the cache saturates at the largest span and still fits: any context does
     lo, hi = 1, 2
-    while hi < MAX_SEQ_LEN and kv_bytes(spec, fmt, hi, sequences, use_windows, block_size) <= budget:
+    while hi < MAX_SEQ_LEN and kv_bytes(spec, fmt, hi, sequences, use_windows, block_size, tp) <= budget:
         lo, hi = hi, hi * 2
     while hi - lo > 1:  # invariant: kv(lo) fits, kv(hi) does not (kv is non-decreasing in T)
         mid = (lo + hi) // 2
-        if kv_bytes(spec, fmt, mid, sequences, use_windows, block_size) <= budget:
+        if kv_bytes(spec, fmt, mid, sequences, use_windows, block_size, tp) <= budget:
             lo = mid
         else:
             hi = mid
     return lo
 
 
-COUNTED = (
-    "K and V (or MLA's latent) for every layer, token, sequence and beam, at the chosen dtype",
-    "int8/int4: one scale per group of group_size values (plus a zero point when asked)",
-    "paging: each layer's tokens rounded up to whole blocks",
-    "weights: parameters x weight dtype (every expert of an MoE model is resident)",
-)
-NOT_COUNTED = (
-    "activations, logits and the CUDA context (that is what the GPU reserve is for)",
-    "allocator fragmentation and block-table metadata",
-    "fp8: per-tensor scales (a few bytes per layer)",
-    "the full-precision residual window some quantized caches keep (e.g. transformers' QuantizedCache)",
-    "prefix sharing between beams or requests: each beam holds its own copy",
-    "weight quantization scales and layers left in 16-bit by int8/int4 weight schemes",
-)
-
-
-def calculate(spec: ModelSpec, req: MemoryRequest) -> MemoryResult:
-    """KV cache, weights and GPU fit for one model and one request."""
-    fmt = req.kv_format
-    block = req.block_size if req.paged else None
-    seqs = req.sequences
-    per_layer = layer_token_bytes(spec, fmt)
-    per_token = per_layer * spec.n_layers
-    kv_unpaged = kv_bytes(spec, fmt, req.seq_len, seqs, req.use_windows, None)
-    kv = kv_bytes(spec, fmt, req.seq_len, seqs, req.use_windows, block)
-    kv_mha = seqs * mha_layer_token_bytes(spec, fmt) * _token_slots(spec, req.seq_len, req.use_windows, block)
-
-    warnings: list[str] = []
-    if spec.max_positions is not None and req.seq_len > spec.max_positions:
-        warnings.append(f"seq_len {req.seq_len:,} is beyond this model's max_position_embeddings "
-                        f"({spec.max_positions:,}): computed anyway, but the model was not trained that long")
-    if not req.use_windows and spec.has_windows:
-        warnings.append("sliding windows ignored: every layer keeps every token (as a runtime without "
-                        "window support would)")
-
-    if req.params is not None:
-        params, psrc = req.params, "entered by the user"
-    else:
-        params, psrc = spec.params, spec.params_note
-    weights = weight_bytes(params, req.weight_dtype) if params is not None else None
-    if weights is None:
-        warnings.append("weights unknown for this config: enter a parameter count (--params) to include them")
-    total = kv + (weights or 0) if weights is not None else None
-
-    fit = None
-    if req.gpu_gib is not None:
-        gpu = int(round(req.gpu_gib * GIB))
-        usable = int(gpu * (1 - req.reserve))
-        need = kv + (weights or 0)
-        budget = usable - (weights or 0)
-        per_request = kv_bytes(spec, fmt, req.seq_len, req.beams, req.use_windows, block)
-        max_batch = max(budget, 0) // per_request
-        max_t = max_seq_len_for(spec, fmt, budget, seqs, req.use_windows, block) if budget > 0 else 0
-        fit = Fit(gpu, usable, need <= usable, usable - need, max_batch, max_t)
-        if weights is not None and weights > usable:
-            warnings.append(f"the weights alone ({weights / GIB:,.2f} GiB) do not fit in the usable "
-                            f"{usable / GIB:,.2f} GiB of this GPU")
-        elif need > usable:
-            warnings.append(f"does not fit: needs {need / GIB:,.2f} GiB, the GPU has {usable / GIB:,.2f} GiB usable")
-
-    return MemoryResult(
-        spec=spec, request=req, layer_token_bytes=per_layer, kv_bytes_per_token=per_token, kv_bytes=kv,
-        kv_bytes_unpaged=kv_unpaged, paging_waste_bytes=kv - kv_unpaged, kv_bytes_mha=kv_mha,
-        weights_bytes=weights, params=params, params_source=psrc if params is not None else "unknown",
-        total_bytes=total, fit=fit, formula=tuple(formula_lines(spec, req)), warnings=tuple(warnings),
-        counted=COUNTED, not_counted=NOT_COUNTED,
-    )
-
-
-def formula_lines(spec: ModelSpec, req: MemoryRequest) -> list[str]:
-    """The arithmetic with this model's numbers substituted, one step per line."""
-    fmt = req.kv_format
-    bits = DTYPE_BITS[fmt.dtype]
-    width = spec.mla.latent_dim if spec.mla else spec.head_dim
-    vec = fmt.vector_bytes(width)
-    per_layer = layer_token_bytes(spec, fmt)
-    lines: list[str] = []
-    if fmt.grouped:
-        sb = SCALE_DTYPE_BYTES[fmt.scale_dtype] * (2 if fmt.zero_point else 1)
-        what = "scale + zero point" if fmt.zero_point else "scale"
-        lines.append(f"one vector of {width} values = ceil({width} x {bits} bits / 8) B + ceil({width} / "
-                     f"{fmt.group_size}) groups x {sb} B {what} = {vec:,} B")
-    if spec.mla:
-        m = spec.mla
-        size = ("" if fmt.grouped else
-                f" = ({m.kv_lora_rank} kv_lora_rank + {m.qk_rope_head_dim} qk_rope_head_dim) x {bits // 8} B ({fmt.dtype})")
-        lines.append(f"per layer per token = 1 MLA latent{size} = {per_layer:,} B")
-    else:
-        size = f"{vec:,} B" if fmt.grouped else f"{spec.head_dim} head_dim x {bits // 8} B ({fmt.dtype})"
-        lines.append(f"per layer per token = 2 (K, V) x {spec.n_kv_heads} KV heads x {size} = {per_layer:,} B")
-    lines.append(f"per token = {per_layer:,} B x {spec.n_layers} layers = {per_layer * spec.n_layers:,} B")
-    block = req.block_size if req.paged else None
-    counts = Counter(spec.windows or (None,) * spec.n_layers)
-    terms = []
-    for w, n in sorted(counts.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-        t = f"min({req.seq_len:,}, {w:,})" if (w is not None and req.use_windows) else f"{req.seq_len:,}"
-        if block:
-            t = f"ceil({t} / {block}) x {block}"
-        terms.append(f"{n} x {t}" if len(counts) > 1 else t)
-    slots = _token_slots(spec, req.seq_len, req.use_windows, block)
-    tokens = " + ".join(terms)
-    mult = f" x {req.batch:,} batch x {req.beams} beam{'s' if req.beams != 1 else ''}"
-    total = kv_bytes(spec, fmt, req.seq_len, req.sequences, req.use_windows, block)
-    if len(counts) > 1:
-        lines.append(f"token-layers = {tokens} = {slots:,}")
-        lines.append(f"KV total = {per_layer:,} B x {slots:,}{mult} = {total:,} B = {total / GB:,.2f} GB = "
-                     f"{total / GIB:,.2f} GiB")
-    else:
-        lines.append(f"KV total = {per_layer * spec.n_layers:,} B x {tokens} tokens{mult} = {total:,} B = "
-                     f"{total / GB:,.2f} GB = {total / GIB:,.2f} GiB")
-    return lines
-
-
+# ----------------------------------------------------------------------------- comparisons and curves
 def attention_variants(spec: ModelSpec, req: MemoryRequest) -> list[tuple[str, int]]:
     """The same shape under MHA, GQA, MQA and MLA, at the request's settings: (label, KV bytes).
 
     For an MLA model the shape is (layers, heads, qk_nope_head_dim), as in the DeepSeek-V2 paper's
     comparison; for the others, MLA uses DeepSeek-V2's ratios d_c = 4 d_h and d_h^R = d_h / 2.
+    The layer layout (sliding, chunked, linear layers) is kept.
     """
     fmt = req.kv_format
     block = req.block_size if req.paged else None
@@ -229,8 +188,7 @@ def attention_variants(spec: ModelSpec, req: MemoryRequest) -> list[tuple[str, i
 
 
 def context_curve(spec: ModelSpec, req: MemoryRequest, contexts: Iterable[int], dtype: str | None = None) -> list[int]:
-    """KV bytes at each context length, everything else as in ``req``."""
+    """KV bytes at each context length, everything else as in ``req`` (whole model, before TP)."""
     fmt = replace(req.kv_format, dtype=dtype) if dtype else req.kv_format
     block = req.block_size if req.paged else None
     return [kv_bytes(spec, fmt, t, req.sequences, req.use_windows, block) for t in contexts]
-

@@ -5,15 +5,17 @@ Every problem is collected and reported together, as sentences, in one ConfigErr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from kvviz.memory.config_file import parse_json_text, read_config_bytes
 from kvviz.memory.hf_fields import (
-    HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, KVVIZ_MODEL_TYPE, LAYER_KEYS, POS_KEYS, SUPPORTED_MODEL_TYPES, Reader, Shape,
+    HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, LAYER_KEYS, NESTED_DEFAULTS, NESTED_TYPES, POS_KEYS, SUPPORTED_MODEL_TYPES, Reader,
+    Shape, short,
 )
 from kvviz.memory.hf_params import count_params
+from kvviz.memory.layouts import read_layout
 from kvviz.memory.spec import MAX_LAYERS, MAX_SEQ_LEN, MLA, ConfigError, ModelSpec
 
 def parse_config(raw: Any, where: str = "config.json", name: str | None = None, source: str = "",
@@ -22,13 +24,7 @@ def parse_config(raw: Any, where: str = "config.json", name: str | None = None, 
     if not isinstance(raw, dict):
         raise ConfigError([f"must hold a JSON object, got {type(raw).__name__}"], where)
     notes: list[str] = []
-    mtype = raw.get("model_type")
-    if mtype not in SUPPORTED_MODEL_TYPES and isinstance(raw.get("text_config"), dict):
-        notes.append("read the decoder from text_config")  # multimodal wrappers nest the LM config
-        raw = {**raw["text_config"]}
-        mtype = raw.get("model_type")
-    if not isinstance(mtype, str):
-        mtype = "unknown"
+    raw, mtype = _language_model(raw, notes)
     rd = Reader(raw)
     if mtype == "falcon":
         shape, more = _falcon_shape(rd, notes)
@@ -43,17 +39,42 @@ def parse_config(raw: Any, where: str = "config.json", name: str | None = None, 
     vocab = rd.int(("vocab_size", "padded_vocab_size"), required=False)
     if max_pos is None and mtype == "falcon":
         max_pos = 2048  # FalconConfig's default; falcon-7b's config.json leaves it out
-    windows = _windows(rd, mtype, shape.layers if shape else 0, notes) if shape else ()
+    layers, state = read_layout(rd, mtype, shape.layers, shape.hidden, notes) if shape else ((), None)
     if rd.problems or shape is None:
         raise ConfigError(rd.problems or ["could not read the attention shape"], where)
     spec = ModelSpec(
         name=name or str(raw.get("_name_or_path") or mtype), model_type=mtype, n_layers=shape.layers,
         n_heads=shape.heads, n_kv_heads=shape.kv, head_dim=shape.head_dim, hidden=shape.hidden,
-        max_positions=max_pos, windows=windows, mla=more.get("mla"), vocab_size=vocab,
+        max_positions=max_pos, layers=layers, mla=more.get("mla"), state=state, vocab_size=vocab,
         source=source, key=key,
     )
+    quant = raw.get("quantization_config")
+    if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):
+        notes.append(f"the checkpoint's weights are quantized ({quant['quant_method'][:40]}): choose the weight "
+                     "dtype to match (int4 for 4-bit formats) rather than the fp16 default")
     params, active, pnote = count_params(raw, mtype, spec, notes)
     return replace(spec, params=params, active_params=active, params_note=pnote, notes=tuple(notes))
+
+
+def _language_model(raw: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], str]:
+    """The language model's own config and model_type. A multimodal checkpoint (Gemma 3, Llama 4,
+    LLaVA, ...) keeps it in ``text_config``: it is read from there, never from the wrapper's top
+    level, with the family's class defaults for the fields transformers leaves out of a nested config."""
+    mtype = raw.get("model_type")
+    if isinstance(raw.get("text_config"), dict):
+        wrapper = mtype if isinstance(mtype, str) else "unknown"
+        notes.append(f"read the language model from text_config (not the {short(wrapper)} wrapper's top level)")
+        if isinstance(raw.get("vision_config"), dict):
+            notes.append("the vision tower is not sized: its weights are not in the parameter count")
+        text = raw["text_config"]
+        mtype = text.get("model_type") or NESTED_TYPES.get(wrapper, wrapper)
+        defaults = NESTED_DEFAULTS.get(mtype, {}) if isinstance(mtype, str) else {}
+        filled = {k: v for k, v in defaults.items() if k not in text}
+        if filled:
+            notes.append(f"{mtype} defaults for the fields text_config leaves out: "
+                         + ", ".join(f"{k}={v}" for k, v in filled.items()))
+        raw = {**filled, **text}
+    return raw, mtype if isinstance(mtype, str) else "unknown"
 
 
 def _standard_shape(rd: Reader, mtype: str) -> tuple[Shape | None, dict[str, Any]]:
@@ -120,38 +141,6 @@ def _deepseek_shape(rd: Reader, notes: list[str]) -> tuple[Shape | None, dict[st
                  "num_key_value_heads does not apply")
     mla = MLA(kv_lora, rope, nope, v_dim)  # type: ignore[arg-type]
     return Shape(layers, heads, heads, nope + rope, hidden), {"mla": mla}  # type: ignore[arg-type]
-
-
-def _windows(rd: Reader, mtype: str, n_layers: int, notes: list[str]) -> tuple[int | None, ...]:
-    """Per-layer sliding windows, following each model's transformers implementation."""
-    raw = rd.raw
-    win = rd.int("sliding_window", required=False, maximum=MAX_SEQ_LEN)
-    layer_types = raw.get("layer_types")
-    if win is None and mtype == "gemma2" and "sliding_window" not in raw:
-        win = 4096  # Gemma2Config's default
-    if win is None:
-        return ()
-    if isinstance(layer_types, list) and len(layer_types) == n_layers and all(isinstance(t, str) for t in layer_types):
-        notes.append("sliding layers taken from layer_types")
-        return tuple(win if t == "sliding_attention" else None for t in layer_types)
-    if mtype in ("qwen2", "qwen3"):
-        if not rd.bool("use_sliding_window", False):
-            notes.append(f"use_sliding_window is false: sliding_window {win:,} does not apply")
-            return ()
-        first = rd.int("max_window_layers", required=False, minimum=0, maximum=MAX_LAYERS)
-        first = n_layers if first is None else first
-        return tuple(win if i >= first else None for i in range(n_layers))  # as in Qwen2Config.layer_types
-    if mtype == "gemma2":
-        notes.append(f"Gemma 2: even-indexed layers slide ({win:,} tokens), odd ones are global")
-        return tuple(win if i % 2 == 0 else None for i in range(n_layers))
-    if mtype in ("llama", "gemma", "gpt2", "opt", "falcon", "deepseek_v2", "deepseek_v3", KVVIZ_MODEL_TYPE):
-        return ()  # these implementations never use a window
-    if mtype == "phi3":
-        notes.append(f"Phi-3 declares sliding_window {win:,} on every layer; transformers' cache honours it, "
-                     "some servers keep every token (turn windows off to see that)")
-    return (win,) * n_layers
-
-
 
 
 def parse_config_text(text: str | bytes, where: str = "config.json", **kw: Any) -> ModelSpec:

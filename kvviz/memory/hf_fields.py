@@ -10,12 +10,29 @@ from typing import Any, Mapping, Sequence
 
 from kvviz.memory.spec import MAX_DIM, is_int
 
-LLAMA_LIKE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"})
+LLAMA_LIKE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"})
 KVVIZ_MODEL_TYPE = "kvviz-gpt"
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = (
-    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon", "opt",
-    "deepseek_v2", "deepseek_v3", KVVIZ_MODEL_TYPE,
+    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "falcon", "opt",
+    "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next", "jamba", "granitemoehybrid",
+    KVVIZ_MODEL_TYPE,
 )
+# A multimodal wrapper's language model, when its text_config does not name its own model_type.
+NESTED_TYPES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "mistral3": "mistral", "llava": "llama"}
+# transformers writes a nested text_config as a diff against its config class's defaults (to_diff_dict),
+# so a field equal to the default is left out: these are those defaults, for the families it happens to.
+NESTED_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "sliding_window": 4096, "tie_word_embeddings": True},
+    "llama4_text": {"vocab_size": 202_048, "hidden_size": 5120, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16_384, "num_hidden_layers": 48, "num_attention_heads": 40,
+                    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131_072,
+                    "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+                    "attention_chunk_size": 8192, "tie_word_embeddings": False},
+    "llama": {"vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 11_008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "tie_word_embeddings": False},
+}
 # Generic fallbacks, first present key wins.
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
@@ -23,7 +40,8 @@ KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_head", "n_head_kv", "n_k
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
 POS_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx", "block_size")
 # Defaults of the transformers config classes, used when a key is absent from config.json.
-TIE_DEFAULT = {"gemma": True, "gemma2": True, "falcon": True, "opt": True, "gpt2": True, KVVIZ_MODEL_TYPE: True}
+TIE_DEFAULT = {"gemma": True, "gemma2": True, "gemma3_text": True, "falcon": True, "opt": True, "gpt2": True,
+               KVVIZ_MODEL_TYPE: True}
 
 
 def short(v: Any) -> str:

@@ -25,6 +25,12 @@ def count_params(raw: Mapping[str, Any], mtype: str, s: ModelSpec, notes: list[s
         fn = _opt_params
     elif mtype in ("deepseek_v2", "deepseek_v3"):
         fn = _deepseek_params
+    elif mtype == "gpt_oss":
+        fn = _gpt_oss_params
+    elif mtype == "llama4_text":
+        fn = _llama4_params
+    elif mtype == "qwen3_next":
+        fn = _qwen3_next_params
     else:
         return None, None, "unknown architecture: enter a parameter count"
     if v is None:
@@ -77,9 +83,9 @@ def _llama_params(rd: Reader, mtype: str, s: ModelSpec, v: int) -> tuple[int, in
         attn += h * hd + 2 * kv * hd  # Qwen2 always has q/k/v biases; llama's attention_bias adds them
         if mtype != "qwen2" and rd.bool("attention_bias", False):
             attn += c  # o_proj bias too (llama's attention_bias covers all four)
-    if mtype == "qwen3":
+    if mtype in ("qwen3", "gemma3_text"):
         attn += 2 * hd  # q_norm and k_norm (RMSNorm over head_dim)
-    norms = (4 if mtype == "gemma2" else 2) * c  # Gemma 2 adds pre/post feed-forward norms
+    norms = (4 if mtype in ("gemma2", "gemma3_text") else 2) * c  # Gemma 2 and 3 add pre/post feed-forward norms
     mlp = 3 * c * inter + (2 * inter + c if rd.bool("mlp_bias", False) else 0)
     if mtype == "mixtral":
         experts = rd.int("num_local_experts")
@@ -164,3 +170,83 @@ def _deepseek_params(rd: Reader, mtype: str, s: ModelSpec, v: int) -> tuple[int,
             active += dense_mlp
     return total, active
 
+
+def _ints(*values: int | None) -> tuple[int, ...] | None:
+    """All the values when every one was read; None when any is missing (the reader has said why)."""
+    return None if any(v is None for v in values) else tuple(v for v in values if v is not None)
+
+
+def _gpt_oss_params(rd: Reader, mtype: str, s: ModelSpec, v: int) -> tuple[int, int] | None:
+    """gpt-oss: biased q/k/v/o, one attention sink per head, experts with fused biased gate_up, a biased router."""
+    c, L, h, kv, hd = s.hidden, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim
+    got = _ints(rd.int("intermediate_size"), rd.int("num_local_experts"),
+                rd.int(("num_experts_per_tok", "experts_per_token")))
+    if got is None:
+        return None
+    inter, experts, k = got
+    attn = (c * h * hd + h * hd) + 2 * (c * kv * hd + kv * hd) + (h * hd * c + c) + h  # + sinks
+    expert = (c * 2 * inter + 2 * inter) + (inter * c + c)
+    base = attn + 2 * c + c * experts + experts  # norms, router
+    emb = v * c * (1 if _tied(rd, mtype) else 2)
+    return emb + L * (base + experts * expert) + c, emb + L * (base + k * expert) + c
+
+
+def _llama4_params(rd: Reader, mtype: str, s: ModelSpec, v: int) -> tuple[int, int] | None:
+    """Llama 4: MoE layers (routed experts + one shared expert + a router) every interleave step, dense
+    MLPs of intermediate_size_mlp between; L2 qk-norm has no weights."""
+    c, L, h, kv, hd = s.hidden, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim
+    inter = rd.int("intermediate_size")
+    got = _ints(inter, rd.int("intermediate_size_mlp", required=False, default=inter), rd.int("num_local_experts"),
+                rd.int("num_experts_per_tok"), rd.int("interleave_moe_layer_step", required=False, default=1))
+    if got is None:
+        return None
+    inter, inter_mlp, experts, k, step = got
+    moe_layers = rd.raw.get("moe_layers")
+    if not isinstance(moe_layers, list) or not all(isinstance(i, int) for i in moe_layers):
+        moe_layers = list(range(step - 1, L, step))  # Llama4TextConfig's default
+    n_moe = len({i for i in moe_layers if 0 <= i < L})
+    attn = c * h * hd + 2 * c * kv * hd + h * hd * c
+    if rd.bool("attention_bias", False):
+        attn += h * hd + 2 * kv * hd + c
+    mlp = 3 * c * inter
+    moe_total = experts * mlp + mlp + c * experts  # routed + shared + router
+    moe_active = k * mlp + mlp + c * experts
+    base = L * (attn + 2 * c) + (L - n_moe) * 3 * c * inter_mlp
+    emb = v * c * (1 if _tied(rd, mtype) else 2)
+    return emb + base + n_moe * moe_total + c, emb + base + n_moe * moe_active + c
+
+
+def _qwen3_next_params(rd: Reader, mtype: str, s: ModelSpec, v: int) -> tuple[int, int] | None:
+    """Qwen3-Next: gated full attention (q_proj doubled for the gate, q/k norms), Gated DeltaNet linear
+    attention, and sparse MoE with a gated shared expert."""
+    c, L, h, kv, hd = s.hidden, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim
+    got = _ints(rd.int("intermediate_size"), rd.int("moe_intermediate_size"),
+                rd.int("shared_expert_intermediate_size", required=False, default=0, minimum=0),
+                rd.int("num_experts", required=False, default=0, minimum=0),
+                rd.int("num_experts_per_tok", required=False, default=0, minimum=0),
+                rd.int("decoder_sparse_step", required=False, default=1))
+    st = s.state
+    if got is None or st is None:
+        return None
+    inter, moe_inter, shared, experts, k, sparse_step = got
+    dense_only = rd.raw.get("mlp_only_layers") or []
+    full = c * 2 * h * hd + 2 * c * kv * hd + h * hd * c + 2 * hd
+    value_dim = st.heads * st.head_v
+    qk_dim = st.conv_channels - value_dim  # the conv runs over q and k (qk_dim channels together) and v
+    # in_proj_qkvz, in_proj_ba, conv1d (kernel = width + 1, no bias), dt_bias + A_log, the gated norm, out_proj
+    linear = (c * (qk_dim + 2 * value_dim) + c * 2 * st.heads + st.conv_channels * (st.conv_width + 1)
+              + 2 * st.heads + st.head_v + value_dim * c)
+    routed = 3 * c * moe_inter
+    gate = c * experts + 3 * c * shared + c  # router, shared expert and its one-output gate
+    total = active = v * c * (1 if _tied(rd, mtype) else 2) + c
+    for i in range(L):
+        attn = full if s.layer(i).has_kv else linear
+        total += attn + 2 * c
+        active += attn + 2 * c
+        if experts and i not in dense_only and (i + 1) % sparse_step == 0:
+            total += experts * routed + gate
+            active += k * routed + gate
+        else:
+            total += 3 * c * inter
+            active += 3 * c * inter
+    return total, active

@@ -1,5 +1,5 @@
-"""The calculator's vocabulary: a model's shape (ModelSpec), one calculation's settings
-(MemoryRequest) and its answer (MemoryResult), plus the errors a user can cause.
+"""The calculator's vocabulary: a model's shape (ModelSpec, with a kind for every layer), one
+calculation's settings (MemoryRequest) and the errors a user can cause. Results live in result.py.
 
 Pure data, validated where it is built: everything downstream may assume sane integers.
 """
@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kvviz.units import DTYPE_BITS, GB, GIB
+from kvviz.units import DTYPE_BITS
 
 DTYPES: tuple[str, ...] = tuple(DTYPE_BITS)
 GROUPED_DTYPES = frozenset({"int8", "int4"})  # integer formats need per-group scales to be usable
@@ -20,6 +20,9 @@ GPU_PRESETS_GIB: tuple[int, ...] = (16, 24, 40, 48, 80, 94, 141)
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block (page) size in tokens
 DEFAULT_GROUP_SIZE = 64
 DEFAULT_RESERVE = 0.10  # vLLM's default gpu_memory_utilization=0.9 leaves 10% free
+DEFAULT_EFFICIENCY = 0.7  # share of peak bandwidth a good decode kernel sustains (the roofline's MBU)
+STATE_DTYPES: tuple[str, ...] = ("auto", "fp32", "fp16", "bf16")  # auto: the model's float dtype, as vLLM
+MAX_TP = 1024
 
 # Sanity bounds: far above any real model, low enough that nothing here loops for long.
 MAX_LAYERS = 10_000
@@ -62,6 +65,74 @@ class MLA:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
+# What each layer keeps for one sequence of T tokens:
+#   full: T tokens; sliding (window W) and chunked (chunk C): min(T, W or C) tokens;
+#   linear (linear attention / Mamba): no KV at all, a fixed-size recurrent state instead.
+LAYER_KINDS: tuple[str, ...] = ("full", "sliding", "chunked", "linear")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's attention kind and, for sliding and chunked layers, its span in tokens."""
+
+    kind: str = "full"
+    span: int | None = None  # the sliding window or the chunk size; None for full and linear
+
+    @property
+    def caps(self) -> bool:
+        """Whether the tokens it keeps stop growing at ``span``."""
+        return self.kind in ("sliding", "chunked")
+
+    @property
+    def has_kv(self) -> bool:
+        return self.kind != "linear"
+
+    def label(self) -> str:
+        if self.kind == "sliding":
+            return f"sliding (window {self.span:,})"
+        if self.kind == "chunked":
+            return f"chunked (chunk {self.span:,})"
+        return self.kind
+
+
+FULL = Layer("full")
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """The fixed per-sequence state of one linear-attention or Mamba layer (it never grows with T).
+
+    Two buffers, as vLLM allocates them: the causal conv's last (kernel - 1) inputs per channel,
+    and the recurrent state of ``heads`` x ``head_k`` x ``head_v`` values. Tensor parallelism
+    splits the channels and heads; Mamba2's B/C groups are split only when TP divides them and
+    are otherwise replicated (one group per GPU, vLLM's rule for n_groups = 1).
+    """
+
+    kind: str  # "gated_deltanet" (Qwen3-Next), "mamba" (Mamba1: Jamba), "mamba2"
+    conv_channels: int  # conv channels split across GPUs
+    conv_width: int  # kernel - 1 past inputs kept per channel
+    heads: int  # recurrent heads (Mamba1: channels), split across GPUs
+    head_k: int  # each head's state is head_k x head_v values
+    head_v: int
+    n_groups: int = 0  # mamba2: B/C groups, each adding group_channels conv channels
+    group_channels: int = 0  # mamba2: 2 x d_state per group (B and C)
+    split: tuple[tuple[str, int], ...] = ()  # (config field, count) that TP must divide
+
+    def groups_per_gpu(self, tp: int) -> int:
+        if not self.n_groups:
+            return 0
+        return self.n_groups // tp if self.n_groups % tp == 0 else 1  # replicated when TP does not divide
+
+    def conv_elements(self, tp: int = 1) -> int:
+        return (self.conv_channels // tp + self.groups_per_gpu(tp) * self.group_channels) * self.conv_width
+
+    def recurrent_elements(self, tp: int = 1) -> int:
+        return (self.heads // tp) * self.head_k * self.head_v
+
+    def elements(self, tp: int = 1) -> int:
+        return self.conv_elements(tp) + self.recurrent_elements(tp)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything the calculator needs about one model, normalised from its config.json."""
@@ -74,8 +145,9 @@ class ModelSpec:
     head_dim: int
     hidden: int
     max_positions: int | None = None  # max_position_embeddings (or n_positions / block_size)
-    windows: tuple[int | None, ...] = ()  # per layer: sliding window in tokens, None = global
+    layers: tuple[Layer, ...] = ()  # one per layer; () = every layer full
     mla: MLA | None = None
+    state: StateShape | None = None  # the shape of every linear layer's state (None: no linear layers)
     params: int | None = None  # parameter count, when known
     params_note: str = ""  # where the count came from
     active_params: int | None = None  # MoE: parameters used per token
@@ -92,19 +164,51 @@ class ModelSpec:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"
 
-    def window_of(self, layer: int) -> int | None:
-        return self.windows[layer] if self.windows else None
+    def layer(self, i: int) -> Layer:
+        return self.layers[i] if self.layers else FULL
+
+    def layer_counts(self) -> list[tuple[Layer, int]]:
+        """(layer, how many) in a stable order: sliding and chunked by span, then full, then linear.
+        Grouping makes every sum O(kinds), not O(layers)."""
+        counts = Counter(self.layers or (FULL,) * self.n_layers)
+        order = {"sliding": 0, "chunked": 1, "full": 2, "linear": 3}
+        return sorted(counts.items(), key=lambda kv: (order[kv[0].kind], kv[0].span or 0))
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Per layer: the span that caps its tokens (sliding window or chunk), None otherwise;
+        () when no layer is capped."""
+        if not any(layer.caps for layer in self.layers):
+            return ()
+        return tuple(layer.span if layer.caps else None for layer in self.layers)
 
     @property
     def has_windows(self) -> bool:
-        return any(w is not None for w in self.windows)
+        return any(layer.caps for layer in self.layers)
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep K/V (every kind but linear)."""
+        return sum(n for layer, n in self.layer_counts() if layer.has_kv)
+
+    @property
+    def linear_layers(self) -> int:
+        return self.n_layers - self.kv_layers
 
     def window_summary(self) -> str:
-        counts = Counter(self.windows or (None,) * self.n_layers)
-        if list(counts) == [None]:
+        counts = self.layer_counts()
+        if [layer.kind for layer, _ in counts] == ["full"]:
             return "none (every layer global)"
-        parts = [f"{n} layers x {w:,}" if w is not None else f"{n} global layers" for w, n in sorted(
-            counts.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+        parts = []
+        for layer, n in counts:
+            if layer.kind == "sliding":
+                parts.append(f"{n} layers x {layer.span:,}")
+            elif layer.kind == "chunked":
+                parts.append(f"{n} chunked layers x {layer.span:,}")
+            elif layer.kind == "full":
+                parts.append(f"{n} global layers")
+            else:
+                parts.append(f"{n} linear layers (no KV)")
         return ", ".join(parts)
 
 
@@ -147,8 +251,13 @@ class MemoryRequest:
     block_size: int = DEFAULT_BLOCK_SIZE
     use_windows: bool = True  # False: every layer keeps every token (a runtime without windows)
     params: int | None = None  # user-entered parameter count; overrides the config's
-    gpu_gib: float | None = None  # GPU memory in GiB; None = no fit check
+    gpu_gib: float | None = None  # GPU memory in GiB (each GPU, under TP); None = no fit check
     reserve: float = DEFAULT_RESERVE  # fraction of the GPU kept free (CUDA context, activations)
+    tp: int = 1  # tensor-parallel GPUs: KV heads, state heads and weights split across them
+    state_dtype: str = "auto"  # linear layers' state: auto = the weight dtype when it is a float, else bf16
+    bandwidth_gbs: float | None = None  # peak memory bandwidth of one GPU, GB/s (decimal); None = no cost
+    efficiency: float = DEFAULT_EFFICIENCY  # achieved / peak bandwidth in the roofline
+    price_per_gpu_hour: float | None = None  # $ per GPU-hour; None = throughput only
 
     def __post_init__(self) -> None:
         problems = request_problems(self)
@@ -162,6 +271,12 @@ class MemoryRequest:
     @property
     def sequences(self) -> int:
         return self.batch * self.beams
+
+    @property
+    def resolved_state_dtype(self) -> str:
+        if self.state_dtype != "auto":
+            return self.state_dtype
+        return self.weight_dtype if self.weight_dtype in ("fp32", "fp16", "bf16") else "bf16"
 
 
 def _is_number(v: Any) -> bool:
@@ -185,70 +300,15 @@ def request_problems(r: MemoryRequest) -> list[str]:
         out.append(f"gpu_gib must be a positive number of GiB (got {r.gpu_gib!r})")
     if not _is_number(r.reserve) or not 0 <= r.reserve < 1:
         out.append(f"reserve must be a fraction in [0, 1) (got {r.reserve!r})")
+    if not is_int(r.tp) or not 1 <= r.tp <= MAX_TP:
+        out.append(f"tp must be an integer from 1 to {MAX_TP:,} (got {r.tp!r})")
+    if r.state_dtype not in STATE_DTYPES:
+        out.append(f"state_dtype must be one of {', '.join(STATE_DTYPES)} (got {r.state_dtype!r})")
+    if r.bandwidth_gbs is not None and (not _is_number(r.bandwidth_gbs) or not 0 < r.bandwidth_gbs <= 1e6):
+        out.append(f"bandwidth_gbs must be a positive number of GB/s (got {r.bandwidth_gbs!r})")
+    if not _is_number(r.efficiency) or not 0 < r.efficiency <= 1:
+        out.append(f"efficiency must be a fraction in (0, 1] (got {r.efficiency!r})")
+    if r.price_per_gpu_hour is not None and (not _is_number(r.price_per_gpu_hour)
+                                             or not 0 <= r.price_per_gpu_hour <= 1e6):
+        out.append(f"price_per_gpu_hour must be a number of dollars >= 0 (got {r.price_per_gpu_hour!r})")
     return out
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Whether weights + KV fit on one GPU, and how far the settings could stretch."""
-
-    gpu_bytes: int
-    usable_bytes: int  # gpu_bytes minus the reserve
-    fits: bool
-    headroom_bytes: int  # usable - total (negative when it does not fit)
-    max_batch: int  # requests at the chosen context (each with `beams` sequences)
-    max_seq_len: int | None  # at the chosen batch; None = unbounded (every layer windowed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpu_bytes": self.gpu_bytes, "usable_bytes": self.usable_bytes, "fits": self.fits,
-                "headroom_bytes": self.headroom_bytes, "max_batch": self.max_batch,
-                "max_seq_len": self.max_seq_len}
-
-
-@dataclass(frozen=True)
-class MemoryResult:
-    spec: ModelSpec
-    request: MemoryRequest
-    layer_token_bytes: int  # one token, one layer, one sequence
-    kv_bytes_per_token: int  # one token, all layers, one sequence (before any window cap)
-    kv_bytes: int  # the whole cache: every layer, sequence and token (paged when asked)
-    kv_bytes_unpaged: int
-    paging_waste_bytes: int  # kv_bytes - kv_bytes_unpaged
-    kv_bytes_mha: int  # the same cache if every query head had its own K/V (naive per-head for MLA)
-    weights_bytes: int | None
-    params: int | None
-    params_source: str
-    total_bytes: int | None
-    fit: Fit | None
-    formula: tuple[str, ...]
-    warnings: tuple[str, ...]
-    counted: tuple[str, ...]
-    not_counted: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        s, r = self.spec, self.request
-        return {
-            "model": s.name, "preset": s.key or None, "source": s.source or None, "model_type": s.model_type,
-            "attention": s.attention, "n_layers": s.n_layers, "n_heads": s.n_heads,
-            "n_kv_heads": None if s.mla else s.n_kv_heads, "head_dim": s.head_dim, "hidden_size": s.hidden,
-            "mla": None if s.mla is None else {"kv_lora_rank": s.mla.kv_lora_rank,
-                                               "qk_rope_head_dim": s.mla.qk_rope_head_dim},
-            "max_position_embeddings": s.max_positions, "sliding_windows": s.window_summary(),
-            "seq_len": r.seq_len, "batch": r.batch, "beams": r.beams, "sequences": r.sequences,
-            "dtype": r.kv_dtype, "weight_dtype": r.weight_dtype,
-            "group_size": r.group_size if r.kv_dtype in GROUPED_DTYPES else None,
-            "scale_dtype": r.scale_dtype if r.kv_dtype in GROUPED_DTYPES else None,
-            "zero_point": r.zero_point if r.kv_dtype in GROUPED_DTYPES else None,
-            "paged": r.paged, "block_size": r.block_size if r.paged else None, "use_windows": r.use_windows,
-            "kv_bytes_per_token_per_layer": self.layer_token_bytes,
-            "kv_bytes_per_token": self.kv_bytes_per_token, "kv_bytes": self.kv_bytes,
-            "kv_bytes_unpaged": self.kv_bytes_unpaged, "paging_waste_bytes": self.paging_waste_bytes,
-            "kv_bytes_mha": self.kv_bytes_mha,
-            "params": self.params, "params_source": self.params_source,
-            "active_params": s.active_params, "weights_bytes": self.weights_bytes,
-            "total_bytes": self.total_bytes,
-            "kv_gib": self.kv_bytes / GIB, "kv_gb": self.kv_bytes / GB,
-            "gpu": None if self.fit is None else {"gib": r.gpu_gib, "reserve": r.reserve, **self.fit.to_dict()},
-            "formula": list(self.formula), "counted": list(self.counted), "not_counted": list(self.not_counted),
-            "notes": list(s.notes), "warnings": list(self.warnings),
-        }

@@ -1,136 +1,29 @@
-"""The KV memory calculator page: how much memory does model X need at context T and batch B?
+"""The KV memory calculator page: how much memory does model X need at context T and batch B,
+on how many GPUs, and what does a token cost?
 
 All arithmetic is in kvviz.memory (pure Python) and every figure in kvviz.charts.memory; this
-module only turns widgets into a MemoryRequest and results into metrics, charts and a table.
-Settings live in the URL (``st.query_params``, named like the widget keys), so a link reproduces
-a calculation: they are read and validated once per session, then written back on every run.
-Every user or config value shown inside Markdown goes through ``md_plain`` (kvviz.ui.plain_text).
+module turns widgets into a MemoryRequest and results into metrics and text, and
+calculator_panels draws the charts, the cost and the gap panels. Settings live in the URL
+(calculator_links). Every user or config value shown inside Markdown goes through ``md_plain``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-from typing import Any, Callable
 
 import pandas as pd
 import streamlit as st
 
-from kvviz.charts import memory as charts
 from kvviz.memory import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_GROUP_SIZE, DTYPES, GB, GIB, GPU_PRESETS_GIB, MAX_BATCH, MAX_CONFIG_BYTES,
-    MAX_SEQ_LEN, SCALE_DTYPE_BYTES, CalcError, ConfigError, MemoryRequest, MemoryResult, ModelSpec,
-    attention_variants, builtin_specs, calculate, context_curve, kv_bytes, parse_config_text, with_builtins,
+    DTYPES, GB, GIB, MAX_BATCH, MAX_CONFIG_BYTES, MAX_SEQ_LEN, MAX_TP, SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError,
+    ConfigError, MemoryRequest, MemoryResult, ModelSpec, builtin_specs, calculate, load_gpus, parse_config_text,
+    with_builtins,
+)
+from kvviz.ui import calculator_panels as panels
+from kvviz.ui.calculator_engine import SHAPES_SOURCE, engine_shapes
+from kvviz.ui.calculator_links import (
+    CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
 )
 from kvviz.ui.plain_text import md_plain
-
-SOURCES = {"preset": "Preset", "import": "Import config.json"}
-GPU_OPTIONS = [str(g) for g in GPU_PRESETS_GIB] + ["custom"]
-MAX_BEAMS = 16
-DEFAULTS: dict[str, Any] = {
-    "mem_source": "preset", "mem_preset": "llama-3-8b", "mem_seq_len": 8192, "mem_batch": 1, "mem_beams": 1,
-    "mem_dtype": "bf16", "mem_weight_dtype": "bf16", "mem_group_size": DEFAULT_GROUP_SIZE, "mem_scale_dtype": "fp16",
-    "mem_zero_point": False, "mem_paged": False, "mem_block_size": DEFAULT_BLOCK_SIZE, "mem_windows": True,
-    "mem_gpu": "80", "mem_gpu_custom": 80.0, "mem_reserve": 10, "mem_params": 0,
-    "mem_compare": ["llama-2-7b", "mistral-7b-v0.1", "deepseek-v2"], "mem_chart_dtypes": ["bf16", "fp8", "int4"],
-    "mem_log": True, "mem_chart_weights": False,
-}
-# Settings a link must carry to reproduce the calculation (chart-only settings travel too).
-SHARED_KEYS = tuple(DEFAULTS)
-
-
-# ----------------------------------------------------------------------------- query parameters
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(s: str) -> int:
-        v = int(s.replace(",", "").replace("_", ""))
-        if not lo <= v <= hi:
-            raise ValueError(f"must be from {lo:,} to {hi:,}")
-        return v
-    return parse
-
-
-def _choice(options: list[str] | tuple[str, ...]) -> Callable[[str], str]:
-    def parse(s: str) -> str:
-        if s not in options:
-            raise ValueError(f"must be one of {', '.join(options)}")
-        return s
-    return parse
-
-
-def _bool(s: str) -> bool:
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("must be true or false")
-
-
-def _gpu(s: str) -> str | float:
-    if s in GPU_OPTIONS[:-1]:
-        return s
-    v = float(s)
-    if not (math.isfinite(v) and 0 < v <= 100_000):
-        raise ValueError("must be a GPU size in GiB")
-    return v
-
-
-def _list_of(options: list[str] | tuple[str, ...]) -> Callable[[str], list[str]]:
-    def parse(s: str) -> list[str]:
-        items = [x for x in s.split(",") if x]
-        bad = [x for x in items if x not in options]
-        if bad:
-            raise ValueError(f"unknown {', '.join(bad[:3])}")
-        return list(dict.fromkeys(items))
-    return parse
-
-
-def _parsers(preset_keys: list[str]) -> dict[str, Callable[[str], Any]]:
-    return {
-        "mem_source": _choice(list(SOURCES)), "mem_preset": _choice(preset_keys),
-        "mem_seq_len": _int_in(1, MAX_SEQ_LEN), "mem_batch": _int_in(1, MAX_BATCH),
-        "mem_beams": _int_in(1, MAX_BEAMS), "mem_dtype": _choice(DTYPES), "mem_weight_dtype": _choice(DTYPES),
-        "mem_group_size": _int_in(1, 4096), "mem_scale_dtype": _choice(tuple(SCALE_DTYPE_BYTES)),
-        "mem_zero_point": _bool, "mem_paged": _bool, "mem_block_size": _int_in(1, 4096), "mem_windows": _bool,
-        "mem_gpu": _gpu, "mem_gpu_custom": lambda s: float(_gpu(s)), "mem_reserve": _int_in(0, 50),
-        "mem_params": _int_in(0, 10**15), "mem_compare": _list_of(preset_keys), "mem_chart_dtypes": _list_of(DTYPES),
-        "mem_log": _bool, "mem_chart_weights": _bool,
-    }
-
-
-def read_query_params(preset_keys: list[str]) -> list[str]:
-    """Seed the widgets from the URL once per session; return a message for each invalid value."""
-    if st.session_state.get("mem_qp_loaded"):
-        return []
-    st.session_state["mem_qp_loaded"] = True
-    bad: list[str] = []
-    parsers = _parsers(preset_keys)
-    for key, parse in parsers.items():
-        if key not in st.query_params:
-            continue
-        raw = st.query_params[key]
-        try:
-            value = parse(raw)
-        except ValueError as e:  # also int()/float() on 5,000 digits: Python refuses, with a ValueError
-            bad.append(f"{key}={raw[:40]!r} ignored: {str(e)[:120]}")
-            continue
-        if key == "mem_gpu" and isinstance(value, float):
-            st.session_state["mem_gpu"], st.session_state["mem_gpu_custom"] = "custom", value
-        else:
-            st.session_state[key] = value
-    return bad
-
-
-def write_query_params() -> None:
-    """The current settings back into the URL, so the address bar is always a shareable link."""
-    out: dict[str, str] = {}
-    for key in SHARED_KEYS:
-        v = st.session_state.get(key, DEFAULTS[key])
-        if key == "mem_preset" and st.session_state.get("mem_source") == "import":
-            continue  # an imported config is too big for a link
-        if key == "mem_gpu_custom" and st.session_state.get("mem_gpu") != "custom":
-            continue
-        out[key] = ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
-    if dict(st.query_params) != out:
-        st.query_params.from_dict(out)
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -152,7 +45,7 @@ def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | 
         return presets[key]
     up = st.file_uploader("Upload a config.json", type=["json"], key="mem_config_file", max_upload_size=1,
                           help=f"At most {MAX_CONFIG_BYTES:,} bytes.")
-    text = st.text_area("...or paste it", key="mem_config_text", height=160,
+    text = st.text_area("...or paste it", key="mem_config_text", height=160, max_chars=MAX_CONFIG_BYTES,
                         placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
     data: str | bytes = up.getvalue() if up is not None else text
     where = up.name if up is not None else "pasted config.json"
@@ -164,8 +57,8 @@ def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | 
         return e
 
 
-def _settings_controls() -> None:
-    """Context, multipliers, formats and GPU; values are read back from st.session_state."""
+def _settings_controls(has_state: bool) -> None:
+    """Context, multipliers, formats, GPUs and cost; values are read back from st.session_state."""
     st.number_input("Context: prompt + output tokens", min_value=1, max_value=MAX_SEQ_LEN, step=1024,
                     key="mem_seq_len")
     st.number_input("Batch (concurrent requests)", min_value=1, max_value=MAX_BATCH, step=1, key="mem_batch")
@@ -180,32 +73,51 @@ def _settings_controls() -> None:
                         disabled=not quant, help="Values sharing one scale.")
         st.selectbox("Scale dtype", tuple(SCALE_DTYPE_BYTES), key="mem_scale_dtype", disabled=not quant)
         st.checkbox("Zero point per group too", key="mem_zero_point", disabled=not quant)
-    st.checkbox("Apply sliding windows", key="mem_windows",
+    st.checkbox("Apply sliding windows and chunks", key="mem_windows",
                 help="Off: every layer keeps every token, as a runtime without window support would.")
+    st.selectbox("Linear-layer state dtype", STATE_DTYPES, key="mem_state_dtype", disabled=not has_state,
+                 help="Linear-attention and Mamba layers keep a fixed state instead of K/V. auto = the weight "
+                      "dtype when it is a float (vLLM's default); transformers keeps the recurrent part in fp32.")
     c1, c2 = st.columns(2)
     c1.checkbox("Paged", key="mem_paged", help="vLLM-style: each layer's tokens rounded up to whole blocks.")
     c2.number_input("Block size (tokens)", min_value=1, max_value=4096, key="mem_block_size",
                     disabled=not st.session_state["mem_paged"])
+    st.divider()
+    gpus = load_gpus()
+    st.selectbox("GPU", [*gpus, CUSTOM_GPU], key="mem_gpu_kind", on_change=apply_gpu_kind,
+                 format_func=lambda k: gpus[k].name if k in gpus else "custom",
+                 help="Fills in memory, peak bandwidth (from the spec sheet) and an example price; edit any of them.")
     c1, c2 = st.columns(2)
-    c1.selectbox("GPU memory", GPU_OPTIONS, key="mem_gpu", format_func=lambda g: "custom" if g == "custom" else f"{g} GiB",
+    c1.selectbox("GPU memory", GPU_OPTIONS, key="mem_gpu", format_func=lambda g: "custom" if g == CUSTOM_GPU else f"{g} GiB",
                  help='Nominal sizes read as GiB: an "80 GB" A100 has 80 GiB (81,920 MiB).')
     c2.number_input("Custom (GiB)", min_value=0.5, max_value=100_000.0, step=1.0, key="mem_gpu_custom",
-                    disabled=st.session_state["mem_gpu"] != "custom")
+                    disabled=st.session_state["mem_gpu"] != CUSTOM_GPU)
+    st.number_input("Tensor-parallel GPUs", min_value=1, max_value=MAX_TP, step=1, key="mem_tp",
+                    help="KV heads and weights split across the GPUs; heads are replicated when there are more GPUs "
+                         "than KV heads. MLA's latent is never split.")
     st.slider("Reserve (% of the GPU)", 0, 50, key="mem_reserve",
               help="Kept free for activations, the CUDA context and fragmentation (vLLM keeps 10% by default).")
+    c1, c2 = st.columns(2)
+    c1.number_input("Peak bandwidth (GB/s)", min_value=1.0, max_value=1e6, step=100.0, key="mem_bandwidth")
+    c2.number_input("Price ($/GPU-hour)", min_value=0.0, max_value=1e6, step=0.1, key="mem_price",
+                    help="An example on-demand price: use yours.")
+    st.slider("Bandwidth efficiency", 0.05, 1.0, step=0.05, key="mem_efficiency",
+              help="Achieved / peak bandwidth in decode (MBU). 0.7 is a good engine on a large model.")
     st.number_input("Parameter count (0 = from the config)", min_value=0, max_value=10**15, step=1, key="mem_params",
                     help="Needed when the architecture is not one kvviz can count; overrides the config's count.")
 
 
 def _request() -> MemoryRequest:
     ss = st.session_state
-    gpu = float(ss["mem_gpu_custom"]) if ss["mem_gpu"] == "custom" else float(ss["mem_gpu"])
+    gpu = float(ss["mem_gpu_custom"]) if ss["mem_gpu"] == CUSTOM_GPU else float(ss["mem_gpu"])
     return MemoryRequest(
         seq_len=int(ss["mem_seq_len"]), batch=int(ss["mem_batch"]), beams=int(ss["mem_beams"]),
         kv_dtype=ss["mem_dtype"], weight_dtype=ss["mem_weight_dtype"], group_size=int(ss["mem_group_size"]),
         scale_dtype=ss["mem_scale_dtype"], zero_point=bool(ss["mem_zero_point"]), paged=bool(ss["mem_paged"]),
         block_size=int(ss["mem_block_size"]), use_windows=bool(ss["mem_windows"]),
         params=int(ss["mem_params"]) or None, gpu_gib=gpu, reserve=ss["mem_reserve"] / 100,
+        tp=int(ss["mem_tp"]), state_dtype=ss["mem_state_dtype"], bandwidth_gbs=float(ss["mem_bandwidth"]),
+        efficiency=float(ss["mem_efficiency"]), price_per_gpu_hour=float(ss["mem_price"]),
     )
 
 
@@ -214,8 +126,8 @@ def _describe(spec: ModelSpec) -> None:
     shape = (f"MLA latent {spec.mla.kv_lora_rank} + {spec.mla.qk_rope_head_dim}" if spec.mla
              else f"{spec.n_kv_heads} KV heads, head_dim {spec.head_dim}")
     maxpos = f"{spec.max_positions:,}" if spec.max_positions else "unknown"
-    st.markdown(f"**{md_plain(spec.name, 120)}**: {spec.attention}, {spec.n_layers} layers, {spec.n_heads} heads, {shape}; "
-                f"sliding windows: {spec.window_summary()}; max positions {maxpos}")
+    st.markdown(f"**{md_plain(spec.name, 120)}**: {spec.attention}, {spec.n_layers} layers, {spec.n_heads} heads, "
+                f"{shape}; layers: {md_plain(spec.window_summary())}; max positions {maxpos}")
     if spec.source.startswith("https://"):
         st.caption(f"Source: [{spec.source}]({spec.source})")  # our own presets file, never user text
     elif spec.source:
@@ -236,12 +148,26 @@ def _metrics(res: MemoryResult) -> None:
         b, d = _pair(n)
         col.metric(f"{label} (binary)", b)
         col.caption(f"= {d} (decimal) = {n:,} bytes")
-    fit = res.fit
+    fit, tp = res.fit, res.request.tp
     if fit is not None:
-        cols[4].metric("On this GPU", "fits" if fit.fits else "does not fit")
+        cols[4].metric("On this GPU" if tp == 1 else f"On each of {tp} GPUs", "fits" if fit.fits else "does not fit")
         mt = "unbounded (every layer windowed)" if fit.max_seq_len is None else f"{fit.max_seq_len:,}"
         cols[4].caption(f"usable {fit.usable_bytes / GIB:,.1f} GiB = {fit.usable_bytes / GB:,.1f} GB; "
                         f"max batch at this context: {fit.max_batch:,}; max context at this batch: {mt}")
+    if res.state_bytes or tp > 1:
+        cols = st.columns(4)
+        if res.state_bytes:
+            cols[0].metric("Linear-layer state (binary)", _pair(res.state_bytes)[0])
+            cols[0].caption(f"{res.state_bytes:,} bytes, {res.request.resolved_state_dtype}; fixed, not in the KV total")
+        if tp > 1:
+            cols[1].metric("KV per GPU (binary)", _pair(res.kv_bytes_per_gpu)[0])
+            cols[1].caption(f"{res.kv_bytes_per_gpu:,} bytes")
+            if res.weights_bytes_per_gpu is not None:
+                cols[2].metric("Weights per GPU (binary)", _pair(res.weights_bytes_per_gpu)[0])
+                cols[2].caption(f"{res.weights_bytes_per_gpu:,} bytes (split evenly)")
+            heads = "whole latent" if res.kv_heads_per_gpu is None else f"{res.kv_heads_per_gpu} per GPU"
+            cols[3].metric("KV heads", heads)
+            cols[3].caption(f"replicated {res.kv_head_replication}x" if res.kv_head_replication > 1 else "no replication")
 
 
 def _explain(spec: ModelSpec, res: MemoryResult) -> None:
@@ -269,66 +195,34 @@ def _explain(spec: ModelSpec, res: MemoryResult) -> None:
         st.markdown("**Not counted**\n" + "\n".join(f"- {c}" for c in res.not_counted))
 
 
-def _contexts(seq_len: int) -> list[int]:
-    hi = max(8192, 1 << math.ceil(math.log2(2 * seq_len)))
-    return sorted({1 << k for k in range(7, int(math.log2(hi)) + 1)} | {seq_len})
+def compared(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -> list[tuple[ModelSpec, MemoryResult]]:
+    """The current model (with the user's parameter count) and the compared presets (with their own).
+    A compared preset that the request's TP cannot split is compared at tp 1."""
+    out = [(spec, calculate(spec, req))]  # raises CalcError for the page to show
+    for k in st.session_state["mem_compare"]:
+        m = presets[k]
+        if m is spec:
+            continue
+        try:
+            out.append((m, calculate(m, replace(req, params=None))))
+        except CalcError:
+            out.append((m, calculate(m, replace(req, params=None, tp=1))))
+    return out
 
 
-def _compared(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -> list[tuple[ModelSpec, MemoryResult]]:
-    """The current model (with the user's parameter count) and the compared presets (with their own)."""
-    others = [presets[k] for k in st.session_state["mem_compare"] if presets[k] is not spec]
-    return [(spec, calculate(spec, req))] + [(m, calculate(m, replace(req, params=None))) for m in others]
-
-
-def _charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult, presets: dict[str, ModelSpec]) -> None:
-    st.subheader("Charts")
-    c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
-    c1.multiselect("Compare with", list(presets), key="mem_compare", format_func=lambda k: presets[k].name)
-    c2.multiselect("Dtypes to plot", DTYPES, key="mem_chart_dtypes")
-    c3.checkbox("Log axes", key="mem_log")
-    c4.checkbox("Add weights", key="mem_chart_weights")
-    dtypes = st.session_state["mem_chart_dtypes"] or [req.kv_dtype]
-    add_w = st.session_state["mem_chart_weights"]
-    ctx = _contexts(req.seq_len)
-    curves = []
-    for m, r in _compared(spec, req, presets):
-        base = (r.weights_bytes or 0) if add_w else 0
-        for dt in dtypes:
-            ys = context_curve(m, r.request, ctx, dtype=dt)
-            curves.append(charts.Curve(f"{m.name} · {dt}", tuple(ctx), tuple(base + y for y in ys)))
-    caps = []
-    if res.fit is not None:
-        caps = [(f"GPU {res.fit.gpu_bytes / GIB:g} GiB", res.fit.gpu_bytes),
-                (f"usable after {req.reserve:.0%} reserve", res.fit.usable_bytes)]
-    what = "Weights + KV cache" if add_w else "KV cache"
-    st.plotly_chart(charts.memory_vs_context(curves, caps, st.session_state["mem_log"],
-                                             f"{what} vs context (batch {req.batch}, beams {req.beams})"),
-                    key="mem_chart_context")
-    top = max(64, 1 << math.ceil(math.log2(2 * req.batch)))
-    batches = [1 << k for k in range(int(math.log2(min(top, 1 << 20))) + 1)]
-    kvs = [kv_bytes(spec, req.kv_format, req.seq_len, b * req.beams, req.use_windows,
-                    req.block_size if req.paged else None) for b in batches]
-    cap = (f"usable {res.fit.usable_bytes / GIB:,.1f} GiB", res.fit.usable_bytes) if res.fit else None
-    st.plotly_chart(charts.weights_and_kv_by_batch(batches, res.weights_bytes or 0, kvs, cap,
-                                                   f"{spec.name}: weights + KV vs batch at {req.seq_len:,} tokens"
-                                                   + ("" if res.weights_bytes is not None else " (weights unknown)")),
-                    key="mem_chart_batch")
-    st.plotly_chart(charts.attention_variants(attention_variants(spec, req),
-                                              f"{spec.name} shape: MHA vs GQA vs MQA vs MLA at {req.seq_len:,} tokens"),
-                    key="mem_chart_attention")
-
-
-def _table(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -> None:
+def _table(rows_of: list[tuple[ModelSpec, MemoryResult]]) -> None:
     st.subheader("Side by side")
     rows = []
-    for m, r in _compared(spec, req, presets):
+    for m, r in rows_of:
         rows.append({
             "model": m.name, "attention": m.attention, "layers": m.n_layers, "heads": m.n_heads,
             "kv_heads": None if m.mla else m.n_kv_heads, "head_dim": m.head_dim, "windows": m.window_summary(),
             "kv_bytes_per_token": r.kv_bytes_per_token, "kv_bytes": r.kv_bytes, "kv_GiB": r.kv_bytes / GIB,
+            "state_bytes": r.state_bytes, "tp": r.request.tp, "kv_GiB_per_gpu": r.kv_bytes_per_gpu / GIB,
             "weights_GiB": None if r.weights_bytes is None else r.weights_bytes / GIB,
             "total_GiB": None if r.total_bytes is None else r.total_bytes / GIB,
             "fits": None if r.fit is None else r.fit.fits, "max_batch": None if r.fit is None else r.fit.max_batch,
+            "usd_per_1M_tokens": None if r.cost is None else r.cost.usd_per_million_tokens,
             "source": m.source,
         })
     df = pd.DataFrame(rows)
@@ -338,17 +232,15 @@ def _table(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -
 
 
 def _presets() -> dict[str, ModelSpec]:
-    """Published presets, then kvviz's own models: the shapes come from the engine (this layer may
-    import it; kvviz.memory may not)."""
-    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES
-
-    shapes = {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}
-    return with_builtins(builtin_specs(shapes, DEFAULT_MODEL_DIR / "config.json", "kvviz/engine/load.py RANDOM_SHAPES"))
+    """Published presets, then kvviz's own models, whose shapes the engine hands in (kvviz.memory may not import it)."""
+    shapes, shipped = engine_shapes()
+    return with_builtins(builtin_specs(shapes, shipped, SHAPES_SOURCE))
 
 
 def page() -> None:
     st.title("KV memory calculator")
-    st.caption("Exact bytes for the KV cache and weights of real models: GQA, MQA, MLA and sliding windows included.")
+    st.caption("Exact bytes for the KV cache and weights of real models: GQA, MQA, MLA, sliding, chunked and linear "
+               "layers, tensor parallelism, and the cost per token on a GPU.")
     presets = _presets()
     for key, value in DEFAULTS.items():
         st.session_state.setdefault(key, list(value) if isinstance(value, list) else value)
@@ -361,7 +253,7 @@ def page() -> None:
 
     with st.sidebar:
         spec = _model_controls(presets)
-        _settings_controls()
+        _settings_controls(isinstance(spec, ModelSpec) and spec.state is not None)
     write_query_params()
     if spec is None:
         st.info("Upload or paste a Hugging Face config.json in the sidebar to size it.")
@@ -379,7 +271,11 @@ def page() -> None:
     _describe(spec)
     _metrics(res)
     _explain(spec, res)
-    _charts(spec, req, res, presets)
-    _table(spec, req, presets)
+    panels.layer_strip(spec, res)
+    side_by_side = compared(spec, req, presets)
+    panels.memory_charts(spec, req, res, side_by_side, presets)
+    panels.cost(spec, req, res)
+    panels.gap(spec, req, res)
+    _table(side_by_side)
     if st.session_state["mem_source"] == "import":
         st.caption("The link in the address bar carries these settings, not the imported config.json.")

@@ -1,0 +1,61 @@
+"""The calculator page's only contact with the engine (which imports torch; kvviz.memory may not):
+kvviz's own model shapes for the presets, and the bytes its live caches really allocate, so the
+page can put the calculator's figure next to a measurement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvviz.memory import BUILTIN_PREFIX
+
+SHAPES_SOURCE = "kvviz/engine/load.py RANDOM_SHAPES"
+
+
+def engine_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
+    """kvviz's random shapes (as plain dicts) and the shipped model's config.json path."""
+    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES
+
+    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, DEFAULT_MODEL_DIR / "config.json"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One cache kind: what it holds and the bytes its tensors hold (``nbytes``, on the meta device)."""
+
+    kind: str  # "static" or "concat"
+    tokens: int  # positions its buffers hold
+    bytes_allocated: int
+
+
+def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> list[Measured] | None:
+    """Build each engine cache for a built-in model and read its bytes; None when kvviz does not run
+    this model or cannot cache this dtype. Meta tensors: exact nbytes, nothing allocated."""
+    if not preset_key.startswith(BUILTIN_PREFIX):
+        return None
+    import torch
+
+    from kvviz.engine.cache import CACHE_KINDS
+    from kvviz.engine.load import DEFAULT_MODEL_DIR, DTYPES, RANDOM_SHAPES, config_from_json, read_config
+
+    if kv_dtype not in DTYPES:
+        return None
+    name = preset_key.removeprefix(BUILTIN_PREFIX)
+    if name == "default":
+        cfg = config_from_json(read_config(DEFAULT_MODEL_DIR))[0]
+    elif name.startswith("random:") and name.removeprefix("random:") in RANDOM_SHAPES:
+        cfg = RANDOM_SHAPES[name.removeprefix("random:")]
+    else:
+        return None
+    dtype, t = DTYPES[kv_dtype], min(seq_len, cfg.block_size)
+    out = []
+    for kind, cls in CACHE_KINDS.items():
+        cache = cls(cfg, batch=batch, device="meta", dtype=dtype)
+        if kind != "static":  # a growing cache holds what was written: write t tokens into every layer
+            kv = torch.empty((batch, cfg.kv_heads, t, cfg.head_dim), device="meta", dtype=dtype)
+            for i in range(cfg.n_layer):
+                cache.update(i, kv, kv)
+            cache.advance(t)
+        out.append(Measured(kind, cfg.block_size if kind == "static" else t, cache.bytes_allocated))
+    return out
