@@ -1,7 +1,7 @@
 """``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.memory.
 
 This layer may import the engine; kvviz.memory may not. So kvviz's own model shapes are read
-here (``engine_shapes``) and handed to ``kvviz.memory.builtin_specs``; the page does the same.
+here (``engine.load.builtin_shapes``) and handed to ``kvviz.memory.builtin_specs``; the page does the same.
 """
 from __future__ import annotations
 
@@ -21,16 +21,11 @@ from kvviz.memory import (
 _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 
-def engine_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
-    """kvviz's random shapes (as plain dicts) and the shipped model's config.json path, from the engine."""
-    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES  # torch: imported only when asked for
-
-    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, DEFAULT_MODEL_DIR / "config.json"
-
-
 def all_presets() -> dict[str, ModelSpec]:
     """Published presets first, then kvviz's own models."""
-    shapes, shipped = engine_shapes()
+    from kvviz.engine.load import builtin_shapes  # torch: imported only when the presets are asked for
+
+    shapes, shipped = builtin_shapes()
     return with_builtins(builtin_specs(shapes, shipped, "kvviz/engine/load.py RANDOM_SHAPES"))
 
 

@@ -6,7 +6,6 @@ c_attn 4x12, c_proj 4x4, MLP 4x16 and 16x4; attention costs 2*2*C per key seen.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvviz.units import kv_bytes_per_token
 from kvviz.engine.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes

@@ -101,6 +101,12 @@ class LoadedModel:
         return self.gpt.num_params()
 
 
+def builtin_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
+    """kvviz's random shapes as plain dicts, and the shipped model's config.json: what the memory
+    calculator lists as kvviz's own models (it may not import the engine, so this is handed in)."""
+    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, DEFAULT_MODEL_DIR / "config.json"
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

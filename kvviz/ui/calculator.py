@@ -19,7 +19,8 @@ from kvviz.memory import (
     with_builtins,
 )
 from kvviz.ui import calculator_panels as panels
-from kvviz.ui.calculator_engine import SHAPES_SOURCE, engine_shapes
+from kvviz.engine.load import builtin_shapes
+from kvviz.ui.calculator_engine import SHAPES_SOURCE
 from kvviz.ui.calculator_links import (
     CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
 )
@@ -233,7 +234,7 @@ def _table(rows_of: list[tuple[ModelSpec, MemoryResult]]) -> None:
 
 def _presets() -> dict[str, ModelSpec]:
     """Published presets, then kvviz's own models, whose shapes the engine hands in (kvviz.memory may not import it)."""
-    shapes, shipped = engine_shapes()
+    shapes, shipped = builtin_shapes()
     return with_builtins(builtin_specs(shapes, shipped, SHAPES_SOURCE))
 
 

@@ -5,19 +5,10 @@ page can put the calculator's figure next to a measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from kvviz.memory import BUILTIN_PREFIX
 
 SHAPES_SOURCE = "kvviz/engine/load.py RANDOM_SHAPES"
-
-
-def engine_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
-    """kvviz's random shapes (as plain dicts) and the shipped model's config.json path."""
-    from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES
-
-    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, DEFAULT_MODEL_DIR / "config.json"
 
 
 @dataclass(frozen=True)
