@@ -1,0 +1,367 @@
+"""The Llama family (SmolLM2, TinyLlama, Llama 2/3 without rope scaling): RMSNorm, RoPE, SwiGLU, GQA.
+
+Parameter names are transformers' ``LlamaForCausalLM`` names (``model.embed_tokens``,
+``model.layers.{i}.self_attn.q_proj``, ..., ``model.norm``, ``lm_head``), so a Hugging Face
+safetensors folder loads without renaming; the GGUF reader maps llama.cpp's names onto them.
+
+Same contract as the GPT-2 family: ``forward(idx, input_pos, cache, capture, last_only)``
+writes the new K/V through ``cache.update`` and never advances the cache (the generator does).
+The K written to the cache is post-RoPE, as in transformers, so a cached key is never rotated
+twice and the captured q/k give the attention weights the model really used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvviz.engine.cache import KVCache
+    from kvviz.engine.capture import ForwardCapture
+
+# Bounds that no real Llama comes near; a config past them is a lying header or a typo, and
+# refusing it early avoids a multi-GB allocation (the RoPE tables alone are block_size x head_dim).
+MAX_VOCAB = 1 << 21
+MAX_BLOCK = 1 << 20
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_WIDTH = 1 << 16
+MAX_HEAD_DIM = 1024
+MAX_ROPE_ENTRIES = 1 << 27  # block_size * head_dim: 1 GiB of fp32 cos + sin tables
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    model_type: ClassVar[str] = "llama"  # the family, as config.json and GGUF name it
+
+    vocab_size: int = 49152  # tokens in the vocabulary (rows of embed_tokens and lm_head)
+    block_size: int = 2048  # maximum context (max_position_embeddings): rows of the RoPE tables
+    n_layer: int = 30  # decoder layers (num_hidden_layers)
+    n_head: int = 9  # query heads per attention layer (num_attention_heads)
+    n_kv_head: int | None = None  # K/V heads; None = n_head (MHA), fewer = GQA, 1 = MQA
+    n_embd: int = 576  # residual stream width (hidden_size)
+    head_dim: int | None = None  # width of one head; None = n_embd // n_head (may differ, e.g. Gemma-style)
+    intermediate_size: int = 1536  # SwiGLU hidden width (gate/up rows, down columns)
+    rope_theta: float = 10000.0  # RoPE base: frequencies are theta^(-2i/head_dim)
+    rms_norm_eps: float = 1e-5  # epsilon inside RMSNorm's rsqrt
+    tie_word_embeddings: bool = True  # lm_head shares embed_tokens' weight (SmolLM2 does; Llama 2 does not)
+    attention_bias: bool = False  # biases on q/k/v/o projections (transformers' attention_bias)
+    mlp_bias: bool = False  # biases on gate/up/down projections (transformers' mlp_bias)
+    eos_token_id: int | None = None  # end-of-sequence token, if the tokenizer has one
+
+    def __post_init__(self) -> None:
+        # A frozen dataclass still needs its derived defaults filled in; object.__setattr__ is the idiom.
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.head_dim is None and _pos_int(self.n_embd) and _pos_int(self.n_head):
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+        problems = config_problems(self)
+        if problems:
+            raise ValueError("invalid LlamaConfig: " + "; ".join(problems))
+
+    @property
+    def kv_heads(self) -> int:
+        assert self.n_kv_head is not None
+        return self.n_kv_head
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _pos_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def config_problems(c: LlamaConfig) -> list[str]:
+    """Every problem with a config, as sentences; empty when it is valid."""
+    out: list[str] = []
+    bounds = {"vocab_size": MAX_VOCAB, "block_size": MAX_BLOCK, "n_layer": MAX_LAYERS, "n_head": MAX_HEADS,
+              "n_kv_head": MAX_HEADS, "n_embd": MAX_WIDTH, "head_dim": MAX_HEAD_DIM,
+              "intermediate_size": 4 * MAX_WIDTH}
+    for name, hi in bounds.items():
+        v = getattr(c, name)
+        if not _pos_int(v):
+            out.append(f"{name} must be a positive integer (got {v!r})")
+        elif v > hi:
+            out.append(f"{name} = {v:,} is over kvviz's limit of {hi:,}")
+    for name in ("rope_theta", "rms_norm_eps"):
+        v = getattr(c, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            out.append(f"{name} must be a positive finite number (got {v!r})")
+    if isinstance(c.rms_norm_eps, float) and c.rms_norm_eps >= 1:
+        out.append(f"rms_norm_eps must be below 1 (got {c.rms_norm_eps!r})")
+    for name in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        if not isinstance(getattr(c, name), bool):
+            out.append(f"{name} must be true or false (got {getattr(c, name)!r})")
+    if c.eos_token_id is not None and (not isinstance(c.eos_token_id, int) or isinstance(c.eos_token_id, bool)):
+        out.append(f"eos_token_id must be an integer or None (got {c.eos_token_id!r})")
+    if out:
+        return out
+    assert c.n_kv_head is not None and c.head_dim is not None
+    if c.n_head % c.n_kv_head:
+        out.append(f"n_kv_head ({c.n_kv_head}) must divide n_head ({c.n_head})")
+    if c.head_dim % 2:
+        out.append(f"head_dim ({c.head_dim}) must be even: RoPE rotates pairs of dimensions")
+    if c.block_size * c.head_dim > MAX_ROPE_ENTRIES:
+        out.append(f"block_size x head_dim = {c.block_size * c.head_dim:,} is over kvviz's limit of "
+                   f"{MAX_ROPE_ENTRIES:,} for the precomputed RoPE tables")
+    return out
+
+
+def param_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, as in transformers' LlamaForCausalLM (lm_head only if untied).
+
+    The loaders check a checkpoint against this before allocating anything.
+    """
+    assert c.head_dim is not None
+    C, q_out, kv_out, H = c.n_embd, c.n_head * c.head_dim, c.kv_heads * c.head_dim, c.intermediate_size
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, C)}
+    for i in range(c.n_layer):
+        p = f"model.layers.{i}."
+        linears = {"self_attn.q_proj": (q_out, C), "self_attn.k_proj": (kv_out, C),
+                   "self_attn.v_proj": (kv_out, C), "self_attn.o_proj": (C, q_out),
+                   "mlp.gate_proj": (H, C), "mlp.up_proj": (H, C), "mlp.down_proj": (C, H)}
+        for name, shape in linears.items():
+            out[p + name + ".weight"] = shape
+            if c.attention_bias if name.startswith("self_attn") else c.mlp_bias:
+                out[p + name + ".bias"] = shape[:1]
+        out[p + "input_layernorm.weight"] = (C,)
+        out[p + "post_attention_layernorm.weight"] = (C,)
+    out["model.norm.weight"] = (C,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, C)
+    return out
+
+
+def rope_tables(c: LlamaConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position 0..block_size-1, each (block_size, head_dim), in fp32.
+
+    Computed exactly as transformers' default rotary embedding (same fp32 ops in the same
+    order), so the tables match its on-the-fly values bit for bit.
+    """
+    assert c.head_dim is not None
+    hs = c.head_dim
+    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.int64, device=device).float() / hs))
+    pos = torch.arange(c.block_size, device=device).float()
+    freqs = torch.outer(pos, inv_freq)  # (block_size, hs/2): one rounding, like HF's (hs/2, 1) @ (1, T)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (block_size, hs): HF's half-split layout, not interleaved
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, nh, T, hs) by the angles of its positions; cos/sin are (T, hs)."""
+    return x * cos + rotate_half(x) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalised in fp32 and cast back before the scale, exactly as transformers does, so
+        # bf16/fp16 runs round at the same points as the reference.
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        assert config.head_dim is not None
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
+        self.head_dim = config.head_dim
+        C, b = config.n_embd, config.attention_bias
+        self.q_proj = nn.Linear(C, self.n_head * self.head_dim, bias=b)
+        self.k_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b)
+        self.v_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, C, bias=b)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: "KVCache | None",
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        capture: "ForwardCapture | None",
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
+        q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = self.v_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            # Writes the new positions and returns every cached position: (B, nkv, S, hs).
+            k, v = cache.update(self.layer_idx, k, v)
+        if capture is not None and self.layer_idx in capture.layers:
+            capture.q_last[self.layer_idx] = q[:, :, -1:, :]  # (B, nh, 1, hs), post-RoPE
+            capture.k[self.layer_idx] = k
+            capture.v[self.layer_idx] = v
+        # enable_gqa lets SDPA share each K/V head across n_head / n_kv_head query heads
+        # without materialising repeated K/V.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                           enable_gqa=nkv != nh)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
+        return self.o_proj(y)  # (B, T, C)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        C, H, b = config.n_embd, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(C, H, bias=b)
+        self.up_proj = nn.Linear(C, H, bias=b)
+        self.down_proj = nn.Linear(H, C, bias=b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # SwiGLU: the SiLU-gated branch scales the linear one.
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x, cos, sin, cache, mask, is_causal, capture):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask, is_causal, capture)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = nn.ModuleDict(
+            dict(
+                embed_tokens=nn.Embedding(config.vocab_size, config.n_embd),
+                layers=nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.n_layer)]),
+                norm=RMSNorm(config.n_embd, config.rms_norm_eps),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.tie_weights()
+        # Derived, not learned: non-persistent, so they stay out of the state dict, follow .to(),
+        # and are cast with the model (transformers also casts cos/sin to the activations' dtype).
+        cos, sin = rope_tables(config)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs)
+        self.register_buffer("rope_sin", sin, persistent=False)  # (block_size, hs)
+
+    @classmethod
+    def from_state_dict(cls, config: LlamaConfig, sd: dict[str, torch.Tensor]) -> "Llama":
+        """A model that adopts the given tensors (no copy, no random init).
+
+        Built on the meta device so the random weights of __init__ are never allocated; the
+        tensors must already have the shapes of ``param_shapes(config)`` (the loaders check).
+        """
+        with torch.device("meta"):
+            model = cls(config)
+        if config.tie_word_embeddings:
+            sd = {**sd, "lm_head.weight": sd["model.embed_tokens.weight"]}
+        model.load_state_dict(sd, strict=True, assign=True)
+        model.tie_weights()  # assign gave lm_head its own Parameter; share embed_tokens' again
+        device = sd["model.embed_tokens.weight"].device
+        dtype = sd["model.embed_tokens.weight"].dtype
+        cos, sin = rope_tables(config, device)
+        model.rope_cos, model.rope_sin = cos.to(dtype), sin.to(dtype)
+        return model
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def freeze(self) -> "Llama":
+        """Eval mode and no grads: the model is shared read-only across app sessions."""
+        self.eval()
+        self.requires_grad_(False)
+        return self
+
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """transformers' Llama initialisation: N(0, 0.02) matrices, zero biases, unit norms."""
+        for name, p in self.named_parameters():  # a tied lm_head is listed once, as embed_tokens
+            with torch.no_grad():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02, generator=generator)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, a tied head counted once. non_embedding drops the input table when the
+        LM head does not reuse it (Llama has no position embeddings to drop)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and not self.config.tie_word_embeddings:
+            n -= self.model.embed_tokens.weight.numel()
+        return n
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        input_pos: torch.Tensor | None = None,
+        cache: "KVCache | None" = None,
+        capture: "ForwardCapture | None" = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for ``idx`` (B, T).
+
+        input_pos: (T,) absolute positions of the tokens; defaults to ``cache.pos + arange(T)``.
+            They index the RoPE tables and, in a chunked prefill, the mask.
+        cache: with one, K/V of the new positions are written at ``cache.pos`` and attention
+            covers every cached position (prefill, decode, or chunked prefill). Without one the
+            whole sequence is processed under a causal mask.
+        last_only: compute logits for the last position only (all generation needs).
+        Returns (B, T, V), or (B, 1, V) with last_only.
+        """
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        end = start + T
+        if end > self.config.block_size:
+            raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
+        if input_pos is None:
+            input_pos = torch.arange(start, end, device=idx.device)
+        # Attention mask, built once per forward rather than once per layer.
+        mask: torch.Tensor | None = None
+        is_causal = False
+        if T > 1:
+            if start == 0:
+                is_causal = True  # plain prefill: SDPA's own causal path
+            else:
+                # Chunked prefill: query i (at input_pos[i]) sees keys 0..input_pos[i].
+                keys = torch.arange(end, device=idx.device)
+                mask = keys[None, :] <= input_pos[:, None]  # (T, S)
+        cos = self.rope_cos.index_select(0, input_pos)  # (T, hs)
+        sin = self.rope_sin.index_select(0, input_pos)  # (T, hs)
+        x = self.model.embed_tokens(idx)  # (B, T, C)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, mask, is_causal, capture)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        x = self.model.norm(x)
+        return self.lm_head(x)  # (B, T|1, V)
