@@ -2,8 +2,8 @@
 
 Why: GGUFReader trusts every count and length in the header. A truncated file or a lying
 header makes it fail with numpy's words ("cannot reshape array of size 214336 into shape
-(49152,612)"), and an array length of 2**60 makes it loop, appending empty slices, until memory
-runs out. This walk reads only the header (metadata and tensor directory, a few MB at most),
+(49152,612)"), and an array of one-byte values (bool, u8) claiming 2**60 items makes it loop,
+appending empty slices, until memory runs out (measured: still running after 20 s). This walk reads only the header (metadata and tensor directory, a few MB at most),
 checks every length against the file's size, and says in plain words what is wrong.
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 metadata
@@ -128,7 +128,7 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
     # Each metadata entry takes at least 12 bytes and each tensor entry at least 24.
     if n_kv * 12 + n_tensors * 24 > w.size:
         raise KVVizError(f"{where}'s header claims {n_kv:,} metadata entries and {n_tensors:,} tensors, "
-                         f"more than its {w.size:,} bytes can hold: the header is corrupt")
+                         f"more than its {w.size:,} bytes can hold: the file is truncated or its header is corrupt")
     alignment = DEFAULT_ALIGNMENT
     for i in range(n_kv):
         key_bytes = w.string(f"metadata key #{i}")

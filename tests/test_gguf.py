@@ -1,0 +1,266 @@
+"""GGUF reading: small Llama files written with gguf.GGUFWriter the way llama.cpp's converter
+writes them (its names, its Q/K row permutation, its quant types), checked against the original
+transformers model and against transformers' own GGUF loader; and every bad file gets a
+KVVizError that names the problem."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+
+from kvviz.engine.gguf import load_gguf, tokenizer_metadata, unpermute_rope_rows
+from kvviz.engine.load_llama import load_llama_gguf
+from kvviz.errors import KVVizError
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+Q = gguf.GGMLQuantizationType
+
+# hidden 64, 4 query heads of 32 (4 x 32 != 64) sharing 2 K/V heads: GQA and head_dim != C/nh
+# at once, the two places where undoing the permutation with the wrong head count would show.
+HF_SHAPE: dict[str, Any] = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                max_position_embeddings=48, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                                initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+LAYER_NAMES = {  # transformers -> llama.cpp, inside blk.{i}
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+# One of each supported type, spread over the tensors (llama.cpp keeps norms in F32).
+MIXED = {"token_embd": Q.Q8_0, "attn_q": Q.F16, "attn_k": Q.BF16, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,
+         "ffn_gate": Q.Q8_0, "ffn_up": Q.Q4_1, "ffn_down": Q.Q4_0, "output": Q.F16}
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute (n_head already the K/V count for K)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def make_hf(**overrides: Any) -> Any:
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**HF_SHAPE, **overrides}))
+    with torch.no_grad():
+        hf.model.norm.weight.mul_(10.0)  # spread the logits (see test_llama.save_hf_llama)
+    return hf.eval()
+
+
+def gguf_tensors(hf: Any) -> dict[str, np.ndarray]:
+    """The model's weights under llama.cpp's names and row order, fp32 numpy."""
+    c = hf.config
+    out: dict[str, np.ndarray] = {}
+    for name, t in hf.state_dict().items():
+        w = t.detach().float().numpy()
+        if name == "model.embed_tokens.weight":
+            out["token_embd.weight"] = w
+        elif name == "model.norm.weight":
+            out["output_norm.weight"] = w
+        elif name == "lm_head.weight":
+            if not c.tie_word_embeddings:
+                out["output.weight"] = w
+        else:
+            _, _, i, rest = name.split(".", 3)  # model.layers.{i}.{rest}
+            part = rest.removesuffix(".weight")
+            if part.endswith("q_proj"):
+                w = llamacpp_permute(w, c.num_attention_heads)
+            elif part.endswith("k_proj"):
+                w = llamacpp_permute(w, c.num_key_value_heads)
+            out[f"blk.{i}.{LAYER_NAMES[part]}.weight"] = w
+    return out
+
+
+def write_gguf(path: Path, hf: Any, types: dict[str, Any] | None = None, arch: str = "llama",
+               edit: Callable[[Any, dict[str, np.ndarray]], None] | None = None) -> Path:
+    """Write ``hf`` as llama.cpp would; ``types`` maps a tensor's short name to its quant type;
+    ``edit(writer, tensors)`` may add metadata or change tensors before they are written."""
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), arch)
+    p = arch + "."
+    for key, val in [("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
+                     ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
+                     ("attention.head_count", c.num_attention_heads),
+                     ("attention.head_count_kv", c.num_key_value_heads), ("vocab_size", c.vocab_size),
+                     ("attention.key_length", c.head_dim), ("attention.value_length", c.head_dim),
+                     ("rope.dimension_count", c.head_dim)]:
+        w.add_uint32(p + key, val)
+    w.add_float32(p + "rope.freq_base", c.rope_parameters["rope_theta"])
+    w.add_float32(p + "attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_token_list([f"<t{i}>" for i in range(c.vocab_size)])
+    w.add_eos_token_id(2)
+    w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    tensors = gguf_tensors(hf)
+    if edit is not None:
+        edit(w, tensors)
+    for name, arr in tensors.items():
+        short = name.split(".")[-2]
+        qtype = (types or {}).get(short, Q.F32) if arr.ndim == 2 else Q.F32
+        if qtype == Q.F32:
+            w.add_tensor(name, arr)
+        elif qtype == Q.F16:
+            w.add_tensor(name, arr.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> Any:
+    return make_hf()
+
+
+@pytest.fixture(scope="module")
+def f32_file(hf_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-f32.gguf", hf_model)
+
+
+def test_f32_gguf_gives_back_the_original_weights(hf_model: Any, f32_file: Path) -> None:
+    g = load_gguf(f32_file)
+    assert g.config.head_dim == 32 and g.config.kv_heads == 2 and g.config.rope_theta == 50000.0
+    assert g.config.tie_word_embeddings and g.config.eos_token_id == 2
+    ref = {k: v for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    assert set(g.state_dict) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(g.state_dict[k], v), k  # the unpermutation inverts llama.cpp's exactly
+    model = load_llama_gguf(f32_file).model
+    idx = torch.tensor([[3, 14, 15, 92, 65, 35, 8, 9]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(idx), hf_model(idx).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_unpermute_inverts_llamacpp_for_every_head_count() -> None:
+    w = torch.arange(12 * 8 * 5, dtype=torch.float32).view(96, 5)  # 96 rows = 12 heads of 8, 6 of 16, ...
+    for n_head in (1, 2, 3, 6, 12):
+        permuted = torch.from_numpy(llamacpp_permute(w.numpy(), n_head).copy())
+        assert not torch.equal(permuted, w)
+        assert torch.equal(unpermute_rope_rows(permuted, n_head), w)
+
+
+def test_every_supported_type_matches_transformers_gguf_loader(tmp_path: Path) -> None:
+    hf = make_hf(tie_word_embeddings=False)  # an output.weight too
+    path = write_gguf(tmp_path / "mixed.gguf", hf, MIXED)
+    g = load_gguf(path)
+    assert g.info["tensor_types"] == {"Q8_0": 3, "F16": 3, "BF16": 2, "Q4_0": 4, "Q4_1": 4, "F32": 5}
+    assert not g.config.tie_word_embeddings
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name,
+                                                                  dtype=torch.float32).eval()
+    ref = ref_model.state_dict()
+    for k, v in g.state_dict.items():
+        assert torch.equal(v, ref[k]), k
+    model = load_llama_gguf(path).model
+    idx = torch.tensor([[7, 1, 60, 33, 2, 95, 48]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(idx), ref_model(idx).logits, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_load(f32_file: Path, dtype: torch.dtype) -> None:
+    out = load_llama_gguf(f32_file, dtype)
+    m = out.model
+    assert {p.dtype for p in m.parameters()} == {dtype} and m.rope_cos.dtype == dtype
+    assert out.info["weights_bytes"] == 2 * m.num_params()
+    full = load_llama_gguf(f32_file).model
+    idx = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.inference_mode():
+        assert (m(idx).float().argmax(-1) == full(idx).argmax(-1)).float().mean() >= 0.8
+
+
+def test_tokenizer_metadata_is_exposed(f32_file: Path) -> None:
+    meta = tokenizer_metadata(f32_file)
+    assert meta["tokenizer.ggml.tokens"][:2] == ["<t0>", "<t1>"] and len(meta["tokenizer.ggml.tokens"]) == 96
+    assert meta["tokenizer.ggml.eos_token_id"] == 2
+    assert meta["tokenizer.chat_template"].startswith("{% for m in messages %}")
+    assert load_gguf(f32_file).tokenizer_metadata == meta
+
+
+# ---- bad files --------------------------------------------------------------------------------
+
+def _add(key: str, value: Any) -> Callable[[Any, dict[str, np.ndarray]], None]:
+    def edit(w: Any, tensors: dict[str, np.ndarray]) -> None:
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_uint32(key, value)
+    return edit
+
+
+def _shape(name: str, arr: np.ndarray) -> Callable[[Any, dict[str, np.ndarray]], None]:
+    def edit(w: Any, tensors: dict[str, np.ndarray]) -> None:
+        tensors[name] = arr
+    return edit
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(arch="qwen2"), "GGUF architecture 'qwen2' is not supported; kvviz reads llama"),
+    (dict(types={"attn_v": Q.Q5_0}), "tensor blk.0.attn_v.weight is Q5_0; kvviz dequantizes F32, F16, BF16, Q4_0"),
+    (dict(edit=_shape("blk.1.attn_k.weight", np.zeros((32, 64), np.float32))),
+     r"tensor blk.1.attn_k.weight has shape \(32, 64\), but the metadata implies \(64, 64\)"),
+    (dict(edit=_shape("rope_freqs.weight", np.ones(16, np.float32))), "rope_freqs .Llama 3.1-style RoPE scaling"),
+    (dict(edit=_shape("blk.0.attn_q.bias", np.ones(128, np.float32))), "has tensor blk.0.attn_q.bias, which"),
+    (dict(edit=_add("llama.expert_count", 8)), "mixture-of-experts"),
+    (dict(edit=_add("llama.rope.scaling.type", "yarn")), "RoPE scaling 'yarn'"),
+])
+def test_bad_gguf_files_name_the_problem(hf_model: Any, tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    path = write_gguf(tmp_path / "bad.gguf", hf_model, **kwargs)
+    with pytest.raises(KVVizError, match=message):
+        load_gguf(path)
+
+
+def test_missing_tensor(hf_model: Any, tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "bad.gguf", hf_model, edit=lambda w, t: t.pop("blk.1.ffn_up.weight"))
+    with pytest.raises(KVVizError, match="bad.gguf is missing tensors: model.layers.1.mlp.up_proj.weight"):
+        load_gguf(path)
+
+
+def test_lying_metadata_value(hf_model: Any, tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "bad.gguf", hf_model, edit=_add("llama.attention.head_count_kv", 3))
+    with pytest.raises(KVVizError, match="GGUF metadata describes an invalid model.*must divide n_head"):
+        load_gguf(path)
+
+
+def _patched(src: Path, dst: Path, at: int, fmt: str, value: int) -> Path:
+    data = bytearray(src.read_bytes())
+    struct.pack_into(fmt, data, at, value)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_corrupt_headers(hf_model: Any, f32_file: Path, tmp_path: Path) -> None:
+    cases = [
+        (_patched(f32_file, tmp_path / "v9.gguf", 4, "<I", 9), "is GGUF version 9; kvviz reads"),
+        (_patched(f32_file, tmp_path / "count.gguf", 8, "<Q", 1 << 40), "header claims 16 metadata entries and 1,099,511,627,776 tensors, more than its"),
+    ]
+    # Array lengths of 2**60: on a bool array GGUFReader alone loops until memory runs out.
+    bools = write_gguf(tmp_path / "bools.gguf", hf_model, edit=lambda w, t: w.add_key_value(
+        "kvviz.flags", [True, False, True], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL))
+    for src, key, n in [(f32_file, "tokenizer.ggml.tokens", 96), (bools, "kvviz.flags", 3)]:
+        data = src.read_bytes()
+        at = data.index(key.encode()) + len(key) + 4 + 4  # past the key, u32 type (array), u32 item type
+        assert struct.unpack_from("<Q", data, at)[0] == n
+        cases.append((_patched(src, tmp_path / f"{key}.gguf", at, "<Q", 1 << 60),
+                      f"truncated or corrupt: metadata '{key}' at byte {at + 8:,} needs"))
+    (tmp_path / "junk.gguf").write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
+    cases.append((tmp_path / "junk.gguf", r"junk.gguf is not a GGUF file \(it starts with b'PK"))
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    cases.append((tmp_path / "empty.gguf", "empty.gguf is empty"))
+    cases.append((tmp_path / "absent.gguf", "no such GGUF file"))
+    for path, message in cases:
+        with pytest.raises(KVVizError, match=message):
+            load_gguf(path)
+
+
+def test_truncated_tiny_file(f32_file: Path, tmp_path: Path) -> None:
+    data = f32_file.read_bytes()
+    for n in (3, 20, 200, len(data) // 2, len(data) - 1):
+        path = tmp_path / f"cut{n}.gguf"
+        path.write_bytes(data[:n])
+        with pytest.raises(KVVizError, match="truncated|not a GGUF file"):
+            load_gguf(path)

