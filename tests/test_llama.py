@@ -187,6 +187,7 @@ def test_random_init_is_seeded_and_runs() -> None:
     (dict(block_size=1 << 20, head_dim=512), "precomputed RoPE tables"),
     (dict(rope_theta=float("nan")), "rope_theta must be a positive finite number"),
     (dict(rms_norm_eps=-1.0), "rms_norm_eps must be a positive finite number"),
+    (dict(rms_norm_eps=1), "rms_norm_eps must be below 1.0"),
     (dict(tie_word_embeddings="yes"), "tie_word_embeddings must be true or false"),
 ])
 def test_config_rejects_bad_values(overrides: dict[str, Any], message: str) -> None:

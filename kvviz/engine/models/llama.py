@@ -93,12 +93,12 @@ def config_problems(c: LlamaConfig) -> list[str]:
             out.append(f"{name} must be a positive integer (got {v!r})")
         elif v > hi:
             out.append(f"{name} = {v:,} is over kvviz's limit of {hi:,}")
-    for name in ("rope_theta", "rms_norm_eps"):
+    for name, hi in (("rope_theta", math.inf), ("rms_norm_eps", 1.0)):
         v = getattr(c, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             out.append(f"{name} must be a positive finite number (got {v!r})")
-    if isinstance(c.rms_norm_eps, float) and c.rms_norm_eps >= 1:
-        out.append(f"rms_norm_eps must be below 1 (got {c.rms_norm_eps!r})")
+        elif v >= hi:
+            out.append(f"{name} must be below {hi} (got {v!r})")
     for name in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
         if not isinstance(getattr(c, name), bool):
             out.append(f"{name} must be true or false (got {getattr(c, name)!r})")
