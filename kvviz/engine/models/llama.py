@@ -258,9 +258,13 @@ class Llama(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
+        # The embedding starts uninitialised (init_weights or a checkpoint fills it): nn.Embedding's
+        # own normal_ init, run on the meta device by from_state_dict, would import torch's Python
+        # decompositions (sympy and co.), ~2 s of cold start for a table about to be replaced.
+        table = torch.empty(config.vocab_size, config.n_embd)
         self.model = nn.ModuleDict(
             dict(
-                embed_tokens=nn.Embedding(config.vocab_size, config.n_embd),
+                embed_tokens=nn.Embedding(config.vocab_size, config.n_embd, _weight=table),
                 layers=nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.n_layer)]),
                 norm=RMSNorm(config.n_embd, config.rms_norm_eps),
             )
@@ -269,7 +273,8 @@ class Llama(nn.Module):
         self.tie_weights()
         # Derived, not learned: non-persistent, so they stay out of the state dict, follow .to(),
         # and are cast with the model (transformers also casts cos/sin to the activations' dtype).
-        cos, sin = rope_tables(config)
+        # Computed on the CPU even inside a meta-device context (same import cost as above).
+        cos, sin = rope_tables(config, "cpu")
         self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs)
         self.register_buffer("rope_sin", sin, persistent=False)  # (block_size, hs)
 
@@ -286,10 +291,9 @@ class Llama(nn.Module):
             sd = {**sd, "lm_head.weight": sd["model.embed_tokens.weight"]}
         model.load_state_dict(sd, strict=True, assign=True)
         model.tie_weights()  # assign gave lm_head its own Parameter; share embed_tokens' again
-        device = sd["model.embed_tokens.weight"].device
-        dtype = sd["model.embed_tokens.weight"].dtype
-        cos, sin = rope_tables(config, device)
-        model.rope_cos, model.rope_sin = cos.to(dtype), sin.to(dtype)
+        like = sd["model.embed_tokens.weight"]
+        model.rope_cos = model.rope_cos.to(like.device, like.dtype)
+        model.rope_sin = model.rope_sin.to(like.device, like.dtype)
         return model
 
     def tie_weights(self) -> None:
