@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvviz.engine.chat import chat_prompt
 from kvviz.engine.generate import generate
 from kvviz.engine.gguf import load_gguf
 from kvviz.engine.load import LoadedModel, load_model
@@ -73,10 +74,11 @@ def test_smollm2_greedy_30_tokens_cached_and_uncached(smollm2: LoadedModel, hf_s
     # transformers runs all 30 steps: its 30th token happens to be EOS (<|im_end|>, id 2)
     assert len(ref) == 30 and ref[-1] == IM_END
     assert ref[:2] == [PARIS, DOT]  # " Paris." as transformers says
-    if smollm2.has_tokenizer:  # once the GGUF tokenizer is wired in (issue 17's other half)
-        assert smollm2.tokenizer.decode(ref[:2]) == " Paris."
     for cache_kind in ("static", "concat", None):
         assert greedy(smollm2, CAPITAL, 30, cache_kind) == (ref, "eos"), cache_kind
+    # The same from text, through the GGUF tokenizer load_model built from the same reader.
+    run = generate(smollm2, prompt="The capital of France is", max_new_tokens=4, greedy=True)
+    assert run.prompt_ids == tuple(CAPITAL) and run.text.startswith(" Paris.")
 
 
 def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: Any) -> None:
@@ -84,6 +86,8 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
         ref = hf_smollm2.generate(torch.tensor([CHAT]), max_new_tokens=12, do_sample=False)[0, len(CHAT):].tolist()
     # "The capital of France is Paris.<|im_end|>": transformers stops on EOS, and so does kvviz.
     assert ref == CAPITAL + [PARIS, DOT, IM_END]
+    prompt = chat_prompt(smollm2.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    assert list(prompt.ids) == CHAT
     assert greedy(smollm2, CHAT, 12, "static") == (ref, "eos")
 
 

@@ -22,6 +22,7 @@ from kvviz.engine.config import GPTConfig
 from kvviz.engine.load_llama import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
+from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer
 from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
@@ -271,19 +272,10 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
 
 
 def _gguf_tokenizer(reader: Any) -> Tokenizer | None:
-    """The tokenizer a GGUF file describes, built from the reader already open on it.
-
-    SEAM (issue 17): the builder is a colleague's module, ``kvviz.engine.tokenizer_gguf``
-    (``load_gguf_tokenizer(reader)``). Until it is on main, GGUF models load with ids only;
-    so does a file without tokenizer metadata.
-    """
+    """The tokenizer a GGUF file describes, built from the reader already open on it (parsing
+    SmolLM2's 49k-token metadata costs seconds: once is enough). None for a file without one:
+    that model loads with ids only."""
     if "tokenizer.ggml.model" not in reader.fields:
-        return None
-    try:
-        from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer  # type: ignore[import-not-found]
-    except ModuleNotFoundError as e:
-        if e.name != "kvviz.engine.tokenizer_gguf":
-            raise
         return None
     return load_gguf_tokenizer(reader)
 
