@@ -257,3 +257,12 @@ def test_hf_folder_reports_cost(hf_folder: Path) -> None:
     half = load_llama_folder(hf_folder, _edit_config(hf_folder), torch.bfloat16)
     assert half.info["weights_bytes"] == 2 * m.num_params()
     assert half.model.model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_tying_follows_the_checkpoint_when_config_json_is_silent(pair: Any, hf_folder: Path) -> None:
+    """transformers' LlamaConfig default for tie_word_embeddings changed across versions; without
+    the key, a stored lm_head.weight means untied and its absence means tied."""
+    for folder, tied in ((hf_folder, True), (pair("untied")[2], False)):
+        raw = json.loads((folder / "config.json").read_text())
+        raw.pop("tie_word_embeddings")
+        assert load_llama_folder(folder, raw).model.config.tie_word_embeddings is tied
