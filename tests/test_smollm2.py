@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.chat import chat_prompt
 from kvviz.engine.generate import generate
 from kvviz.engine.gguf import load_gguf
 from kvviz.engine.load import LoadedModel, load_model
@@ -86,9 +85,11 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
         ref = hf_smollm2.generate(torch.tensor([CHAT]), max_new_tokens=12, do_sample=False)[0, len(CHAT):].tolist()
     # "The capital of France is Paris.<|im_end|>": transformers stops on EOS, and so does kvviz.
     assert ref == CAPITAL + [PARIS, DOT, IM_END]
-    prompt = chat_prompt(smollm2.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
-    assert list(prompt.ids) == CHAT
     assert greedy(smollm2, CHAT, 12, "static") == (ref, "eos")
+    # The same from the question, through the model's own chat template (generate(chat=True)).
+    run = generate(smollm2, prompt="What is the capital of France?", chat=True, max_new_tokens=12, greedy=True)
+    assert run.prompt_ids == tuple(CHAT) and run.generated_ids == ref
+    assert (run.text, run.stop_reason) == ("The capital of France is Paris.<|im_end|>", "eos")
 
 
 def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:
