@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.load import DEFAULT_MODEL_DIR, load_folder, resolve_device, save_model
+from kvviz.engine.load import SHAKESPEARE_DIR, load_folder, resolve_device, save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
 from kvviz.measure.machine import cpu_name
@@ -31,7 +31,7 @@ VAL_FRACTION = 0.1
 @dataclass(frozen=True)
 class TrainConfig:
     corpus: str
-    out: str = str(DEFAULT_MODEL_DIR)
+    out: str = str(SHAKESPEARE_DIR)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256

@@ -217,7 +217,7 @@ def test_tokenizer_bigger_than_the_model_vocabulary(make_model: Callable[..., Lo
 
 # ----------------------------------------------------------------------------- the default model
 def test_default_model_missing_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checkpoints, "DEFAULT_MODEL_DIR", tmp_path / "shakespeare")
+    monkeypatch.setattr(checkpoints, "SHAKESPEARE_DIR", tmp_path / "shakespeare")
     with pytest.raises(kvviz.KVVizError, match="default model is missing"):
         load_model("default")
 

@@ -503,11 +503,11 @@ def test_builtin_entries_come_from_random_shapes() -> None:
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_calculator_equals_static_cache_bytes_allocated(dtype: str) -> None:
     from kvviz.engine.cache import StaticKVCache
-    from kvviz.engine.load import DTYPES, RANDOM_SHAPES, config_from_json, read_config, DEFAULT_MODEL_DIR
+    from kvviz.engine.load import DTYPES, RANDOM_SHAPES, config_from_json, read_config, SHAKESPEARE_DIR
 
     configs = dict(RANDOM_SHAPES)
-    if (DEFAULT_MODEL_DIR / "config.json").is_file():  # the shipped model, once it has been trained
-        configs["default"] = config_from_json(read_config(DEFAULT_MODEL_DIR))[0]
+    if (SHAKESPEARE_DIR / "config.json").is_file():  # the shipped model, once it has been trained
+        configs["default"] = config_from_json(read_config(SHAKESPEARE_DIR))[0]
     specs_ = _builtin()
     for name, cfg in configs.items():
         spec = specs_[f"kvviz:random:{name}" if name != "default" else "kvviz:default"]

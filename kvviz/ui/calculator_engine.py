@@ -28,13 +28,13 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
     import torch
 
     from kvviz.engine.cache import CACHE_KINDS
-    from kvviz.engine.load import DEFAULT_MODEL_DIR, DTYPES, RANDOM_SHAPES, config_from_json, read_config
+    from kvviz.engine.load import SHAKESPEARE_DIR, DTYPES, RANDOM_SHAPES, config_from_json, read_config
 
     if kv_dtype not in DTYPES:
         return None
     name = preset_key.removeprefix(BUILTIN_PREFIX)
     if name == "default":
-        cfg = config_from_json(read_config(DEFAULT_MODEL_DIR))[0]
+        cfg = config_from_json(read_config(SHAKESPEARE_DIR))[0]
     elif name.startswith("random:") and name.removeprefix("random:") in RANDOM_SHAPES:
         cfg = RANDOM_SHAPES[name.removeprefix("random:")]
     else:

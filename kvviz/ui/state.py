@@ -20,7 +20,9 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
-from kvviz.engine.load import DEFAULT_MODEL_DIR, RANDOM_SHAPES, config_from_json, read_config, resolve_device
+from kvviz.engine.load import (
+    RANDOM_SHAPES, SHAKESPEARE_DIR, config_from_json, default_model_name, read_config, resolve_device,
+)
 from kvviz.engine.flops import weight_bytes
 from kvviz.fast.heap import freeze_once
 from kvviz.engine.config import GPTConfig
@@ -68,29 +70,35 @@ def resolve_model_folder(name: str) -> Path:
 
 
 def default_model_present() -> bool:
-    return (DEFAULT_MODEL_DIR / "model.safetensors").is_file()
+    return (SHAKESPEARE_DIR / "model.safetensors").is_file()
+
+
+def smollm2_present() -> bool:
+    return default_model_name() == "smollm2"
 
 
 def model_choices() -> list[str]:
-    choices = ["default"] if default_model_present() else []
+    choices = ["smollm2"] if smollm2_present() else []
+    choices += ["shakespeare"] if default_model_present() else []
     choices += [f"random:{name}" for name in RANDOM_SHAPES]
     choices += [FOLDER_PREFIX + name for name in list_model_folders()]
     return choices
 
 
 def default_choice(choices: list[str]) -> str:
-    """$KVVIZ_DEFAULT_MODEL when it is offered (tests use random:tiny), else the shipped model."""
+    """$KVVIZ_DEFAULT_MODEL when it is offered (tests use random:tiny), else SmolLM2, else the
+    shipped byte model."""
     env = os.environ.get("KVVIZ_DEFAULT_MODEL", "")
     if env in choices:
         return env
-    return "default" if "default" in choices else FALLBACK_MODEL
+    return next((c for c in ("smollm2", "shakespeare") if c in choices), FALLBACK_MODEL)
 
 
 def spec_for(choice: str) -> str:
-    """What load_model takes for a choice: 'default', 'random:NAME' or a verified folder path."""
+    """What load_model takes for a choice: a built-in name, 'random:NAME' or a verified folder path."""
     if choice.startswith(FOLDER_PREFIX):
         return str(resolve_model_folder(choice[len(FOLDER_PREFIX):]))
-    if choice == "default" or choice.startswith("random:"):
+    if choice in ("smollm2", "shakespeare") or choice.startswith("random:"):
         return choice
     raise KVVizError(f"unknown model choice {choice!r}")
 
@@ -102,9 +110,14 @@ def choice_config(choice: str) -> GPTConfig:
         if name not in RANDOM_SHAPES:
             raise KVVizError(f"unknown random shape {name!r}")
         return RANDOM_SHAPES[name]
-    folder = DEFAULT_MODEL_DIR if choice == "default" else Path(spec_for(choice))
+    folder = SHAKESPEARE_DIR if choice == "shakespeare" else Path(spec_for(choice))
     cfg, _ = config_from_json(read_config(folder), f"{folder.name}/config.json")
     return cfg
+
+
+BUILTIN_LABELS = {
+    "smollm2": "smollm2: SmolLM2-135M-Instruct (chat)",  # short: the sidebar is narrow
+}
 
 
 def param_count(cfg: GPTConfig) -> int:
@@ -120,12 +133,19 @@ def human_count(n: float) -> str:
 
 
 def choice_label(choice: str) -> str:
+    if choice in BUILTIN_LABELS:
+        return BUILTIN_LABELS[choice]
     try:
         params = human_count(param_count(choice_config(choice)))
     except KVVizError:
+        try:  # a Llama folder: its config is read by the Llama loader, at load time
+            if read_config(Path(spec_for(choice))).get("model_type") == "llama":
+                return f"{choice} (Llama)"
+        except KVVizError:
+            pass
         return f"{choice} (cannot read its config.json)"
-    if choice == "default":
-        return f"default: Shakespeare, {params}"  # short: the sidebar is narrow
+    if choice == "shakespeare":
+        return f"shakespeare: byte-level, {params}"
     return f"{choice} ({params} params)"
 
 
@@ -142,7 +162,9 @@ def available_devices() -> list[str]:
 
 def _file_stamp(spec: str) -> float:
     """The weights' modification time, so a retrained or replaced model is loaded afresh."""
-    folder = DEFAULT_MODEL_DIR if spec == "default" else Path(spec)
+    if spec == "smollm2":
+        return 0.0  # an installed package's file: it changes only with a reinstall (a restart)
+    folder = SHAKESPEARE_DIR if spec == "shakespeare" else Path(spec)
     try:
         return (folder / "model.safetensors").stat().st_mtime
     except OSError:
