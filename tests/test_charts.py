@@ -125,7 +125,7 @@ def test_cache_notebook_marks_this_steps_columns(runs: dict[str, Run], mode: str
     x0, x1 = boxes[0].x0 + 0.5, boxes[0].x1 + 0.5
     if mode == "none":
         assert (x0, x1) == (0, ev.position)  # every column recomputed
-        assert "none kept" in fig.layout.title.text
+        assert "none kept" in fig.layout.title.subtitle.text
     else:
         assert (x0, x1) == (ev.position - 1, ev.position)  # one new column
     grey = [s for s in fig.layout.shapes if s.fillcolor == charts.EMPTY_FILL]
@@ -203,3 +203,18 @@ def test_empty_and_capture_free_runs_give_message_figures(runs: dict[str, Run]) 
     for fn in (charts.cache_notebook, charts.cache_values, charts.attention_heatmap):
         fig = fn(bare)
         assert not fig.data and fig.layout.annotations
+
+
+def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  # type: ignore[no-untyped-def]
+    """4 query heads over 2 K/V heads: rows say which K/V head each reads, and the metrics show
+    the bytes GQA saves against MHA from the run's own numbers."""
+    from kvviz.ui.metrics import bytes_formula
+
+    run = generate(make_model(n_kv_head=2), prompt="Hi there", max_new_tokens=3, capture=Capture(attention=True))
+    fig = charts.attention_heatmap(run)
+    rows = list(fig.data[0].y)
+    assert rows[:4] == ["L0 h0 (kv0)", "L0 h1 (kv0)", "L0 h2 (kv1)", "L0 h3 (kv1)"]
+    assert "GQA: 4 query heads share 2 K/V heads, 2 per K/V head" in fig.layout.title.subtitle.text
+    ev = run.events[-1]
+    text = bytes_formula(run)
+    assert f"would take {2 * ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_used:,} B saved" in text

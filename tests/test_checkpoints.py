@@ -109,7 +109,8 @@ def test_missing_folder_and_config(tmp_path: Path, good_folder: Path) -> None:
     (b"{\"model_type\": \"kvviz-gpt\",", "not valid JSON"),
     (b"\xff\xfe\x00garbage", "not valid JSON"),
     (b"[1, 2, 3]", "JSON object"),
-    (b"{\"model_type\": \"llama\", \"vocab_size\": 10}", "model_type 'llama' is not supported"),
+    (b"{\"model_type\": \"mamba\", \"vocab_size\": 10}", "model_type 'mamba' is not supported"),
+    (b"{\"model_type\": \"llama\", \"vocab_size\": 10}", "missing num_attention_heads"),  # the Llama loader
     (b"{\"vocab_size\": 10}", "model_type None is not supported"),
     (b"{\"model_type\": \"kvviz-gpt\", \"vocab_size\": 256}", "missing"),
     (b"{\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_positions\": 64, \"n_layer\": 2, \"n_head\": 3, "
@@ -216,16 +217,34 @@ def test_tokenizer_bigger_than_the_model_vocabulary(make_model: Callable[..., Lo
 
 
 # ----------------------------------------------------------------------------- the default model
+def test_default_means_smollm2_when_installed_else_shakespeare(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvviz.engine import load_llama
+
+    installed = True
+    try:
+        load_llama.smollm2_path()
+    except kvviz.KVVizError:
+        installed = False
+    assert checkpoints.default_model_name() == ("smollm2" if installed else "shakespeare")
+
+    def missing() -> None:
+        raise kvviz.KVVizError("SmolLM2 is not installed")
+
+    monkeypatch.setattr(checkpoints, "smollm2_path", missing)
+    assert checkpoints.default_model_name() == "shakespeare"
+    assert load_model("default", device="cpu").name == "shakespeare"
+
+
 def test_default_model_missing_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checkpoints, "SHAKESPEARE_DIR", tmp_path / "shakespeare")
-    with pytest.raises(kvviz.KVVizError, match="default model is missing"):
-        load_model("default")
+    with pytest.raises(kvviz.KVVizError, match="shakespeare model is missing"):
+        load_model("shakespeare")
 
 
 def test_default_model_loads_and_generates() -> None:
     # No skip: the model ships in assets/, so a path that misses it is a bug (a move once did).
-    m = load_model("default", device="cpu")
-    assert m.name == "default" and m.has_tokenizer and m.config.vocab_size >= 256
+    m = load_model("shakespeare", device="cpu")
+    assert m.name == "shakespeare" and m.has_tokenizer and m.config.vocab_size >= 256
     assert m.config.block_size >= 512
     run = kvviz.generate(m, prompt="ROMEO:\n", max_new_tokens=80, temperature=0.8, seed=0)
     assert len(run.generated_ids) == 80 and run.stop_reason == "max_new_tokens"

@@ -108,3 +108,25 @@ def test_step_events_carry_the_step_flops(small_model: LoadedModel, use_cache: b
     assert expected == by_hand
     if not use_cache:
         assert sum(expected) > sum(generation_flops(c, 5, 6, cached=True))
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_head=1, head_dim=12), dict(tie_word_embeddings=False)])
+def test_llama_flops_and_weight_bytes_against_torch(overrides: dict) -> None:
+    """SwiGLU's three matrices, a query width != n_embd and an untied head: torch's own counts agree."""
+    from kvviz.engine.models.llama import Llama, LlamaConfig
+
+    cfg = LlamaConfig(**{**dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                intermediate_size=80), **overrides})
+    net = Llama(cfg)
+    net.init_weights(torch.Generator().manual_seed(0))
+    assert weight_bytes(cfg, 4) == sum(p.nbytes for p in {id(p): p for p in net.parameters()}.values())
+    qd, N = cfg.n_head * cfg.head_dim, 7
+    attn = lambda keys_seen: cfg.n_layer * 2 * 2 * qd * keys_seen  # noqa: E731 (QK^T + AV, SDPA is not counted)
+    with torch.inference_mode():
+        cache = StaticKVCache(cfg)
+        idx = torch.randint(0, 64, (1, N), generator=torch.Generator().manual_seed(1))
+        prefill = _torch_matmul_flops(net, idx, cache)
+        cache.advance(N)
+        decode = _torch_matmul_flops(net, idx[:, :1], cache)
+    assert forward_flops(cfg, N, 0) == prefill + attn(N * (N + 1) // 2)
+    assert forward_flops(cfg, 1, N) == decode + attn(N + 1)

@@ -136,7 +136,8 @@ def test_default_choice_follows_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert state.default_choice(["random:tiny", "random:tiny-gqa"]) == "random:tiny-gqa"
     monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:nope")
     assert state.default_choice(["random:tiny"]) == "random:tiny"
-    assert state.default_choice(["default", "random:tiny"]) == "default"
+    assert state.default_choice(["shakespeare", "random:tiny"]) == "shakespeare"
+    assert state.default_choice(["smollm2", "shakespeare", "random:tiny"]) == "smollm2"  # the real LLM first
 
 
 def test_param_count_matches_the_built_model(small_model: LoadedModel) -> None:

@@ -283,7 +283,9 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     full = np.full((z.shape[0], X), np.nan, dtype=np.float32)
     full[:, : min(X, z.shape[1])] = z[:, :X]
     n_head = run.n_head or 1
-    rows = [f"L{layer} h{h}" for layer, h in keys]
+    n_kv = run.n_kv_head or n_head
+    group = max(1, n_head // n_kv)  # query heads per K/V head: 1 = MHA, >1 = GQA, n_head = MQA
+    rows = [f"L{layer} h{h}" + (f" (kv{h // group})" if group > 1 else "") for layer, h in keys]
     fig = go.Figure(go.Heatmap(
         z=full, x=np.arange(X, dtype=np.int32), y=rows, colorscale=ATTENTION_SCALE, zmin=0.0, zmax=1.0,
         colorbar=dict(title=dict(text="weight", side="right"), thickness=14),
@@ -297,6 +299,10 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     fig.update_yaxes(autorange="reversed", showgrid=False, title_text=f"layer (× {n_head} heads)")
     shapes = [dict(type="line", x0=0, x1=1, xref="paper", y0=i - 0.5, y1=i - 0.5, yref="y",
                    line=dict(color="white", width=3)) for i in layer_rows[1:]]  # gaps between layers
+    if 1 < group < n_head:  # GQA: a thin line between the query heads of different K/V heads
+        shapes += [dict(type="line", x0=0, x1=1, xref="paper", y0=i + g * group - 0.5, y1=i + g * group - 0.5,
+                        yref="y", line=dict(color="#adb5bd", width=1, dash="dot"))
+                   for i in layer_rows for g in range(1, n_kv)]
     if selected in keys:
         r = keys.index(selected)
         shapes.append(dict(type="rect", x0=-0.5, x1=ev.position - 0.5, y0=r - 0.5, y1=r + 0.5,
@@ -309,6 +315,9 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     fig.update_xaxes(**token_axis(position_labels(run), X, "key position (token)"))
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
+    if group > 1:
+        sub += (f" GQA: {n_head} query heads share {n_kv} K/V head{'s' if n_kv > 1 else ''}, {group} per K/V "
+                "head (dotted lines group them): those rows read the same cached keys.")
     return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
                    HEIGHTS["attention"])
 

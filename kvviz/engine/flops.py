@@ -1,4 +1,4 @@
-"""Analytic FLOP and byte counts for one forward pass of kvviz's GPT (pure Python, no torch).
+"""Analytic FLOP and byte counts for one forward pass of kvviz's models, GPT-2 and Llama (pure Python, no torch).
 
 Counted: the matrix multiplies (2 FLOPs per multiply-add) of the QKV projection, attention
 scores (QK^T), attention-weighted values (AV), the output projection, the MLP and the LM head.
@@ -31,28 +31,45 @@ def _dims(c: Any) -> tuple[int, int, int, int, int]:
     return c.n_layer, c.n_embd, c.kv_heads * c.head_dim, c.vocab_size, c.n_head
 
 
+def _is_llama(c: Any) -> bool:
+    """The Llama family (SwiGLU MLP of ``intermediate_size``); GPT-2 has a 4x GELU MLP."""
+    return getattr(c, "intermediate_size", None) is not None
+
+
 def forward_flops(c: Shape, n_new: int, start: int = 0, n_logits: int = 1, batch: int = 1) -> int:
     """FLOPs of one forward: ``n_new`` tokens at positions start..start+n_new-1.
 
     A cached decode step is (n_new=1, start=t-1); an uncached step over t tokens is
     (n_new=t, start=0). ``n_logits`` is how many positions get LM-head logits.
     """
-    L, C, kvd, V, _ = _dims(c)
+    L, C, kvd, V, nh = _dims(c)
+    qd = nh * c.head_dim  # query width: C for GPT-2, may differ for Llama (head_dim != C / n_head)
     T = n_new
     # Sum over queries of the keys each one sees: sum_{i=0}^{T-1} (start + i + 1).
     keys_seen = T * start + T * (T + 1) // 2
+    if _is_llama(c):  # SwiGLU: gate and up (C -> I), down (I -> C)
+        mlp = 3 * 2 * T * C * c.intermediate_size
+    else:  # GPT-2: up (C -> 4C) and down (4C -> C)
+        mlp = 2 * 2 * T * C * 4 * C
     per_layer = (
-        2 * T * C * (C + 2 * kvd)  # c_attn: q (C) + k, v (kvd each)
-        + 2 * 2 * C * keys_seen  # QK^T and AV, over all query heads (n_head * head_dim = C)
-        + 2 * T * C * C  # attention output projection
-        + 2 * 2 * T * C * 4 * C  # MLP up and down (4x wide)
+        2 * T * C * (qd + 2 * kvd)  # q, k, v projections
+        + 2 * 2 * qd * keys_seen  # QK^T and AV, over all query heads
+        + 2 * T * qd * C  # attention output projection
+        + mlp
     )
     return batch * (L * per_layer + 2 * n_logits * C * V)
 
 
 def weight_bytes(c: Shape, dtype_bytes: int) -> int:
-    """Bytes of the weights a forward reads (matmul weights, biases, norms, tied LM head)."""
-    L, C, kvd, V, _ = _dims(c)
+    """Bytes of the weights a forward reads (matmul weights, biases, norms, the LM head once)."""
+    L, C, kvd, V, nh = _dims(c)
+    if _is_llama(c):
+        qd, inter = nh * c.head_dim, c.intermediate_size
+        per_layer = C * (qd + 2 * kvd) + qd * C + 3 * C * inter + 2 * C  # + the two RMSNorm weights
+        per_layer += (qd + 2 * kvd + C) * bool(getattr(c, "attention_bias", False))
+        per_layer += (2 * inter + C) * bool(getattr(c, "mlp_bias", False))
+        head = 0 if getattr(c, "tie_word_embeddings", True) else V * C
+        return dtype_bytes * (L * per_layer + V * C + head + C)
     per_layer = C * (C + 2 * kvd) + (C + 2 * kvd) + C * C + C + 8 * C * C + 5 * C + 4 * C
     return dtype_bytes * (L * per_layer + V * C + 2 * C)
 

@@ -40,6 +40,11 @@ def bytes_formula(run: Run) -> str:
                 f"K and V for all {ev.input_len:,} tokens.")
     used = per_token * ev.cache_len
     lines = [f"**Bytes used** = {factors} × {ev.cache_len:,} tokens = **{used:,} B** ({fmt_bytes(used)})"]
+    if run.n_kv_head and run.n_kv_head < run.n_head:
+        mha = used * run.n_head // run.n_kv_head
+        lines.append(f"**GQA saves**: {run.n_head} query heads share {run.n_kv_head} K/V heads. With one K/V head per "
+                     f"query head (MHA) these tokens would take {mha:,} B ({fmt_bytes(mha)}): "
+                     f"{run.n_head // run.n_kv_head}× more, {mha - used:,} B saved.")
     if used != ev.cache_bytes_used:  # would mean the formula or the cache accounting is wrong: show both
         lines.append(f"⚠️ the cache reports {ev.cache_bytes_used:,} B used.")
     if run.cache_kind == "static":

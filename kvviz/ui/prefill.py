@@ -210,4 +210,4 @@ def _example_sentence(ttft: Any, tpot: Any, model: LoadedModel) -> str:
 
 
 def _itemsize(model: LoadedModel) -> int:
-    return model.gpt.transformer.wte.weight.element_size()
+    return model.dtype.itemsize

@@ -214,7 +214,7 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
         if "static" in runs and "none" in runs:
             probes = st.session_state.get("pd_probes", {})
             probe = probes.get((str(model.device), model.dtype_name))
-            nbytes = model.gpt.transformer.wte.weight.element_size()
+            nbytes = model.dtype.itemsize
             st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe))
 
     st.subheader("Static vs concat cache: what the bytes do")

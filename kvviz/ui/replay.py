@@ -147,7 +147,9 @@ def _status(entry: StoredRun, step: int) -> None:
         text = (f"Run #{entry.id}: step mode, {n} of {run.max_new_tokens} steps so far. Press Step for the "
                 "next token.")
     else:
-        reason = {"max_new_tokens": "reached max_new_tokens", "eos": "the model emitted end-of-text",
+        eos = run.events[-1].token_text if run.events else "EOS"
+        reason = {"max_new_tokens": "reached max_new_tokens",
+                  "eos": f"the model emitted its end token {eos} (EOS), as a finished answer does",
                   "stop_string": "hit a stop string", "stopped": "stopped by the user",
                   "error": "ended by an error"}.get(run.stop_reason or "", str(run.stop_reason))
         text = f"Run #{entry.id} finished: {n} tokens, {reason}."

@@ -35,6 +35,7 @@ class Settings:
     cache_mode: str = "static"  # one of CACHE_MODES
     speed_tps: float | None = None  # presentation speed: slow live generation to N tokens/s (None = full speed)
     engine: str = "fast"  # one of ENGINES: which code runs each step (same maths, same tokens)
+    chat: bool = False  # send the prompt as a user message through the model's chat template
 
     @property
     def use_cache(self) -> bool:
@@ -63,5 +64,6 @@ class Settings:
             "use_cache": self.use_cache,
             "cache_kind": self.cache_mode if self.use_cache else "static",
             "fast": self.engine == "fast",
+            "chat": self.chat,
             **self.sampling_kwargs(),
         }

@@ -11,6 +11,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
+from kvviz.engine.chat import chat_prompt
 from kvviz.ui import persist
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
@@ -21,10 +22,17 @@ EXAMPLES: dict[str, str] = {
     "Crowd": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n",
 }
 DEFAULT_PROMPT = EXAMPLES["Romeo"]
+# An instruct model answers questions (its chat template wraps them as a user turn).
+CHAT_EXAMPLES: dict[str, str] = {
+    "France": "What is the capital of France?",
+    "KV cache": "In two sentences, what does a KV cache store in a transformer?",
+    "Haiku": "Write a haiku about memory.",
+}
+DEFAULT_CHAT_PROMPT = CHAT_EXAMPLES["France"]
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 KEPT_KEYS = ("model", "device", "dtype", "prompt", "max_new_tokens", "sampling", "temperature", "top_k",
-             "top_p", "seed", "cache_mode", "engine", "present", "speed_tps")
+             "top_p", "seed", "cache_mode", "engine", "chat", "present", "speed_tps")
 
 HELP = {
     "model": "Which network generates. `default` is the small model trained on Tiny Shakespeare that "
@@ -53,16 +61,28 @@ HELP = {
     "engine": "Which code runs each step. Readable: the model's own PyTorch forward, the one to read "
               "(kvviz/engine/models/). Fast: kvviz.fast runs the same maths flat, with fused C kernels "
               "for one-token steps on CPU. Same tokens either way; the timings differ.",
+    "chat": "For an instruct model (SmolLM2): your prompt becomes a user message in the model's own chat "
+            "template (the special tokens around it show as chips), and the model answers until it emits "
+            "its end-of-turn token. Off: the model simply continues your text.",
     "present": "Slow live generation down so an audience can follow each token.",
     "speed_tps": "Target tokens per second while presenting.",
 }
 
 
 @functools.lru_cache(maxsize=32)
-def _count_tokens(tokenizer: Any, prompt: str) -> int:
-    """The prompt's length in tokens, for the budget line: counted once per (model, text), not
-    on every script run (each widget touch reruns the sidebar)."""
+def _count_tokens(tokenizer: Any, prompt: str, chat: bool) -> int:
+    """The prompt's length in tokens (as a chat: with the template's tokens), for the budget line:
+    counted once per (model, text), not on every script run (each widget touch reruns the sidebar)."""
+    if chat:
+        try:
+            return len(chat_prompt(tokenizer, [{"role": "user", "content": prompt}]).ids)
+        except KVVizError:
+            pass
     return len(tokenizer.encode(prompt))
+
+
+def is_chat_model(model: LoadedModel | None) -> bool:
+    return model is not None and bool(getattr(model.tokenizer, "chat_template", None))
 
 
 def _set_prompt(text: str) -> None:
@@ -96,25 +116,39 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     if model is not None:
         c = model.config
         kv = f"{c.kv_heads} K/V heads" if c.kv_heads != c.n_head else f"{c.n_head} heads"
-        what = "Trained on Tiny Shakespeare, byte-level. " if choice == "default" else (
-            "Untrained: seeded random weights. " if choice.startswith("random:") else "")
+        what = {"shakespeare": "Trained on Tiny Shakespeare, byte-level. ",
+                "smollm2": "A real instruct LLM (Llama architecture, BPE tokens), from its GGUF file. "}.get(
+            choice, "Untrained: seeded random weights. " if choice.startswith("random:") else "")
+        loaded = model.info.get("load_seconds")
+        cost = f" · loaded in {loaded:.1f} s" if isinstance(loaded, float) else ""
         st.caption(f"{what}{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
-                   f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}")
+                   f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}{cost}")
     return choice, device, dtype, model
 
 
-def _prompt_section(model: LoadedModel | None) -> tuple[str, int]:
-    persist.keep("prompt", DEFAULT_PROMPT)
-    prompt = st.text_area("Prompt", key="prompt", height=110, help=HELP["prompt"])
-    cols = st.columns(len(EXAMPLES))
-    for col, (name, text) in zip(cols, EXAMPLES.items()):
-        col.button(name, key=f"example_{name.lower()}", on_click=_set_prompt, args=(text,),
+def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
+    chat_model = is_chat_model(model)
+    persist.keep("prompt", DEFAULT_CHAT_PROMPT if chat_model else DEFAULT_PROMPT)
+    # An untouched default prompt follows the model: a question for a chat model, verse otherwise.
+    if chat_model and st.session_state["prompt"] == DEFAULT_PROMPT:
+        st.session_state["prompt"] = DEFAULT_CHAT_PROMPT
+    elif not chat_model and st.session_state["prompt"] == DEFAULT_CHAT_PROMPT:
+        st.session_state["prompt"] = DEFAULT_PROMPT
+    persist.keep("chat", True)
+    chat = False
+    if chat_model:  # a model without a chat template gets no switch that could not work
+        chat = st.toggle("Chat (use the model's chat template)", key="chat", help=HELP["chat"])
+    prompt = st.text_area("Message" if chat else "Prompt", key="prompt", height=110, help=HELP["prompt"])
+    examples = CHAT_EXAMPLES if chat else EXAMPLES
+    cols = st.columns(len(examples))
+    for col, (name, text) in zip(cols, examples.items()):
+        col.button(name, key=f"example_{name.lower().replace(' ', '_')}", on_click=_set_prompt, args=(text,),
                    help=f"Use the example prompt {text.splitlines()[0]!r}…", width="stretch")
 
     block = model.config.block_size if model is not None else 1024
     n_prompt = None
     if model is not None and model.has_tokenizer and prompt:
-        n_prompt = _count_tokens(model.tokenizer, prompt[:200_000])
+        n_prompt = _count_tokens(model.tokenizer, prompt[:200_000], chat)
     limit = max(1, block - 1)
     persist.keep("max_new_tokens", 64, bounds=(1, limit))
     st.number_input("Max new tokens", min_value=1, max_value=limit, step=16, key="max_new_tokens",
@@ -130,7 +164,7 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int]:
             st.warning(msg + " Shorten the prompt or generate fewer tokens.")
         else:
             st.caption(msg)
-    return prompt, n_new
+    return prompt, n_new, chat
 
 
 def _sampling_section() -> dict[str, object]:
@@ -165,7 +199,7 @@ def render_sidebar() -> Settings:
         st.header("Model")
         choice, device, dtype, model = _model_section()
         st.header("Prompt")
-        prompt, n_new = _prompt_section(model)
+        prompt, n_new, chat = _prompt_section(model)
         st.header("Sampling")
         sampling = _sampling_section()
         st.header("KV cache")
@@ -183,5 +217,6 @@ def render_sidebar() -> Settings:
         persist.remember(*KEPT_KEYS)
     return Settings(
         model=choice, device=device, dtype=dtype, prompt=prompt, max_new_tokens=n_new,
-        cache_mode=str(cache_mode), engine=str(engine), speed_tps=float(speed) if present else None, **sampling,  # type: ignore[arg-type]
+        cache_mode=str(cache_mode), engine=str(engine), chat=bool(chat), speed_tps=float(speed) if present else None,
+        **sampling,  # type: ignore[arg-type]
     )
