@@ -125,7 +125,7 @@ def test_cache_notebook_marks_this_steps_columns(runs: dict[str, Run], mode: str
     x0, x1 = boxes[0].x0 + 0.5, boxes[0].x1 + 0.5
     if mode == "none":
         assert (x0, x1) == (0, ev.position)  # every column recomputed
-        assert "none kept" in fig.layout.title.subtitle.text
+        assert "none kept" in fig.layout.title.text
     else:
         assert (x0, x1) == (ev.position - 1, ev.position)  # one new column
     grey = [s for s in fig.layout.shapes if s.fillcolor == charts.EMPTY_FILL]

@@ -100,3 +100,16 @@ def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:
     cut.write_bytes(head)
     with pytest.raises(KVVizError, match=r"smollm2-cut.gguf is truncated or its header is wrong: tensor blk\.\d+\."):
         load_gguf(cut)
+
+
+def test_smollm2_live_cache_bytes_equal_the_calculator_at_every_step(smollm2: LoadedModel) -> None:
+    """The calculator's SmolLM2-135M preset (from its published config.json) and the live cache
+    agree to the byte: used bytes at every step, allocated bytes for the whole context."""
+    from kvviz.memory import MemoryRequest, calculate, find_preset, load_presets
+
+    spec = find_preset("smollm2-135m", load_presets())
+    run = generate(smollm2, prompt="Hi", max_new_tokens=6, greedy=True)
+    for ev in run.events:
+        assert ev.cache_bytes_used == calculate(spec, MemoryRequest(seq_len=ev.cache_len, kv_dtype="fp32")).kv_bytes
+    block = smollm2.config.block_size
+    assert run.events[-1].cache_bytes_allocated == calculate(spec, MemoryRequest(seq_len=block, kv_dtype="fp32")).kv_bytes
