@@ -94,7 +94,8 @@ def config_problems(c: GPTConfig) -> list[str]:
         if not _is_int(v) or v <= 0:
             out.append(f"{name} must be a positive integer (got {show(v)})")
         elif v > limit:
-            out.append(f"{name} is {v:,}; kvviz allows at most {limit:,}")
+            out.append(f"{name} is {v:,}; kvviz allows at most {limit:,}" if v < 10**30 else
+                       f"{name} is {show(v)}; kvviz allows at most {limit:,}")
     if not isinstance(c.bias, bool):
         # "no" or 0 would read as a truth value; a config must say true or false.
         out.append(f"bias must be true or false (got {show(c.bias)})")
