@@ -13,6 +13,7 @@ import streamlit as st
 from kvviz import Run
 from kvviz.engine.events import to_dataframe
 from kvviz.ui import persist
+from kvviz.ui.plain_text import md_plain
 from kvviz.ui.state import RunStore, StoredRun
 from kvviz.ui.view import draw, layout
 
@@ -147,8 +148,10 @@ def _status(entry: StoredRun, step: int) -> None:
         text = (f"Run #{entry.id}: step mode, {n} of {run.max_new_tokens} steps so far. Press Step for the "
                 "next token.")
     else:
+        # A stopped run's note says who or what stopped it ("stopped by the user" only after a
+        # Stop click); a run never blames the user for a reconnect or a server-side end.
         reason = {"max_new_tokens": "reached max_new_tokens", "eos": "the model emitted end-of-text",
-                  "stop_string": "hit a stop string", "stopped": "stopped by the user",
+                  "stop_string": "hit a stop string", "stopped": md_plain(run.note or "stopped"),
                   "error": "ended by an error"}.get(run.stop_reason or "", str(run.stop_reason))
         text = f"Run #{entry.id} finished: {n} tokens, {reason}."
         if step < n - 1:
@@ -160,4 +163,4 @@ def _status(entry: StoredRun, step: int) -> None:
     with st.container(key=marker):
         st.markdown(f"**{text}**")
         for note in notes:
-            st.caption(note)
+            st.caption(md_plain(note))  # an error text or a model name: plain text
