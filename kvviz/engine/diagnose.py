@@ -2,8 +2,8 @@
 
 Generation checks its logits every step; this module turns "the logits are NaN" into a sentence a
 user can act on ("at step 3, first in layer 2 (transformer.h.2.ln_2)"). It re-runs the readable
-model once, on the sequence so far, with a forward hook on every module. It costs one uncached forward pass, paid only
-on the failure path.
+model once, on the sequence so far, with a forward hook on every module: one uncached forward
+pass, paid only on the failure path.
 """
 from __future__ import annotations
 
