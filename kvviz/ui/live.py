@@ -42,6 +42,10 @@ from kvviz.ui.view import draw, layout
 # server sends the browsers about what one run would (see state.LiveRuns).
 TEXT_INTERVAL_S = 0.05  # the text at most ~20 times a second (a tiny model makes 1,000 tokens/s)
 CHART_INTERVAL_S = 0.15  # ~6-7 chart redraws per second while generating
+# With more live runs than this in the process, charts wait for the end of the run (the text and
+# numbers keep updating). Measured: ten browsers re-rendering four Plotly charts each stopped
+# reading their sockets for over 30 s, and the server's keepalive dropped them (docs/load-test.md).
+LIVE_CHARTS_MAX_RUNS = 3
 STEPPER_KEY = "_kvviz_stepper"
 # A run interrupted by a rerun with no click (a reconnect) resumes within this many seconds; past
 # it (the tab was closed, the page left and revisited much later) it ends, saying so.
@@ -215,6 +219,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
     last_chart = last_text = 0.0
     chart_cost = 0.0
     draws = 0
+    paused_note = False
     # Presentation pacing counts from the run's first token, also across a resume.
     t0 = time.perf_counter() - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
     store.begin_live(run_id)
@@ -228,9 +233,14 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
                 # Charts at 5-10 Hz, but never more than a third of the loop's time (a big model's
                 # attention map must not slow the generation it shows); text up to 20 Hz. Both
                 # N times slower with N live runs, so a busy server never outruns its browsers.
-                chart_due = now - last_chart >= max(CHART_INTERVAL_S * load, 2.0 * chart_cost)
+                paused = load > LIVE_CHARTS_MAX_RUNS
+                chart_due = not paused and now - last_chart >= max(CHART_INTERVAL_S * load, 2.0 * chart_cost)
+                if paused and not paused_note:
+                    slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
+                                           "they are drawn when this run ends. The text and numbers keep updating.")
+                    paused_note = True
                 if chart_due or now - last_text >= TEXT_INTERVAL_S * load:
-                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due)
+                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=chart_due or paused)
                     last_text = time.perf_counter()
                     if chart_due:
                         last_chart, chart_cost, draws = last_text, last_text - now, draws + 1
