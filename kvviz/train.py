@@ -25,7 +25,7 @@ from kvviz.engine.load import load_folder, resolve_device, save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
 from kvviz.measure.machine import available_memory_bytes, cpu_name
-from kvviz.engine.config import GPTConfig, config_problems, show
+from kvviz.engine.config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.safeio import describe_path, kind_of, read_bounded
 from kvviz.units import fmt_bytes
@@ -174,7 +174,8 @@ def _float_in(name: str, v: object, low: float, high: float, low_open: bool = Fa
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
         low < v if low_open else low <= v) and v <= high
     if not ok:
-        return f"--{name.replace('_', '-')} must be a number in {'(' if low_open else '['}{low:g}, {high:g}] (got {show(v)})"
+        bracket = "(" if low_open else "["
+        return f"--{name.replace('_', '-')} must be a number in {bracket}{low:g}, {high:g}] (got {show(v)})"
     return None
 
 

@@ -243,7 +243,7 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
     try:
         cfg = GPTConfig(**fields)
     except (TypeError, ValueError) as e:
-        raise KVVizError(f"{where}: {e}") from None
+        raise KVVizError(f"{where}: {str(e).removeprefix('invalid GPTConfig: ')}") from None
     if cfg.eos_token_id is not None and not 0 <= cfg.eos_token_id < cfg.vocab_size:
         cfg = GPTConfig(**{**cfg.to_dict(), "eos_token_id": None})
     return cfg, hf
@@ -319,7 +319,8 @@ def match_header(header: dict[str, tuple[str, tuple[int, ...]]], cfg: GPTConfig,
         problems.append(f"lm_head.weight has shape {head[1]}, config.json implies "
                         f"{expected['transformer.wte.weight']}")
     if problems:
-        raise KVVizError(f"{where}/model.safetensors does not match its config.json: " + "; ".join(problems[:6]))
+        more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+        raise KVVizError(f"{where}/model.safetensors does not match its config.json: " + "; ".join(problems[:6]) + more)
     return names
 
 

@@ -149,8 +149,9 @@ def choice_label(choice: str) -> str:
                 return f"{choice} (Llama)"
         except (OSError, ValueError):
             pass
-        why = str(e)
-        return f"{choice} (unreadable: {why[:60]}{'…' if len(why) > 60 else ''})"
+        # The label names the folder already; the reason starts at its file ("config.json: ...").
+        why = str(e).removeprefix(f"{choice.removeprefix(FOLDER_PREFIX)}/")
+        return f"{choice} (unreadable: {why[:80]}{'…' if len(why) > 80 else ''})"
     if choice == "shakespeare":
         return f"shakespeare: byte-level, {params}"
     return f"{choice} ({params} params)"
