@@ -164,6 +164,13 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
     elif spec == "smollm2":
         out = load_gguf_model(smollm2_path(), dev, dt, name="smollm2")
     elif spec.lower().endswith(".gguf"):
+        # Only a regular file reaches the GGUF reader: it would block forever on a FIFO and map a
+        # device; the user gets what the path is instead.
+        mode, why = describe_path(spec, f"GGUF file {spec}")
+        if mode is None:
+            raise KVVizError(why)
+        if not stat.S_ISREG(mode):
+            raise KVVizError(f"GGUF file {spec} is {kind_of(mode)}, not a regular file")
         out = load_gguf_model(Path(spec), dev, dt)
     else:
         if not spec.strip():
