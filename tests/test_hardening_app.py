@@ -221,3 +221,21 @@ def test_the_live_run_counter_counts_nested_runs() -> None:
             assert runs.count == 2
         assert runs.count == 1
     assert runs.count == 0
+
+
+def test_token_labels_reach_plotly_escaped(small_model: LoadedModel) -> None:
+    """Plotly reads a subset of HTML in labels: a token "<a href=...>" must stay text (a BPE
+    tokenizer makes such multi-character tokens), and a byte token's "<0x0A>" must not vanish."""
+    from kvviz import Capture, generate
+    from kvviz.charts import live as charts
+    from kvviz.charts.tokens import plotly_text, short_label
+
+    assert short_label("<a href=x>") == "&lt;a·href…" and plotly_text("<0x0A>") == "&lt;0x0A&gt;"
+    run = generate(small_model, prompt="<b>x</b>&", max_new_tokens=3, capture=Capture(attention=True, kv_norms=True))
+    for fig in (charts.cache_notebook(run, "layer", 0), charts.attention_bars(run, 0, 0)):
+        layout = fig.to_plotly_json()["layout"]
+        ticks = [t for k, ax in layout.items() if k.startswith("xaxis") for t in (ax.get("ticktext") or ())]
+        assert "&lt;" in ticks and "&gt;" in ticks and "&amp;" in ticks and not {"<", ">", "&"} & set(ticks), ticks
+    bars = charts.attention_bars(run, 0, 0)
+    hover = [str(c[0]) for c in bars.data[0].customdata]
+    assert "&lt;" in hover and "<" not in hover

@@ -235,3 +235,34 @@ def test_a_bare_train_never_targets_the_shipped_model() -> None:
 
     args = build_parser().parse_args(["train", "--corpus", "c.txt"])
     assert Path(args.out).resolve() != SHAKESPEARE_DIR.resolve()
+
+
+# ----------------------------------------------------------------------------- GGUF files (kvviz/engine/gguf.py)
+def _gguf_header(tensors: int, kvs: int) -> bytes:
+    return b"GGUF" + (3).to_bytes(4, "little") + tensors.to_bytes(8, "little") + kvs.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("case", ["fifo", "dev_zero", "folder", "empty", "junk", "lying_counts", "truncated_kv"])
+def test_bad_gguf_paths_in_a_real_process(tmp_path: Path, case: str) -> None:
+    """Whatever sits at a .gguf path: one error line, no traceback, no hang, bounded memory."""
+    path = tmp_path / "model.gguf"
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif case == "folder":
+        path.mkdir()
+    elif case == "empty":
+        path.write_bytes(b"")
+    elif case == "junk":
+        path.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 64)
+    elif case == "lying_counts":  # 2^62 tensors and key-values promised by a 24-byte file
+        path.write_bytes(_gguf_header(2**62, 2**62))
+    else:  # one key-value whose string length claims 2^60 bytes
+        path.write_bytes(_gguf_header(0, 1) + (4).to_bytes(8, "little") + b"name" + (8).to_bytes(4, "little")
+                         + (2**60).to_bytes(8, "little") + b"x" * 16)
+    code, out, err, rss_mb = cli_subprocess("generate", "--model", str(path), "--prompt", "hi", "--json")
+    assert code == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("kvviz generate: error: "), err
+    assert out == "" and rss_mb < MAX_RSS_MB, (out, rss_mb)
