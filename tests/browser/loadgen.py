@@ -213,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline", type=float, default=600.0, help="seconds after the Generate presses")
     ap.add_argument("--log", type=Path, default=Path("/tmp/kvviz-load-server.log"))
     ap.add_argument("--launcher", type=Path, help="diagnosis: a script to run instead of `-m streamlit run app.py`")
+    ap.add_argument("--model", help="the picker's preselected model ($KVVIZ_DEFAULT_MODEL), e.g. random:tiny, "
+                                    "so runs on different commits use the same model")
     args = ap.parse_args(argv)
-    with app_server(args.log, launcher=args.launcher) as (url, pid), ProcessMeter(pid) as meter:
+    env = {"KVVIZ_DEFAULT_MODEL": args.model} if args.model else {}
+    with app_server(args.log, env=env, launcher=args.launcher) as (url, pid), ProcessMeter(pid) as meter:
         out = run_load(url, args.sessions, args.tokens, args.deadline)
+    out["model"] = args.model or "the app's default"
     out["server_peak_rss_mb"] = round(meter.peak_rss / 2**20)
     out["server_cpu_s"] = round(meter.cpu_seconds, 1)
     out["server_log_tail"] = args.log.read_text(errors="replace")[-2000:]
