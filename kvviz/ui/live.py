@@ -247,7 +247,12 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
                 if settings.speed_tps:  # presentation speed: hold each token until its slot in time
                     _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
             finished = True
-            draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final")
+            # With charts paused, the rerun below draws them once (from the stored run); drawing
+            # them here as well would double the heaviest render when a busy server can least
+            # afford it.
+            paused = live.count > LIVE_CHARTS_MAX_RUNS
+            draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final", charts_too=not paused,
+                 numbers_too=True)
     except (RuntimeError, KVVizError) as e:
         # A device failure (a GPU lost or out of memory, a RuntimeError) or a broken model (NaN
         # logits, a KVVizError saying where): keep what was generated.
