@@ -219,7 +219,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
     last_chart = last_text = 0.0
     chart_cost = 0.0
     draws = 0
-    paused_note = False
+    paused = False  # charts paused for the rest of this run (see LIVE_CHARTS_MAX_RUNS)
     # Presentation pacing counts from the run's first token, also across a resume.
     t0 = time.perf_counter() - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
     store.begin_live(run_id)
@@ -233,12 +233,13 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
                 # Charts at 5-10 Hz, but never more than a third of the loop's time (a big model's
                 # attention map must not slow the generation it shows); text up to 20 Hz. Both
                 # N times slower with N live runs, so a busy server never outruns its browsers.
-                paused = load > LIVE_CHARTS_MAX_RUNS
-                chart_due = not paused and now - last_chart >= max(CHART_INTERVAL_S * load, 2.0 * chart_cost)
-                if paused and not paused_note:
+                if not paused and load > LIVE_CHARTS_MAX_RUNS:
+                    # Paused until this run ends, not until the load drops: when the other runs end,
+                    # their browsers render their final charts, the worst moment to resume ours.
+                    paused = True
                     slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
                                            "they are drawn when this run ends. The text and numbers keep updating.")
-                    paused_note = True
+                chart_due = not paused and now - last_chart >= max(CHART_INTERVAL_S * load, 2.0 * chart_cost)
                 if chart_due or now - last_text >= TEXT_INTERVAL_S * load:
                     draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=chart_due or paused)
                     last_text = time.perf_counter()
@@ -250,7 +251,6 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
             # With charts paused, the rerun below draws them once (from the stored run); drawing
             # them here as well would double the heaviest render when a busy server can least
             # afford it.
-            paused = live.count > LIVE_CHARTS_MAX_RUNS
             draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final", charts_too=not paused,
                  numbers_too=True)
     except (RuntimeError, KVVizError) as e:
