@@ -1,10 +1,15 @@
 """kvviz: page config and navigation only. Each page is a function in kvviz/ui/."""
+from pathlib import Path
+
 import streamlit as st
 
 from kvviz.ui import batching, calculator, live, prefill, race
 from kvviz.ui.sidebar import render_sidebar
 
-st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=":material/memory:", layout="wide")
+# A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
+# fonts.gstatic.com, which fails offline and tells a third party who opens the app.
+ICON = Path(__file__).resolve().parent / "assets" / "icon.svg"
+st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=str(ICON), layout="wide")
 
 GENERATION_PAGES = [
     st.Page(live.page, title="Generate", icon=":material/edit_note:", url_path="generate", default=True),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,9 +29,20 @@ def _id_list(s: str) -> list[int]:
     return ids
 
 
+def _json_safe(obj: Any) -> Any:
+    """NaN and infinities become null: ``json.dumps`` would print ``NaN``, which is not JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
     if args.json:
-        print(json.dumps(obj, ensure_ascii=False))
+        print(json.dumps(_json_safe(obj), ensure_ascii=False, allow_nan=False))
     else:
         print(text)
 
@@ -100,10 +112,13 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     from kvviz.engine.load import load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
-    text = read_eval_text(args.text_file, args.last_fraction)
+    src = read_eval_text(args.text_file, args.last_fraction)
     model = load_model(args.model, device=args.device)
-    res = bits_per_byte(model, text)
-    _emit(args, res.to_dict(), f"{res.bits_per_byte:.4f} bits/byte over {res.bytes:,} bytes ({res.tokens:,} tokens)")
+    res = bits_per_byte(model, src.text)
+    dropped = (f" ({src.dropped_bytes:,} bytes that were not valid UTF-8 were dropped, not scored)"
+               if src.dropped_bytes else "")
+    _emit(args, {**res.to_dict(), "dropped_bytes": src.dropped_bytes},
+          f"{res.bits_per_byte:.4f} bits/byte over {res.bytes:,} bytes ({res.tokens:,} tokens){dropped}")
 
 
 # ----------------------------------------------------------------------------- train

@@ -15,8 +15,16 @@ import torch.nn.functional as F
 
 from kvviz.engine.load import LoadedModel
 from kvviz.errors import KVVizError
+from kvviz.safeio import read_bounded
 
-MAX_EVAL_BYTES = 20_000_000
+MAX_EVAL_BYTES = 20_000_000  # scored bytes
+MAX_EVAL_FILE_BYTES = 200_000_000  # the file read to take its last fraction from
+
+
+@dataclass(frozen=True)
+class EvalText:
+    text: str
+    dropped_bytes: int  # bytes that were not valid UTF-8 (or a character cut by the fraction)
 
 
 @dataclass(frozen=True)
@@ -31,19 +39,21 @@ class EvalResult:
                 "tokens": self.tokens, "bytes": self.bytes}
 
 
-def read_eval_text(path: Path, last_fraction: float) -> str:
+def read_eval_text(path: Path, last_fraction: float) -> EvalText:
+    """The last ``last_fraction`` of a text file's bytes, decoded; the size is bounded before reading."""
     if not 0.0 < last_fraction <= 1.0:
         raise KVVizError(f"--last-fraction must be in (0, 1] (got {last_fraction})")
-    path = Path(path)
-    if not path.is_file():
-        raise KVVizError(f"text file {path} does not exist")
-    data = path.read_bytes()
-    if len(data) > MAX_EVAL_BYTES / last_fraction:
-        raise KVVizError(f"{path.name} is too large to evaluate here")
-    # The split is on bytes (as training's validation split is); a cut through a multibyte
-    # character is dropped rather than scored as a replacement character.
+    # read_bounded refuses FIFOs and devices and reads at most the limit, whatever st_size says.
+    data = read_bounded(Path(path), MAX_EVAL_FILE_BYTES, f"text file {path}")
     tail = data[len(data) - int(len(data) * last_fraction):]
-    return tail.decode("utf-8", errors="ignore")
+    if len(tail) > MAX_EVAL_BYTES:
+        raise KVVizError(f"the part of {Path(path).name} to score is {len(tail):,} bytes; the limit is "
+                         f"{MAX_EVAL_BYTES:,} (use a smaller --last-fraction)")
+    # The split is on bytes (as training's validation split is); a cut through a multibyte
+    # character, like any invalid UTF-8, is dropped rather than scored as a replacement character,
+    # and counted so the caller can say how many bytes were not scored.
+    text = tail.decode("utf-8", errors="ignore")
+    return EvalText(text, len(tail) - len(text.encode("utf-8")))
 
 
 def bits_per_byte(model: LoadedModel, text: str, batch_windows: int = 8) -> EvalResult:
@@ -75,7 +85,13 @@ def bits_per_byte(model: LoadedModel, text: str, batch_windows: int = 8) -> Eval
                 # logits[j] predicts token j+1; score targets from index `first` on.
                 lp = F.log_softmax(logits[0, first - 1:].float(), dim=-1)  # (n, V)
                 tgt = targets[0, first - 1:]
-                total_nats -= lp.gather(-1, tgt[:, None]).sum().item()
+                nats = -lp.gather(-1, tgt[:, None]).sum().item()
+                if not math.isfinite(nats):
+                    # NaN from broken weights, or inf for a token given probability 0: no figure
+                    # can be reported (and NaN is not even valid JSON).
+                    raise KVVizError(f"the model's log-probabilities are not finite ({nats}) in the window at "
+                                     f"token {s}: its weights or config are broken")
+                total_nats += nats
                 scored_ids.extend(tgt.tolist())
     n_bytes = sum(len(model.tokenizer.token_bytes(t)) for t in scored_ids)
     if n_bytes == 0:

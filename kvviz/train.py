@@ -9,8 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shlex
+import stat
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,20 +21,26 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.load import SHAKESPEARE_DIR, load_folder, resolve_device, save_model
+from kvviz.engine.load import load_folder, resolve_device, save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
-from kvviz.measure.machine import cpu_name
-from kvviz.engine.config import GPTConfig
+from kvviz.measure.machine import available_memory_bytes, cpu_name
+from kvviz.engine.config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
+from kvviz.safeio import describe_path, kind_of, read_bounded
+from kvviz.units import fmt_bytes
 
 VAL_FRACTION = 0.1
+DEFAULT_OUT = "out/shakespeare"  # never the shipped model: a bare `train` must not overwrite it
+MAX_CORPUS_BYTES = 256 * 2**20  # held as int64 ids: 8 bytes of memory per corpus byte
+MAX_BATCH = 4096
+MAX_EVAL_BATCHES = 10_000
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     corpus: str
-    out: str = str(SHAKESPEARE_DIR)
+    out: str = DEFAULT_OUT
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
@@ -62,9 +71,7 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 def load_corpus(path: Path) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(train bytes, validation bytes, sha256): validation is the last 10% of the bytes."""
-    if not path.is_file():
-        raise KVVizError(f"corpus {path} does not exist")
-    data = path.read_bytes()
+    data = read_bounded(path, MAX_CORPUS_BYTES, f"corpus {path}")
     if len(data) < 64:
         raise KVVizError(f"corpus {path} is too small to train on ({len(data)} bytes)")
     sha = hashlib.sha256(data).hexdigest()
@@ -149,16 +156,100 @@ def make_optimizer(model: GPT, tc: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95))
 
 
+def _model_config(tc: TrainConfig) -> GPTConfig:
+    try:
+        return GPTConfig(vocab_size=256, block_size=tc.block_size, n_layer=tc.n_layer, n_head=tc.n_head,
+                         n_embd=tc.n_embd, dropout=tc.dropout)
+    except (TypeError, ValueError) as e:
+        raise KVVizError(str(e).replace("invalid GPTConfig: ", "")) from None
+
+
+def _int_in(name: str, v: object, low: int, high: int) -> str | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        return f"--{name.replace('_', '-')} must be an integer in [{low:,}, {high:,}] (got {show(v)})"
+    return None
+
+
+def _float_in(name: str, v: object, low: float, high: float, low_open: bool = False) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (
+        low < v if low_open else low <= v) and v <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        return f"--{name.replace('_', '-')} must be a number in {bracket}{low:g}, {high:g}] (got {show(v)})"
+    return None
+
+
+def train_problems(tc: TrainConfig) -> list[str]:
+    """Every problem with a training request, found before anything is allocated or read."""
+    cpus = os.cpu_count() or 1
+    checks = [
+        _int_in("batch_size", tc.batch_size, 1, MAX_BATCH),
+        _int_in("steps", tc.steps, 1, 10**9),
+        _int_in("warmup", tc.warmup, 0, 10**9),
+        _int_in("eval_every", tc.eval_every, 1, 10**9),
+        _int_in("eval_batches", tc.eval_batches, 1, MAX_EVAL_BATCHES),
+        _int_in("seed", tc.seed, 0, 2**63 - 1),
+        # torch.set_num_threads(1_000_000) segfaults; more threads than CPUs only oversubscribes.
+        _int_in("threads", tc.threads, 0, cpus),
+        _float_in("lr", tc.lr, 0.0, 10.0, low_open=True),
+        _float_in("min_lr", tc.min_lr, 0.0, 10.0),
+        _float_in("weight_decay", tc.weight_decay, 0.0, 10.0),
+        _float_in("grad_clip", tc.grad_clip, 0.0, 1e6, low_open=True),
+    ]
+    out = [c for c in checks if c]
+    try:
+        cfg = _model_config(tc)
+    except KVVizError as e:
+        out.append(str(e))
+        return out
+    if not out:
+        need = train_memory_bytes(cfg, tc.batch_size)
+        have = available_memory_bytes()
+        if resolve_device(tc.device).type == "cpu" and have is not None and need > have:
+            out.append(f"this model and batch need about {fmt_bytes(need)} for training (weights, gradients, "
+                       f"AdamW moments and activations); this machine has {fmt_bytes(have)} available. "
+                       "Lower --batch-size, --block-size, --n-layer or --n-embd")
+    return out
+
+
+def train_memory_bytes(cfg: GPTConfig, batch_size: int) -> int:
+    """A rough upper bound on training memory in fp32: 16 bytes per parameter (weights, grads and
+    two AdamW moments) plus the activations kept for backward (~18 widths and one attention row
+    per token per layer) and the logits with their gradient."""
+    C, T, L, nh, V = cfg.n_embd, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.vocab_size
+    params = V * C + T * C + L * 12 * C * C
+    tokens = batch_size * T
+    return 16 * params + 4 * tokens * (L * (18 * C + nh * T) + 3 * V)
+
+
+def prepare_out(out: Path, resume: bool) -> None:
+    """Create --out and prove it writable now, not at the first checkpoint an hour in."""
+    mode, _ = describe_path(out)
+    if mode is not None and not stat.S_ISDIR(mode):
+        raise KVVizError(f"--out {out} is {kind_of(mode)}, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".kvviz-write-test-"):
+            pass
+    except OSError as e:
+        raise KVVizError(f"--out {out} is not writable ({e.strerror or e})") from None
+    if resume and not (out / "train_state" / "state.safetensors").is_file():
+        raise KVVizError(f"--resume: no training state in {out / 'train_state'}")
+
+
 def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     dev = resolve_device(tc.device)
+    problems = train_problems(tc)
+    if problems:
+        raise KVVizError("; ".join(problems))
+    prepare_out(Path(tc.out), resume)
+    train_data, val_data, sha = load_corpus(Path(tc.corpus))
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
-    train_data, val_data, sha = load_corpus(Path(tc.corpus))
-    cfg = GPTConfig(vocab_size=256, block_size=tc.block_size, n_layer=tc.n_layer, n_head=tc.n_head,
-                    n_embd=tc.n_embd, dropout=tc.dropout)
+    cfg = _model_config(tc)
     model = GPT(cfg)
     model.init_weights(torch.Generator().manual_seed(tc.seed))
     model.to(dev).train()

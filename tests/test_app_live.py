@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 import kvviz.ui.live as live
 import kvviz.ui.replay as replay
 from kvviz import iter_generate
+from kvviz.ui.plain_text import unescape
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app.py"
@@ -61,7 +62,8 @@ def assert_clean(at: AppTest) -> None:
 
 
 def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
+    """The error texts as users read them (user and model text reaches Markdown escaped)."""
+    return [unescape(e.value) for e in at.error]
 
 
 def html_text(at: AppTest) -> str:

@@ -154,7 +154,8 @@ def test_a_damaged_cached_build_is_rebuilt(tmp_path: Path) -> None:
     built.write_bytes(b"not a shared library")
     second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert second.stdout == first.stdout, second.stdout + second.stderr
-    assert built.stat().st_size > 1000 and list(tmp_path.iterdir()) == [built]
+    # The library and the sha256 recorded beside it at build time, nothing else.
+    assert built.stat().st_size > 1000 and set(tmp_path.iterdir()) == {built, built.with_suffix(".sha256")}
 
 
 @needs_c
@@ -164,7 +165,8 @@ def test_builds_into_the_cache_dir_once(tmp_path: Path) -> None:
     first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert first.returncode == 0 and first.stdout.startswith("True built with"), first.stdout + first.stderr
     built = sorted(tmp_path.glob("rowops-*.so"))
-    assert len(built) == 1 and sorted(tmp_path.iterdir()) == built  # no temporary file left behind
+    # No temporary file left behind: the library and its recorded sha256 only.
+    assert len(built) == 1 and set(tmp_path.iterdir()) == {built[0], built[0].with_suffix(".sha256")}
     mtime = built[0].stat().st_mtime_ns
     second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert second.stdout == first.stdout and built[0].stat().st_mtime_ns == mtime

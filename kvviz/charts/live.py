@@ -15,7 +15,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.charts.tokens import (  # noqa: F401 (visible, prompt_tokens, generated_text: the views' API too)
-    MAX_TICKS, generated_text, planned_columns, position_labels, prompt_tokens, short_label, token_axis, visible,
+    MAX_TICKS, generated_text, planned_columns, plotly_text, position_labels, prompt_tokens, short_label, token_axis,
+    visible,
 )
 from kvviz.engine.events import Run, StepEvent
 
@@ -265,7 +266,7 @@ def _query_words(run: Run, ev: StepEvent) -> str:
     """'the token 'e' at position 12': the newest query, i.e. the last token fed this step."""
     labels = position_labels(run)
     q = ev.position - 1
-    tok = visible(labels[q]) if 0 <= q < len(labels) else "?"
+    tok = plotly_text(visible(labels[q])) if 0 <= q < len(labels) else "?"
     return f"“{tok}” (position {q})"
 
 
@@ -341,7 +342,7 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
     colors = [PROMPT_COLOR if p < N else GEN_COLOR for p in range(S)]
     fig = go.Figure(go.Bar(
         x=np.arange(S, dtype=np.int32), y=w, marker_color=colors, marker_line_width=0,
-        customdata=np.array([visible(labels[p]) if p < len(labels) else "" for p in range(S)])[:, None],
+        customdata=np.array([plotly_text(visible(labels[p])) if p < len(labels) else "" for p in range(S)])[:, None],
         hovertemplate="position %{x} “%{customdata[0]}”<br>weight %{y:.3f}<extra></extra>"))
     # Name the three strongest positions so a projector audience can read them.
     top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards

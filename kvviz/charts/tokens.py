@@ -49,9 +49,16 @@ def planned_columns(run: Run) -> int:
     return max(1, len(run.prompt_ids) + max(run.max_new_tokens, len(run.events)) - 1)
 
 
+def plotly_text(text: str) -> str:
+    """Text for Plotly's labels, which read a subset of HTML: a BPE token "<a href=...>" or a byte
+    token's "<0x0A>" must show as those characters, not become a link or vanish as a tag."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def short_label(label: str) -> str:
+    """A token's axis label: visible, at most MAX_LABEL characters, escaped for Plotly."""
     label = visible(label)
-    return label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…"
+    return plotly_text(label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…")
 
 
 def token_axis(labels: list[str], n: int, title: str = "position (token)") -> dict:

@@ -19,6 +19,7 @@ import torch
 from kvviz.engine.cache import KVCache, make_cache
 from kvviz.engine.capture import Capture, ForwardCapture, record
 from kvviz.engine.chat import chat_prompt
+from kvviz.engine.diagnose import nonfinite_error
 from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
@@ -66,6 +67,7 @@ class GenerationStream:
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
+    note: str = ""  # why the loop ended, when it knows (an error)
     _iter: Iterator[StepEvent] | None = None
     _text: str = ""  # row 0's generated text, decoded as tokens arrive
     _stop_at: int | None = None  # where the stop string starts in _text
@@ -115,9 +117,9 @@ class GenerationStream:
             block_size=c.block_size,
         )
         reason = self.stop_reason
-        note = ""
-        if reason is None:  # iteration was abandoned (Stop click, rerun, error upstream)
-            reason, note = "stopped", f"stopped by the user after {len(self.events)} tokens"
+        note = self.note
+        if reason is None:  # iteration was abandoned: the consumer knows why (a Stop click, a reconnect...)
+            reason, note = "stopped", f"stopped after {len(self.events)} tokens"
         return run.finish(reason, self.text, self.stop_string, note)
 
     def _loop(self) -> Iterator[StepEvent]:
@@ -154,11 +156,15 @@ class GenerationStream:
                 t0 = time.perf_counter()
                 logits = forward(inp, positions.narrow(0, start, t - start), cache, fc, last_only=True)
                 logits = logits.select(1, -1)  # (B, V)
+                if not self.params.greedy:  # multinomial raises (CPU) or asserts (CUDA) on NaN
+                    self._check_finite(logits, step)
                 nxt = sample(logits if logits.dtype == torch.float32 else logits.float(), self.params, gen)  # (B,)
                 if cache is None:  # recomputing reads the whole sequence back
                     tokens.select(1, t).copy_(nxt)
                 ids = nxt.tolist()  # the one host sync per step (also waits for CUDA)
                 latency_ms = (time.perf_counter() - t0) * 1000.0
+                if self.params.greedy:  # outside the clock: argmax of NaN is a silent token 0
+                    self._check_finite(logits, step)
 
                 if cache is not None:
                     cache.advance(t - start)
@@ -174,6 +180,15 @@ class GenerationStream:
                 self.stop_reason = "stop_string"
                 return
         self.stop_reason = "max_new_tokens"
+
+    def _check_finite(self, logits: torch.Tensor, step: int) -> None:
+        """End the run with a NonFiniteLogits error (saying where) if ``logits`` hold NaN or inf."""
+        if bool(torch.isfinite(logits).all()):
+            return
+        ids = list(self.prompt_rows[0]) + [e.token_id for e in self.events]
+        err = nonfinite_error(self.model.gpt, logits, ids, step)
+        self.stop_reason, self.note = "error", str(err)
+        raise err
 
     def _hit_stop(self, new_chars: int) -> bool:
         """Did this step's text complete a stop string? Only the tail can hold a new match."""

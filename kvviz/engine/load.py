@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.config import GPTConfig, show
 from kvviz.engine.load_llama import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
@@ -27,6 +29,7 @@ from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer
 from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
+from kvviz.safeio import describe_path, kind_of, parse_json, read_bounded
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # kvviz/engine/load.py -> repo root
 SHAKESPEARE_DIR = ASSETS / "models" / "shakespeare"
@@ -161,6 +164,13 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
     elif spec == "smollm2":
         out = load_gguf_model(smollm2_path(), dev, dt, name="smollm2")
     elif spec.lower().endswith(".gguf"):
+        # Only a regular file reaches the GGUF reader: it would block forever on a FIFO and map a
+        # device; the user gets what the path is instead.
+        mode, why = describe_path(spec, f"GGUF file {spec}")
+        if mode is None:
+            raise KVVizError(why)
+        if not stat.S_ISREG(mode):
+            raise KVVizError(f"GGUF file {spec} is {kind_of(mode)}, not a regular file")
         out = load_gguf_model(Path(spec), dev, dt)
     else:
         if not spec.strip():
@@ -180,19 +190,26 @@ def _finish(gpt: GPT | Llama, tok: Tokenizer, name: str, dev: torch.device, dt: 
 
 
 def read_config(folder: Path) -> dict[str, Any]:
+    """A model folder's config.json as a dict; KVVizError with a precise reason for anything else."""
+    folder = Path(folder)
+    mode, why = describe_path(folder, f"model folder {folder}")
+    if mode is None:
+        raise KVVizError(why)
+    if not stat.S_ISDIR(mode):
+        raise KVVizError(f"model folder {folder} is {kind_of(mode)}, not a folder")
     path = folder / "config.json"
-    if not folder.is_dir():
-        raise KVVizError(f"model folder {folder} does not exist")
-    if not path.is_file():
-        raise KVVizError(f"{folder.name}/ has no config.json")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise KVVizError(f"{folder.name}/config.json is over {MAX_CONFIG_BYTES:,} bytes; that is not a model config")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KVVizError(f"{folder.name}/config.json is not valid JSON: {e}") from None
+        os.lstat(path)
+    except FileNotFoundError:
+        raise KVVizError(f"{folder.name}/ has no config.json") from None
+    except OSError:
+        pass  # no permission, say: read_bounded names it precisely
+    where = f"{folder.name}/config.json"
+    # Bounded, regular files only (a FIFO never blocks, /dev/zero is never read), and parsed with
+    # depth and integer-length bounds: every failure is a KVVizError naming the file.
+    raw = parse_json(read_bounded(path, MAX_CONFIG_BYTES, where), where)
     if not isinstance(raw, dict):
-        raise KVVizError(f"{folder.name}/config.json must hold a JSON object")
+        raise KVVizError(f"{where} must hold a JSON object")
     return raw
 
 
@@ -205,7 +222,7 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
     elif mtype == "gpt2":
         act = raw.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise KVVizError(f"{where}: activation_function {act!r} is not supported (kvviz implements gelu_new)")
+            raise KVVizError(f"{where}: activation_function {show(act)} is not supported (kvviz implements gelu_new)")
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if raw.get(flag):
                 raise KVVizError(f"{where}: {flag}=true is not supported")
@@ -214,7 +231,7 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
         n_embd = raw.get("n_embd")
         n_inner = raw.get("n_inner")
         if n_inner is not None and isinstance(n_embd, int) and n_inner != 4 * n_embd:
-            raise KVVizError(f"{where}: n_inner={n_inner} is not supported (kvviz's MLP is 4 x n_embd)")
+            raise KVVizError(f"{where}: n_inner={show(n_inner)} is not supported (kvviz's MLP is 4 x n_embd)")
         fields = dict(
             vocab_size=raw.get("vocab_size"), block_size=raw.get("n_positions"), n_layer=raw.get("n_layer"),
             n_head=raw.get("n_head"), n_embd=n_embd, bias=True,
@@ -222,7 +239,8 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
         )
         hf = True
     else:
-        raise KVVizError(f"{where}: model_type {mtype!r} is not supported; kvviz loads 'gpt2' and '{KVVIZ_MODEL_TYPE}'")
+        raise KVVizError(f"{where}: model_type {show(mtype)} is not supported; kvviz loads 'gpt2' and "
+                         f"'{KVVIZ_MODEL_TYPE}'")
     missing = [k for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd") if fields.get(k) is None]
     if missing:
         raise KVVizError(f"{where}: missing {', '.join(missing)}")
@@ -232,10 +250,85 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
     try:
         cfg = GPTConfig(**fields)
     except (TypeError, ValueError) as e:
-        raise KVVizError(f"{where}: {e}") from None
+        raise KVVizError(f"{where}: {str(e).removeprefix('invalid GPTConfig: ')}") from None
     if cfg.eos_token_id is not None and not 0 <= cfg.eos_token_id < cfg.vocab_size:
         cfg = GPTConfig(**{**cfg.to_dict(), "eos_token_id": None})
     return cfg, hf
+
+
+FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}  # safetensors' names for the weight dtypes kvviz reads
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # GPT-2's old mask buffers, not weights
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (dtype, shape)} from a safetensors file's header, reading no tensor data.
+
+    ``safe_open`` parses the 8-byte length and the JSON header and checks that every tensor's
+    offsets fit its dtype, its shape and the file; it maps nothing into memory yet.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    where = f"{path.parent.name}/{path.name}"
+    mode, why = describe_path(path, where)
+    if mode is None:
+        raise KVVizError(why)
+    if not stat.S_ISREG(mode):
+        raise KVVizError(f"{where} is {kind_of(mode)}, not a regular file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            out = {}
+            for k in f.keys():
+                sl = f.get_slice(k)
+                out[k] = (str(sl.get_dtype()), tuple(int(d) for d in sl.get_shape()))
+            return out
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
+
+
+def expected_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """kvviz's tensor names and shapes for a (validated, bounded) config, allocating nothing.
+
+    The model is built on the meta device: the one definition of the layout, no storage.
+    """
+    with torch.device("meta"):
+        gpt = GPT(cfg)
+    return {k: tuple(v.shape) for k, v in gpt.state_dict().items() if k != "lm_head.weight"}
+
+
+def match_header(header: dict[str, tuple[str, tuple[int, ...]]], cfg: GPTConfig, where: str) -> dict[str, str]:
+    """{checkpoint name: kvviz name}, after checking every name, dtype and shape against the config.
+
+    Runs before the model is built or a tensor read, so a config that lies about its size (a
+    million layers over a 4-layer file) is refused at the cost of reading a header.
+    """
+    expected = expected_shapes(cfg)
+    names: dict[str, str] = {}
+    for key in header:
+        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
+            continue  # lm_head is tied to wte (checked against it once loaded)
+        names[key] = key if key.startswith("transformer.") else "transformer." + key
+    got = {dst: header[src] for src, dst in names.items()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+    for k in sorted(set(expected) & set(got)):
+        dtype, shape = got[k]
+        if dtype not in FLOAT_DTYPES:
+            problems.append(f"{k} holds {dtype} values, not floating-point weights")
+        if shape != expected[k]:
+            problems.append(f"{k} has shape {shape}, config.json implies {expected[k]}")
+    head = header.get("lm_head.weight")
+    if head is not None and head[1] != expected["transformer.wte.weight"]:
+        problems.append(f"lm_head.weight has shape {head[1]}, config.json implies "
+                        f"{expected['transformer.wte.weight']}")
+    if problems:
+        more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
+        raise KVVizError(f"{where}/model.safetensors does not match its config.json: " + "; ".join(problems[:6]) + more)
+    return names
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -255,13 +348,15 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
         return _llama_model(load_llama_folder(folder, raw, dtype), folder, name or folder.name, device, dtype)
     cfg, hf = config_from_json(raw, f"{folder.name}/config.json")
     weights = folder / "model.safetensors"
-    if not weights.is_file():
+    if not os.path.lexists(weights):
         pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
         hint = f" (found {', '.join(pickles)}: kvviz never loads pickle files)" if pickles else ""
         raise KVVizError(f"{folder.name}/ has no model.safetensors{hint}")
+    # Config against the header first: nothing is allocated for a file that does not fit.
+    names = match_header(safetensors_header(weights), cfg, folder.name)
     sd = _read_safetensors(weights)
     gpt = GPT(cfg)
-    gpt.load_state_dict(_map_state_dict(sd, gpt, hf, folder.name), strict=True)
+    gpt.load_state_dict(_map_state_dict(sd, names, folder.name), strict=True)
 
     tok_path = folder / "tokenizer.json"
     has_tok = True
@@ -280,9 +375,9 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
     tj = folder / "training.json"
     if tj.is_file():
         try:
-            info["training"] = json.loads(tj.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            info["training"] = None
+            info["training"] = parse_json(read_bounded(tj, MAX_CONFIG_BYTES, "training.json"), "training.json")
+        except KVVizError:
+            info["training"] = None  # provenance only: a damaged file does not stop the model
     return _finish(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
 
 
@@ -316,38 +411,23 @@ def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dt
     return _finish(out.model, tok, name, device, dtype, has_tok, str(path), out.info)
 
 
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # GPT-2's old mask buffers, not weights
-
-
-def _map_state_dict(sd: dict[str, torch.Tensor], gpt: GPT, hf: bool, where: str) -> dict[str, torch.Tensor]:
-    """Rename and transpose a checkpoint's tensors to kvviz's, checking every shape."""
-    expected = {k: v for k, v in gpt.state_dict().items() if k != "lm_head.weight"}
+def _map_state_dict(sd: dict[str, torch.Tensor], names: dict[str, str], where: str) -> dict[str, torch.Tensor]:
+    """Rename a checkpoint's tensors to kvviz's (shapes were checked on the header) and check values."""
     head = sd.get("lm_head.weight")
     wte = sd.get("transformer.wte.weight", sd.get("wte.weight"))
     if head is not None and wte is not None and not torch.equal(head, wte):
         # kvviz's head is tied to wte; dropping a distinct head would load a different model.
         raise KVVizError(f"{where}/model.safetensors has an untied lm_head.weight; kvviz supports "
                          "only GPT-2's tied LM head (tie_word_embeddings=true)")
-    out: dict[str, torch.Tensor] = {}
-    for key, t in sd.items():
-        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
-            continue  # lm_head is tied to wte
-        k = key if key.startswith("transformer.") else "transformer." + key
-        out[k] = t  # kvviz's Conv1D uses HF's (in, out) layout: no transpose
-    missing = sorted(set(expected) - set(out))
-    unexpected = sorted(set(out) - set(expected))
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
-    for k in sorted(set(expected) & set(out)):
-        if tuple(out[k].shape) != tuple(expected[k].shape):
-            problems.append(f"{k} has shape {tuple(out[k].shape)}, config.json implies {tuple(expected[k].shape)}")
-    if problems:
-        raise KVVizError(f"{where}/model.safetensors does not match its config.json: " + "; ".join(problems[:6]))
+    # kvviz's Conv1D uses HF's (in, out) layout: no transpose.
+    out = {dst: sd[src].float() for src, dst in names.items()}
+    for k, t in out.items():
+        if not bool(torch.isfinite(t).all()):
+            n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            raise KVVizError(f"{where}/model.safetensors is damaged: {k} holds {n_nan:,} NaN and {n_inf:,} "
+                             "infinite values, so every output would be NaN")
     out["lm_head.weight"] = out["transformer.wte.weight"]
-    return {k: v.float() for k, v in out.items()}
+    return out
 
 
 def save_model(gpt: GPT, folder: Path, extra_config: dict[str, Any] | None = None) -> None:

@@ -1,11 +1,27 @@
 """Next-token sampling: greedy, temperature, top-k and top-p, with a per-run torch.Generator."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from kvviz.errors import KVVizError
+
+
+# A smaller temperature is clamped to this one. Both already make the distribution one-hot in
+# float32 (the argmax, the limit of sharpening), but 1e-46 *is* 0 in float32, and dividing by it
+# would turn the logits into NaN; 1e-30 is a normal float32.
+MIN_TEMPERATURE = 1e-30
+MAX_TEMPERATURE = 100.0
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -19,14 +35,17 @@ class SamplingParams:
     def __post_init__(self) -> None:
         problems = []
         if not self.greedy:
-            if not (0.0 < self.temperature <= 100.0):
-                problems.append(f"temperature must be in (0, 100] (got {self.temperature})")
-        if self.top_k is not None and self.top_k < 1:
-            problems.append(f"top_k must be at least 1 (got {self.top_k})")
-        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
-            problems.append(f"top_p must be in (0, 1] (got {self.top_p})")
-        if not (0 <= self.seed < 2**63):
-            problems.append(f"seed must be in [0, 2^63) (got {self.seed})")
+            t = self.temperature
+            if not _is_number(t) or not (0.0 < t <= MAX_TEMPERATURE):
+                problems.append(f"temperature must be in (0, {MAX_TEMPERATURE:g}] (got {t!r})")
+        k = self.top_k
+        if k is not None and (not _is_int(k) or k < 1):
+            problems.append(f"top_k must be an integer >= 1 (got {k!r})")
+        p = self.top_p
+        if p is not None and (not _is_number(p) or not (0.0 < p <= 1.0)):
+            problems.append(f"top_p must be in (0, 1] (got {p!r})")
+        if not _is_int(self.seed) or not (0 <= self.seed < 2**63):
+            problems.append(f"seed must be an integer in [0, 2^63) (got {self.seed!r})")
         if problems:
             raise KVVizError("; ".join(problems))
 
@@ -49,15 +68,17 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p on (B, V) float logits; masked entries become -inf."""
-    logits = logits / params.temperature
+    logits = logits / max(params.temperature, MIN_TEMPERATURE)
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p is not None and params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the mass *before* it already reaches p; the top token always stays.
+        # Drop a token when the mass *before* it already reaches p. The top token always stays,
+        # explicitly: a top_p that rounds to 0 in float32 (1e-300) would otherwise drop every token.
         drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -67,5 +88,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """(B, V) logits -> (B,) token ids, on the logits' device."""
     if params.greedy:
         return torch.argmax(logits, dim=-1)
-    probs = torch.softmax(filter_logits(logits.float(), params), dim=-1)
+    logits = logits.float()
+    # Shift the row maximum to 0 first (the softmax does not change): divided by a small
+    # temperature, the others can then only underflow towards -inf, never overflow to +inf,
+    # which would turn the probabilities into NaN.
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(shifted, params), dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -8,7 +8,12 @@ among the intra-op threads. ``docs/performance.md`` has the measurements.
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``/``gcc``)
 and OpenMP, into a cache folder (``$KVVIZ_CACHE_DIR``, else ``~/.cache/kvviz``), keyed by the
-source, the flags, the compiler and the CPU. Built after ``import torch``, the library binds to
+source, the flags, the compiler and the CPU. Loading a file is running its code, so the cache is
+trusted only when nobody else can write it: the folder (created 0700) and the library must be
+owned by this user and not writable by group or others, the library is opened without following
+links, and its sha256 must match the one recorded beside it at build time; the hash is computed on
+the very descriptor that ``dlopen`` then loads (``/proc/self/fd``), so no swap can slip in between.
+A folder shared with others is refused (``status()`` says why); a mismatched file is rebuilt. Built after ``import torch``, the library binds to
 the OpenMP runtime torch already loaded, so the two share one thread pool. No compiler, a
 failed build, or ``KVVIZ_ROWOPS=0`` leaves ``load()`` returning None and ``status()`` saying
 why; the decode step then keeps its PyTorch path (same maths, tests hold the two allclose).
@@ -20,6 +25,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -73,6 +79,46 @@ def _key(cc: str, flags: list[str], version: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _private_folder_problem(folder: Path) -> str:
+    """'' when only this user can write ``folder``; else why kvviz will not load code from it."""
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        return f"cannot inspect the build folder {folder} ({e.strerror or e})"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return (f"the build folder {folder} belongs to another user; kvviz loads compiled code only from "
+                "a folder of its own (set KVVIZ_CACHE_DIR)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"the build folder {folder} is writable by other users (mode {stat.S_IMODE(st.st_mode):o}); "
+                f"kvviz loads compiled code only from a private folder (chmod 700 {folder}, or set KVVIZ_CACHE_DIR)")
+    return ""
+
+
+def _sha256_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _digest_path(lib: Path) -> Path:
+    return lib.with_suffix(".sha256")
+
+
+def _record_digest(lib: Path) -> None:
+    """Write the built library's sha256 beside it (renamed in, like the library)."""
+    fd = os.open(lib, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        digest = _sha256_fd(fd)
+    finally:
+        os.close(fd)
+    fd, tmp = tempfile.mkstemp(suffix=".sha256", dir=lib.parent)  # concurrent builders never collide
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(digest + "\n")
+    os.replace(tmp, _digest_path(lib))
+
+
 def _build(cc: str) -> tuple[Path | None, str]:
     """Compile (or find the cached build of) rowops.c: (path, '') or (None, why not)."""
     try:
@@ -81,13 +127,16 @@ def _build(cc: str) -> tuple[Path | None, str]:
         return None, f"the C compiler {cc!r} did not run ({e})"
     folder = cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
         return None, f"cannot create the build folder {folder} ({e.strerror or e}); set KVVIZ_CACHE_DIR"
+    why = _private_folder_problem(folder)
+    if why:
+        return None, why
     errors = []
     for flags in FLAG_SETS:
         out = folder / f"rowops-{_key(cc, flags, version)}.so"
-        if out.exists():
+        if out.exists() and _digest_path(out).exists():
             return out, ""
         tmp = None
         try:
@@ -98,6 +147,7 @@ def _build(cc: str) -> tuple[Path | None, str]:
                                timeout=BUILD_TIMEOUT_S)
             if r.returncode == 0:
                 os.replace(tmp, out)
+                _record_digest(out)
                 return out, ""
             errors.append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
         except (OSError, subprocess.SubprocessError) as e:
@@ -109,10 +159,33 @@ def _build(cc: str) -> tuple[Path | None, str]:
 
 
 def _open(path: Path) -> tuple[ctypes.CDLL | None, str]:
+    """dlopen ``path`` after checking who can write it and that its bytes are the ones built.
+
+    The checks and the hash run on one descriptor, opened without following links, and that same
+    descriptor is what is loaded (through /proc/self/fd where it exists).
+    """
     try:
-        return ctypes.CDLL(str(path)), ""
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        return None, f"loading {path} failed: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{path} is not a regular file"
+        if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None, f"{path} is writable by, or belongs to, another user; not loading it"
+        try:
+            want = _digest_path(path).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            want = ""
+        if _sha256_fd(fd) != want:
+            return None, f"{path} does not match the sha256 recorded when it was built"
+        proc = Path(f"/proc/self/fd/{fd}")
+        return ctypes.CDLL(str(proc) if proc.exists() else str(path)), ""
     except OSError as e:
         return None, f"loading {path} failed: {e}"
+    finally:
+        os.close(fd)
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
@@ -125,8 +198,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if path is None:
         return None, why
     lib, why = _open(path)
-    if lib is None:  # a damaged cached build (never a half-written one: builds are renamed in)
+    if lib is None:  # a damaged or tampered cached build (never a half-written one: builds are renamed in)
         path.unlink(missing_ok=True)
+        _digest_path(path).unlink(missing_ok=True)
         path, _ = _build(cc)  # rebuild once; a second failure is reported as the first
         lib = None if path is None else _open(path)[0]
         if lib is None:

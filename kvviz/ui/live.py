@@ -6,31 +6,62 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
 - Live: the view's placeholders are created once and redrawn in place; the text on every token,
   numbers and charts every ``CHART_INTERVAL_S`` or slower, and always on the last step, each chart
   with a key unique to the run and the draw.
-- Stop (or any click) during a live run: with Streamlit's fast reruns the next script run starts
+- Any rerun during a live run (a Stop click, a changed control, or the browser reconnecting after
+  its WebSocket dropped) interrupts it: with Streamlit's fast reruns the next script run starts
   at once on another thread, and this one raises at its next Streamlit call or session-state
-  access, inside its ``finally`` too. So the loop records the partial run in the run store's own
-  dict (``RunStore.put``/``post``, no session-state access) and the next run waits for it.
+  access, inside its ``finally`` too. So the loop *parks* its stream, suspended between two
+  steps, in the run store's own dict (no session-state access), and the next script run, which
+  knows what caused it, decides: Stop -> the run ends "stopped by the user"; Generate/Step -> it
+  ends "replaced by a new run"; a changed setting -> it ends saying so; no click and the same
+  settings (a reconnect) -> the same run *resumes* from where it was. A run never claims the user
+  stopped it without a click.
 - Step mode: the GenerationStream lives in session_state; each Step click advances one event.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
-from kvviz import KVVizError, LoadedModel, Run, iter_generate
+from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
+from kvviz.engine.generate import GenerationStream
 from kvviz.ui import chips, persist
 from kvviz.ui.budget import Shape, plan_capture
+from kvviz.ui.plain_text import md_plain
 from kvviz.ui.replay import stored_view
 from kvviz.ui.settings import Settings
-from kvviz.ui.state import RunStore, get_model, run_store
+from kvviz.ui.state import RunStore, get_model, live_runs, run_store
 from kvviz.ui.stepper import Stepper, close_iterator
 from kvviz.ui.view import draw, layout
 
+# Redraw intervals for one live run; with N runs live in the process each is N times longer, so the
+# server sends the browsers about what one run would (see state.LiveRuns).
+TEXT_INTERVAL_S = 0.05  # the text at most ~20 times a second (a tiny model makes 1,000 tokens/s)
 CHART_INTERVAL_S = 0.15  # ~6-7 chart redraws per second while generating
+# With more live runs than this in the process, charts wait for the end of the run (the text and
+# numbers keep updating). Measured: ten browsers re-rendering four Plotly charts each stopped
+# reading their sockets for over 30 s, and the server's keepalive dropped them (docs/load-test.md).
+LIVE_CHARTS_MAX_RUNS = 3
 STEPPER_KEY = "_kvviz_stepper"
+# A run interrupted by a rerun with no click (a reconnect) resumes within this many seconds; past
+# it (the tab was closed, the page left and revisited much later) it ends, saying so.
+RESUME_WINDOW_S = 120.0  # Streamlit's disconnectedSessionTTL default: the session outlives a drop that long
+
+
+@dataclass
+class Parked:
+    """A live run interrupted between two steps, waiting for the next script run to resume or end it."""
+
+    run_id: int
+    stream: GenerationStream
+    it: Iterator[StepEvent]
+    meta: dict[str, Any]
+    signature: tuple
+    at: float  # time.monotonic() when parked
 # Less empty space above the title, so the text, the numbers and the cache fit on one projected screen.
 PAGE_CSS = '<style>[data-testid="stMainBlockContainer"]{padding-top:2.2rem}</style>'
 
@@ -61,12 +92,15 @@ def page() -> None:
 
     stepper: Stepper | None = st.session_state.get(STEPPER_KEY)
     if stop and stepper is not None:
-        _end_stepping(store)  # a live run was already ended by this click's rerun (see _live's finally)
+        _end_stepping(store, "stopped by the user")
+    parked = _resolve_parked(store, settings, stop=stop, new_run=generate or step)
     _show_notice(store)
     if stop:
         pass  # never start anything on the Stop click, even if Generate's click is replayed with it
+    elif parked is not None:
+        _live(settings, parked.stream.model, store, parked)  # a reconnect: the same run goes on
     elif generate:
-        _end_stepping(store)
+        _end_stepping(store, "replaced by a new run")
         model = _load(settings)
         if model is not None:
             _live(settings, model, store)  # reruns when it has drawn; returns after an input error
@@ -77,11 +111,44 @@ def page() -> None:
     stored_view(store)
 
 
+def _resolve_parked(store: RunStore, settings: Settings, stop: bool, new_run: bool) -> Parked | None:
+    """End the parked run with the true reason and return None, or return it to be resumed.
+
+    Only this script run knows why the last one was interrupted: a Stop click, a Generate/Step
+    click, a changed setting, or none of these, which is the browser reconnecting (its rerun
+    carries the same widget values).
+    """
+    parked: Parked | None = store.take("parked")
+    if parked is None:
+        return None
+    n = len(parked.stream.events)
+    if stop:
+        why, notice = "stopped by the user", f"Stopped: run #{parked.run_id} is kept with the {n} tokens it had."
+    elif new_run:
+        why, notice = "replaced by a new run", ""
+    elif parked.signature != _signature(settings):
+        why = "ended when a setting changed"
+        notice = (f"Run #{parked.run_id} ended after {n} tokens because a setting changed; it is kept. Press "
+                  "Generate to run with the new settings.")
+    elif time.monotonic() - parked.at > RESUME_WINDOW_S:
+        why = "ended: the page was away too long to resume"
+        notice = f"Run #{parked.run_id} was interrupted and not resumed within {RESUME_WINDOW_S:.0f} s; it is kept."
+    else:
+        return parked
+    close_iterator(parked.it)
+    run = parked.stream.run
+    store.put(parked.run_id, _with_meta(run.finish("stopped", run.text, run.stop_string, why), parked.meta))
+    store.post("show", parked.run_id)
+    if notice:
+        store.post("notice", ("info", notice))
+    return None
+
+
 def _settings_line(s: Settings) -> str:
     sampling = "greedy" if s.greedy else f"T={s.temperature:g}" + (f", top-k {s.top_k}" if s.top_k else "") + (
         f", top-p {s.top_p:g}" if s.top_p else "") + f", seed {s.seed}"
     speed = f" · presenting at {s.speed_tps:g} tok/s" if s.speed_tps else ""
-    return f"**{s.model}** · {s.cache_label} · {sampling} · {s.max_new_tokens} new tokens{speed}"
+    return f"**{md_plain(s.model)}** · {s.cache_label} · {sampling} · {s.max_new_tokens} new tokens{speed}"
 
 
 def _show_notice(store: RunStore) -> None:
@@ -95,7 +162,7 @@ def _load(settings: Settings) -> LoadedModel | None:
     try:
         return get_model(settings.model, settings.device, settings.dtype)
     except KVVizError as e:
-        st.error(f"The model cannot be loaded: {e}")
+        st.error("The model cannot be loaded: " + md_plain(e))
         return None
 
 
@@ -113,7 +180,7 @@ def _start(settings: Settings, model: LoadedModel):  # type: ignore[no-untyped-d
         # Set before the first step: the loop reads the capture request once, when it starts.
         stream.capture, note = plan_capture(_shape(model), n_prompt, max(1, settings.max_new_tokens), kv_layer)
     except KVVizError as e:
-        st.error(f"Cannot generate: {e}")
+        st.error("Cannot generate: " + md_plain(e))
         return None
     meta: dict[str, Any] = {}
     if note:
@@ -127,55 +194,87 @@ def _with_meta(run: Run, meta: dict[str, Any]) -> Run:
 
 # --- live ----------------------------------------------------------------------------------------
 
-def _live(settings: Settings, model: LoadedModel, store: RunStore) -> None:
-    """Generate with live drawing, store the run (also when interrupted), then rerun to show it."""
-    started = _start(settings, model)
-    if started is None:
-        return
-    stream, meta = started
-    run_id = store.new_id()
+def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parked | None = None) -> None:
+    """Generate with live drawing, store the run (park it when interrupted), then rerun to show it.
+
+    ``resume``: a parked run to go on with (same stream, same run id) instead of starting one.
+    """
+    if resume is None:
+        started = _start(settings, model)
+        if started is None:
+            return
+        stream, meta = started
+        run_id, it = store.new_id(), iter(stream)
+        status = f"**Run #{run_id}: generating…** Stop ends it at the next step."
+    else:
+        stream, meta, run_id, it = resume.stream, resume.meta, resume.run_id, resume.it
+        status = (f"**Run #{run_id}: generating…** (resumed at token {len(stream.events)} after the page "
+                  "reconnected) Stop ends it at the next step.")
     with st.container(key=f"run_live_{run_id}"):
-        st.markdown(f"**Run #{run_id}: generating…** Stop ends it at the next step.")
+        st.markdown(status)
     shape = _shape(model)
     slots, opts = layout((shape.n_layer, shape.n_head, shape.n_kv_head))
-    it = iter(stream)
     error: Exception | None = None
-    last_chart, gap = 0.0, CHART_INTERVAL_S
+    finished = False
+    last_chart = last_text = 0.0
+    chart_cost = 0.0
     draws = 0
-    t0 = time.perf_counter()
+    paused = False  # charts paused for the rest of this run (see LIVE_CHARTS_MAX_RUNS)
+    # Presentation pacing counts from the run's first token, also across a resume.
+    t0 = time.perf_counter() - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
     store.begin_live(run_id)
     try:
-        for ev in it:
-            run = _with_meta(stream.run, meta)
-            store.put(run_id, run, trim=False)  # before drawing: a Stop click interrupts the draw
-            now = time.perf_counter()
-            chart_due = now - last_chart >= gap
-            draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due)
-            if chart_due:
-                # Charts at 5-10 Hz, but never more than a third of the loop's time: slow charts
-                # (a big model's attention map) must not slow the generation they show.
-                last_chart, draws = time.perf_counter(), draws + 1
-                gap = max(CHART_INTERVAL_S, 2.0 * (last_chart - now))
-            if settings.speed_tps:  # presentation speed: hold each token until its slot in time
-                _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
-        draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final")
+        with live_runs() as live:
+            for ev in it:
+                run = _with_meta(stream.run, meta)
+                store.put(run_id, run, trim=False)  # before drawing: a Stop click interrupts the draw
+                now = time.perf_counter()
+                load = max(1, live.count)
+                # Charts at 5-10 Hz, but never more than a third of the loop's time (a big model's
+                # attention map must not slow the generation it shows); text up to 20 Hz. Both
+                # N times slower with N live runs, so a busy server never outruns its browsers.
+                if not paused and load > LIVE_CHARTS_MAX_RUNS:
+                    # Paused until this run ends, not until the load drops: when the other runs end,
+                    # their browsers render their final charts, the worst moment to resume ours.
+                    paused = True
+                    slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
+                                           "they are drawn when this run ends. The text and numbers keep updating.")
+                chart_due = not paused and now - last_chart >= max(CHART_INTERVAL_S * load, 2.0 * chart_cost)
+                if chart_due or now - last_text >= TEXT_INTERVAL_S * load:
+                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=chart_due or paused)
+                    last_text = time.perf_counter()
+                    if chart_due:
+                        last_chart, chart_cost, draws = last_text, last_text - now, draws + 1
+                if settings.speed_tps:  # presentation speed: hold each token until its slot in time
+                    _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
+            finished = True
+            # With charts paused, the rerun below draws them once (from the stored run); drawing
+            # them here as well would double the heaviest render when a busy server can least
+            # afford it.
+            draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final", charts_too=not paused,
+                 numbers_too=True)
     except (RuntimeError, KVVizError) as e:
-        # The device failed under us (a GPU lost or out of memory): keep what was generated.
+        # A device failure (a GPU lost or out of memory, a RuntimeError) or a broken model (NaN
+        # logits, a KVVizError saying where): keep what was generated.
         error = e
     finally:
-        # Also runs when a click interrupts the loop. Streamlit then makes every st.* call and
+        # Also runs when a rerun interrupts the loop. Streamlit then makes every st.* call and
         # session-state access raise here, so record everything in the store's own dict.
         try:
-            close_iterator(it)
             run = _with_meta(stream.run, meta)
+            n = len(run.events)
             if error is not None:
-                run = run.finish("error", run.text, note=f"the device failed after {len(run.events)} tokens: {error}")
-                store.post("notice", ("error", f"Generation failed after {len(run.events)} tokens: {error}. The "
-                                               f"partial run #{run_id} is kept; pick another device or model in "
-                                               "the sidebar and try again."))
-            elif run.stop_reason == "stopped":
-                store.post("notice", ("info", f"Stopped: run #{run_id} is kept with the {len(run.events)} tokens "
-                                              "it had (a click or a changed control ends a live run)."))
+                close_iterator(it)
+                what = str(error) if isinstance(error, KVVizError) else f"the device failed: {error}"
+                run = run.finish("error", run.text, note=f"ended after {n} tokens: {what}")
+                store.post("notice", ("error", f"Generation failed after {n} tokens: {md_plain(what)}. The "
+                                               f"partial run #{run_id} is kept."))
+            elif not finished and stream.stop_reason is None:
+                # Interrupted between two steps: park the suspended stream; the next script run
+                # knows why (a click, a changed setting, a reconnect) and ends or resumes it.
+                store.post("parked", Parked(run_id, stream, it, meta, _signature(settings), time.monotonic()))
+            else:
+                close_iterator(it)
             store.put(run_id, run)
             store.post("show", run_id)
         finally:
@@ -212,8 +311,9 @@ def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Step
                                or ev.token_id == model.tokenizer.eos_token_id):
             stepper.advance()  # the run is over: let the stream record why (no compute happens)
     except (RuntimeError, KVVizError) as e:
-        _end_stepping(store)
-        st.error(f"Generation failed: {e}. The partial run is kept.")
+        what = str(e) if isinstance(e, KVVizError) else f"the device failed: {e}"
+        _end_stepping(store, what, reason="error")
+        st.error("Generation failed: " + md_plain(what) + ". The partial run is kept.")
         return
     if stepper.finished:
         _end_stepping(store)
@@ -222,14 +322,20 @@ def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Step
     store.post("show", stepper.run_id)
 
 
-def _end_stepping(store: RunStore) -> None:
-    """Finish the step-mode run (if any): close its stream and keep its run as it ended."""
+def _end_stepping(store: RunStore, why: str = "ended when a setting changed", reason: str = "stopped") -> None:
+    """Finish the step-mode run (if any): close its stream and keep its run as it ended.
+
+    A run that had not ended by itself gets ``reason`` and the note ``why``.
+    """
     stepper: Stepper | None = st.session_state.pop(STEPPER_KEY, None)
     if stepper is None:
         return
     stepper.close()
-    if stepper.stream.events:  # an unfinished stream reports itself as stopped
-        store.put(stepper.run_id, _with_meta(stepper.stream.run, stepper.meta), stepping=False)
+    if stepper.stream.events:
+        run = stepper.stream.run
+        if run.stop_reason == "stopped":  # it did not end by itself: say why it ended
+            run = run.finish(reason, run.text, run.stop_string, why)
+        store.put(stepper.run_id, _with_meta(run, stepper.meta), stepping=False)
         store.post("show", stepper.run_id)
 
 

@@ -20,6 +20,7 @@ from kvviz import KVVizError, LoadedModel
 from kvviz.measure.cpu_load import busy_warning
 from kvviz.measure.probe import probe_machine
 from kvviz.measure.stats import MachineProbe, Sample
+from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import get_model
 
@@ -37,13 +38,13 @@ def page_model() -> tuple[Settings, LoadedModel] | None:
     try:
         return s, get_model(s.model, s.device, s.dtype)
     except KVVizError as e:
-        st.error(f"This model cannot be loaded: {e}")
+        st.error("This model cannot be loaded: " + md_plain(e))
         return None
 
 
 def where(model: LoadedModel) -> str:
     """Named on every measurement: which model, on which device, in which dtype."""
-    return f"{model.name} · {model.device} · {model.dtype_name}"
+    return f"{md_plain(model.name)} · {model.device} · {model.dtype_name}"  # a folder name is plain text
 
 
 def results_key(prefix: str, model: LoadedModel) -> str:

@@ -17,6 +17,7 @@ from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_s
 from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
+from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 
 SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
@@ -131,7 +132,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     try:
         start_stream(model, req, "static")  # validates prompt and budget before any compute
     except KVVizError as e:
-        st.error(str(e))
+        st.error(md_plain(e))
         return
     lock = acquire_or_warn()
     if lock is None:

@@ -13,6 +13,7 @@ import streamlit as st
 from kvviz import Run
 from kvviz.engine.events import to_dataframe
 from kvviz.ui import persist
+from kvviz.ui.plain_text import md_plain
 from kvviz.ui.state import RunStore, StoredRun
 from kvviz.ui.view import draw, layout
 
@@ -147,10 +148,12 @@ def _status(entry: StoredRun, step: int) -> None:
         text = (f"Run #{entry.id}: step mode, {n} of {run.max_new_tokens} steps so far. Press Step for the "
                 "next token.")
     else:
-        eos = run.events[-1].token_text if run.events else "EOS"
+        # A stopped run's note says who or what stopped it ("stopped by the user" only after a
+        # Stop click); a run never blames the user for a reconnect or a server-side end.
+        eos = md_plain(run.events[-1].token_text) if run.events else "EOS"  # model text: plain
         reason = {"max_new_tokens": "reached max_new_tokens",
                   "eos": f"the model emitted its end token {eos} (EOS), as a finished answer does",
-                  "stop_string": "hit a stop string", "stopped": "stopped by the user",
+                  "stop_string": "hit a stop string", "stopped": md_plain(run.note or "stopped"),
                   "error": "ended by an error"}.get(run.stop_reason or "", str(run.stop_reason))
         text = f"Run #{entry.id} finished: {n} tokens, {reason}."
         if step < n - 1:
@@ -162,4 +165,4 @@ def _status(entry: StoredRun, step: int) -> None:
     with st.container(key=marker):
         st.markdown(f"**{text}**")
         for note in notes:
-            st.caption(note)
+            st.caption(md_plain(note))  # an error text or a model name: plain text

@@ -13,6 +13,7 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.chat import chat_prompt
 from kvviz.ui import persist
+from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
 
@@ -112,7 +113,7 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     try:
         model = get_model(choice, device, dtype)
     except KVVizError as e:
-        st.error(f"This model cannot be loaded: {e}")
+        st.error("This model cannot be loaded: " + md_plain(e))  # folder names and reasons are plain text
     if model is not None:
         c = model.config
         kv = f"{c.kv_heads} K/V heads" if c.kv_heads != c.n_head else f"{c.n_head} heads"

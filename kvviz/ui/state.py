@@ -133,17 +133,25 @@ def human_count(n: float) -> str:
 
 
 def choice_label(choice: str) -> str:
+    """The picker's plain-text label: the size in parameters, or 'unreadable' and why.
+
+    The picker labels every folder on every rerun, so one bad folder must cost a label, never the
+    page: ``read_config``/``config_from_json`` turn every failure into a KVVizError; OSError and
+    ValueError (KVVizError is one) are caught as the last line before the page.
+    """
     if choice in BUILTIN_LABELS:
         return BUILTIN_LABELS[choice]
     try:
         params = human_count(param_count(choice_config(choice)))
-    except KVVizError:
+    except (OSError, ValueError) as e:
         try:  # a Llama folder: its config is read by the Llama loader, at load time
             if read_config(Path(spec_for(choice))).get("model_type") == "llama":
                 return f"{choice} (Llama)"
-        except KVVizError:
+        except (OSError, ValueError):
             pass
-        return f"{choice} (cannot read its config.json)"
+        # The label names the folder already; the reason starts at its file ("config.json: ...").
+        why = str(e).removeprefix(f"{choice.removeprefix(FOLDER_PREFIX)}/")
+        return f"{choice} (unreadable: {why[:80]}{'…' if len(why) > 80 else ''})"
     if choice == "shakespeare":
         return f"shakespeare: byte-level, {params}"
     return f"{choice} ({params} params)"
@@ -183,6 +191,40 @@ def get_model(choice: str, device: str = "auto", dtype: str = "fp32") -> LoadedM
     spec = spec_for(choice)
     stamp = 0.0 if spec.startswith("random:") else _file_stamp(spec)
     return _load(spec, device, dtype, stamp)
+
+
+# --- live runs across sessions ---------------------------------------------------------------------
+
+class LiveRuns:
+    """How many live runs this server process is drawing now, over every session.
+
+    The live loop spaces its redraws by this number, so N generating sessions send about what one
+    would: under load, browsers that cannot keep up stop reading their WebSocket, the server's
+    keepalive ping then times out and the connection drops (measured: docs/load-test.md).
+    """
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    def __enter__(self) -> "LiveRuns":
+        with self._lock:
+            self._n += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._n -= 1
+
+
+@st.cache_resource
+def live_runs() -> LiveRuns:
+    """The process-wide counter (one object shared by every session, like the model cache)."""
+    return LiveRuns()
 
 
 # --- the run store -------------------------------------------------------------------------------

@@ -69,14 +69,19 @@ def layout(shape: tuple[int, int, int] | None,
     return Slots(out, m, nb, at, bars, lat), opts
 
 
-def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool = True) -> None:
-    """Draw the run as it stands after its last event into the placeholders."""
+def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool = True,
+         numbers_too: bool | None = None) -> None:
+    """Draw the run as it stands after its last event into the placeholders.
+
+    ``numbers_too`` (default: as ``charts_too``) redraws the metrics without the charts.
+    """
     with slots.output.container():
         chips.render(run)
+    if numbers_too if numbers_too is not None else charts_too:
+        with slots.metrics.container():
+            metrics.render(run)
     if not charts_too:
         return
-    with slots.metrics.container():
-        metrics.render(run)
     if opts.nb_view == "values":
         fig = charts.cache_values(run, opts.nb_kv, opts.nb_head, wanted_layer=opts.nb_layer)
     else:
