@@ -101,7 +101,8 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="bits per byte of a model on a text file")
     p.add_argument("--model", default="default")
-    p.add_argument("--text-file", required=True, type=Path)
+    p.add_argument("--text-file", type=Path, default=None,
+                   help="text to score (.txt or .txt.gz); default: the shipped Tiny Shakespeare corpus")
     p.add_argument("--last-fraction", type=_float, default=1.0, help="score only the last fraction of the bytes")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true")
@@ -109,10 +110,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.engine.load import load_model
+    from kvviz.engine.load import SHAKESPEARE_CORPUS, load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
-    src = read_eval_text(args.text_file, args.last_fraction)
+    src = read_eval_text(args.text_file or SHAKESPEARE_CORPUS, args.last_fraction)
     model = load_model(args.model, device=args.device)
     res = bits_per_byte(model, src.text)
     dropped = (f" ({src.dropped_bytes:,} bytes that were not valid UTF-8 were dropped, not scored)"
@@ -127,7 +128,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
     d = TrainConfig(corpus="")
     p = sub.add_parser("train", help="train the byte-level GPT on a corpus")
-    p.add_argument("--corpus", required=True)
+    p.add_argument("--corpus", default=None,
+                   help="training text (.txt or .txt.gz); default: the shipped Tiny Shakespeare corpus")
     p.add_argument("--out", default=d.out)
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "warmup",
                  "eval_every", "eval_batches", "seed"):
@@ -146,9 +148,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.engine.load import SHAKESPEARE_CORPUS
     from kvviz.train import TrainConfig, train
 
     fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}
+    fields["corpus"] = args.corpus or str(SHAKESPEARE_CORPUS)
     fields["final_eval"] = not args.no_final_eval
     tc = TrainConfig(**fields)
     summary = train(tc, resume=args.resume, progress=not (args.no_progress or args.json))

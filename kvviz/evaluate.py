@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kvviz.engine.load import LoadedModel
 from kvviz.errors import KVVizError
-from kvviz.safeio import read_bounded
+from kvviz.safeio import read_maybe_gzip
 
 MAX_EVAL_BYTES = 20_000_000  # scored bytes
 MAX_EVAL_FILE_BYTES = 200_000_000  # the file read to take its last fraction from
@@ -43,8 +43,9 @@ def read_eval_text(path: Path, last_fraction: float) -> EvalText:
     """The last ``last_fraction`` of a text file's bytes, decoded; the size is bounded before reading."""
     if not 0.0 < last_fraction <= 1.0:
         raise KVVizError(f"--last-fraction must be in (0, 1] (got {last_fraction})")
-    # read_bounded refuses FIFOs and devices and reads at most the limit, whatever st_size says.
-    data = read_bounded(Path(path), MAX_EVAL_FILE_BYTES, f"text file {path}")
+    # read_bounded refuses FIFOs and devices and reads at most the limit, whatever st_size says;
+    # a .gz file (the shipped corpus) is unpacked within the same limit.
+    data = read_maybe_gzip(Path(path), MAX_EVAL_FILE_BYTES, f"text file {path}")
     tail = data[len(data) - int(len(data) * last_fraction):]
     if len(tail) > MAX_EVAL_BYTES:
         raise KVVizError(f"the part of {Path(path).name} to score is {len(tail):,} bytes; the limit is "

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import stat
+import zlib
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,24 @@ def parse_json(data: bytes | str, where: str) -> Any:
         raise KVVizError(f"{where} is not valid JSON: {e}") from None
     except (ValueError, RecursionError) as e:  # belt and braces: the checks above should catch these
         raise KVVizError(f"{where} cannot be parsed: {e}") from None
+
+
+def read_maybe_gzip(path: Path | str, limit: int, label: str = "") -> bytes:
+    """``read_bounded``, then, for a ``.gz`` file, its contents, also at most ``limit`` bytes.
+
+    The shipped corpus is gzipped; a decompression bomb stops at the limit instead of filling memory.
+    """
+    raw = read_bounded(path, limit, label)
+    if not str(path).endswith(".gz"):
+        return raw
+    label = label or str(path)
+    d = zlib.decompressobj(wbits=31)  # 31: the gzip container
+    try:
+        out = d.decompress(raw, limit + 1)
+    except zlib.error as e:
+        raise KVVizError(f"{label} is not a valid gzip file ({e})") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise KVVizError(f"{label} holds more than {limit:,} bytes uncompressed; that is over the limit")
+    if not d.eof:
+        raise KVVizError(f"{label} is a truncated gzip file")
+    return out

@@ -27,7 +27,7 @@ from kvviz.evaluate import bits_per_byte
 from kvviz.measure.machine import available_memory_bytes, cpu_name
 from kvviz.engine.config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
-from kvviz.safeio import describe_path, kind_of, read_bounded
+from kvviz.safeio import describe_path, kind_of, read_maybe_gzip
 from kvviz.units import fmt_bytes
 
 VAL_FRACTION = 0.1
@@ -71,7 +71,7 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 def load_corpus(path: Path) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(train bytes, validation bytes, sha256): validation is the last 10% of the bytes."""
-    data = read_bounded(path, MAX_CORPUS_BYTES, f"corpus {path}")
+    data = read_maybe_gzip(path, MAX_CORPUS_BYTES, f"corpus {path}")
     if len(data) < 64:
         raise KVVizError(f"corpus {path} is too small to train on ({len(data)} bytes)")
     sha = hashlib.sha256(data).hexdigest()

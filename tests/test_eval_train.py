@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kvviz
+
 from kvviz import train as train_mod
 from kvviz.engine.load import LoadedModel, _finish
 from kvviz.cli import main
@@ -21,6 +24,7 @@ from kvviz.engine.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer
 
+ROOT = Path(__file__).resolve().parents[1]
 CORPUS = (
     "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n\n"
     "ALL:\nSpeak, speak.\n\n"
@@ -224,3 +228,44 @@ def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
     assert more["steps"] == 20 and more["tokens_seen"] == 20 * 8 * 32
     with pytest.raises(kvviz.KVVizError, match="no training state"):
         train_mod.train(_tc(tmp_path / "fresh"), resume=True, progress=False)
+
+
+def test_the_shipped_corpus_is_the_one_the_model_trained_on() -> None:
+    """assets/data holds Tiny Shakespeare gzipped: unpacked, it hashes to training.json's corpus_sha256,
+    so eval and train default to exactly the text the shipped model saw (no ../shared in a clone)."""
+    import hashlib
+    import json
+
+    from kvviz.engine.load import SHAKESPEARE_CORPUS, SHAKESPEARE_DIR
+    from kvviz.safeio import read_maybe_gzip
+
+    data = read_maybe_gzip(SHAKESPEARE_CORPUS, 2 * 2**20)
+    meta = json.loads((SHAKESPEARE_DIR / "training.json").read_text(encoding="utf-8"))
+    assert len(data) == 1_115_394 and hashlib.sha256(data).hexdigest() == meta["corpus_sha256"]
+
+
+def test_gzip_reading_is_bounded_and_checked(tmp_path: Path) -> None:
+    import gzip
+
+    from kvviz.safeio import read_maybe_gzip
+
+    bomb = tmp_path / "bomb.txt.gz"
+    bomb.write_bytes(gzip.compress(b"\0" * 5_000_000))  # 5 MB from a few KB
+    with pytest.raises(kvviz.KVVizError, match="more than 1,000,000 bytes uncompressed"):
+        read_maybe_gzip(bomb, 1_000_000)
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(b"hello world " * 1000)[:-12])
+    with pytest.raises(kvviz.KVVizError, match="truncated gzip"):
+        read_maybe_gzip(cut, 1_000_000)
+    junk = tmp_path / "junk.txt.gz"
+    junk.write_bytes(b"not gzip at all")
+    with pytest.raises(kvviz.KVVizError, match="not a valid gzip file"):
+        read_maybe_gzip(junk, 1_000_000)
+
+
+def test_eval_defaults_to_the_shipped_corpus() -> None:
+    out = subprocess.run([sys.executable, "-m", "kvviz", "eval", "--model", "random:tiny", "--last-fraction", "0.002",
+                          "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    # int(1,115,394 x 0.002) = 2,230 bytes of the tail; the first byte has no context, so 2,229 are scored.
+    assert json.loads(out.stdout)["bytes"] == 2229

@@ -33,6 +33,7 @@ from kvviz.safeio import describe_path, kind_of, parse_json, read_bounded
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # kvviz/engine/load.py -> repo root
 SHAKESPEARE_DIR = ASSETS / "models" / "shakespeare"
+SHAKESPEARE_CORPUS = ASSETS / "data" / "tinyshakespeare.txt.gz"  # what it was trained on; eval's default
 KVVIZ_MODEL_TYPE = "kvviz-gpt"
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few KB; refuse anything huge before parsing
 
