@@ -71,9 +71,10 @@ PAGE_CSS = '<style>[data-testid="stMainBlockContainer"]{padding-top:2.2rem}</sty
 def page() -> None:
     settings: Settings = st.session_state.get("settings") or Settings()
     store = run_store()
-    # A click during a live run starts this run at once, on another thread; let the interrupted one
-    # record its partial run first (it takes one step at most).
-    store.wait_live()
+    # A click (or a reconnect) during a live run starts this run at once, on another thread; let the
+    # interrupted one park its stream first. It takes one step and one draw at most, but a step
+    # under load can take seconds, and a resume needs the stream parked: wait up to 30 s.
+    store.wait_live(timeout=30.0)
     chips.inject_css()
     st.html(PAGE_CSS)
     st.header("Watch the KV cache fill, token by token", anchor=False)
