@@ -71,7 +71,7 @@ static inline float hsum8(__m256 v) {
 }
 
 /* out[k] = dot(row k, x) for four weight rows: x is loaded once for the four, and two
- * accumulators per row keep eight FMAs in flight. */
+ * accumulators per row keep eight FMAs in flight (several input rows: compute counts). */
 static inline __attribute__((always_inline)) void dot4(const void *const r[4], const float *x, int n,
                                                        const int bf16, float out[4]) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
@@ -102,15 +102,18 @@ static inline __attribute__((always_inline)) void dot4(const void *const r[4], c
         for (int k = 0; k < 4; k++) out[k] += w_at(r[k], i, bf16) * x[i];
 }
 
+/* dot(row, x) with four accumulators: one weight row streamed front to back. */
 static inline __attribute__((always_inline)) float dot1(const void *r, const float *x, int n, const int bf16) {
-    __m256 a = _mm256_setzero_ps(), b = a;
+    __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + 32 <= n; i += 32) {
         a = _mm256_fmadd_ps(ld8(r, i, bf16), _mm256_loadu_ps(x + i), a);
         b = _mm256_fmadd_ps(ld8(r, i + 8, bf16), _mm256_loadu_ps(x + i + 8), b);
+        c = _mm256_fmadd_ps(ld8(r, i + 16, bf16), _mm256_loadu_ps(x + i + 16), c);
+        d = _mm256_fmadd_ps(ld8(r, i + 24, bf16), _mm256_loadu_ps(x + i + 24), d);
     }
     for (; i + 8 <= n; i += 8) a = _mm256_fmadd_ps(ld8(r, i, bf16), _mm256_loadu_ps(x + i), a);
-    float s = hsum8(_mm256_add_ps(a, b));
+    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
     for (; i < n; i++) s += w_at(r, i, bf16) * x[i];
     return s;
 }
@@ -157,7 +160,10 @@ static inline __attribute__((always_inline)) void segment(const kv_dot *p, int s
                                                           int ld, const int bf16) {
     const float *b = p->bias[s];
     int r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    /* One input row (a decode step): the weight rows one after another, a single stream the
+     * prefetchers follow, which read bf16 rows faster than four interleaved streams. Several
+     * input rows: four weight rows at a time, each x loaded once for the four. */
+    for (; m > 1 && r + 4 <= r1; r += 4) {
         const void *rows[4] = {row_of(p, s, r), row_of(p, s, r + 1), row_of(p, s, r + 2), row_of(p, s, r + 3)};
         for (int i = 0; i < m; i++) {
             float acc[4];
@@ -181,11 +187,21 @@ static inline __attribute__((always_inline)) void segment(const kv_dot *p, int s
     }
 }
 
-/* SwiGLU outputs j0..j1: gate rows j, j+1 and up rows j, j+1 go through one dot4. */
+/* SwiGLU outputs j0..j1: several input rows take gate rows j, j+1 and up rows j, j+1 through one dot4. */
 static inline __attribute__((always_inline)) void swiglu(const kv_dot *p, int j0, int j1, const float *x, int m,
                                                          const float *res, float *y, int ld, const int bf16) {
     const float *bg = p->bias[0], *bu = p->bias[1];
     int j = j0;
+    if (m == 1) { /* a decode step: gate row j, then up row j, each streamed whole */
+        for (; j < j1; j++) {
+            float g = dot1(row_of(p, 0, j), x, p->n_in, bf16), u = dot1(row_of(p, 1, j), x, p->n_in, bf16);
+            if (bg) g += bg[j];
+            if (bu) u += bu[j];
+            const float v = silu(g) * u;
+            y[j] = res ? res[j] + v : v;
+        }
+        return;
+    }
     for (; j < j1; j += 2) {
         const int two = j + 1 < j1;
         const void *rows[4] = {row_of(p, 0, j), row_of(p, 0, j + two), row_of(p, 1, j), row_of(p, 1, j + two)};
