@@ -46,6 +46,10 @@ class Matmul:
         B, T, n_in = x.shape
         return row_matmul(x.reshape(B * T, n_in), self.w, self.bias).view(B, T, -1)
 
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes + (self.bias.nbytes if self.bias is not None else 0)
+
 
 def _conv(m: "Conv1D") -> Matmul:
     return Matmul(m.weight.detach(), opt(m.bias))

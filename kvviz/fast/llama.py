@@ -59,6 +59,15 @@ class Linear:
         outs = [F.linear(x, w, b) for w, b in zip(self.ws, self.biases)]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
+    def row_op(self, threads: int) -> RowDot | None:
+        """The bare call into C (no norm, SwiGLU, residual or RoPE), or None where it cannot run:
+        the weight streaming a fused call does, alone (the bench's floor)."""
+        return row_dot(self.ws, [_f32(b) for b in self.biases], threads)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.ws) + sum(b.nbytes for b in self.biases if b is not None)
+
 
 @dataclass(frozen=True)
 class LayerPlan:
