@@ -118,3 +118,36 @@ def test_floor_runs_every_weight_matmul_of_the_step(threads: int, monkeypatch: p
         assert set(calls) == {"c"}
     else:
         assert set(calls) <= ({"bmm", "baddbmm"} if threads == 2 else {"addmm", "@"})
+
+
+def test_a_llama_case_measures_both_engines_bf16_and_the_floors(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SmolLM2 case's machinery on a tiny random Llama folder: transformers' LlamaForCausalLM
+    on kvviz's own tensors gives the same tokens, the bf16 variants run a bf16 copy, and each
+    floor streams every fused call's weights once per token (its bytes counted by dtype)."""
+    pytest.importorskip("transformers")
+    from kvviz.fast import rowops
+    from kvviz.measure.bench import Case, _floor_runner, bench_case
+    from kvviz.engine.load import load_model
+    from test_llama import save_hf_llama
+
+    folder = tmp_path / "llama"
+    save_hf_llama(folder, num_key_value_heads=2)  # 2 layers, C 64, I 112, V 96, tied
+    variants = ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16", "floor_bf16")
+    r = bench_case(Case("llama", 6, variants, model=str(folder)), repeats=1, prompt_len=4, device="cpu", with_hf=True)
+    v = r["variants"]
+    assert set(v) == set(variants) and r["new_tokens"] == 6
+    assert [v[k]["tokens_match"] for k in variants[:4]] == [True] * 4
+    assert v["kvviz_static_bf16"]["tokens_match"] is None and v["kvviz_static_bf16"]["dtype"] == "bf16"
+    assert 0 <= v["kvviz_static_bf16"]["same_tokens_before_divergence"] <= 6
+    per_layer = 64 * 64 * 2 + 2 * 32 * 64 + 3 * 112 * 64  # q, o; k, v (2 heads of 16); gate, up, down
+    assert r["weight_bytes"] == v["floor"]["weight_bytes"] == 4 * (2 * per_layer + 96 * 64)
+    assert v["floor_bf16"]["weight_bytes"] == 2 * (2 * per_layer + 96 * 64)
+    assert {"bf16_vs_fp32", "kvviz_static_bf16_vs_floor_bf16", "kvviz_static_vs_hf"} <= set(r["ratios"])
+    assert "quoted" not in r  # llama.cpp's figures belong to SmolLM2 alone
+    calls: list[int] = []
+    model = load_model(folder)
+    real = rowops.RowDot.__call__
+    monkeypatch.setattr(rowops.RowDot, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    _floor_runner(model, 3)()
+    assert len(calls) == (3 * (4 * 2 + 1) if rowops.load() is not None else 0)

@@ -170,3 +170,143 @@ def test_builds_into_the_cache_dir_once(tmp_path: Path) -> None:
     mtime = built[0].stat().st_mtime_ns
     second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
     assert second.stdout == first.stdout and built[0].stat().st_mtime_ns == mtime
+
+
+# --- rowdot.c: nn.Linear's (out, in) layout, fp32 or bf16 weights (the Llama family) ---------------
+
+def _dot_reference(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor | None], norm: tuple | None,
+                   swiglu: bool, res: torch.Tensor | None, rope: tuple | None, pos: torch.Tensor | None) -> torch.Tensor:
+    """The same call in float64 PyTorch ops, from the weights as stored (bf16 widened exactly)."""
+    x = x.double()
+    if norm is not None:
+        w, eps = norm
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    outs = [x @ w.double().t() + (0 if b is None else b.double()) for w, b in zip(ws, bs)]
+    y = F.silu(outs[0]) * outs[1] if swiglu else torch.cat(outs, dim=-1)
+    if rope is not None:
+        cos, sin, dims = rope
+        hs = cos.shape[1]
+        c = cos.double()[pos.repeat(x.shape[0] // pos.numel())]  # (m, hs): row i at pos[i % len(pos)]
+        s = sin.double()[pos.repeat(x.shape[0] // pos.numel())]
+        heads = y[:, :dims].reshape(x.shape[0], -1, hs)
+        x1, x2 = heads.chunk(2, dim=-1)
+        rot = heads * c[:, None] + torch.cat((-x2, x1), dim=-1) * s[:, None]
+        y = torch.cat([rot.reshape(x.shape[0], dims), y[:, dims:]], dim=-1)
+    return y if res is None else res.double() + y
+
+
+def _dot_case(g: torch.Generator, n_in: int, outs: list[int], m: int, dtype: torch.dtype, bias: bool):
+    x = torch.randn(m, n_in, generator=g)
+    ws = [(torch.randn(n, n_in, generator=g) / n_in ** 0.5).to(dtype) for n in outs]
+    bs = [torch.randn(n, generator=g) if bias else None for n in outs]
+    return x, ws, bs
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_in,outs", [(576, [576, 192, 192]), (64, [64]), (37, [13, 5, 9]), (100, [7]),
+                                       (24, [1030])])
+@pytest.mark.parametrize("m", [1, 3])
+def test_row_dot_matches_float64(threads: int, dtype: torch.dtype, n_in: int, outs: list[int], m: int) -> None:
+    """Side-by-side segments (q, k, v) with RMSNorm and bias, then a residual: widths that are not
+    multiples of the 4 rows of a dot or of the 16 floats of its inner loop, more threads than
+    rows of 4, a few input rows at once, and bf16 weights widened exactly."""
+    g = torch.Generator().manual_seed(n_in * 7 + sum(outs) + m)
+    x, ws, bs = _dot_case(g, n_in, outs, m, dtype, bias=True)
+    norm = (1 + 0.2 * torch.randn(n_in, generator=g), 1e-5)
+    op = rowops.row_dot(ws, bs, threads, norm=norm)
+    assert op is not None and op.n_out == sum(outs) and op.threads == threads
+    got = op(x)
+    assert got.shape == (m, sum(outs)) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), _dot_reference(x, ws, bs, norm, False, None, None, None),
+                               atol=1e-5, rtol=1e-5)
+    plain = rowops.row_dot(ws[:1], None, threads)  # no norm, no bias, plus the residual
+    r = torch.randn(m, outs[0], generator=g)
+    torch.testing.assert_close(plain(x, r).double(), _dot_reference(x, ws[:1], [None], None, False, r, None, None),
+                               atol=1e-5, rtol=1e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_in,hidden,m", [(576, 1536, 1), (48, 23, 2), (40, 8, 5)])
+def test_row_dot_swiglu_matches_float64(threads: int, dtype: torch.dtype, n_in: int, hidden: int, m: int) -> None:
+    """gate and up read in one pass: silu(RMSNorm(x) Wg^T + bg) * (RMSNorm(x) Wu^T + bu), an odd
+    hidden width included (the last gate/up pair of a dot alone)."""
+    g = torch.Generator().manual_seed(n_in + hidden + m)
+    x, ws, bs = _dot_case(g, n_in, [hidden, hidden], m, dtype, bias=m > 1)
+    x = 3 * x  # gates well into silu's tails
+    norm = (1 + 0.2 * torch.randn(n_in, generator=g), 1e-6)
+    op = rowops.row_dot(ws, bs, threads, norm=norm, swiglu=True)
+    assert op is not None and op.n_out == hidden
+    torch.testing.assert_close(op(x).double(), _dot_reference(x, ws, bs, norm, True, None, None, None),
+                               atol=1e-5, rtol=1e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,pos", [(1, [37]), (4, [0, 1, 2, 3]), (6, [5, 9, 11])])
+def test_row_dot_rope_rotates_q_and_k_heads_at_each_rows_position(threads: int, m: int, pos: list[int]) -> None:
+    """RoPE on the first rope_dims outputs (q's and k's heads), v left alone; row i at
+    pos[i % len(pos)], as a batch of prefill rows (b, t) meets positions t."""
+    from kvviz.engine.models.llama import LlamaConfig, rope_tables
+
+    hs, nh, nkv, n_in = 16, 4, 2, 64
+    cos, sin = rope_tables(LlamaConfig(vocab_size=8, block_size=64, n_layer=1, n_head=nh, n_kv_head=nkv,
+                                       n_embd=n_in, head_dim=hs, intermediate_size=8, rope_theta=1000.0))
+    g = torch.Generator().manual_seed(m)
+    x, ws, bs = _dot_case(g, n_in, [nh * hs, nkv * hs, nkv * hs], m, torch.float32, bias=True)
+    dims = (nh + nkv) * hs
+    op = rowops.row_dot(ws, bs, threads, rope=(cos, sin, dims))
+    assert op is not None
+    p = torch.tensor(pos)
+    torch.testing.assert_close(op(x, pos=p).double(),
+                               _dot_reference(x, ws, bs, None, False, None, (cos, sin, dims), p), atol=1e-5, rtol=1e-5)
+
+
+@needs_c
+def test_row_dot_refuses_what_does_not_fit() -> None:
+    w = torch.randn(32, 16)
+    assert rowops.row_dot([w.double()], None, 2) is None
+    assert rowops.row_dot([w.half()], None, 2) is None
+    assert rowops.row_dot([w, w.bfloat16()], None, 2) is None  # mixed weight dtypes
+    assert rowops.row_dot([w.t()], None, 2) is None  # not contiguous
+    assert rowops.row_dot([w, torch.randn(8, 15)], None, 2) is None  # different input widths
+    assert rowops.row_dot([w], [torch.randn(31)], 2) is None  # bias of the wrong size
+    assert rowops.row_dot([w], [torch.randn(32).bfloat16()], 2) is None  # biases are fp32
+    assert rowops.row_dot([w], None, 2, norm=(torch.ones(15), 1e-5)) is None
+    assert rowops.row_dot([w, torch.randn(8, 16)], None, 2, swiglu=True) is None  # gate and up differ
+    assert rowops.row_dot([w] * 4, None, 2) is None  # more segments than the C side holds
+    cos = torch.ones(8, 16)
+    assert rowops.row_dot([w], None, 2, rope=(cos, cos, 48)) is None  # rotates more than it outputs
+    assert rowops.row_dot([w], None, 2, rope=(cos, cos, 24)) is None  # not whole heads
+    assert rowops.row_dot([w], None, 2, rope=(cos, cos, 32)) is not None
+
+
+PORTABLE = """
+import torch
+from kvviz.fast import rowops
+rowops.FLAG_SETS = rowops.FLAG_SETS[1:]  # the flags of a compiler without -march=native
+lib = rowops.load()
+g = torch.Generator().manual_seed(0)
+x = torch.randn(3, 37, generator=g)
+err = 0.0
+for dt in (torch.float32, torch.bfloat16):
+    ws = [torch.randn(n, 37, generator=g).to(dt) for n in (13, 13)]
+    for swiglu in (False, True):
+        got = rowops.row_dot(ws, None, 2, swiglu=swiglu)(x).double()
+        outs = [x.double() @ w.double().t() for w in ws]
+        want = torch.nn.functional.silu(outs[0]) * outs[1] if swiglu else torch.cat(outs, 1)
+        err = max(err, float((got - want).abs().max()))
+print(lib.kv_dot_simd(), err < 1e-4, err)
+"""
+
+
+@needs_c
+def test_the_portable_build_without_avx2_agrees(tmp_path: Path) -> None:
+    """Built without -march=native (no AVX2 intrinsics), rowdot.c takes its plain-C loops."""
+    p = _run(PORTABLE, KVVIZ_CACHE_DIR=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    simd, ok, err = p.stdout.split()
+    assert (simd, ok) == ("0", "True"), err

