@@ -23,7 +23,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.config": 1, "kvviz.engine.capture": 1, "kvviz.engine.events": 1,
     "kvviz.engine.sampling": 1, "kvviz.engine.tokenizers": 1, "kvviz.engine.flops": 1,
     "kvviz.engine.tokenizer_gguf": 1, "kvviz.engine.chat": 1, "kvviz.engine.gguf_header": 1,
-    "kvviz.engine.diagnose": 1,  # where a forward first went non-finite: hooks on any nn.Module
+    "kvviz.engine.diagnose": 1, "kvviz.engine.attention": 1,  # where a forward first went non-finite: hooks on any nn.Module
     "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.measure.cpu_load": 1,
     "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.charts": 2,

@@ -3,7 +3,7 @@
 - ``PlanCache``: one plan per intra-op thread count, built on first use under a lock. The C
   row ops and the column splits cut the work by the thread count, so a plan is made for one;
   the app's sessions share one model from several threads, hence the lock.
-- ``attention_mask``: the mask of a forward over T new tokens after ``start`` cached ones, as
+- ``attention_mask`` (from ``kvviz.engine.attention``): the mask of a forward over T new tokens after ``start`` cached ones, as
   the readable models build it.
 - ``split_qkv``: one new row's q, k and v as views of the fused projection's output.
 
@@ -45,18 +45,6 @@ class PlanCache(Generic[P]):
 def opt(t: torch.Tensor | None) -> torch.Tensor | None:
     """A parameter as a plain tensor (a view, no copy), or None."""
     return None if t is None else t.detach()
-
-
-def attention_mask(T: int, start: int, input_pos: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
-    """(mask, is_causal) for SDPA over T new tokens after ``start`` cached ones, as the readable
-    models build them: one token sees everything cached; a plain prefill is SDPA's causal path;
-    in a chunked prefill query i (at input_pos[i]) sees keys 0..input_pos[i]."""
-    if T == 1:
-        return None, False
-    if start == 0:
-        return None, True
-    keys = torch.arange(start + T, device=input_pos.device)
-    return keys[None, :] <= input_pos[:, None], False  # (T, S)
 
 
 def split_qkv(qkv: torch.Tensor, B: int, nh: int, nkv: int, hs: int) -> tuple[torch.Tensor, ...]:

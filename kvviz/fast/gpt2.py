@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from kvviz.fast.common import PlanCache, attention_mask, opt, split_qkv
+from kvviz.engine.attention import attention_mask
+from kvviz.fast.common import PlanCache, opt, split_qkv
 from kvviz.fast.matmul import row_matmul
 from kvviz.fast.rowops import RowLinear, row_linear
 

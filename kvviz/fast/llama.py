@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.llama import rope_tables
-from kvviz.fast.common import PlanCache, attention_mask, opt, split_qkv
+from kvviz.engine.attention import attention_mask
+from kvviz.fast.common import PlanCache, opt, split_qkv
 from kvviz.fast.rowops import RowDot, row_dot
 
 if TYPE_CHECKING:  # pragma: no cover

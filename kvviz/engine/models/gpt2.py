@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kvviz.engine.attention import attention_mask
 from kvviz.engine.capture import ForwardCapture
 from kvviz.engine.config import GPTConfig
 
@@ -175,16 +176,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
-        # Attention mask, built once per forward rather than once per layer.
-        mask: torch.Tensor | None = None
-        is_causal = False
-        if T > 1:
-            if start == 0:
-                is_causal = True  # plain prefill: SDPA's own causal path
-            else:
-                # Chunked prefill: query i (at input_pos[i]) sees keys 0..input_pos[i].
-                keys = torch.arange(end, device=idx.device)
-                mask = keys[None, :] <= input_pos[:, None]  # (T, S)
+        # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/attention.py).
+        mask, is_causal = attention_mask(T, start, input_pos)
         x = self.transformer.wte(idx) + self.transformer.wpe(input_pos)  # (B, T, C)
         x = F.dropout(x, self.config.dropout, self.training)
         for block in self.transformer.h:
