@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.load import load_folder, resolve_device, save_model
+from kvviz.engine.load import load_folder, resolve_device
+from kvviz.engine.save import save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
 from kvviz.measure.machine import available_memory_bytes, cpu_name

@@ -47,3 +47,6 @@ def fmt_bytes(n: float | None, both_units: bool = False) -> str:
         if n >= div:
             return f"{n / div:,.1f} {unit}"
     return f"{n:,.0f} B"
+
+# safetensors' names for the floating-point dtypes kvviz loads weights from (both model families).
+SAFETENSORS_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64"})

@@ -183,7 +183,7 @@ def test_a_hugging_face_folder_with_a_bpe_tokenizer(  # type: ignore[no-untyped-
     """A GPT-2 folder under models/: listed, loaded, and its multi-character tokens shown as chips."""
     import shutil
 
-    from kvviz.engine.load import export_hf_gpt2
+    from kvviz.engine.save import export_hf_gpt2
 
     folder = tmp_path / "models" / "tiny-bpe"
     export_hf_gpt2(make_model(vocab_size=300, block_size=64).gpt, folder)

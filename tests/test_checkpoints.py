@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 
 import kvviz
 from kvviz.engine import load as checkpoints
-from kvviz.engine.load import LoadedModel, load_model, save_model
+from kvviz.engine.load import LoadedModel, load_model
+from kvviz.engine.save import save_model
 from kvviz.engine.tokenizers import ByteTokenizer
 
 

@@ -29,7 +29,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.charts": 2,
     "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
-    "kvviz.engine.load": 4, "kvviz.engine.load_llama": 4,
+    "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,
     "kvviz.engine.generate": 5,
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
     "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,

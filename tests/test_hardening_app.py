@@ -17,7 +17,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz import LoadedModel, iter_generate
-from kvviz.engine.load import save_model
+from kvviz.engine.save import save_model
 from kvviz.ui import live
 from kvviz.ui.plain_text import unescape
 from kvviz.ui.settings import Settings

@@ -17,7 +17,8 @@ import pytest
 
 from kvviz import LoadedModel
 from kvviz.cli import main
-from kvviz.engine.load import SHAKESPEARE_DIR, save_model
+from kvviz.engine.load import SHAKESPEARE_DIR
+from kvviz.engine.save import save_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 60  # a case that needs this long has hung: each one finishes in seconds

@@ -22,7 +22,8 @@ import kvviz
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.config import BOUNDS, MAX_PARAMS, GPTConfig
 from kvviz.engine.diagnose import NonFiniteLogits
-from kvviz.engine.load import config_from_json, load_model, read_config, save_model
+from kvviz.engine.load import config_from_json, load_model, read_config
+from kvviz.engine.save import save_model
 from kvviz.engine.sampling import SamplingParams, sample
 from kvviz.safeio import MAX_JSON_DEPTH, json_depth, parse_json, read_bounded
 

