@@ -12,6 +12,7 @@ from typing import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kvviz.ui.plain_text import unescape  # errors are shown through md_plain
 from kvviz.measure.stats import MachineProbe, Sample
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,
@@ -129,12 +130,12 @@ def test_race_rejects_bad_input_with_a_message() -> None:
     at = fresh(_race)
     at.text_area(key="prompt").set_value("").run()
     at.button(key="race_start").click().run()
-    assert not at.exception and any("empty" in e.value for e in at.error)
+    assert not at.exception and any("empty" in unescape(e.value) for e in at.error)
     at = fresh(_race)
     at.text_area(key="prompt").set_value("x" * 1020).run()
     at.number_input(key="max_new_tokens").set_value(8).run()
     at.button(key="race_start").click().run()
-    assert not at.exception and any("exceeds the model's context" in e.value for e in at.error)
+    assert not at.exception and any("exceeds the model's context" in unescape(e.value) for e in at.error)
 
 
 def test_a_stopped_sweep_keeps_its_points() -> None:
