@@ -12,8 +12,8 @@ from typing import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.ui.plain_text import unescape  # errors are shown through md_plain
 from kvviz.measure.stats import MachineProbe, Sample
+from kvviz.ui.plain_text import unescape  # errors are shown through md_plain
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,
                      copy_bytes=2**20, seconds=0.1)
