@@ -22,12 +22,16 @@ from kvviz.engine.save import save_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 60  # a case that needs this long has hung: each one finishes in seconds
-MAX_RSS_MB = 1000  # torch + the CLI is ~260-640 MB (thread pools vary); the cases went past 3 GB
+MAX_RSS_MB = 600  # torch + the CLI is ~300 MB; the cases went past 3 GB
 
-# Runs the CLI and reports the process's own peak RSS on stderr, even after sys.exit.
-_WRAPPER = ("import atexit, resource, runpy, sys\n"
-            "atexit.register(lambda: print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
-            "file=sys.stderr))\n"
+# Runs the CLI and reports the process's own peak RSS on stderr, even after sys.exit. VmHWM, not
+# getrusage's ru_maxrss: Linux carries ru_maxrss across fork + exec, so a child of a large pytest
+# process (SmolLM2 loaded earlier in the session) would report the parent's size.
+_WRAPPER = ("import atexit, runpy, sys\n"
+            "def _hwm():\n"
+            "    with open('/proc/self/status') as f:\n"
+            "        return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:'))\n"
+            "atexit.register(lambda: print('PEAK_RSS_KB', _hwm(), file=sys.stderr))\n"
             "sys.argv = ['kvviz'] + sys.argv[1:]\n"
             "runpy.run_module('kvviz', run_name='__main__')\n")
 
