@@ -22,7 +22,9 @@ def test_freeze_collects_cycles_first_then_freezes_the_survivors() -> None:
     try:
         frozen = freeze_long_lived()
         assert dead() is None  # collected, not frozen forever
-        assert frozen == gc.get_freeze_count() > 0
+        # Frozen objects can still die (another thread drops its last reference), which lowers the
+        # count; nothing else raises it. A full suite has such threads, so the count may only shrink.
+        assert frozen >= gc.get_freeze_count() > 0
         assert not any(o is alive for o in gc.get_objects())  # survivors left the collected generations
     finally:
         gc.unfreeze()  # leave the test process's collector as it was
