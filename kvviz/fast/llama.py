@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The most rows (batch x tokens) of an fp32 forward that go through C; more go to MKL's GEMM,
 # which computes faster once the rows are many (docs/performance.md). bf16 always takes C.
-MAX_C_ROWS_FP32 = 32
+MAX_C_ROWS_FP32 = 16
 
 
 @dataclass(frozen=True)
