@@ -283,3 +283,26 @@ def test_positions_past_the_tables_are_refused() -> None:
     m = make_llama("mha", seed=21)
     with torch.inference_mode(), pytest.raises((IndexError, ValueError)):
         m.fast.forward(torch.tensor([[1]]), torch.tensor([BASE["block_size"]]), StaticKVCache(m.config))
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_concurrent_streams_on_one_model_match_sequential_runs(threads: int, kernel: str) -> None:
+    """The app's sessions share one model from several threads: the plan and the calls into C
+    (an OpenMP team per calling thread) hold no per-run state."""
+    import threading
+
+    m = make_llama("gqa", seed=22)
+    prompts = [[1, 2, 3], [100, 50, 25, 12], [7] * 9, [42, 43]]
+    want = [kvviz.generate(m, prompt_ids=p, max_new_tokens=24).generated_ids for p in prompts]
+    got: list[list[int] | None] = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        got[i] = kvviz.generate(m, prompt_ids=prompts[i], max_new_tokens=24).generated_ids
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert got == want
+    assert (m.fast.plan().rows is not None) == (kernel == "c")
