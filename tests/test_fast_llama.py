@@ -212,7 +212,8 @@ def test_longer_fp32_forwards_go_to_pytorch(threads: int, paths: list[str]) -> N
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("kind", ["gqa", "untied"])
-def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, paths: list[str]) -> None:
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, batch: int, paths: list[str]) -> None:
     """bf16 weights widened in C, fp32 activations, K/V stored in the bf16 cache, logits rounded
     to bf16: within 1% of the logits' range of a float64 run of the same bf16 weights, and at
     least as close as the readable model's all-bf16 arithmetic."""
@@ -221,9 +222,9 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, p
     m = make_llama(kind, seed=15, dtype=torch.bfloat16)
     rows = m.fast.plan().rows
     assert rows is not None and rows.widen and rows.max_rows > 1000
-    idx = tokens(1, 16, seed=16)
+    idx = tokens(batch, 16, seed=16)
     ref = reference(m, idx)
-    cache = StaticKVCache(m.config, dtype=m.dtype)
+    cache = StaticKVCache(m.config, batch=batch, dtype=m.dtype)
     with torch.inference_mode():
         pre = m.fast.forward(idx[:, :6], torch.arange(6), cache)  # a prefill through C's rows
         cache.advance(6)
@@ -233,7 +234,7 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, p
             cache.advance(1)
         slow = m.gpt(idx)
     got = torch.cat([pre, *steps], dim=1)
-    assert paths == ["rows"] + ["one"] * 10
+    assert paths == ["rows"] + ["one" if batch == 1 else "rows"] * 10
     assert got.dtype == torch.bfloat16 and cache.k[0].dtype == torch.bfloat16
     scale = float(ref.abs().max())
     err, err_readable = float((got.double() - ref).abs().max()), float((slow.double() - ref).abs().max())
