@@ -3,11 +3,10 @@
 - ``PlanCache``: one plan per intra-op thread count, built on first use under a lock. The C
   row ops and the column splits cut the work by the thread count, so a plan is made for one;
   the app's sessions share one model from several threads, hence the lock.
-- ``attention_mask`` (from ``kvviz.engine.attention``): the mask of a forward over T new tokens after ``start`` cached ones, as
-  the readable models build it.
 - ``split_qkv``: one new row's q, k and v as views of the fused projection's output.
 
-It imports no model code (floor 1).
+The attention mask both take is the readable models' own (``kvviz.engine.attention``). This
+module imports no model code (floor 1).
 """
 from __future__ import annotations
 
