@@ -20,7 +20,7 @@ from kvviz.engine.load import LoadedModel, _finish
 from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
 from kvviz.engine.tokenizers import ByteTokenizer
 from kvviz.fast import build, rowops
-from kvviz.fast.llama import MAX_C_ROWS_FP32, FastLlama
+from kvviz.fast.llama import FastLlama, max_c_rows_fp32
 
 HAVE_C = rowops.load() is not None
 
@@ -198,11 +198,12 @@ def test_generator_captures_through_the_accelerator() -> None:
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_longer_fp32_forwards_go_to_pytorch(threads: int, paths: list[str]) -> None:
-    """Up to MAX_C_ROWS_FP32 rows (batch x tokens) go through C; more through MKL's GEMM."""
+    """Up to max_c_rows_fp32(threads) rows (batch x tokens) go through C; more through MKL's GEMM."""
     if not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     m = make_llama("gqa", seed=13)
-    n = MAX_C_ROWS_FP32 // 2
+    assert m.fast.plan().rows.max_rows == max_c_rows_fp32(threads) == (8 if threads == 1 else 32)
+    n = max_c_rows_fp32(threads) // 2
     idx = tokens(2, n + 1, seed=14)
     with torch.inference_mode():
         m.fast.forward(idx[:, :n], torch.arange(n), None)  # 2 x n rows: C
