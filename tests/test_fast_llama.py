@@ -20,7 +20,7 @@ from kvviz.engine.load import LoadedModel, _finish
 from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
 from kvviz.engine.tokenizers import ByteTokenizer
 from kvviz.fast import build, rowops
-from kvviz.fast.llama import MAX_C_ROWS_FP32, FastLlama
+from kvviz.fast.llama import FastLlama, max_c_rows_fp32
 
 HAVE_C = rowops.load() is not None
 
@@ -198,11 +198,12 @@ def test_generator_captures_through_the_accelerator() -> None:
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_longer_fp32_forwards_go_to_pytorch(threads: int, paths: list[str]) -> None:
-    """Up to MAX_C_ROWS_FP32 rows (batch x tokens) go through C; more through MKL's GEMM."""
+    """Up to max_c_rows_fp32(threads) rows (batch x tokens) go through C; more through MKL's GEMM."""
     if not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     m = make_llama("gqa", seed=13)
-    n = MAX_C_ROWS_FP32 // 2
+    assert m.fast.plan().rows.max_rows == max_c_rows_fp32(threads) == (8 if threads == 1 else 32)
+    n = max_c_rows_fp32(threads) // 2
     idx = tokens(2, n + 1, seed=14)
     with torch.inference_mode():
         m.fast.forward(idx[:, :n], torch.arange(n), None)  # 2 x n rows: C
@@ -212,7 +213,8 @@ def test_longer_fp32_forwards_go_to_pytorch(threads: int, paths: list[str]) -> N
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("kind", ["gqa", "untied"])
-def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, paths: list[str]) -> None:
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, batch: int, paths: list[str]) -> None:
     """bf16 weights widened in C, fp32 activations, K/V stored in the bf16 cache, logits rounded
     to bf16: within 1% of the logits' range of a float64 run of the same bf16 weights, and at
     least as close as the readable model's all-bf16 arithmetic."""
@@ -221,9 +223,9 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, p
     m = make_llama(kind, seed=15, dtype=torch.bfloat16)
     rows = m.fast.plan().rows
     assert rows is not None and rows.widen and rows.max_rows > 1000
-    idx = tokens(1, 16, seed=16)
+    idx = tokens(batch, 16, seed=16)
     ref = reference(m, idx)
-    cache = StaticKVCache(m.config, dtype=m.dtype)
+    cache = StaticKVCache(m.config, batch=batch, dtype=m.dtype)
     with torch.inference_mode():
         pre = m.fast.forward(idx[:, :6], torch.arange(6), cache)  # a prefill through C's rows
         cache.advance(6)
@@ -233,7 +235,7 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, p
             cache.advance(1)
         slow = m.gpt(idx)
     got = torch.cat([pre, *steps], dim=1)
-    assert paths == ["rows"] + ["one"] * 10
+    assert paths == ["rows"] + ["one" if batch == 1 else "rows"] * 10
     assert got.dtype == torch.bfloat16 and cache.k[0].dtype == torch.bfloat16
     scale = float(ref.abs().max())
     err, err_readable = float((got.double() - ref).abs().max()), float((slow.double() - ref).abs().max())
@@ -283,3 +285,26 @@ def test_positions_past_the_tables_are_refused() -> None:
     m = make_llama("mha", seed=21)
     with torch.inference_mode(), pytest.raises((IndexError, ValueError)):
         m.fast.forward(torch.tensor([[1]]), torch.tensor([BASE["block_size"]]), StaticKVCache(m.config))
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_concurrent_streams_on_one_model_match_sequential_runs(threads: int, kernel: str) -> None:
+    """The app's sessions share one model from several threads: the plan and the calls into C
+    (an OpenMP team per calling thread) hold no per-run state."""
+    import threading
+
+    m = make_llama("gqa", seed=22)
+    prompts = [[1, 2, 3], [100, 50, 25, 12], [7] * 9, [42, 43]]
+    want = [kvviz.generate(m, prompt_ids=p, max_new_tokens=24).generated_ids for p in prompts]
+    got: list[list[int] | None] = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        got[i] = kvviz.generate(m, prompt_ids=prompts[i], max_new_tokens=24).generated_ids
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert got == want
+    assert (m.fast.plan().rows is not None) == (kernel == "c")

@@ -3,11 +3,10 @@
 - ``PlanCache``: one plan per intra-op thread count, built on first use under a lock. The C
   row ops and the column splits cut the work by the thread count, so a plan is made for one;
   the app's sessions share one model from several threads, hence the lock.
-- ``attention_mask`` (from ``kvviz.engine.attention``): the mask of a forward over T new tokens after ``start`` cached ones, as
-  the readable models build it.
 - ``split_qkv``: one new row's q, k and v as views of the fused projection's output.
 
-It imports no model code (floor 1).
+The attention mask both take is the readable models' own (``kvviz.engine.attention``). This
+module imports no model code (floor 1).
 """
 from __future__ import annotations
 
@@ -52,5 +51,6 @@ def split_qkv(qkv: torch.Tensor, B: int, nh: int, nkv: int, hs: int) -> tuple[to
     (B, 1, (nh + 2 nkv) hs) or any contiguous tensor of those values. T = 1 needs no permute."""
     if nkv == nh:
         return qkv.view(B, 3, nh, 1, hs).unbind(1)
-    q, k, v = qkv.view(B, -1).split([nh * hs, nkv * hs, nkv * hs], dim=1)  # (B, nh hs), (B, kvd), (B, kvd)
-    return q.view(B, nh, 1, hs), k.view(B, nkv, 1, hs), v.view(B, nkv, 1, hs)
+    # Every head is hs wide, so the heads of q, k and v are one (B, nh + 2 nkv, 1, hs) view, split
+    # along the heads: two ops where splitting the columns and viewing each part took five.
+    return qkv.view(B, nh + 2 * nkv, 1, hs).split([nh, nkv, nkv], dim=1)

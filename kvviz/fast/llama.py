@@ -11,7 +11,7 @@ views built once per thread count, and counts ops:
   residual; then model.norm + the LM head. Between them only the cache write and SDPA run in
   PyTorch. This serves every forward of up to ``RowPlan.max_rows`` rows (batch x tokens):
   decode steps, batches and short prefills; longer fp32 forwards go to MKL's GEMM, which wins
-  once the rows are many.
+  once the rows are many (the crossover moves with the thread count).
 - bf16 weights go through the same C calls, widened to fp32 as they are read (half the bytes
   streamed), with fp32 activations: the residual stream, RoPE (exact fp32 tables) and attention
   run in fp32, K/V are stored in the cache's dtype, and the logits come back in the model's
@@ -43,9 +43,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.capture import ForwardCapture
     from kvviz.engine.models.llama import Llama, LlamaConfig
 
-# The most rows (batch x tokens) of an fp32 forward that go through C; more go to MKL's GEMM,
-# which computes faster once the rows are many (docs/performance.md). bf16 always takes C.
-MAX_C_ROWS_FP32 = 32
+# The most rows (batch x tokens) of an fp32 forward that go through C, by intra-op thread count;
+# more go to MKL's GEMM, which computes faster once the rows are many (docs/performance.md has
+# the crossovers: about 12 rows on one thread, about 40 on two). bf16 always takes C.
+MAX_C_ROWS_FP32 = {1: 8}
+MAX_C_ROWS_FP32_MORE_THREADS = 32
+
+
+def max_c_rows_fp32(threads: int) -> int:
+    return MAX_C_ROWS_FP32.get(threads, MAX_C_ROWS_FP32_MORE_THREADS)
 
 
 @dataclass(frozen=True)
@@ -154,7 +160,7 @@ def _row_plan(model: "Llama", layers: tuple[LayerPlan, ...], norm_w: torch.Tenso
     if head_op is None:
         return None
     widen = head.dtype != torch.float32
-    return RowPlan(tuple(ops), head_op, max_rows=1 << 30 if widen else MAX_C_ROWS_FP32, widen=widen)
+    return RowPlan(tuple(ops), head_op, max_rows=1 << 30 if widen else max_c_rows_fp32(threads), widen=widen)
 
 
 def _linear(*mods: torch.nn.Linear) -> Linear:
