@@ -87,15 +87,24 @@ class BusyMonitor:
 MONITOR = BusyMonitor()
 
 
-def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR) -> str | None:
-    """A sentence when other work competes for the CPU (timings are then noisier), else None."""
+def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR,
+                 free_cores: float | None = None) -> str | None:
+    """A sentence when other work competes for the CPU (timings are then noisier), else None.
+
+    ``free_cores``: cores the model's threads leave to other work (the browser among it); other
+    processes compete only beyond those, so the bar is half a core above them. Without it the bar
+    is ``BUSY_SHARE`` of the cores.
+    """
     cores = cores or os.cpu_count() or 1
     reading = read_cpu()
     if reading is not None:
         others = monitor.others(reading)
-        if others is None or others < BUSY_SHARE * cores:  # None: no second reading yet
+        bar = BUSY_SHARE * cores if free_cores is None else free_cores + 0.5
+        if others is None or others < bar:  # None: no second reading yet
             return None
         what = f"other processes kept {others:.1f} cores busy"
+        if free_cores is not None:
+            what += f", more than the {free_cores:g} the model's threads leave free"
     else:  # no /proc: the load average, which counts this process too, with a higher bar
         try:
             load = os.getloadavg()[0]
@@ -104,6 +113,6 @@ def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR) -> st
         if load <= LOADAVG_SHARE * cores:
             return None
         what = f"load average {load:.1f}"
-    return (f"The CPU is busy ({what} on {cores} cores): other work is competing, so timings are "
-            "noisier than usual. Medians over repeats help; the spread shows the noise. Fewer threads "
-            "than busy cores also helps: start the app with OMP_NUM_THREADS=1.")
+    return (f"The CPU is busy ({what} on {cores} cores): other work is competing, so generation is slower "
+            "and timings are noisier than usual. Medians over repeats help; the spread shows the noise. Fewer threads "
+            "for the model also help (the sidebar's CPU threads, or KVVIZ_THREADS=1 at start).")

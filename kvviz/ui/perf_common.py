@@ -68,8 +68,9 @@ def acquire_or_warn(timeout_s: float = 2.0) -> threading.Lock | None:
     return lock
 
 
-def busy_note() -> None:
-    note = busy_warning()
+def busy_note(free_cores: float | None = None) -> None:
+    """The busy-CPU warning, as a caption (see ``cpu_load.busy_warning`` for ``free_cores``)."""
+    note = busy_warning(free_cores=free_cores)
     if note:
         st.caption(":material/warning: " + note)
 

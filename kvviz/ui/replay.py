@@ -13,6 +13,7 @@ import streamlit as st
 from kvviz import Run
 from kvviz.engine.events import to_dataframe
 from kvviz.ui import persist
+from kvviz.ui.pacing import LiveCost
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.state import RunStore, StoredRun
 from kvviz.ui.view import draw, layout
@@ -158,7 +159,9 @@ def _status(entry: StoredRun, step: int) -> None:
         text = f"Run #{entry.id} finished: {n} tokens, {reason}."
         if step < n - 1:
             text += f" Replaying step {step} of {n - 1}."
-    notes = [x for x in (run.note if run.stop_reason == "error" else "", run.meta.get("capture_note", ""),
+    cost = run.meta.get("live_cost")
+    live = LiveCost(**cost).sentence(n) if isinstance(cost, dict) and not entry.stepping else ""
+    notes = [x for x in (run.note if run.stop_reason == "error" else "", run.meta.get("capture_note", ""), live,
                          "Its captures were dropped to keep the session small: replay shows text and timings."
                          if entry.captures_dropped else "") if x]
     marker = f"run_done_{entry.id}" if not entry.stepping else f"run_stepping_{entry.id}"

@@ -12,7 +12,7 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.chat import chat_prompt
-from kvviz.ui import persist
+from kvviz.ui import machine, persist
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
@@ -197,8 +197,10 @@ def _sampling_section() -> dict[str, object]:
 def render_sidebar() -> Settings:
     """Draw the shared controls; return what they say, as a frozen Settings."""
     with st.sidebar:
+        machine.apply()  # the thread count, before any model is loaded
         st.header("Model")
         choice, device, dtype, model = _model_section()
+        machine.render(model)
         st.header("Prompt")
         prompt, n_new, chat = _prompt_section(model)
         st.header("Sampling")
