@@ -116,3 +116,20 @@ def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR,
     return (f"The CPU is busy ({what} on {cores} cores): other work is competing, so generation is slower "
             "and timings are noisier than usual. Medians over repeats help; the spread shows the noise. Fewer threads "
             "for the model also help (the sidebar's CPU threads, or KVVIZ_THREADS=1 at start).")
+
+
+def busy_during(start: CpuReading | None, end: CpuReading | None, cores: int, threads: int,
+                ticks_per_s: float | None = None) -> str | None:
+    """A clause when other processes competed with a measurement between two readings, else None.
+
+    The measurement's ``threads`` need that many of the ``cores``; other processes (the browser
+    drawing the page among them) compete once they keep more than the rest busy, by half a core.
+    """
+    if start is None or end is None or end.wall_s - start.wall_s < MIN_INTERVAL_S:
+        return None
+    others = others_busy_cores(start, end, ticks_per_s or os.sysconf("SC_CLK_TCK"))
+    free = max(0, cores - threads)
+    if others < free + 0.5:
+        return None
+    return (f"other processes (the browser drawing this page among them) kept {others:.1f} cores busy while it "
+            f"measured, on a {cores}-core machine whose model threads needed {threads}")

@@ -8,7 +8,10 @@ its wall time minus the forwards' measured time, and draws only while it stays w
 of the wall time: the app then streams at >= (1 - share) of the engine's own speed.
 
 Within that budget:
-- the first step is drawn at once (the first token and the whole prompt, as soon as they exist);
+- the first step's text is drawn at once (the prompt and the first token, as soon as they exist);
+- a chart frame (four Plotly figures: 0.1-0.3 s of Python on a small machine) is drawn only when
+  the budget can pay for it, judged by what the last frame cost in this process; a run too short
+  to afford one shows its charts when it ends;
 - the text at most every ``text_interval`` s (faster than the eye reads anyway);
 - the charts at most every ``chart_interval`` s;
 - both intervals ``load`` times longer with ``load`` runs live in the process, so a busy server
@@ -25,6 +28,8 @@ SHARE = 0.2  # the live views may take a fifth of the loop's time: the app strea
 TEXT_INTERVAL_S = 0.05  # a tiny model makes 1,000 tokens/s; 20 redraws a second read as a stream
 CHART_INTERVAL_S = 0.15
 MAX_GAP_S = 0.5
+# What the last draws cost, process-wide: the first live run of a process starts from these guesses.
+_last_cost = {"text": 0.005, "charts": 0.1}
 
 
 @dataclass
@@ -72,7 +77,7 @@ class Pacer:
         self.every_token = every_token
         self.cost = LiveCost()
         self._last_text = self._last_chart = float("-inf")
-        self._est_text = self._est_chart = 0.0  # the last draw of each kind took this long
+        self._est_text, self._est_chart = _last_cost["text"], _last_cost["charts"]  # what a draw of each kind costs
 
     def _affordable(self, now: float, engine_s: float, est: float) -> bool:
         wall = now - self.t0
@@ -83,9 +88,10 @@ class Pacer:
         and ``load`` live runs in the process."""
         first = self.cost.text_draws == 0
         chart_gap, text_gap = self.chart_interval * load, self.text_interval * load
-        if self.every_token or first:
-            charts = first or now - self._last_chart >= chart_gap
-            return True, charts
+        if self.every_token:
+            return True, first or now - self._last_chart >= chart_gap
+        if first:
+            return True, False
         charts = now - self._last_chart >= chart_gap and self._affordable(now, engine_s, self._est_chart + self._est_text)
         text = charts or (now - self._last_text >= text_gap and self._affordable(now, engine_s, self._est_text))
         if not text and now - self._last_text >= self.max_gap:
@@ -100,9 +106,9 @@ class Pacer:
         if charts:
             self.cost.chart_draws += 1
             self._last_chart = end
-            self._est_chart = max(0.0, took - self._est_text)
+            self._est_chart = _last_cost["charts"] = max(0.0, took - self._est_text)
         else:
-            self._est_text = took
+            self._est_text = _last_cost["text"] = took
 
     def finish(self, now: float, engine_s: float) -> LiveCost:
         self.cost.wall_s = max(0.0, now - self.t0)

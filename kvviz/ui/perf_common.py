@@ -17,7 +17,8 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.measure.cpu_load import busy_warning
+from kvviz.measure import threads
+from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
 from kvviz.measure.probe import probe_machine
 from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.plain_text import md_plain
@@ -73,6 +74,18 @@ def busy_note(free_cores: float | None = None) -> None:
     note = busy_warning(free_cores=free_cores)
     if note:
         st.caption(":material/warning: " + note)
+
+
+class BusyWindow:
+    """Other processes' CPU use over one measurement: start it before, ``clause()`` after."""
+
+    def __init__(self) -> None:
+        self.start = read_cpu()
+
+    def clause(self) -> str | None:
+        """``cpu_load.busy_during``'s clause (None when nothing competed, or it was too short to tell)."""
+        choice = threads.ensure()
+        return busy_during(self.start, read_cpu(), choice.cores, choice.threads)
 
 
 def drive(samples: Iterator[Sample], store: list[Sample], progress_text: str,

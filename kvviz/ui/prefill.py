@@ -11,9 +11,10 @@ from kvviz.charts import perf as pc
 from kvviz.units import kv_bytes_per_token
 from kvviz.engine.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
+from kvviz.measure import doubts
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.ui.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 from kvviz.ui.settings import ENGINES
 
@@ -82,6 +83,8 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
         if lock is None:
             return
         state.begin()
+        results["busy"] = []  # the busy clause goes in the results, which are per (model, device, dtype)
+        window = BusyWindow()
         try:
             machine_probe(model)
             base = _base_ids(model)
@@ -96,6 +99,7 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
             state.end()
         finally:
             lock.release()
+            results["busy"] = [window.clause()]
         live.empty()
     if not results.get("ttft"):
         st.info("Press **Measure prefill and decode** (it probes this machine first, once per session).")
@@ -111,10 +115,15 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     sub = where(model)
     n = len(results.get("ttft", [])) + len(results.get("decode", []))
     a, b = st.columns(2)
-    a.plotly_chart(pc.ttft_chart(aggregate(results["ttft"], "ttft_ms"), sub), key=f"pd_ttft_{n}")
-    if results.get("decode"):
-        b.plotly_chart(pc.decode_chart(aggregate(results["decode"], "latency_ms", _decode_bin(ctx)), sub),
-                       key=f"pd_decode_{n}")
+    ttft = aggregate(results["ttft"], "ttft_ms")
+    a.plotly_chart(pc.ttft_chart(ttft, sub), key=f"pd_ttft_{n}")
+    decode = aggregate(results["decode"], "latency_ms", _decode_bin(ctx)) if results.get("decode") else None
+    if decode is not None:
+        b.plotly_chart(pc.decode_chart(decode, sub), key=f"pd_decode_{n}")
+    found = sweep_doubts(ttft, decode, (results.get("busy") or [None])[0])
+    if found:
+        with st.container(key="pd_doubts"):
+            st.warning(doubts.verdict(found), icon=":material/report:")
     probe = st.session_state.get("pd_probes", {}).get((str(model.device), model.dtype_name))
     if probe is None:
         return
@@ -142,9 +151,24 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
             row = df.iloc[-1] if phase == "prefill" else df.iloc[len(df) // 2]
             unit = "prompt" if phase == "prefill" else "context"
             at = f"at a {int(row['x']):,}-token {unit}"
-            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at))
+            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at,
+                                             doubtful=bool(found)))
         st.caption("Intensity = analytic matmul FLOPs / minimum bytes moved (weights once + KV read and written); "
                    "achieved GFLOP/s = those FLOPs / the measured time.")
+
+
+def sweep_doubts(ttft: Any, decode: Any, busy: str | None) -> list[str]:
+    """What in the sweeps contradicts their expected shape (kvviz.measure.doubts): a time to first
+    token that does not grow with the prompt, repeats far apart, a busy CPU."""
+    found = [doubts.rises(ttft["x"].to_numpy(), ttft["median"].to_numpy(), "the time to first token")]
+    if len(ttft):
+        found.append(doubts.repeat_spread(ttft["min"].to_numpy(), ttft["max"].to_numpy(),
+                                          "repeats of the same prompt length"))
+    if decode is not None and len(decode):
+        found.append(doubts.repeat_spread(decode["min"].to_numpy(), decode["max"].to_numpy(),
+                                          "repeats of a decode step at the same context"))
+    found.append(doubts.busy(busy))
+    return [f for f in found if f]
 
 
 # --- the seeds' example ------------------------------------------------------------------------

@@ -13,9 +13,10 @@ from kvviz.engine.flops import weight_bytes
 from kvviz.engine.generate import GenerationStream
 from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
 from kvviz.measure.sweeps import start as start_stream
+from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
@@ -149,6 +150,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     finished: set[str] = set()
     last_draw, draws = 0.0, 0
     state.begin()
+    window = BusyWindow()
     try:
         for tick in iter_race(model, req):
             status, text = slots[tick.mode]
@@ -173,6 +175,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
             lock.release()
             record["runs"] = {m: st_.run for m, st_ in streams.items()}
             record["complete"] = finished == set(MODES)
+            record["busy"] = window.clause()
         finally:
             record["settled"].set()  # never leave the next script run waiting
     live_chart.empty()
@@ -216,7 +219,8 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
             probes = st.session_state.get("pd_probes", {})
             probe = probes.get((str(model.device), model.dtype_name))
             nbytes = model.dtype.itemsize
-            st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe))
+            st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe,
+                                         busy=stored.get("busy")))
 
     st.subheader("Static vs concat cache: what the bytes do")
     st.markdown(
@@ -268,7 +272,9 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
             return
         samples: list[Sample] = []
         st.session_state[key] = samples
+        st.session_state[key + "::busy"] = None
         state.begin()
+        window = BusyWindow()
         draws = [0]
 
         def redraw(store: list[Sample]) -> None:
@@ -281,16 +287,17 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
             state.end()
         finally:
             lock.release()
+            st.session_state[key + "::busy"] = window.clause()
         charts.empty()
     samples = st.session_state.get(key)
     if not samples:
         return
     if state.status == "stopped":
         st.warning(f"The sweep was stopped after {len(samples)} runs; these are the points it measured.")
-    _sweep_results(model, samples)
+    _sweep_results(model, samples, st.session_state.get(key + "::busy"))
 
 
-def _sweep_results(model: LoadedModel, samples: list[Sample]) -> None:
+def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None = None) -> None:
     agg = aggregate(samples, "total_ms")
     fits = fits_by_series(agg)
     sub = where(model)
@@ -302,7 +309,28 @@ def _sweep_results(model: LoadedModel, samples: list[Sample]) -> None:
                  for m, f in fits.items()]
         st.markdown("Fitted log-log slopes: " + " · ".join(parts) + ". Expect ≈1 with the cache and ≈2 without, "
                     "once N is large enough that fixed costs stop dominating.")
+    found = sweep_doubts(agg, fits, busy)
+    if found:
+        with st.container(key="race_sweep_doubts"):
+            st.warning(doubts.verdict(found), icon=":material/report:")
     table = speedup_table(agg)
     if len(table):
         st.dataframe(table, hide_index=True, key="race_sweep_table",
                      column_config={"speedup": st.column_config.NumberColumn(format="%.2f×")})
+
+
+def sweep_doubts(agg: Any, fits: dict[str, Any], busy: str | None) -> list[str]:
+    """What in the sweep contradicts its expected shape: a cached slope far from 1, recomputation
+    steeper than quadratic, repeats far apart, a busy CPU (kvviz.measure.doubts)."""
+    found = []
+    if "static" in fits:
+        f = fits["static"]
+        found.append(doubts.slope("cached (static)", f.slope, 1.0, f.x_min, f.x_max))
+    if "none" in fits and fits["none"].slope > 2.0 + doubts.SLOPE_TOLERANCE:  # below 2 at small N is expected
+        f = fits["none"]
+        found.append(doubts.slope("no-cache", f.slope, 2.0, f.x_min, f.x_max))
+    if len(agg):
+        found.append(doubts.repeat_spread(agg["min"].to_numpy(), agg["max"].to_numpy(),
+                                          "repeats of the same N and mode"))
+    found.append(doubts.busy(busy))
+    return [f for f in found if f]
