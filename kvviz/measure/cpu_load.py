@@ -88,12 +88,12 @@ MONITOR = BusyMonitor()
 
 
 def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR,
-                 free_cores: float | None = None) -> str | None:
+                 free_cores: float | None = None, short: bool = False) -> str | None:
     """A sentence when other work competes for the CPU (timings are then noisier), else None.
 
     ``free_cores``: cores the model's threads leave to other work (the browser among it); other
     processes compete only beyond those, so the bar is half a core above them. Without it the bar
-    is ``BUSY_SHARE`` of the cores.
+    is ``BUSY_SHARE`` of the cores. ``short``: the fact alone, without the advice.
     """
     cores = cores or os.cpu_count() or 1
     reading = read_cpu()
@@ -113,9 +113,13 @@ def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR,
         if load <= LOADAVG_SHARE * cores:
             return None
         what = f"load average {load:.1f}"
-    return (f"The CPU is busy ({what} on {cores} cores): other work is competing, so generation is slower "
-            "and timings are noisier than usual. Medians over repeats help; the spread shows the noise. Fewer threads "
-            "for the model also help (the sidebar's CPU threads, or KVVIZ_THREADS=1 at start).")
+    head = f"The CPU is busy ({what} on {cores} cores): other work is competing, so generation is slower " \
+           "and timings are noisier than usual."
+    if short:  # a line beside the Generate page's buttons
+        return f"CPU busy: other processes used {others:.1f} of {cores} cores; generation is slower than usual." \
+            if reading is not None else f"CPU busy: {what} on {cores} cores; generation is slower than usual."
+    return head + (" Medians over repeats help; the spread shows the noise. Fewer threads for the model also "
+                   "help (the sidebar's CPU threads, or KVVIZ_THREADS=1 at start).")
 
 
 def busy_during(start: CpuReading | None, end: CpuReading | None, cores: int, threads: int,

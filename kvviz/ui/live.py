@@ -32,7 +32,7 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
 from kvviz.engine.generate import GenerationStream
 from kvviz.measure import threads
-from kvviz.ui import chips, persist
+from kvviz.ui import chips, persist, present, tour
 from kvviz.ui.budget import Shape, plan_capture
 from kvviz.ui.pacing import Pacer
 from kvviz.ui.perf_common import busy_note
@@ -80,21 +80,39 @@ def page() -> None:
     store.wait_live(timeout=30.0)
     chips.inject_css()
     st.html(PAGE_CSS)
-    st.header("Watch the KV cache fill, token by token", anchor=False)
-    st.caption("Each step feeds the model, writes a K and a V column per layer into the cache, and attends over "
-               "every column so far. Generate, or Step through it one token at a time.")
+    projecting = present.active()
+    if projecting:  # the title shares the buttons' row
+        c_title, c_gen, c_stop, c_step, c_runs, c_tour, c_info = st.columns(
+            [2.9, 1, 0.85, 0.85, 0.95, 1.15, 2.9], vertical_alignment="center")
+        with c_title, st.container(key="page_title"):
+            st.header("Watch the KV cache fill", anchor=False)
+    else:
+        with st.container(key="page_title"):
+            st.header("Watch the KV cache fill, token by token", anchor=False)
+        st.caption("Each step feeds the model, writes a K and a V column per layer into the cache, and attends over "
+                   "every column so far. **Generate** (key G) runs live, **Stop** (X) ends a run at its next step, "
+                   "**Step** (S) runs the prefill on the first press and one token per press after it; a changed "
+                   "setting or Generate starts over.")
 
-    c_gen, c_stop, c_step, c_info = st.columns([1.2, 1, 1, 4.6], vertical_alignment="center")
+        c_gen, c_stop, c_step, c_tour, c_info = st.columns([1.2, 1, 1, 1.4, 4.2], vertical_alignment="center")
+    # No help tooltips on these three: a tooltip stays over the page after a click (the caption says it).
     generate = c_gen.button("Generate", key="generate", type="primary", icon=":material/play_arrow:",
-                            width="stretch", help="Run the prompt with the sidebar's settings and watch it live.")
-    stop = c_stop.button("Stop", key="stop", icon=":material/stop:", width="stretch",
-                         help="End the run at the next step; the partial run is kept and marked stopped.")
-    step = c_step.button("Step", key="step", icon=":material/skip_next:", width="stretch",
-                         help="Step mode: the first click runs the prefill, each next click one token. "
-                              "Change a setting or press Generate to start over.")
-    c_info.caption(_settings_line(settings))
+                            width="stretch", shortcut="G")
+    stop = c_stop.button("Stop", key="stop", icon=":material/stop:", width="stretch", shortcut="X")
+    step = c_step.button("Step", key="step", icon=":material/skip_next:", width="stretch", shortcut="S")
+    runs_slot = c_runs.empty() if projecting else None  # the run picker, drawn there by stored_view
+    with c_tour:
+        if not tour.current():
+            tour.start_button()
     choice = threads.ensure()
-    busy_note(free_cores=max(0, choice.cores - choice.threads))  # live speed suffers when others hold the cores
+    with c_info:
+        if not projecting:  # a projector gets the cache, not the settings
+            st.caption(_settings_line(settings))
+        # Live speed suffers when others hold the cores; said beside the buttons, in one sentence.
+        busy_note(free_cores=max(0, choice.cores - choice.threads), short=True)
+    asked = tour.card(_model_or_none(settings), settings.dtype)
+    generate = generate or asked == "generate"
+    step = step or asked == "step"
 
     stepper: Stepper | None = st.session_state.get(STEPPER_KEY)
     if stop and stepper is not None:
@@ -114,7 +132,7 @@ def page() -> None:
         model = _load(settings)
         if model is not None:
             _step(settings, model, store, stepper)
-    stored_view(store)
+    stored_view(store, runs_slot)
 
 
 def _resolve_parked(store: RunStore, settings: Settings, stop: bool, new_run: bool) -> Parked | None:
@@ -162,6 +180,14 @@ def _show_notice(store: RunStore) -> None:
     if notice:
         kind, text = notice
         getattr(st, kind)(text)
+
+
+def _model_or_none(settings: Settings) -> LoadedModel | None:
+    """The sidebar's model (already loaded and cached), quietly: the tour quotes its shape."""
+    try:
+        return get_model(settings.model, settings.device, settings.dtype)
+    except KVVizError:
+        return None
 
 
 def _load(settings: Settings) -> LoadedModel | None:

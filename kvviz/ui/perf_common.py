@@ -69,9 +69,9 @@ def acquire_or_warn(timeout_s: float = 2.0) -> threading.Lock | None:
     return lock
 
 
-def busy_note(free_cores: float | None = None) -> None:
-    """The busy-CPU warning, as a caption (see ``cpu_load.busy_warning`` for ``free_cores``)."""
-    note = busy_warning(free_cores=free_cores)
+def busy_note(free_cores: float | None = None, short: bool = False) -> None:
+    """The busy-CPU warning, as a caption (see ``cpu_load.busy_warning`` for ``free_cores``, ``short``)."""
+    note = busy_warning(free_cores=free_cores, short=short)
     if note:
         st.caption(":material/warning: " + note)
 

@@ -17,6 +17,7 @@ from kvviz.ui.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 from kvviz.ui.settings import ENGINES
+from kvviz.ui.figs import show
 
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
@@ -90,10 +91,10 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
             base = _base_ids(model)
             results["ttft"], results["decode"] = [], []
             drive(sweep_ttft(model, base, lengths, int(repeats), fast=fast), results["ttft"], "Prefill sweep…",
-                  lambda xs: live.plotly_chart(pc.ttft_chart(aggregate(xs, "ttft_ms"), where(model)),
+                  lambda xs: show(live, pc.ttft_chart(aggregate(xs, "ttft_ms"), where(model)),
                                                key=f"pd_live_ttft_{len(xs)}"))
             drive(sweep_decode(model, base, int(repeats), max_context=ctx, fast=fast), results["decode"], "Decode sweep…",
-                  lambda xs: live.plotly_chart(
+                  lambda xs: show(live, 
                       pc.decode_chart(aggregate(xs, "latency_ms", _decode_bin(ctx)), where(model)),
                       key=f"pd_live_decode_{len(xs)}"))
             state.end()
@@ -116,10 +117,10 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     n = len(results.get("ttft", [])) + len(results.get("decode", []))
     a, b = st.columns(2)
     ttft = aggregate(results["ttft"], "ttft_ms")
-    a.plotly_chart(pc.ttft_chart(ttft, sub), key=f"pd_ttft_{n}")
+    show(a, pc.ttft_chart(ttft, sub), key=f"pd_ttft_{n}")
     decode = aggregate(results["decode"], "latency_ms", _decode_bin(ctx)) if results.get("decode") else None
     if decode is not None:
-        b.plotly_chart(pc.decode_chart(decode, sub), key=f"pd_decode_{n}")
+        show(b, pc.decode_chart(decode, sub), key=f"pd_decode_{n}")
     found = sweep_doubts(ttft, decode, (results.get("busy") or [None])[0])
     if found:
         with st.container(key="pd_doubts"):
@@ -138,7 +139,7 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     if results.get("decode"):
         points["decode"] = roofline_points(results["decode"], 4 * _decode_bin(ctx))
     a, b = st.columns([3, 2])
-    a.plotly_chart(pc.roofline(probe, points), key=f"pd_roofline_{n}")
+    show(a, pc.roofline(probe, points), key=f"pd_roofline_{n}")
     with b:
         st.markdown("**This machine** (probed once per session)")
         st.caption(probe.describe() + f" · probe took {probe.seconds:.1f} s")
@@ -206,7 +207,7 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
     if state.status == "stopped":
         st.warning("Stopped: showing the runs that finished.")
     ttft, tpot = aggregate(samples, "ttft_ms"), aggregate(samples, "tpot_ms")
-    st.plotly_chart(pc.short_long_chart(ttft, tpot, where(model)), key=f"pd_example_chart_{len(samples)}")
+    show(st, pc.short_long_chart(ttft, tpot, where(model)), key=f"pd_example_chart_{len(samples)}")
     st.markdown(_example_sentence(ttft, tpot, model))
 
 

@@ -20,6 +20,7 @@ from kvviz.ui.perf_common import (
 )
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
+from kvviz.ui.figs import show
 
 SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
@@ -166,7 +167,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
                 status.caption(_status_line(run, running=True))
                 so_far = {m: st_.run for m, st_ in streams.items()}
                 draws += 1
-                live_chart.plotly_chart(pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
+                show(live_chart, pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
                 last_draw = now
         state.end()
     finally:
@@ -206,13 +207,13 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
         cols[-1].metric("Speedup (static vs none)", f"{speed:.1f}×", f"FLOP ratio {flop:.1f}×", delta_color="off")
 
     a, b = st.columns(2)
-    a.plotly_chart(pc.race_latency(runs), key=f"race_latency_{rid}")
-    b.plotly_chart(pc.race_cumulative(runs), key=f"race_cumulative_{rid}")
+    show(a, pc.race_latency(runs), key=f"race_latency_{rid}")
+    show(b, pc.race_cumulative(runs), key=f"race_cumulative_{rid}")
     a, b = st.columns(2)
-    a.plotly_chart(pc.race_tokens(runs), key=f"race_tokens_{rid}")
-    b.plotly_chart(pc.race_flops(runs), key=f"race_flops_{rid}")
+    show(a, pc.race_tokens(runs), key=f"race_tokens_{rid}")
+    show(b, pc.race_flops(runs), key=f"race_flops_{rid}")
     a, b = st.columns([3, 2])
-    a.plotly_chart(pc.race_speedup(runs), key=f"race_speedup_{rid}")
+    show(a, pc.race_speedup(runs), key=f"race_speedup_{rid}")
     with b:
         st.markdown("**Why the measured speedup is not the FLOP ratio**")
         if "static" in runs and "none" in runs:
@@ -237,8 +238,8 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
         m[3].metric("Concat: bytes copied", f"{lc.cache_bytes_copied / 1e6:,.2f} MB",
                     f"{lc.cache_bytes_copied / max(1, ls.cache_bytes_copied):,.1f}× static", delta_color="off")
     a, b = st.columns(2)
-    a.plotly_chart(pc.cache_bytes(runs), key=f"race_bytes_{rid}")
-    b.plotly_chart(pc.cache_copied(runs), key=f"race_copied_{rid}")
+    show(a, pc.cache_bytes(runs), key=f"race_bytes_{rid}")
+    show(b, pc.cache_copied(runs), key=f"race_copied_{rid}")
 
 
 # --- the sweep --------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
         def redraw(store: list[Sample]) -> None:
             draws[0] += 1
             agg = aggregate(store, "total_ms")
-            charts.plotly_chart(pc.sweep_time(agg, {}, False, where(model)), key=f"race_sweep_live_{draws[0]}")
+            show(charts, pc.sweep_time(agg, {}, False, where(model)), key=f"race_sweep_live_{draws[0]}")
 
         try:
             drive(sweep_total_time(model, req, sorted(ns), int(repeats)), samples, "Measuring…", redraw)
@@ -302,8 +303,8 @@ def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None =
     fits = fits_by_series(agg)
     sub = where(model)
     a, b = st.columns(2)
-    a.plotly_chart(pc.sweep_time(agg, fits, False, sub), key=f"race_sweep_lin_{len(samples)}")
-    b.plotly_chart(pc.sweep_time(agg, fits, True, sub), key=f"race_sweep_log_{len(samples)}")
+    show(a, pc.sweep_time(agg, fits, False, sub), key=f"race_sweep_lin_{len(samples)}")
+    show(b, pc.sweep_time(agg, fits, True, sub), key=f"race_sweep_log_{len(samples)}")
     if fits:
         parts = [f"**{MODE_LABELS.get(m, m)}**: slope {f.slope:.2f} (fitted on N = {f.x_min:.0f}…{f.x_max:.0f})"
                  for m, f in fits.items()]
