@@ -72,8 +72,12 @@ def acquire_or_warn(timeout_s: float = 2.0) -> threading.Lock | None:
 def busy_note(free_cores: float | None = None, short: bool = False) -> None:
     """The busy-CPU warning, as a caption (see ``cpu_load.busy_warning`` for ``free_cores``, ``short``)."""
     note = busy_warning(free_cores=free_cores, short=short)
+    # Always one element, warning or not: a page whose elements shift between two runs shows the
+    # previous run's stale elements in the wrong places while it redraws (the race's Stop button
+    # had "no cache" beside it).
+    slot = st.empty()
     if note:
-        st.caption(":material/warning: " + note)
+        slot.caption(":material/warning: " + note)
 
 
 class BusyWindow:

@@ -83,9 +83,11 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
                "settings come from the sidebar")
     with st.container(horizontal=True):
-        start = st.button("Start the race", key="race_start", type="primary",
-                          help="Run static cache, concat cache and no cache, one after another")
-        st.button("Stop", key="race_stop", help="Stop after the current step; what ran so far is kept")
+        # No help tooltips: a tooltip stays over the page after the click. The caption says it.
+        start = st.button("Start the race", key="race_start", type="primary")
+        st.button("Stop", key="race_stop")
+        st.caption("Runs the static cache, the concat cache and no cache, one after another. Stop ends the race "
+                   "after the current step and keeps what ran.")
 
     key = results_key("race_runs", model)
     cols = st.columns(3)
