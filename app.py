@@ -3,13 +3,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvviz.ui import batching, calculator, live, prefill, race
+from kvviz.ui import batching, calculator, live, prefill, present, race, tour
 from kvviz.ui.sidebar import render_sidebar
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
 # fonts.gstatic.com, which fails offline and tells a third party who opens the app.
 ICON = Path(__file__).resolve().parent / "assets" / "icon.svg"
-st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=str(ICON), layout="wide")
+st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=str(ICON), layout="wide",
+                   initial_sidebar_state=present.sidebar_state())  # folded away while presenting
 
 GENERATION_PAGES = [
     st.Page(live.page, title="Generate", icon=":material/edit_note:", url_path="generate", default=True),
@@ -21,7 +22,10 @@ CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":mater
 
 # Material icons ship with Streamlit; emoji need a font that Debian's Chromium lacks.
 pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR]})
+tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR)
+present.apply()  # the presentation layout's fonts, on every page
 if pg.url_path != CALCULATOR.url_path:
     # Model, prompt and sampling controls: shared by every generation page.
     st.session_state["settings"] = render_sidebar()
+tour.banner(pg.url_path)  # on the other pages while the tour is on
 pg.run()

@@ -1,6 +1,7 @@
 """Shared fixtures for the core engine tests (browser tests keep their own conftest)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,8 @@ from kvviz.engine.tokenizers import ByteTokenizer  # noqa: E402
 # work (a training run, a second pytest) torch's default thread pool oversubscribes the cores
 # and runs 30-100x slower.
 torch.set_num_threads(1)
+# The app chooses its own thread count (kvviz.measure.threads); in-process AppTests keep this one.
+os.environ.setdefault("KVVIZ_THREADS", "1")
 
 # Small enough that a forward pass costs microseconds, big enough for 4 heads and GQA.
 SMALL: dict[str, Any] = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32)

@@ -26,7 +26,8 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.diagnose": 1, "kvviz.engine.attention": 1,  # where a forward first went non-finite: hooks on any nn.Module
     "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.measure.cpu_load": 1,
-    "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.charts": 2,
+    "kvviz.measure.threads": 1,
+    "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
     "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
     "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,

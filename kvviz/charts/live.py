@@ -19,6 +19,7 @@ from kvviz.charts.tokens import (  # noqa: F401 (visible, prompt_tokens, generat
     visible,
 )
 from kvviz.engine.events import Run, StepEvent
+from kvviz.measure.stats import rolling_median
 
 # One look for every chart: large enough for a projector, calm colours, fixed heights.
 FONT = dict(family="Source Sans Pro, Inter, Helvetica, Arial, sans-serif", size=15, color="#212529")
@@ -182,7 +183,8 @@ def _color_range(values: np.ndarray) -> tuple[float, float]:
 
 
 def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
-    """The cache as a notebook: a column per position, K block above V block, colour = L2 norm."""
+    """The cache as a notebook: a column per position, K block above V block, colour = each vector's
+    length (its L2 norm: the square root of the sum of its squared numbers)."""
     title = "The KV cache"
     if not run.events:
         return _message_figure(title, "Generate to watch the cache fill, one column per token.", HEIGHTS["notebook"])
@@ -202,8 +204,9 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
         traces.append(go.Heatmap(
             z=z[i], x=np.arange(X, dtype=np.int32), y=labels, colorscale=scale, zmin=lo, zmax=hi,
             xaxis="x" if i == 0 else "x2", yaxis="y" if i == 0 else "y2", xgap=1, ygap=1, name=name,
-            colorbar=dict(title=dict(text=f"‖{name}‖", side="top"), len=0.45, y=0.77 - 0.54 * i, thickness=14),
-            hovertemplate=f"position %{{x}}<br>%{{y}}<br>‖{name}‖ = %{{z:.2f}}<extra></extra>"))
+            colorbar=dict(title=dict(text=f"length<br>of {name}", side="top"), len=0.45, y=0.77 - 0.54 * i,
+                          thickness=14),
+            hovertemplate=f"position %{{x}}<br>%{{y}}<br>length of {name} = %{{z:.2f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y"), ("x2", "y2")], len(labels))
     fig = go.Figure(traces)
     y_common = dict(autorange="reversed", showgrid=False)
@@ -360,36 +363,59 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
 
 # --- time ---------------------------------------------------------------------------------------
 
+SPIKE_FACTOR = 3.0  # a bar taller than this x the 95th percentile of decode steps is cut, its time written on it
+TREND = 9  # steps in the running median of the tokens/s line
+
+
 def latency_chart(run: Run) -> go.Figure:
-    """Per-step latency (bars, prefill marked) with tokens/s on a second axis."""
+    """Per-step latency (bars, prefill marked) with tokens/s as a running median on a second axis.
+
+    One slow step (the scheduler, another process) must not flatten the scale for the rest: bars
+    above SPIKE_FACTOR x the decode steps' 95th percentile are cut at that height and labelled with
+    their time, and the subtitle says so. The tokens/s line is a running median, so it shows the
+    trend instead of zig-zagging over the bars.
+    """
     title = "Time per step"
     if not run.events:
         return _message_figure(title, "Generate to time each forward pass.", HEIGHTS["latency"])
     steps = np.array([e.step for e in run.events], dtype=np.int32)
     lat = np.array([e.latency_ms for e in run.events], dtype=np.float32)
-    tps = np.where(lat > 0, 1000.0 * run.batch_size / np.maximum(lat, 1e-6), np.nan).astype(np.float32)
-    tps[0] = np.nan  # the prefill step makes one token too: its rate would read as decode speed
     inp = np.array([e.input_len for e in run.events], dtype=np.int32)
     colors = [PROMPT_COLOR if e.phase == "prefill" else GEN_COLOR for e in run.events]
-    fig = go.Figure([
-        go.Bar(x=steps, y=lat, marker_color=colors, name="latency (ms)", customdata=inp,
-               hovertemplate="step %{x}<br>%{y:.2f} ms<br>%{customdata} tokens fed<extra></extra>"),
-        go.Scatter(x=steps[1:], y=tps[1:], mode="lines+markers" if len(steps) < 80 else "lines", yaxis="y2",
-                   name="tokens/s (this step)", line=dict(color="#2b8a3e", width=2.5), marker=dict(size=5),
-                   hovertemplate="step %{x}<br>%{y:,.0f} tokens/s<extra></extra>"),
-    ])
+    traces = [go.Bar(x=steps, y=lat, marker_color=colors, name="latency (ms)", customdata=inp,
+                     hovertemplate="step %{x}<br>%{y:.2f} ms<br>%{customdata} tokens fed<extra></extra>")]
+    decode = lat[1:]
+    if decode.size:
+        trend = rolling_median(decode.astype(np.float64), TREND)
+        tps = (1000.0 * run.batch_size / np.maximum(trend, 1e-6)).astype(np.float32)
+        traces.append(go.Scatter(x=steps[1:], y=tps, mode="lines", yaxis="y2", name=f"tokens/s (running median of {TREND})",
+                                 line=dict(color="#2b8a3e", width=3),
+                                 hovertemplate="step %{x}<br>%{y:,.0f} tokens/s (median of nearby steps)<extra></extra>"))
+    fig = go.Figure(traces)
     n_steps = max(run.max_new_tokens, len(steps))
+    notes = [dict(x=0, y=float(lat[0]), text=f"prefill: {run.events[0].input_len} tokens", showarrow=True,
+                  arrowhead=0, ax=40, ay=-30, font=dict(size=14, color=PROMPT_COLOR))]
+    yaxis: dict = dict(title=dict(text="latency (ms)"), rangemode="tozero")
+    cut = ""
+    if decode.size >= 8:
+        cap = SPIKE_FACTOR * float(np.percentile(decode, 95))
+        tall = np.flatnonzero(lat > 1.15 * cap)
+        if tall.size:
+            yaxis["range"] = [0, cap]
+            notes = [dict(x=int(steps[i]), y=cap, text=f"↑ {lat[i]:,.0f} ms", showarrow=False, yanchor="top",
+                          textangle=-90, font=dict(size=13, color="#c92a2a"), bgcolor="rgba(255,255,255,0.8)")
+                     for i in tall[np.argsort(lat[tall])[::-1][:6]]]
+            cut = f" Bars above {cap:,.1f} ms are cut, their time written on them."
     fig.update_layout(
         xaxis=dict(title=dict(text="step (0 = prefill, then one decode step per token)"), range=[-0.7, n_steps - 0.3]),
-        yaxis=dict(title=dict(text="latency (ms)"), rangemode="tozero"),
+        yaxis=yaxis,
         yaxis2=dict(title=dict(text="tokens/s", font=dict(color="#2b8a3e")), overlaying="y", side="right",
                     rangemode="tozero", showgrid=False, tickformat=",.0f", tickfont=dict(color="#2b8a3e")),
-        annotations=[dict(x=0, y=float(lat[0]), text=f"prefill: {run.events[0].input_len} tokens", showarrow=True,
-                          arrowhead=0, ax=40, ay=-30, font=dict(size=14, color=PROMPT_COLOR))],
+        annotations=notes,
         legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)"),
         bargap=0.15,
     )
     mode = "no cache: each step re-reads the whole sequence" if not run.use_cache else \
         f"{run.cache_kind} cache: each decode step feeds one token"
-    sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}."
+    sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
     return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"])

@@ -24,6 +24,13 @@ class Curve:
     label: str
     contexts: tuple[int, ...]  # tokens
     bytes: tuple[int, ...]  # memory at each context
+    model: str = ""  # with dtype: the chart colours by model and dashes by dtype, one legend line each
+    dtype: str = ""
+
+
+# Distinct hues for the models compared (a legend of similar blues cannot be read), one dash per dtype.
+MODEL_COLORS = ("#1c7ed6", "#e8590c", "#2b8a3e", "#ae3ec9", "#f59f00", "#0ca678", "#d6336c", "#495057")
+DTYPE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
 def _plain(text: str) -> str:
@@ -48,7 +55,8 @@ def _tokens_label(n: int) -> str:
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
-    fig.update_layout(title=_plain(title), height=HEIGHT, margin=dict(l=60, r=20, t=60, b=50), hovermode="closest")
+    fig.update_layout(title=_plain(title), height=HEIGHT, margin=dict(l=60, r=20, t=60, b=50), hovermode="closest",
+                      template="plotly_white", font=dict(size=15, color="#212529"))
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title)
     return fig
@@ -58,11 +66,30 @@ def memory_vs_context(curves: Sequence[Curve], capacities: Sequence[tuple[str, i
                       title: str = "KV cache vs context length") -> go.Figure:
     """One line per (model, dtype); dashed horizontal lines for GPU capacities (label, bytes)."""
     fig = go.Figure()
-    for c in curves:
+    models = list(dict.fromkeys(c.model for c in curves if c.model))
+    dtypes = list(dict.fromkeys(c.dtype for c in curves if c.dtype))
+    # Several models and dtypes: colour = model, dash = dtype, and a legend of models + dtypes
+    # (3 models x 4 dtypes: 7 lines, not 12), each line still named in its hover.
+    grouped = len(models) > 1 and len(dtypes) > 1 and all(c.model and c.dtype for c in curves)
+    for i, c in enumerate(curves):
+        style: dict = {}
+        if grouped:
+            color = MODEL_COLORS[models.index(c.model) % len(MODEL_COLORS)]
+            style = dict(line=dict(color=color, dash=DTYPE_DASHES[dtypes.index(c.dtype) % len(DTYPE_DASHES)]),
+                         marker=dict(color=color, size=5), showlegend=False)
+        else:
+            style = dict(line=dict(color=MODEL_COLORS[i % len(MODEL_COLORS)]))
         fig.add_trace(go.Scatter(
             x=np.asarray(c.contexts, dtype=np.float32), y=_gib(c.bytes), customdata=_gb(c.bytes),
-            name=_plain(c.label), mode="lines+markers",
+            name=_plain(c.label), mode="lines+markers", **style,
             hovertemplate="%{x:,} tokens: %{y:.3f} GiB (%{customdata:.3f} GB)<extra>" + _plain(c.label) + "</extra>"))
+    if grouped:  # legend-only entries: one per model (its colour), one per dtype (its dash, in grey)
+        for j, m in enumerate(models):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=_plain(m), hoverinfo="skip",
+                                     line=dict(color=MODEL_COLORS[j % len(MODEL_COLORS)], width=4)))
+        for j, d in enumerate(dtypes):
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=_plain(d), hoverinfo="skip",
+                                     line=dict(color="#495057", dash=DTYPE_DASHES[j % len(DTYPE_DASHES)], width=2.5)))
     xs = sorted({x for c in curves for x in c.contexts}) or [1]
     for i, (label, cap) in enumerate(capacities):
         # A trace, not add_hline: shape annotations on log axes are placed in log units and would

@@ -61,17 +61,57 @@ def short_label(label: str) -> str:
     return plotly_text(label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "…")
 
 
+def _is_word_start(labels: list[str], i: int) -> bool:
+    """A token that begins a word: not blank, and first or after whitespace (or with its own
+    leading space, as BPE word pieces carry it)."""
+    lab = labels[i]
+    if not lab.strip():
+        return False
+    return i == 0 or lab[:1].isspace() or labels[i - 1][-1:].isspace()
+
+
+def word_ticks(labels: list[str], n: int, gap: int) -> tuple[list[int], list[str]]:
+    """Tick positions and texts for a long axis: each labelled position starts a word, and its label
+    is the whole word (so a byte-level model reads "ROMEO" "But" "soft", not "R" "M" "O"). At least
+    ``gap`` positions apart; a stretch with no word start longer than 3 gaps gets its tokens'
+    own labels, so gibberish is labelled too."""
+    ticks: list[int] = []
+    texts: list[str] = []
+    last = -gap
+    m = min(n, len(labels))
+    for i in range(m):
+        if i - last < gap:
+            continue
+        if _is_word_start(labels, i):
+            word, j = labels[i].lstrip(), i + 1
+            while j < m and len(word) <= MAX_LABEL and labels[j].strip() and not labels[j][:1].isspace():
+                word += labels[j]
+                j += 1
+            word = word.split("\n")[0].rstrip()
+        elif i - last >= 3 * gap:
+            word = labels[i]
+        else:
+            continue
+        ticks.append(i)
+        texts.append(short_label(word))
+        last = i
+    return ticks, texts
+
+
 def token_axis(labels: list[str], n: int, title: str = "position (token)") -> dict:
     """Axis settings for positions 0..n-1 labelled with token text, thinned to stay legible.
 
-    The title says when only every k-th token is labelled, so nobody reads "R M O" as the prompt.
+    Up to MAX_TICKS positions every token is labelled; past that, words are, where they start
+    (``word_ticks``), and the title says so, so nobody reads "R M O" as the prompt.
     """
-    every = max(1, -(-n // MAX_TICKS))
-    vals = list(range(0, n, every))
-    text = [short_label(labels[i]) if i < len(labels) else "" for i in vals]
+    gap = max(1, -(-n // MAX_TICKS))
+    if gap == 1:
+        vals = list(range(n))
+        text = [short_label(labels[i]) if i < len(labels) else "" for i in vals]
+    else:
+        vals, text = word_ticks(labels, n, gap)
+        title += ": words labelled where they start, hover for every token"
     longest = max((len(t) for t in text), default=1)
-    if every > 1:
-        title += f": every {_ordinal(every)} token labelled, hover for all"
     return dict(tickmode="array", tickvals=vals, ticktext=text, tickangle=0 if longest <= 2 else -50,
                 tickfont=dict(size=14 if longest <= 2 else 12, family="DejaVu Sans Mono, monospace"),
                 range=[-0.5, n - 0.5], showgrid=False, zeroline=False, title=dict(text=title, standoff=6))

@@ -73,24 +73,22 @@ def record(capture: Capture, fc: ForwardCapture | None, cfg: Any, kv_start: int,
         return Recorded()
     attn = kv_norms = kv_values = None
     layers = capture.attention_layers(cfg.n_layer)
+    # Few, batched ops: this runs after every step of a live run, beside a forward of a millisecond.
     if layers:
         scale = 1.0 / math.sqrt(cfg.head_dim)
-        rows = []
+        group = cfg.n_head // cfg.kv_heads  # query heads per K/V head (GQA: they share its keys)
+        scores = []
         for layer in layers:
-            q = fc.q_last[layer][0].float()  # (nh, 1, hs)
-            k = fc.k[layer][0].float()  # (nkv, S, hs)
-            k = k.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=0)  # (nh, S, hs): GQA's shared heads
-            # The newest query is the last position, so no mask is needed: it sees all S keys.
-            w = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1)  # (nh, 1, S)
-            rows.append(w[:, 0, :])
-        attn = torch.stack(rows).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
+            k = fc.k[layer][0]  # (nkv, S, hs), read in place: no copy of the keys
+            q = fc.q_last[layer][0, :, -1].view(cfg.kv_heads, group, -1)  # (nkv, group, hs)
+            scores.append(q.float() @ k.float().transpose(-1, -2))  # (nkv, group, S)
+        # The newest query is the last position, so no mask is needed: it sees all S keys.
+        w = torch.softmax(torch.stack(scores) * scale, dim=-1)  # (n_cap, nkv, group, S)
+        attn = w.flatten(1, 2).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
     if capture.kv_norms:
-        norms = [
-            torch.stack([fc.k[layer][0, :, kv_start:t].float().norm(dim=-1),
-                         fc.v[layer][0, :, kv_start:t].float().norm(dim=-1)])  # (2, nkv, Tn)
-            for layer in range(cfg.n_layer)
-        ]
-        kv_norms = torch.stack(norms).to(torch.float16).cpu().numpy()  # (L, 2, nkv, Tn)
+        new = torch.stack([torch.stack([fc.k[layer][0, :, kv_start:t], fc.v[layer][0, :, kv_start:t]])
+                           for layer in range(cfg.n_layer)])  # (L, 2, nkv, Tn, hs): only the new columns
+        kv_norms = new.float().norm(dim=-1).to(torch.float16).cpu().numpy()  # (L, 2, nkv, Tn)
     kl = capture.kv_layer
     if kl is not None and kl in fc.k:
         kv_values = torch.stack([fc.k[kl][0, :, kv_start:t], fc.v[kl][0, :, kv_start:t]]).to(

@@ -87,15 +87,24 @@ class BusyMonitor:
 MONITOR = BusyMonitor()
 
 
-def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR) -> str | None:
-    """A sentence when other work competes for the CPU (timings are then noisier), else None."""
+def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR,
+                 free_cores: float | None = None, short: bool = False) -> str | None:
+    """A sentence when other work competes for the CPU (timings are then noisier), else None.
+
+    ``free_cores``: cores the model's threads leave to other work (the browser among it); other
+    processes compete only beyond those, so the bar is half a core above them. Without it the bar
+    is ``BUSY_SHARE`` of the cores. ``short``: the fact alone, without the advice.
+    """
     cores = cores or os.cpu_count() or 1
     reading = read_cpu()
     if reading is not None:
         others = monitor.others(reading)
-        if others is None or others < BUSY_SHARE * cores:  # None: no second reading yet
+        bar = BUSY_SHARE * cores if free_cores is None else free_cores + 0.5
+        if others is None or others < bar:  # None: no second reading yet
             return None
         what = f"other processes kept {others:.1f} cores busy"
+        if free_cores is not None:
+            what += f", more than the {free_cores:g} the model's threads leave free"
     else:  # no /proc: the load average, which counts this process too, with a higher bar
         try:
             load = os.getloadavg()[0]
@@ -104,6 +113,27 @@ def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR) -> st
         if load <= LOADAVG_SHARE * cores:
             return None
         what = f"load average {load:.1f}"
-    return (f"The CPU is busy ({what} on {cores} cores): other work is competing, so timings are "
-            "noisier than usual. Medians over repeats help; the spread shows the noise. Fewer threads "
-            "than busy cores also helps: start the app with OMP_NUM_THREADS=1.")
+    head = f"The CPU is busy ({what} on {cores} cores): other work is competing, so generation is slower " \
+           "and timings are noisier than usual."
+    if short:  # a line beside the Generate page's buttons
+        return f"CPU busy: other processes used {others:.1f} of {cores} cores; generation is slower than usual." \
+            if reading is not None else f"CPU busy: {what} on {cores} cores; generation is slower than usual."
+    return head + (" Medians over repeats help; the spread shows the noise. Fewer threads for the model also "
+                   "help (the sidebar's CPU threads, or KVVIZ_THREADS=1 at start).")
+
+
+def busy_during(start: CpuReading | None, end: CpuReading | None, cores: int, threads: int,
+                ticks_per_s: float | None = None) -> str | None:
+    """A clause when other processes competed with a measurement between two readings, else None.
+
+    The measurement's ``threads`` need that many of the ``cores``; other processes (the browser
+    drawing the page among them) compete once they keep more than the rest busy, by half a core.
+    """
+    if start is None or end is None or end.wall_s - start.wall_s < MIN_INTERVAL_S:
+        return None
+    others = others_busy_cores(start, end, ticks_per_s or os.sysconf("SC_CLK_TCK"))
+    free = max(0, cores - threads)
+    if others < free + 0.5:
+        return None
+    return (f"other processes (the browser drawing this page among them) kept {others:.1f} cores busy while it "
+            f"measured, on a {cores}-core machine whose model threads needed {threads}")

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from kvviz.measure import doubts
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -213,10 +215,13 @@ def roof_fraction(intensity: float, achieved_flops: float, probe: MachineProbe) 
     return achieved_flops / roof if roof > 0 else float("nan")
 
 
-def phase_verdict(phase: str, intensity: float, achieved_flops: float, probe: MachineProbe, at: str = "") -> str:
+def phase_verdict(phase: str, intensity: float, achieved_flops: float, probe: MachineProbe, at: str = "",
+                  doubtful: bool = False) -> str:
     """One sentence: the bound, where the ridge is, and how close the measurement came to its roof.
 
-    ``at`` says where the phase was measured ("at a 1,023-token prompt").
+    ``at`` says where the phase was measured ("at a 1,023-token prompt"). ``doubtful``: the page
+    found its timings contradicting their expected shape (``kvviz.measure.doubts``), so the
+    distance to the roof gets no cause.
     """
     label = bound_label(intensity, probe)
     frac = roof_fraction(intensity, achieved_flops, probe)
@@ -225,7 +230,9 @@ def phase_verdict(phase: str, intensity: float, achieved_flops: float, probe: Ma
     where = f" {at}" if at else ""
     s = (f"{phase.capitalize()}{where}: **{label}**. {intensity:,.1f} FLOP/byte is {side} this machine's ridge "
          f"({probe.ridge:,.1f} FLOP/byte); measured {achieved_flops / 1e9:,.2f} GFLOP/s = {frac:.0%} of the {roof}.")
-    if frac < 0.1:
+    if doubtful and (frac < 0.1 or frac > 1.05):
+        s += " These timings are in doubt (see above), so the distance to the roof gets no explanation here."
+    elif frac < 0.1:
         s += " So far below the roof, fixed per-step overhead (Python, kernel launches) dominates."
     elif frac > 1.05:
         s += (" Above the probed roof: the probe itself was slowed (by another process, say), so its peak is "
@@ -246,9 +253,28 @@ def per_step_ratios(cached: "Run", uncached: "Run") -> tuple[np.ndarray, np.ndar
     return steps, lat_u / np.maximum(lat_c, 1e-9), fl_u / np.maximum(fl_c, 1.0)
 
 
+def race_doubts(cached: "Run", uncached: "Run", busy: str | None = None) -> list[str]:
+    """What in the race's own timings contradicts a steady measurement (see kvviz.measure.doubts)."""
+    steps, speed, ratio = per_step_ratios(cached, uncached)
+    found = [doubts.step_spread([e.latency_ms for e in cached.events[1:]], "the cached decode steps"),
+             doubts.busy(busy)]
+    if steps.size >= 3:
+        tail = slice(max(1, steps.size - max(3, steps.size // 10)), steps.size)
+        sp, fr = float(np.median(speed[tail])), float(np.median(ratio[tail]))
+        if sp < 1.0 < fr:
+            found.append(f"The shape is wrong: near the end a no-cache step, {fr:,.0f}× the FLOPs of a cached one, "
+                         f"took less time ({sp:.2f}×).")
+    return [f for f in found if f]
+
+
 def race_explanation(cached: "Run", uncached: "Run", weight_bytes: int,
-                     probe: MachineProbe | None = None) -> str:
-    """One paragraph, with this run's numbers, on why measured speedup != FLOP ratio."""
+                     probe: MachineProbe | None = None, busy: str | None = None) -> str:
+    """One paragraph, with this run's numbers, on why measured speedup != FLOP ratio.
+
+    ``busy``: ``cpu_load.busy_during``'s clause for the race, if other work competed. When the
+    race's timings contradict a steady measurement the paragraph says what it observed and gives
+    no cause (a cached step slowed by another process is not "fixed overhead").
+    """
     steps, speed, ratio = per_step_ratios(cached, uncached)
     if steps.size < 3:
         return "Run at least a few tokens to compare the measured speedup with the FLOP ratio."
@@ -263,6 +289,9 @@ def race_explanation(cached: "Run", uncached: "Run", weight_bytes: int,
         f"Near the end (step {k}) the no-cache pass does about {fr:,.0f}× the FLOPs of a cached step, "
         f"yet it takes only about {sp:,.1f}× as long on this machine ({where}). "
     ]
+    found = race_doubts(cached, uncached, busy)
+    if found:
+        return parts[0] + doubts.verdict(found)
     if probe is not None:
         t_compute_us = dec_flops / probe.peak_flops * 1e6
         t_weights_us = weight_bytes / probe.bandwidth * 1e6

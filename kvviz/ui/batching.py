@@ -12,6 +12,7 @@ from kvviz.ui.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, page_model, results_key, where,
 )
 from kvviz.ui.settings import ENGINES, Settings
+from kvviz.ui.figs import show
 
 INTRO = (
     "A decode step reads every weight to produce one token per request. Put B requests in one batch and "
@@ -78,7 +79,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
             drive(sweep_batch(model, _base(s, model), sizes, prompt_len, n_new, repeats, prompts == "different",
                               fast=s.engine == "fast"),
                   stored[series], "Measuring…",
-                  lambda xs: live.plotly_chart(_tradeoff(xs, model), key=f"batch_live_{len(xs)}"))
+                  lambda xs: show(live, _tradeoff(xs, model), key=f"batch_live_{len(xs)}"))
             state.end()
         finally:
             lock.release()
@@ -99,8 +100,8 @@ def _tradeoff(samples: list[Sample], model: LoadedModel):  # type: ignore[no-unt
 def _results(model: LoadedModel, samples: list[Sample]) -> None:
     n = len(samples)
     a, b = st.columns([3, 2])
-    a.plotly_chart(_tradeoff(samples, model), key=f"batch_tradeoff_{n}")
-    b.plotly_chart(pc.batch_kv(aggregate(samples, "kv_bytes_allocated"), aggregate(samples, "kv_bytes_used"),
+    show(a, _tradeoff(samples, model), key=f"batch_tradeoff_{n}")
+    show(b, pc.batch_kv(aggregate(samples, "kv_bytes_allocated"), aggregate(samples, "kv_bytes_used"),
                                where(model)), key=f"batch_kv_{n}")
     st.dataframe(_table(samples), hide_index=True, key="batch_table")
     st.caption("Per-request latency = median decode step time (every request in the batch gets one token per "

@@ -151,10 +151,17 @@ def _metrics(res: MemoryResult) -> None:
         col.caption(f"= {d} (decimal) = {n:,} bytes")
     fit, tp = res.fit, res.request.tp
     if fit is not None:
-        cols[4].metric("On this GPU" if tp == 1 else f"On each of {tp} GPUs", "fits" if fit.fits else "does not fit")
+        where = "On this GPU" if tp == 1 else f"On each of {tp} GPUs"
         mt = "unbounded (every layer windowed)" if fit.max_seq_len is None else f"{fit.max_seq_len:,}"
-        cols[4].caption(f"usable {fit.usable_bytes / GIB:,.1f} GiB = {fit.usable_bytes / GB:,.1f} GB; "
-                        f"max batch at this context: {fit.max_batch:,}; max context at this batch: {mt}")
+        limits = f"max batch at this context: {fit.max_batch:,}; max context at this batch: {mt}"
+        if res.weights_bytes is None:
+            # Without the weights the fit counts the cache alone: never say the model fits.
+            cols[4].metric(where, "KV alone fits" if fit.fits else "does not fit")
+            cols[4].caption(f"weights unknown: enter a parameter count to know whether the model fits. "
+                            f"usable {fit.usable_bytes / GIB:,.1f} GiB; for the cache alone, {limits}")
+        else:
+            cols[4].metric(where, "fits" if fit.fits else "does not fit")
+            cols[4].caption(f"usable {fit.usable_bytes / GIB:,.1f} GiB = {fit.usable_bytes / GB:,.1f} GB; {limits}")
     if res.state_bytes or tp > 1:
         cols = st.columns(4)
         if res.state_bytes:
@@ -189,11 +196,16 @@ def _explain(spec: ModelSpec, res: MemoryResult) -> None:
         st.caption(f"Paging waste (partly filled last blocks of {r.block_size} tokens): {size}, "
                    f"{share:.2%} of the cache.")
     for w in res.warnings:
-        st.warning(md_plain(w))
+        st.warning(md_plain(page_words(w)))
     st.code("\n".join(res.formula), language=None)
     with st.expander("What is counted, and what is not"):
         st.markdown("**Counted**\n" + "\n".join(f"- {c}" for c in res.counted))
         st.markdown("**Not counted**\n" + "\n".join(f"- {c}" for c in res.not_counted))
+
+
+def page_words(warning: str) -> str:
+    """A calculator warning as the page says it: the page has boxes, not command-line flags."""
+    return warning.replace("(--params)", "(the “Parameter count” box)")
 
 
 def compared(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -> list[tuple[ModelSpec, MemoryResult]]:

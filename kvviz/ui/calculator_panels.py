@@ -23,6 +23,7 @@ from kvviz.memory import (
 from kvviz.ui.calculator_engine import measure_caches
 from kvviz.ui.plain_text import md_plain
 from kvviz.units import fmt_bytes
+from kvviz.ui.figs import show
 
 MAX_STRIP_LAYERS = 2000  # a bar per layer; past this the strip shows the first layers only
 
@@ -42,7 +43,7 @@ def layer_strip(spec: ModelSpec, res: MemoryResult) -> None:
         b = r.sequences * (t * per_kv if layer.has_kv else per_state)
         bars.append(charts.LayerBar(i, kind, layer.label() + (" (MLA latent)" if kind == "mla" else ""), t, b))
     st.subheader("Per-layer layout")
-    st.plotly_chart(charts.layer_strip(bars, f"What each layer holds at {r.seq_len:,} tokens "
+    show(st, charts.layer_strip(bars, f"What each layer holds at {r.seq_len:,} tokens "
                                              f"({r.sequences:,} sequence{'s' if r.sequences != 1 else ''})"),
                     key="mem_chart_layers")
     rows = [{"kind": g.kind, "window or chunk": g.span, "layers": g.count, "tokens held (each)": g.tokens_held,
@@ -75,13 +76,13 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
         base = (r.weights_bytes or 0) if add_w else 0
         for dt in dtypes:
             ys = context_curve(m, r.request, ctx, dtype=dt)
-            curves.append(charts.Curve(f"{m.name} · {dt}", tuple(ctx), tuple(base + y for y in ys)))
+            curves.append(charts.Curve(f"{m.name} · {dt}", tuple(ctx), tuple(base + y for y in ys), m.name, dt))
     caps = []
     if res.fit is not None:
         caps = [(f"GPU {res.fit.gpu_bytes / GIB:g} GiB", res.fit.gpu_bytes),
                 (f"usable after {req.reserve:.0%} reserve", res.fit.usable_bytes)]
     what = "Weights + KV cache" if add_w else "KV cache"
-    st.plotly_chart(charts.memory_vs_context(curves, caps, st.session_state["mem_log"],
+    show(st, charts.memory_vs_context(curves, caps, st.session_state["mem_log"],
                                              f"{what} vs context (batch {req.batch}, beams {req.beams})"),
                     key="mem_chart_context")
     top = max(64, 1 << math.ceil(math.log2(2 * req.batch)))
@@ -93,8 +94,8 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
     weights = res.weights_bytes_per_gpu if tp > 1 else res.weights_bytes
     title = (f"{spec.name}: weights + KV{' + state' if spec.state else ''} vs batch at {req.seq_len:,} tokens"
              + (f", per GPU of {tp}" if tp > 1 else "") + ("" if res.weights_bytes is not None else " (weights unknown)"))
-    st.plotly_chart(charts.weights_and_kv_by_batch(batches, weights or 0, kvs, cap, title), key="mem_chart_batch")
-    st.plotly_chart(charts.attention_variants(attention_variants(spec, req),
+    show(st, charts.weights_and_kv_by_batch(batches, weights or 0, kvs, cap, title), key="mem_chart_batch")
+    show(st, charts.attention_variants(attention_variants(spec, req),
                                               f"{spec.name} shape: MHA vs GQA vs MQA vs MLA at {req.seq_len:,} tokens"),
                     key="mem_chart_attention")
 
@@ -159,9 +160,9 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
             tuple(p.tokens_per_s for p in points)))
     gpus = f"{req.tp} GPUs" if req.tp > 1 else "1 GPU"
     a, b = st.columns(2)
-    a.plotly_chart(charts.cost_vs_batch(series, f"$ per 1M output tokens vs batch ({gpus}, up to the batch that fits)"),
+    show(a, charts.cost_vs_batch(series, f"$ per 1M output tokens vs batch ({gpus}, up to the batch that fits)"),
                    key="mem_chart_cost")
-    b.plotly_chart(charts.tokens_per_s_vs_batch(series, f"Decode tokens/s vs batch ({gpus}, upper bound)"),
+    show(b, charts.tokens_per_s_vs_batch(series, f"Decode tokens/s vs batch ({gpus}, upper bound)"),
                    key="mem_chart_tokens")
     st.code("\n".join(c.formula), language=None)
 

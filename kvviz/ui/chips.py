@@ -31,9 +31,11 @@ CSS = """<style>
 .kv-bytes{font-size:.55em;color:#868e96;letter-spacing:.02em}
 .kv-legend{font-size:.95rem;color:#495057;margin:.1rem 0 .3rem 0}
 .kv-legend .kv-chip{font-size:.9rem}
-.kv-plain{display:flex;flex-direction:column-reverse;
-  font-size:1.05rem;white-space:pre-wrap;overflow-wrap:anywhere;color:#343a40;background:#f8f9fa;
-  border-left:4px solid #ced4da;padding:.35rem .7rem;margin-top:.4rem;max-height:9.5rem;overflow-y:auto}
+.kv-plain{font-size:1.05rem;white-space:pre-wrap;overflow-wrap:anywhere;color:#343a40;background:#f8f9fa;
+  border-left:4px solid #ced4da;padding:.35rem .7rem;margin-top:.4rem}
+/* The scrolling box has no vertical padding and a height of whole lines, so when it is scrolled to
+   the newest text (column-reverse keeps it there) its top line is never cut in half. */
+.kv-plain-scroll{display:flex;flex-direction:column-reverse;line-height:1.5;max-height:7.5em;overflow-y:auto}
 .kv-plain-gen{background:#fff4e6}
 .kv-top{font-size:.98rem;color:#495057;margin-top:.3rem}
 </style>"""
@@ -130,13 +132,15 @@ def run_html(run: Run) -> str:
               f'<span class="kv-ws">↵</span>&nbsp;=&nbsp;newline</div>')
     body = chips_body(chips)
     # The inner div sits in a column-reverse box, so the box stays scrolled to the newest text.
-    plain = (f'<div class="kv-plain"><div dir="auto">{escape(run.prompt_text)}'
-             f'<span class="kv-plain-gen">{escape(generated_text(run))}</span></div></div>')
+    plain = (f'<div class="kv-plain"><div class="kv-plain-scroll"><div dir="auto">{escape(run.prompt_text)}'
+             f'<span class="kv-plain-gen">{escape(generated_text(run))}</span></div></div></div>')
     top = ""
     if run.events and run.events[-1].top:
         cands = " · ".join(f"“{escape(visible(t.text))}” {t.prob:.0%}" for t in run.events[-1].top)
         top = f'<div class="kv-top">Next-token candidates at step {run.events[-1].step}: {cands}</div>'
-    return f'<div class="kv-chips">{legend}<div>{body}</div></div>{plain}{top}'
+    # The chips sit in a column-reverse box too: where a layout caps its height (presenting), it stays
+    # scrolled to the newest token.
+    return f'<div class="kv-chips">{legend}<div class="kv-body"><div>{body}</div></div></div>{plain}{top}'
 
 
 def inject_css() -> None:

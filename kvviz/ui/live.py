@@ -3,9 +3,11 @@
 Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to a Run -> the view
 (``view.draw``) for the live loop, step mode and replay (``replay.py``, ``run.upto(step)``).
 
-- Live: the view's placeholders are created once and redrawn in place; the text on every token,
-  numbers and charts every ``CHART_INTERVAL_S`` or slower, and always on the last step, each chart
-  with a key unique to the run and the draw.
+- Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
+  the live views may take a fifth of the loop's time (text at most 20 times a second, charts
+  every 0.15 s or slower; both slower when several runs are live), each chart with a key unique
+  to the run and the draw; the rerun after the loop draws the finished run in full. What the
+  views cost is kept in ``run.meta["live_cost"]`` and said under the finished run.
 - Any rerun during a live run (a Stop click, a changed control, or the browser reconnecting after
   its WebSocket dropped) interrupts it: with Streamlit's fast reruns the next script run starts
   at once on another thread, and this one raises at its next Streamlit call or session-state
@@ -29,8 +31,11 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
 from kvviz.engine.generate import GenerationStream
-from kvviz.ui import chips, persist
+from kvviz.measure import threads
+from kvviz.ui import chips, persist, present, tour
 from kvviz.ui.budget import Shape, plan_capture
+from kvviz.ui.pacing import Pacer
+from kvviz.ui.perf_common import busy_note
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.replay import stored_view
 from kvviz.ui.settings import Settings
@@ -38,10 +43,8 @@ from kvviz.ui.state import RunStore, get_model, live_runs, run_store
 from kvviz.ui.stepper import Stepper, close_iterator
 from kvviz.ui.view import draw, layout
 
-# Redraw intervals for one live run; with N runs live in the process each is N times longer, so the
-# server sends the browsers about what one run would (see state.LiveRuns).
-TEXT_INTERVAL_S = 0.05  # the text at most ~20 times a second (a tiny model makes 1,000 tokens/s)
-CHART_INTERVAL_S = 0.15  # ~6-7 chart redraws per second while generating
+# Redraw intervals (kvviz/ui/pacing.py) are for one live run; with N runs live in the process each
+# is N times longer, so the server sends the browsers about what one run would (see state.LiveRuns).
 # With more live runs than this in the process, charts wait for the end of the run (the text and
 # numbers keep updating). Measured: ten browsers re-rendering four Plotly charts each stopped
 # reading their sockets for over 30 s, and the server's keepalive dropped them (docs/load-test.md).
@@ -77,19 +80,39 @@ def page() -> None:
     store.wait_live(timeout=30.0)
     chips.inject_css()
     st.html(PAGE_CSS)
-    st.header("Watch the KV cache fill, token by token", anchor=False)
-    st.caption("Each step feeds the model, writes a K and a V column per layer into the cache, and attends over "
-               "every column so far. Generate, or Step through it one token at a time.")
+    projecting = present.active()
+    if projecting:  # the title shares the buttons' row
+        c_title, c_gen, c_stop, c_step, c_runs, c_tour, c_info = st.columns(
+            [2.9, 1, 0.85, 0.85, 0.95, 1.15, 2.9], vertical_alignment="center")
+        with c_title, st.container(key="page_title"):
+            st.header("Watch the KV cache fill", anchor=False)
+    else:
+        with st.container(key="page_title"):
+            st.header("Watch the KV cache fill, token by token", anchor=False)
+        st.caption("Each step feeds the model, writes a K and a V column per layer into the cache, and attends over "
+                   "every column so far. **Generate** (key G) runs live, **Stop** (X) ends a run at its next step, "
+                   "**Step** (S) runs the prefill on the first press and one token per press after it; a changed "
+                   "setting or Generate starts over.")
 
-    c_gen, c_stop, c_step, c_info = st.columns([1.2, 1, 1, 4.6], vertical_alignment="center")
+        c_gen, c_stop, c_step, c_tour, c_info = st.columns([1.2, 1, 1, 1.4, 4.2], vertical_alignment="center")
+    # No help tooltips on these three: a tooltip stays over the page after a click (the caption says it).
     generate = c_gen.button("Generate", key="generate", type="primary", icon=":material/play_arrow:",
-                            width="stretch", help="Run the prompt with the sidebar's settings and watch it live.")
-    stop = c_stop.button("Stop", key="stop", icon=":material/stop:", width="stretch",
-                         help="End the run at the next step; the partial run is kept and marked stopped.")
-    step = c_step.button("Step", key="step", icon=":material/skip_next:", width="stretch",
-                         help="Step mode: the first click runs the prefill, each next click one token. "
-                              "Change a setting or press Generate to start over.")
-    c_info.caption(_settings_line(settings))
+                            width="stretch", shortcut="G")
+    stop = c_stop.button("Stop", key="stop", icon=":material/stop:", width="stretch", shortcut="X")
+    step = c_step.button("Step", key="step", icon=":material/skip_next:", width="stretch", shortcut="S")
+    runs_slot = c_runs.empty() if projecting else None  # the run picker, drawn there by stored_view
+    with c_tour:
+        if not tour.current():
+            tour.start_button()
+    choice = threads.ensure()
+    with c_info:
+        if not projecting:  # a projector gets the cache, not the settings
+            st.caption(_settings_line(settings))
+        # Live speed suffers when others hold the cores; said beside the buttons, in one sentence.
+        busy_note(free_cores=max(0, choice.cores - choice.threads), short=True)
+    asked = tour.card(_model_or_none(settings), settings.dtype)
+    generate = generate or asked == "generate"
+    step = step or asked == "step"
 
     stepper: Stepper | None = st.session_state.get(STEPPER_KEY)
     if stop and stepper is not None:
@@ -109,7 +132,7 @@ def page() -> None:
         model = _load(settings)
         if model is not None:
             _step(settings, model, store, stepper)
-    stored_view(store)
+    stored_view(store, runs_slot)
 
 
 def _resolve_parked(store: RunStore, settings: Settings, stop: bool, new_run: bool) -> Parked | None:
@@ -157,6 +180,14 @@ def _show_notice(store: RunStore) -> None:
     if notice:
         kind, text = notice
         getattr(st, kind)(text)
+
+
+def _model_or_none(settings: Settings) -> LoadedModel | None:
+    """The sidebar's model (already loaded and cached), quietly: the tour quotes its shape."""
+    try:
+        return get_model(settings.model, settings.device, settings.dtype)
+    except KVVizError:
+        return None
 
 
 def _load(settings: Settings) -> LoadedModel | None:
@@ -217,43 +248,43 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
     slots, opts = layout((shape.n_layer, shape.n_head, shape.n_kv_head))
     error: Exception | None = None
     finished = False
-    last_chart = last_text = 0.0
-    chart_cost = 0.0
     draws = 0
     paused = False  # charts paused for the rest of this run (see LIVE_CHARTS_MAX_RUNS)
+    t_loop = time.perf_counter()
     # Presentation pacing counts from the run's first token, also across a resume.
-    t0 = time.perf_counter() - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
+    t0 = t_loop - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
+    pacer = Pacer(t_loop, every_token=bool(settings.speed_tps))
+    engine_ms = 0.0  # this loop's forwards, as the events measured them
     store.begin_live(run_id)
     try:
         with live_runs() as live:
             for ev in it:
+                engine_ms += ev.latency_ms
                 run = _with_meta(stream.run, meta)
                 store.put(run_id, run, trim=False)  # before drawing: a Stop click interrupts the draw
                 now = time.perf_counter()
                 load = max(1, live.count)
-                # Charts at 5-10 Hz, but never more than a third of the loop's time (a big model's
-                # attention map must not slow the generation it shows); text up to 20 Hz. Both
-                # N times slower with N live runs, so a busy server never outruns its browsers.
                 if not paused and load > LIVE_CHARTS_MAX_RUNS:
                     # Paused until this run ends, not until the load drops: when the other runs end,
                     # their browsers render their final charts, the worst moment to resume ours.
                     paused = True
                     slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
                                            "they are drawn when this run ends. The text and numbers keep updating.")
-                chart_due = not paused and now - last_chart >= max(CHART_INTERVAL_S * load, 2.0 * chart_cost)
-                if chart_due or now - last_text >= TEXT_INTERVAL_S * load:
+                # The live views get a fifth of the loop's time at most, so the page streams at
+                # >= 0.8x the engine's own speed; intervals N times longer with N live runs.
+                text_due, chart_due = pacer.due(now, engine_ms / 1000, load)
+                chart_due = chart_due and not paused
+                if text_due:
                     draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=chart_due or paused)
-                    last_text = time.perf_counter()
-                    if chart_due:
-                        last_chart, chart_cost, draws = last_text, last_text - now, draws + 1
+                    draws += chart_due
+                    pacer.drew(now, time.perf_counter(), chart_due)
                 if settings.speed_tps:  # presentation speed: hold each token until its slot in time
                     _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
             finished = True
-            # With charts paused, the rerun below draws them once (from the stored run); drawing
-            # them here as well would double the heaviest render when a busy server can least
-            # afford it.
-            draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final", charts_too=not paused,
-                 numbers_too=True)
+            meta["live_cost"] = pacer.finish(time.perf_counter(), engine_ms / 1000).as_dict()
+            # The last token's text and numbers; the rerun below draws the finished run's charts
+            # once (drawing them here too would double the heaviest render).
+            draw(_with_meta(stream.run, meta), slots, opts, f"{run_id}-final", charts_too=False, numbers_too=True)
     except (RuntimeError, KVVizError) as e:
         # A device failure (a GPU lost or out of memory, a RuntimeError) or a broken model (NaN
         # logits, a KVVizError saying where): keep what was generated.

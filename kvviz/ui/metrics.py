@@ -19,8 +19,11 @@ def fmt_flops(n: float) -> str:
 
 
 def fmt_ms(v: float | None) -> str:
+    """Short enough for a metric tile at any width: a second or more in seconds ('1.98 s')."""
     if v is None:
         return "–"
+    if v >= 1000:
+        return f"{v / 1000:,.2f} s"
     return f"{v:,.1f} ms" if v >= 10 else f"{v:,.2f} ms"
 
 
@@ -57,19 +60,19 @@ def bytes_formula(run: Run) -> str:
     return "  \n".join(lines)
 
 
-def render(run: Run | None) -> None:
-    """Six metrics in a row, then the formula."""
-    cols = st.columns(6)
+def render(run: Run | None, per_row: int = 6) -> None:
+    """Six metrics, ``per_row`` to a row, then the formula."""
+    cols = [c for _ in range(-(-6 // per_row)) for c in st.columns(per_row)][:6]
     if run is None or not run.events:
         for col, name in zip(cols, ("TTFT", "Mean TPOT", "Tokens/s", "Cache length", "Cache bytes", "FLOPs this step")):
             col.metric(name, "–")
         return
     ev = run.events[-1]
     tps = run.decode_tokens_per_s or run.tokens_per_s
-    cols[0].metric("TTFT", fmt_ms(run.ttft_ms), help="Time to first token: the prefill forward pass over the "
-                   "whole prompt, plus sampling.")
-    cols[1].metric("Mean TPOT", fmt_ms(run.mean_tpot_ms), help="Mean time per output token over the decode "
-                   "steps (every step after the prefill).")
+    cols[0].metric("TTFT", fmt_ms(run.ttft_ms), help="Time to first token: how long a user waits before the "
+                   "first token appears. Here: the prefill forward pass over the whole prompt, plus sampling.")
+    cols[1].metric("Mean TPOT", fmt_ms(run.mean_tpot_ms), help="Time per output token: how long each next token "
+                   "takes once generation runs. Here: the mean over the decode steps (every step after the prefill).")
     cols[2].metric("Tokens/s", f"{tps:,.0f}" if tps else "–", help="Decode speed: 1000 / mean TPOT. Forward "
                    "passes and sampling only; drawing the page is not counted.")
     if run.use_cache:

@@ -17,7 +17,8 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.measure.cpu_load import busy_warning
+from kvviz.measure import threads
+from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
 from kvviz.measure.probe import probe_machine
 from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.plain_text import md_plain
@@ -68,10 +69,27 @@ def acquire_or_warn(timeout_s: float = 2.0) -> threading.Lock | None:
     return lock
 
 
-def busy_note() -> None:
-    note = busy_warning()
+def busy_note(free_cores: float | None = None, short: bool = False) -> None:
+    """The busy-CPU warning, as a caption (see ``cpu_load.busy_warning`` for ``free_cores``, ``short``)."""
+    note = busy_warning(free_cores=free_cores, short=short)
+    # Always one element, warning or not: a page whose elements shift between two runs shows the
+    # previous run's stale elements in the wrong places while it redraws (the race's Stop button
+    # had "no cache" beside it).
+    slot = st.empty()
     if note:
-        st.caption(":material/warning: " + note)
+        slot.caption(":material/warning: " + note)
+
+
+class BusyWindow:
+    """Other processes' CPU use over one measurement: start it before, ``clause()`` after."""
+
+    def __init__(self) -> None:
+        self.start = read_cpu()
+
+    def clause(self) -> str | None:
+        """``cpu_load.busy_during``'s clause (None when nothing competed, or it was too short to tell)."""
+        choice = threads.ensure()
+        return busy_during(self.start, read_cpu(), choice.cores, choice.threads)
 
 
 def drive(samples: Iterator[Sample], store: list[Sample], progress_text: str,

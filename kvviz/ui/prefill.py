@@ -11,11 +11,13 @@ from kvviz.charts import perf as pc
 from kvviz.units import kv_bytes_per_token
 from kvviz.engine.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
+from kvviz.measure import doubts
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.ui.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 from kvviz.ui.settings import ENGINES
+from kvviz.ui.figs import show
 
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
@@ -82,20 +84,23 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
         if lock is None:
             return
         state.begin()
+        results["busy"] = []  # the busy clause goes in the results, which are per (model, device, dtype)
+        window = BusyWindow()
         try:
             machine_probe(model)
             base = _base_ids(model)
             results["ttft"], results["decode"] = [], []
             drive(sweep_ttft(model, base, lengths, int(repeats), fast=fast), results["ttft"], "Prefill sweep…",
-                  lambda xs: live.plotly_chart(pc.ttft_chart(aggregate(xs, "ttft_ms"), where(model)),
+                  lambda xs: show(live, pc.ttft_chart(aggregate(xs, "ttft_ms"), where(model)),
                                                key=f"pd_live_ttft_{len(xs)}"))
             drive(sweep_decode(model, base, int(repeats), max_context=ctx, fast=fast), results["decode"], "Decode sweep…",
-                  lambda xs: live.plotly_chart(
+                  lambda xs: show(live, 
                       pc.decode_chart(aggregate(xs, "latency_ms", _decode_bin(ctx)), where(model)),
                       key=f"pd_live_decode_{len(xs)}"))
             state.end()
         finally:
             lock.release()
+            results["busy"] = [window.clause()]
         live.empty()
     if not results.get("ttft"):
         st.info("Press **Measure prefill and decode** (it probes this machine first, once per session).")
@@ -111,10 +116,15 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     sub = where(model)
     n = len(results.get("ttft", [])) + len(results.get("decode", []))
     a, b = st.columns(2)
-    a.plotly_chart(pc.ttft_chart(aggregate(results["ttft"], "ttft_ms"), sub), key=f"pd_ttft_{n}")
-    if results.get("decode"):
-        b.plotly_chart(pc.decode_chart(aggregate(results["decode"], "latency_ms", _decode_bin(ctx)), sub),
-                       key=f"pd_decode_{n}")
+    ttft = aggregate(results["ttft"], "ttft_ms")
+    show(a, pc.ttft_chart(ttft, sub), key=f"pd_ttft_{n}")
+    decode = aggregate(results["decode"], "latency_ms", _decode_bin(ctx)) if results.get("decode") else None
+    if decode is not None:
+        show(b, pc.decode_chart(decode, sub), key=f"pd_decode_{n}")
+    found = sweep_doubts(ttft, decode, (results.get("busy") or [None])[0])
+    if found:
+        with st.container(key="pd_doubts"):
+            st.warning(doubts.verdict(found), icon=":material/report:")
     probe = st.session_state.get("pd_probes", {}).get((str(model.device), model.dtype_name))
     if probe is None:
         return
@@ -129,7 +139,7 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     if results.get("decode"):
         points["decode"] = roofline_points(results["decode"], 4 * _decode_bin(ctx))
     a, b = st.columns([3, 2])
-    a.plotly_chart(pc.roofline(probe, points), key=f"pd_roofline_{n}")
+    show(a, pc.roofline(probe, points), key=f"pd_roofline_{n}")
     with b:
         st.markdown("**This machine** (probed once per session)")
         st.caption(probe.describe() + f" · probe took {probe.seconds:.1f} s")
@@ -142,9 +152,24 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
             row = df.iloc[-1] if phase == "prefill" else df.iloc[len(df) // 2]
             unit = "prompt" if phase == "prefill" else "context"
             at = f"at a {int(row['x']):,}-token {unit}"
-            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at))
+            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at,
+                                             doubtful=bool(found)))
         st.caption("Intensity = analytic matmul FLOPs / minimum bytes moved (weights once + KV read and written); "
                    "achieved GFLOP/s = those FLOPs / the measured time.")
+
+
+def sweep_doubts(ttft: Any, decode: Any, busy: str | None) -> list[str]:
+    """What in the sweeps contradicts their expected shape (kvviz.measure.doubts): a time to first
+    token that does not grow with the prompt, repeats far apart, a busy CPU."""
+    found = [doubts.rises(ttft["x"].to_numpy(), ttft["median"].to_numpy(), "the time to first token")]
+    if len(ttft):
+        found.append(doubts.repeat_spread(ttft["min"].to_numpy(), ttft["max"].to_numpy(),
+                                          "repeats of the same prompt length"))
+    if decode is not None and len(decode):
+        found.append(doubts.repeat_spread(decode["min"].to_numpy(), decode["max"].to_numpy(),
+                                          "repeats of a decode step at the same context"))
+    found.append(doubts.busy(busy))
+    return [f for f in found if f]
 
 
 # --- the seeds' example ------------------------------------------------------------------------
@@ -182,7 +207,7 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
     if state.status == "stopped":
         st.warning("Stopped: showing the runs that finished.")
     ttft, tpot = aggregate(samples, "ttft_ms"), aggregate(samples, "tpot_ms")
-    st.plotly_chart(pc.short_long_chart(ttft, tpot, where(model)), key=f"pd_example_chart_{len(samples)}")
+    show(st, pc.short_long_chart(ttft, tpot, where(model)), key=f"pd_example_chart_{len(samples)}")
     st.markdown(_example_sentence(ttft, tpot, model))
 
 

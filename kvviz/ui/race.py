@@ -13,12 +13,14 @@ from kvviz.engine.flops import weight_bytes
 from kvviz.engine.generate import GenerationStream
 from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
 from kvviz.measure.sweeps import start as start_stream
+from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
 )
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
+from kvviz.ui.figs import show
 
 SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
@@ -81,9 +83,11 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
                "settings come from the sidebar")
     with st.container(horizontal=True):
-        start = st.button("Start the race", key="race_start", type="primary",
-                          help="Run static cache, concat cache and no cache, one after another")
-        st.button("Stop", key="race_stop", help="Stop after the current step; what ran so far is kept")
+        # No help tooltips: a tooltip stays over the page after the click. The caption says it.
+        start = st.button("Start the race", key="race_start", type="primary")
+        st.button("Stop", key="race_stop")
+        st.caption("Runs the static cache, the concat cache and no cache, one after another. Stop ends the race "
+                   "after the current step and keeps what ran.")
 
     key = results_key("race_runs", model)
     cols = st.columns(3)
@@ -149,6 +153,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     finished: set[str] = set()
     last_draw, draws = 0.0, 0
     state.begin()
+    window = BusyWindow()
     try:
         for tick in iter_race(model, req):
             status, text = slots[tick.mode]
@@ -164,7 +169,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
                 status.caption(_status_line(run, running=True))
                 so_far = {m: st_.run for m, st_ in streams.items()}
                 draws += 1
-                live_chart.plotly_chart(pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
+                show(live_chart, pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
                 last_draw = now
         state.end()
     finally:
@@ -173,6 +178,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
             lock.release()
             record["runs"] = {m: st_.run for m, st_ in streams.items()}
             record["complete"] = finished == set(MODES)
+            record["busy"] = window.clause()
         finally:
             record["settled"].set()  # never leave the next script run waiting
     live_chart.empty()
@@ -203,20 +209,21 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
         cols[-1].metric("Speedup (static vs none)", f"{speed:.1f}×", f"FLOP ratio {flop:.1f}×", delta_color="off")
 
     a, b = st.columns(2)
-    a.plotly_chart(pc.race_latency(runs), key=f"race_latency_{rid}")
-    b.plotly_chart(pc.race_cumulative(runs), key=f"race_cumulative_{rid}")
+    show(a, pc.race_latency(runs), key=f"race_latency_{rid}")
+    show(b, pc.race_cumulative(runs), key=f"race_cumulative_{rid}")
     a, b = st.columns(2)
-    a.plotly_chart(pc.race_tokens(runs), key=f"race_tokens_{rid}")
-    b.plotly_chart(pc.race_flops(runs), key=f"race_flops_{rid}")
+    show(a, pc.race_tokens(runs), key=f"race_tokens_{rid}")
+    show(b, pc.race_flops(runs), key=f"race_flops_{rid}")
     a, b = st.columns([3, 2])
-    a.plotly_chart(pc.race_speedup(runs), key=f"race_speedup_{rid}")
+    show(a, pc.race_speedup(runs), key=f"race_speedup_{rid}")
     with b:
         st.markdown("**Why the measured speedup is not the FLOP ratio**")
         if "static" in runs and "none" in runs:
             probes = st.session_state.get("pd_probes", {})
             probe = probes.get((str(model.device), model.dtype_name))
             nbytes = model.dtype.itemsize
-            st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe))
+            st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe,
+                                         busy=stored.get("busy")))
 
     st.subheader("Static vs concat cache: what the bytes do")
     st.markdown(
@@ -233,8 +240,8 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
         m[3].metric("Concat: bytes copied", f"{lc.cache_bytes_copied / 1e6:,.2f} MB",
                     f"{lc.cache_bytes_copied / max(1, ls.cache_bytes_copied):,.1f}× static", delta_color="off")
     a, b = st.columns(2)
-    a.plotly_chart(pc.cache_bytes(runs), key=f"race_bytes_{rid}")
-    b.plotly_chart(pc.cache_copied(runs), key=f"race_copied_{rid}")
+    show(a, pc.cache_bytes(runs), key=f"race_bytes_{rid}")
+    show(b, pc.cache_copied(runs), key=f"race_copied_{rid}")
 
 
 # --- the sweep --------------------------------------------------------------------------------
@@ -268,41 +275,65 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
             return
         samples: list[Sample] = []
         st.session_state[key] = samples
+        st.session_state[key + "::busy"] = None
         state.begin()
+        window = BusyWindow()
         draws = [0]
 
         def redraw(store: list[Sample]) -> None:
             draws[0] += 1
             agg = aggregate(store, "total_ms")
-            charts.plotly_chart(pc.sweep_time(agg, {}, False, where(model)), key=f"race_sweep_live_{draws[0]}")
+            show(charts, pc.sweep_time(agg, {}, False, where(model)), key=f"race_sweep_live_{draws[0]}")
 
         try:
             drive(sweep_total_time(model, req, sorted(ns), int(repeats)), samples, "Measuring…", redraw)
             state.end()
         finally:
             lock.release()
+            st.session_state[key + "::busy"] = window.clause()
         charts.empty()
     samples = st.session_state.get(key)
     if not samples:
         return
     if state.status == "stopped":
         st.warning(f"The sweep was stopped after {len(samples)} runs; these are the points it measured.")
-    _sweep_results(model, samples)
+    _sweep_results(model, samples, st.session_state.get(key + "::busy"))
 
 
-def _sweep_results(model: LoadedModel, samples: list[Sample]) -> None:
+def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None = None) -> None:
     agg = aggregate(samples, "total_ms")
     fits = fits_by_series(agg)
     sub = where(model)
     a, b = st.columns(2)
-    a.plotly_chart(pc.sweep_time(agg, fits, False, sub), key=f"race_sweep_lin_{len(samples)}")
-    b.plotly_chart(pc.sweep_time(agg, fits, True, sub), key=f"race_sweep_log_{len(samples)}")
+    show(a, pc.sweep_time(agg, fits, False, sub), key=f"race_sweep_lin_{len(samples)}")
+    show(b, pc.sweep_time(agg, fits, True, sub), key=f"race_sweep_log_{len(samples)}")
     if fits:
         parts = [f"**{MODE_LABELS.get(m, m)}**: slope {f.slope:.2f} (fitted on N = {f.x_min:.0f}…{f.x_max:.0f})"
                  for m, f in fits.items()]
         st.markdown("Fitted log-log slopes: " + " · ".join(parts) + ". Expect ≈1 with the cache and ≈2 without, "
                     "once N is large enough that fixed costs stop dominating.")
+    found = sweep_doubts(agg, fits, busy)
+    if found:
+        with st.container(key="race_sweep_doubts"):
+            st.warning(doubts.verdict(found), icon=":material/report:")
     table = speedup_table(agg)
     if len(table):
         st.dataframe(table, hide_index=True, key="race_sweep_table",
                      column_config={"speedup": st.column_config.NumberColumn(format="%.2f×")})
+
+
+def sweep_doubts(agg: Any, fits: dict[str, Any], busy: str | None) -> list[str]:
+    """What in the sweep contradicts its expected shape: a cached slope far from 1, recomputation
+    steeper than quadratic, repeats far apart, a busy CPU (kvviz.measure.doubts)."""
+    found = []
+    if "static" in fits:
+        f = fits["static"]
+        found.append(doubts.slope("cached (static)", f.slope, 1.0, f.x_min, f.x_max))
+    if "none" in fits and fits["none"].slope > 2.0 + doubts.SLOPE_TOLERANCE:  # below 2 at small N is expected
+        f = fits["none"]
+        found.append(doubts.slope("no-cache", f.slope, 2.0, f.x_min, f.x_max))
+    if len(agg):
+        found.append(doubts.repeat_spread(agg["min"].to_numpy(), agg["max"].to_numpy(),
+                                          "repeats of the same N and mode"))
+    found.append(doubts.busy(busy))
+    return [f for f in found if f]

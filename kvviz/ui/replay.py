@@ -12,7 +12,8 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.engine.events import to_dataframe
-from kvviz.ui import persist
+from kvviz.ui import persist, present
+from kvviz.ui.pacing import LiveCost
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.state import RunStore, StoredRun
 from kvviz.ui.view import draw, layout
@@ -26,8 +27,12 @@ TICK_KEY = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous 
 MAX_EXPORT_CAPTURES = 16 * 2**20  # offer a JSON with captures only when it stays a sane download
 
 
-def stored_view(store: RunStore) -> None:
-    """The picker and the replay of the chosen run (or the empty view before any run)."""
+def stored_view(store: RunStore, runs_slot: Any = None) -> None:
+    """The picker and the replay of the chosen run (or the empty view before any run).
+
+    ``runs_slot``: where the presentation layout puts the picker and the exports (one button in
+    the page's top row), so the views move up.
+    """
     runs = store.runs()
     if not runs:
         slots, opts = layout(None)
@@ -39,14 +44,23 @@ def stored_view(store: RunStore) -> None:
     if show in ids:
         st.session_state["run_pick"] = show
     persist.keep("run_pick", ids[-1], options=ids)
-    c_pick, c_json, c_caps, c_csv = st.columns([4.2, 1, 1.4, 1], vertical_alignment="bottom")
     labels = {r.id: r.label for r in runs}  # a plain dict: format_func may run outside the script
+    projecting = present.active() and runs_slot is not None
+    if projecting:  # one button in the top row: the picker and the exports behind it
+        c_pick = c_export = runs_slot.popover(f"Run #{st.session_state.get('run_pick', ids[-1])}",
+                                              icon=":material/history:", width="stretch")
+    else:
+        c_pick, c_json, c_caps, c_csv = st.columns([4.2, 1, 1.4, 1], vertical_alignment="bottom")
     chosen = c_pick.selectbox("Run", ids, key="run_pick", format_func=labels.get,
                               help="The last runs of this session (newest last). Pick one to replay or compare.")
     persist.remember("run_pick")
     entry = store.get(chosen)
     assert entry is not None
-    _export_buttons(entry, c_json, c_caps, c_csv)
+    if projecting:
+        with c_export:
+            _export_buttons(entry, st, st, st)
+    else:
+        _export_buttons(entry, c_json, c_caps, c_csv)
 
     n = len(entry.run.events)
     if st.session_state.get(REPLAY_FOR_KEY) != (entry.id, n):
@@ -158,7 +172,11 @@ def _status(entry: StoredRun, step: int) -> None:
         text = f"Run #{entry.id} finished: {n} tokens, {reason}."
         if step < n - 1:
             text += f" Replaying step {step} of {n - 1}."
-    notes = [x for x in (run.note if run.stop_reason == "error" else "", run.meta.get("capture_note", ""),
+    cost = run.meta.get("live_cost")
+    live = LiveCost(**cost).sentence(n) if isinstance(cost, dict) and not entry.stepping else ""
+    if present.active():
+        live = ""  # one line on a projector: the speed figures stay in the normal layout
+    notes = [x for x in (run.note if run.stop_reason == "error" else "", run.meta.get("capture_note", ""), live,
                          "Its captures were dropped to keep the session small: replay shows text and timings."
                          if entry.captures_dropped else "") if x]
     marker = f"run_done_{entry.id}" if not entry.stepping else f"run_stepping_{entry.id}"

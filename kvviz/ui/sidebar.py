@@ -12,7 +12,8 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.chat import chat_prompt
-from kvviz.ui import persist
+from kvviz.ui import machine, persist
+from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
@@ -197,8 +198,10 @@ def _sampling_section() -> dict[str, object]:
 def render_sidebar() -> Settings:
     """Draw the shared controls; return what they say, as a frozen Settings."""
     with st.sidebar:
+        machine.apply()  # the thread count, before any model is loaded
         st.header("Model")
         choice, device, dtype, model = _model_section()
+        machine.render(model)
         st.header("Prompt")
         prompt, n_new, chat = _prompt_section(model)
         st.header("Sampling")
@@ -210,6 +213,7 @@ def render_sidebar() -> Settings:
         persist.keep("engine", "fast", options=tuple(ENGINES))
         engine = st.radio("Engine", tuple(ENGINES), key="engine", format_func=ENGINES.get, help=HELP["engine"])
         st.header("Presenting")
+        presentation_switch()
         persist.keep("present", False)
         present = st.toggle("Presentation speed", key="present", help=HELP["present"])
         persist.keep("speed_tps", 3.0, options=SPEEDS)

@@ -239,6 +239,8 @@ class StoredRun:
     @property
     def label(self) -> str:
         status = "stepping" if self.stepping else (self.run.stop_reason or "running")
+        if status == "stopped" and self.run.note:  # why: "stopped by the user", "ended when a setting changed"
+            status = self.run.note
         return f"#{self.id} · {self.run.label()} · {status}"
 
 

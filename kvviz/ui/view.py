@@ -15,10 +15,11 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.charts import live as charts
-from kvviz.ui import chips, metrics, persist
+from kvviz.ui import chips, metrics, persist, present, tour
+from kvviz.ui.figs import show
 
 VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
-CHART_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"scale": 2}}
+PRESENT_HEIGHT = 400  # the cache and the attention map side by side, above the fold at 1920x1080
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Slots:
     attention: Any
     bars: Any
     latency: Any
+    compact: bool = False  # the presentation layout: numbers three to a row, charts side by side
 
 
 def layout(shape: tuple[int, int, int] | None,
@@ -48,25 +50,67 @@ def layout(shape: tuple[int, int, int] | None,
     """The view, top to bottom: text, numbers, [replay row], cache, attention, time.
 
     ``shape`` (n_layer, n_head, n_kv_head) sizes the selectors; None draws the view without them.
+    Each part sits in a keyed container (``output``, ``view_metrics``, ``view_notebook``,
+    ``view_attention``, ``view_latency``), which the tour points at. The presentation layout puts
+    the text beside the numbers and the cache beside the attention map.
     """
+    if present.active():
+        return _layout_present(shape, replay)
     with st.container(key="output", border=True):
         out = st.empty()
-    m = st.empty()
+    with st.container(key="view_metrics"):
+        m = st.empty()
     if replay is not None:
         replay()
     opts = ViewOptions()
-    st.subheader("What the cache holds", anchor=False)
-    if shape is not None:
-        opts = _cache_controls(shape[0], shape[2])
-    nb = st.empty()
-    st.subheader("What the newest token attends to", anchor=False)
-    at = st.empty()
-    if shape is not None:
-        opts = dataclasses.replace(opts, **_attention_controls(shape[0], shape[1]))
-    bars = st.empty()
-    st.subheader("How long each step takes", anchor=False)
-    lat = st.empty()
+    with st.container(key="view_notebook"):
+        st.subheader("What the cache holds", anchor=False)
+        if shape is not None:
+            opts = _cache_controls(shape[0], shape[2])
+        nb = st.empty()
+    with st.container(key="view_attention"):
+        st.subheader("What the newest token attends to", anchor=False)
+        at = st.empty()
+        if shape is not None:
+            opts = dataclasses.replace(opts, **_attention_controls(shape[0], shape[1]))
+        bars = st.empty()
+    with st.container(key="view_latency"):
+        st.subheader("How long each step takes", anchor=False)
+        lat = st.empty()
     return Slots(out, m, nb, at, bars, lat), opts
+
+
+def _layout_present(shape: tuple[int, int, int] | None,
+                    replay: Callable[[], None] | None) -> tuple[Slots, ViewOptions]:
+    """For a projector: [text | numbers], [replay row], [cache | attention], [bars | time]."""
+    text_col, num_col = st.columns([1.7, 1], gap="medium")
+    with text_col, st.container(key="output", border=True):
+        out = st.empty()
+    with num_col, st.container(key="view_metrics"):
+        m = st.empty()
+    opts = ViewOptions()
+    left, right = st.columns(2, gap="medium")
+    # The selectors fold into one button per chart, so both charts start at the same height.
+    with left, st.container(key="view_notebook"):
+        if shape is not None:
+            view = VIEWS.get(str(persist.last("nb_view", "layer")), "")
+            with st.popover(f"Cache view: {view}", icon=":material/tune:"):
+                opts = _cache_controls(shape[0], shape[2])
+        nb = st.empty()
+    with right, st.container(key="view_attention"):
+        if shape is not None:
+            which = f"layer {persist.last('attn_layer', 0)}, head {persist.last('attn_head', 0)}"
+            with st.popover(f"Bars below: {which}", icon=":material/tune:"):
+                opts = dataclasses.replace(opts, **_attention_controls(shape[0], shape[1]))
+        at = st.empty()
+    if replay is not None:  # below the fold's three views, not between them
+        replay()
+    left, right = st.columns(2, gap="medium")
+    with left:
+        bars = st.empty()
+    with right, st.container(key="view_latency"):
+        lat = st.empty()
+    return Slots(out, m, nb, at, bars, lat, compact=True), opts
 
 
 def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool = True,
@@ -79,20 +123,19 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
         chips.render(run)
     if numbers_too if numbers_too is not None else charts_too:
         with slots.metrics.container():
-            metrics.render(run)
+            metrics.render(run, per_row=3 if slots.compact else 6)
     if not charts_too:
         return
     if opts.nb_view == "values":
         fig = charts.cache_values(run, opts.nb_kv, opts.nb_head, wanted_layer=opts.nb_layer)
     else:
         fig = charts.cache_notebook(run, opts.nb_view, opts.nb_layer)
-    config = CHART_CONFIG
-    slots.notebook.plotly_chart(fig, key=f"notebook-{key}", config=config, theme=None)
-    slots.attention.plotly_chart(charts.attention_heatmap(run, (opts.attn_layer, opts.attn_head)),
-                                 key=f"attention-{key}", config=config, theme=None)
-    slots.bars.plotly_chart(charts.attention_bars(run, opts.attn_layer, opts.attn_head), key=f"bars-{key}",
-                            config=config, theme=None)
-    slots.latency.plotly_chart(charts.latency_chart(run), key=f"latency-{key}", config=config, theme=None)
+    tall = (PRESENT_HEIGHT - 40 * bool(tour.current())) if slots.compact else None  # the tour's card takes room
+    show(slots.notebook, fig, key=f"notebook-{key}", height=tall)
+    show(slots.attention, charts.attention_heatmap(run, (opts.attn_layer, opts.attn_head)), key=f"attention-{key}",
+         height=tall)
+    show(slots.bars, charts.attention_bars(run, opts.attn_layer, opts.attn_head), key=f"bars-{key}")
+    show(slots.latency, charts.latency_chart(run), key=f"latency-{key}")
 
 
 def _cache_controls(n_layer: int, n_kv_head: int) -> ViewOptions:

@@ -93,6 +93,16 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def make_run_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app started exactly as `make run` starts it (see make_run.py), on a free port."""
+    _require_browser()
+    from make_run import make_run_server  # this folder is on sys.path (pytest's rootdir conftest mode)
+
+    with make_run_server(_free_port(), tmp_path_factory.mktemp("make_run") / "server.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def browser() -> Iterator["sync_api.Browser"]:
     _require_browser()
     with sync_api.sync_playwright() as p:

@@ -1,0 +1,106 @@
+"""How many intra-op threads the app's forward passes run on, chosen on purpose.
+
+torch starts with one OpenMP thread per physical core. Those threads spin while they wait for
+each other, so when anything else wants a core (the browser drawing the live charts, on a
+presenter's laptop the same machine) they collapse: on the 2-core development machine, 200
+tokens of the Shakespeare model took 68-123 s at torch's 2 threads with a browser drawing, and
+12 s at 1 thread (docs/benchmarks.md has the figures).
+
+The rule: leave one core for the browser, and never more than ``MAX_RULE_THREADS`` (a decode
+step of the models kvviz shows streams a few MB of weights; beyond a handful of threads it
+gains little and the spinning costs more). So ``max(1, min(torch's default, cores - 1, 8))``.
+``KVVIZ_THREADS=N`` overrides the rule; so does an explicit ``OMP_NUM_THREADS`` (torch already
+obeys it). The choice is process-wide, like torch's own setting: every session shares it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV = "KVVIZ_THREADS"
+MAX_RULE_THREADS = 8
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    threads: int  # intra-op threads for the forwards
+    cores: int  # cores this process may run on
+    source: str  # "rule", "KVVIZ_THREADS", "OMP_NUM_THREADS" or "sidebar"
+    note: str = ""  # why an override was ignored, if one was
+
+    def describe(self) -> str:
+        """One line for the sidebar: cores, threads, and why."""
+        t = f"{self.threads} thread{'s' if self.threads != 1 else ''} for the model"
+        if self.source == "rule":
+            left = self.cores - self.threads
+            why = (f"leaving {left} core{'s' if left != 1 else ''} for the browser and the page" if left > 0
+                   else "the only core")
+            how = f"{why}; set {ENV}=N to change"
+        elif self.source == "sidebar":
+            how = "set here, for every session of this server"
+        else:
+            how = f"set by {self.source}"
+        s = f"{self.cores} CPU core{'s' if self.cores != 1 else ''} · {t} ({how})"
+        return s + (f". {self.note}" if self.note else "")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _positive_int(text: str) -> int | None:
+    try:
+        n = int(text.strip())
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+def choose(cores: int, torch_default: int, env: Mapping[str, str]) -> ThreadChoice:
+    """The thread count for these cores, torch's own default and these environment variables."""
+    note = ""
+    raw = env.get(ENV)
+    if raw is not None:
+        n = _positive_int(raw)
+        if n is not None:
+            return ThreadChoice(n, cores, ENV)
+        note = f"{ENV}={raw!r} was ignored: it must be a whole number of at least 1."
+    if env.get("OMP_NUM_THREADS") and _positive_int(env["OMP_NUM_THREADS"]) is not None:
+        return ThreadChoice(max(1, torch_default), cores, "OMP_NUM_THREADS", note)
+    n = max(1, min(torch_default, cores - 1, MAX_RULE_THREADS))
+    return ThreadChoice(n, cores, "rule", note)
+
+
+_lock = threading.Lock()
+_current: ThreadChoice | None = None
+
+
+def ensure() -> ThreadChoice:
+    """Apply the choice once per process (later calls return it); call before the first forward."""
+    global _current
+    with _lock:
+        if _current is None:
+            import torch
+
+            _current = choose(usable_cores(), torch.get_num_threads(), os.environ)
+            torch.set_num_threads(_current.threads)
+        return _current
+
+
+def set_threads(n: int) -> ThreadChoice:
+    """Override the choice for the whole process (the sidebar's control)."""
+    global _current
+    import torch
+
+    ensure()
+    with _lock:
+        n = max(1, int(n))
+        torch.set_num_threads(n)
+        _current = ThreadChoice(n, usable_cores(), "sidebar")
+        return _current

@@ -1,0 +1,61 @@
+"""Chart fixes for learners and projectors (issue 19): word labels on long token axes, the time-per-step
+chart's spike cut and smooth tokens/s line, legible text, the calculator's grouped legend."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import plotly.graph_objects as go
+
+from kvviz import LoadedModel, generate
+from kvviz.charts import live as charts
+from kvviz.charts import memory as mcharts
+from kvviz.charts.style import INK, PROJECTOR_SIZE, legible
+from kvviz.charts.tokens import MAX_TICKS, token_axis
+
+VERSE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
+
+
+def test_a_long_byte_axis_is_labelled_by_words_not_every_third_byte() -> None:
+    labels = list(VERSE * 3)
+    axis = token_axis(labels, len(labels))
+    pairs = dict(zip(axis["tickvals"], axis["ticktext"]))
+    assert pairs[0] == "ROMEO:" and "yonder" in pairs.values() and "window" in pairs.values()
+    assert all(labels[p - 1].isspace() or p == 0 for p in axis["tickvals"])  # each tick starts a word
+    assert len(axis["tickvals"]) <= MAX_TICKS and "words labelled" in axis["title"]["text"]
+    short = token_axis(list("ROMEO:"), 6)  # short axes keep one label per token
+    assert short["ticktext"] == ["R", "O", "M", "E", "O", ":"]
+
+
+def test_a_spike_does_not_flatten_the_time_per_step_chart(small_model: LoadedModel) -> None:
+    run = generate(small_model, prompt="abc", max_new_tokens=30)
+    events = list(run.events)
+    events[12] = dataclasses.replace(events[12], latency_ms=2000.0)  # one 2-second stall
+    fig = charts.latency_chart(dataclasses.replace(run, events=tuple(events)))
+    top = fig.layout.yaxis.range[1]
+    assert top < 2000 and "are cut" in fig.layout.title.subtitle.text
+    assert any("2,000 ms" in a.text for a in fig.layout.annotations)
+    line = next(t for t in fig.data if isinstance(t, go.Scatter))
+    assert "running median" in line.name
+    y = np.asarray(line.y, dtype=np.float64)
+    assert np.isfinite(y).all() and y.min() > 0
+
+
+def test_legible_makes_axis_text_dark_and_projector_text_larger() -> None:
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
+    fig.update_layout(font=dict(size=12, color="#aaaaaa"))
+    legible(fig)
+    assert fig.layout.font.color == INK and fig.layout.font.size == 15
+    legible(fig, projector=True, height=300)
+    assert fig.layout.font.size == PROJECTOR_SIZE and fig.layout.height == 300 and fig.layout.title.font.size >= 23
+
+
+def test_calculator_context_chart_groups_models_by_colour_and_dtypes_by_dash() -> None:
+    curves = [mcharts.Curve(f"{m} · {d}", (1024, 2048), (1, 2), m, d)
+              for m in ("A", "B", "C") for d in ("fp16", "fp8", "int8", "int4")]
+    fig = mcharts.memory_vs_context(curves)
+    in_legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert in_legend == ["A", "B", "C", "fp16", "fp8", "int8", "int4"]  # 7 lines, not 12
+    colours = {t.line.color for t in fig.data[:12]}
+    dashes = {t.line.dash for t in fig.data[:12]}
+    assert len(colours) == 3 and len(dashes) == 4

@@ -1,0 +1,85 @@
+"""The guided tour and the presentation layout: their texts, and both in headless Streamlit (AppTest)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvviz.ui import present, tour
+
+APP = Path(__file__).resolve().parent.parent / "app.py"
+
+# Every term the tour uses, and the words that define it where it first appears.
+TERMS = {
+    "tokens": "numbered pieces of text", "query": "what am I looking for", "key": "what do I hold",
+    "value": "what I pass on", "causal": "only looks back", "KV cache": "notebook", "L2 norm": "square root",
+    "prefill": "whole prompt goes through", "TTFT": "time to first token", "decode": "feeds only the newest",
+    "TPOT": "time per output token", "attention heads": "its own Q, K", "GQA": "share one K/V head",
+    "roofline": "most arithmetic", "compute-bound": "arithmetic is its limit", "memory-bound": "reading bytes is",
+}
+
+
+def test_eight_steps_define_every_term_where_it_first_appears() -> None:
+    steps = tour.steps(None)  # no model: the tour must not depend on any one (SmolLM2 or other)
+    assert len(steps) == 8
+    text = [s.text for s in steps]
+    for term, definition in TERMS.items():
+        first = next(i for i, t in enumerate(text) if term in t)
+        assert definition in text[first], (term, first)
+    assert "GQA" in text[5] and "SmolLM2" in text[5]  # step 6: what GQA is, on SmolLM2, by name only
+    assert [s.action for s in steps[:5]] == ["generate", None, "step", "step", "no_cache"]
+    assert steps[6].link == "calculator" and steps[7].link == "race"
+    assert re.search(r"Llama-2-70B.*per token", text[6])  # the calculator's answer for a 70B model
+
+
+def test_highlight_css_outlines_the_views() -> None:
+    css = tour.highlight_css(("output", "view_notebook"))
+    assert ".st-key-output,.st-key-view_notebook{outline" in css
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AppTest:
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
+    return AppTest.from_file(str(APP), default_timeout=120)
+
+
+def test_tour_from_the_url_walks_and_acts(app: AppTest) -> None:
+    app.query_params["tour"] = "1"
+    app.run()
+    assert not app.exception
+    md = " ".join(m.value for m in app.markdown)
+    assert "Tour, step 1 of 8: What a token is" in md
+    app.number_input(key="max_new_tokens").set_value(6).run()
+    app.button(key="tour_action").click().run()  # step 1's action: Generate
+    assert not app.exception and any("finished: 6 tokens" in m.value for m in app.markdown)
+    app.button(key="tour_next").click().run()
+    app.button(key="tour_next").click().run()  # step 3: prefill, by Step
+    assert app.session_state[tour.STEP_KEY] == 3 and app.query_params["tour"] in ("3", ["3"])
+    app.button(key="tour_action").click().run()
+    assert any("step mode, 1 of 6" in m.value for m in app.markdown)
+    app.button(key="tour_next").click().run()
+    app.button(key="tour_next").click().run()  # step 5: no cache, then step
+    app.button(key="tour_action").click().run()
+    assert app.session_state["cache_mode"] == "none"
+    assert any("No cache" in m.value or "step mode, 1 of 6" in m.value for m in app.markdown)
+    # The step-mode run the setting change ended says why in the run picker, not just "stopped".
+    labels = list(app.selectbox(key="run_pick").options)  # as shown
+    assert any("ended when a setting changed" in x for x in labels), labels
+    app.button(key="tour_end").click().run()
+    assert app.session_state[tour.STEP_KEY] == 0 and "tour" not in app.query_params
+
+
+def test_presentation_layout_from_the_url_and_its_switch(app: AppTest) -> None:
+    app.query_params["present"] = "1"
+    app.run()
+    assert not app.exception
+    assert app.session_state[present.STATE_KEY] is True and app.toggle(key=present.KEY).value is True
+    css = " ".join(h.proto.body for h in app.get("html"))
+    assert "html{font-size:19px}" in css
+    app.toggle(key=present.KEY).set_value(False).run()
+    assert app.session_state[present.STATE_KEY] is False and "present" not in app.query_params
+    css = " ".join(h.proto.body for h in app.get("html"))
+    assert "html{font-size:19px}" not in css
