@@ -139,3 +139,45 @@ def test_uncached_run_reports_no_cache(small_model: LoadedModel) -> None:
     assert run.cache_kind == "none"
     assert all(e.cache_len == e.cache_bytes_used == e.cache_bytes_allocated == e.cache_bytes_copied == 0
                for e in run.events)
+
+
+@pytest.mark.parametrize("kind", ["static", "concat"])
+def test_truncate_equals_a_cache_that_never_saw_the_rest(kind: str) -> None:
+    cfg = GPTConfig(vocab_size=16, block_size=12, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 2, 9, 4, generator=g)
+    v = torch.randn(1, 2, 9, 4, generator=g)
+    full, short = make_cache(kind, cfg, 1, "cpu", torch.float32), make_cache(kind, cfg, 1, "cpu", torch.float32)
+    for i in range(2):
+        full.update(i, k, v)
+        short.update(i, k[:, :, :5], v[:, :, :5])
+    full.advance(9)
+    short.advance(5)
+    full.truncate(5)
+    assert full.pos == 5 and full.bytes_used == short.bytes_used
+    for i in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(full.layer(i), short.layer(i)))
+    if kind == "static":  # the forgotten slots are cleared, not left holding rolled-back keys
+        assert torch.count_nonzero(full.k[0][:, :, 5:9]) == 0
+    with pytest.raises(ValueError, match="cannot truncate a cache of 5 positions to 6"):
+        full.truncate(6)
+
+
+@pytest.mark.parametrize("kind", ["static", "concat"])
+def test_reorder_picks_parent_rows_and_counts_the_bytes(kind: str) -> None:
+    cfg = GPTConfig(vocab_size=16, block_size=12, n_layer=2, n_head=4, n_kv_head=2, n_embd=16)
+    cache = make_cache(kind, cfg, 2, "cpu", torch.float32)
+    k = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)
+    for i in range(2):
+        cache.update(i, k, -k)
+    cache.advance(3)
+    moved = cache.reorder(torch.tensor([1, 1, 0]))  # fan two rows out to three beams
+    # 3 rows x 2 layers x (K+V) x 2 kv heads x 3 positions x 4 dims x 4 bytes, by hand:
+    assert moved == 3 * 2 * 2 * 2 * 3 * 4 * 4 == 1152
+    assert cache.batch == 3 and cache.bytes_used == 1152
+    kk, vv = cache.layer(1)
+    assert torch.equal(kk, k[[1, 1, 0]]) and torch.equal(vv, -k[[1, 1, 0]])
+    cache.reorder(torch.tensor([2, 0, 0]))  # same batch: in place, rows may repeat
+    assert torch.equal(cache.layer(0)[0], k[[0, 1, 1]])
+    with pytest.raises(ValueError, match="pick rows in 0..2"):
+        cache.reorder(torch.tensor([3]))

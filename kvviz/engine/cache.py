@@ -1,7 +1,9 @@
 """KV caches: a preallocated static cache and a grow-by-``torch.cat`` concat cache.
 
 Both share one small API (nanochat's engine): ``pos``, ``advance(n)``, ``reset()``,
-``layer(i)`` and ``update(layer_idx, k, v)``. Attention layers only call ``update``; the
+``layer(i)`` and ``update(layer_idx, k, v)``, plus the two moves decoding strategies make:
+``truncate(n)`` (speculative decoding's rollback, an edited chat message) and ``reorder(index)``
+(beam search picks each row's parent). Attention layers only call ``update``; the
 generator alone moves ``pos`` forward, so a layer can never silently advance the cache.
 
 Byte accounting is exact (it is what the app and the memory calculator compare against):
@@ -56,6 +58,33 @@ class KVCache(ABC):
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hs) at positions pos..pos+T; return all K, V up to pos+T."""
 
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on: the cache then equals one that only ever held 0..n."""
+        if not 0 <= n <= self.pos:
+            raise ValueError(f"cannot truncate a cache of {self.pos} positions to {n}")
+        self._truncate(n)
+        self.pos = n
+
+    def reorder(self, index: torch.Tensor) -> int:
+        """Row r becomes old row index[r] (beam search's parents); len(index) may differ from the
+        batch (one prompt row fanned out to k beams). Returns the bytes this moved."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.device).reshape(-1)
+        if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= self.batch:
+            raise ValueError(f"reorder index must pick rows in 0..{self.batch - 1}")
+        self._reorder(index)
+        self.batch = int(index.numel())
+        self.bytes_per_token = int(kv_bytes_per_token(self.config.n_layer, self.config.kv_heads,
+                                                      self.config.head_dim, self.dtype.itemsize, self.batch))
+        moved = self.pos * self.bytes_per_token  # every filled position of every new row is copied
+        self.bytes_copied += moved
+        return moved
+
+    @abstractmethod
+    def _truncate(self, n: int) -> None: ...
+
+    @abstractmethod
+    def _reorder(self, index: torch.Tensor) -> None: ...
+
 
 class StaticKVCache(KVCache):
     """Preallocated (B, nkv, block_size, hs) K and V per layer, written in place (gpt-fast)."""
@@ -95,6 +124,26 @@ class StaticKVCache(KVCache):
         self.bytes_copied += 2 * k.nbytes
         return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
+    def _truncate(self, n: int) -> None:
+        # Zero the forgotten positions: nothing reads past pos, but a rolled-back cache should
+        # hold exactly what a cache that never saw them holds, so a test can compare the buffers.
+        for t in (*self.k, *self.v):
+            t[:, :, n: self.pos].zero_()
+
+    def _reorder(self, index: torch.Tensor) -> None:
+        # Only the filled positions move. The same batch reorders in place (index_select copies
+        # first, so a row may feed several); a new batch size needs new buffers, left empty past
+        # pos for the reason __init__ gives.
+        same = index.numel() == self.batch
+        for buf in (self.k, self.v):
+            for i, old in enumerate(buf):
+                picked = old[:, :, : self.pos].index_select(0, index)  # (B', nkv, pos, hs)
+                new = old if same else torch.empty((index.numel(), *old.shape[1:]), device=self.device,
+                                                   dtype=self.dtype)
+                new[:, :, : self.pos] = picked
+                buf[i] = new
+        self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
 
 class ConcatKVCache(KVCache):
     """Grows by ``torch.cat`` every step, like the seed code and transformers' DynamicLayer.
@@ -133,6 +182,14 @@ class ConcatKVCache(KVCache):
         self.k[layer_idx], self.v[layer_idx] = nk, nv
         self.bytes_copied += nk.nbytes + nv.nbytes
         return nk, nv
+
+    def _truncate(self, n: int) -> None:
+        self.k = [t[:, :, :n] for t in self.k]  # views; the next update's cat copies them anyway
+        self.v = [t[:, :, :n] for t in self.v]
+
+    def _reorder(self, index: torch.Tensor) -> None:
+        self.k = [t[:, :, : self.pos].index_select(0, index) for t in self.k]  # (B', nkv, pos, hs)
+        self.v = [t[:, :, : self.pos].index_select(0, index) for t in self.v]
 
 
 CACHE_KINDS: dict[str, type[KVCache]] = {"static": StaticKVCache, "concat": ConcatKVCache}
