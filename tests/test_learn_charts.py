@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz import LoadedModel, generate
+from kvviz import CAPTURE_ALL, LoadedModel, generate
 from kvviz.charts import live as charts
 from kvviz.charts import memory as mcharts
-from kvviz.charts.style import INK, PROJECTOR_SIZE, legible
+from kvviz.charts.style import INK, PROJECTOR_SIZE, PROJECTOR_TICKS, legible, wrap_subtitle
 from kvviz.charts.tokens import MAX_TICKS, token_axis
 
 VERSE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
@@ -59,3 +59,36 @@ def test_calculator_context_chart_groups_models_by_colour_and_dtypes_by_dash() -
     colours = {t.line.color for t in fig.data[:12]}
     dashes = {t.line.dash for t in fig.data[:12]}
     assert len(colours) == 3 and len(dashes) == 4
+
+
+def test_a_projector_wraps_a_long_subtitle_at_a_space_between_tags_and_grows_the_margin() -> None:
+    long = "Step 30: “.” (position 74) reads 75 cached keys; rows sum to 1. GQA: 9 query heads share 3 K/V heads."
+    # 102 characters: the space nearest the middle is the one after "keys;" (at 49)
+    assert wrap_subtitle(long) == long.replace("keys; rows", "keys;<br>rows")
+    assert wrap_subtitle("short") == "short" and wrap_subtitle("a<br>b" * 40) == "a<br>b" * 40
+    tagged = "<b>" + "word " * 30 + "</b>"
+    wrapped = wrap_subtitle(tagged)
+    assert wrapped.count("<br>") == 1 and wrapped.startswith("<b>") and wrapped.endswith("</b>")
+    fig = go.Figure(go.Scatter(x=[1], y=[1]))
+    fig.update_layout(title=dict(text="t", subtitle=dict(text=long)), margin=dict(t=96))
+    legible(fig)
+    assert fig.layout.title.subtitle.text == long  # a full-width chart keeps one line
+    legible(fig, projector=True)
+    assert "<br>" in fig.layout.title.subtitle.text and fig.layout.margin.t == 96 + 20
+
+
+def test_a_projector_keeps_every_other_word_of_a_long_token_axis(small_model: LoadedModel) -> None:
+    run = generate(small_model, prompt="ROMEO: but soft, what light through yonder window", max_new_tokens=8,
+                   capture=CAPTURE_ALL)
+    fig = charts.cache_notebook(run)
+    before = list(fig.layout.xaxis2.tickvals)
+    assert len(before) > PROJECTOR_TICKS
+    legible(fig, projector=True)
+    after = list(fig.layout.xaxis2.tickvals)
+    span = fig.layout.xaxis2.range[1] - fig.layout.xaxis2.range[0]
+    assert set(after) <= set(before) and len(after) <= PROJECTOR_TICKS + 1
+    assert all(b - a >= span / PROJECTOR_TICKS for a, b in zip(after, after[1:]))
+    labels = dict(zip(fig.layout.xaxis2.tickvals, fig.layout.xaxis2.ticktext))
+    assert all(labels[v] == dict(zip(before, charts.cache_notebook(run).layout.xaxis2.ticktext))[v] for v in after)
+    # The colour bars keep their titles beside them and three ticks, so a short chart never overprints them.
+    assert all(t.colorbar.title.text == "length" and t.colorbar.nticks == 3 for t in fig.data)

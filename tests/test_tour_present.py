@@ -83,3 +83,22 @@ def test_presentation_layout_from_the_url_and_its_switch(app: AppTest) -> None:
     assert app.session_state[present.STATE_KEY] is False and "present" not in app.query_params
     css = " ".join(h.proto.body for h in app.get("html"))
     assert "html{font-size:19px}" not in css
+
+
+def test_measurement_pages_feed_the_prompt_as_generate_does_through_the_chat_template(smollm2) -> None:  # type: ignore[no-untyped-def]
+    """With Chat on, the race, the sweeps and the batching page get the question in SmolLM2's template (fed
+    bare, the instruct model answers with its end token at once: a one-token race). Checked against
+    the chat module's own rendering and against what generate(chat=True) feeds."""
+    from kvviz import generate
+    from kvviz.engine.chat import chat_prompt
+    from kvviz.ui.perf_common import prompt_ids
+    from kvviz.ui.settings import Settings
+
+    q = "What is the capital of France?"
+    ids, text = prompt_ids(Settings(model="smollm2", prompt=q, chat=True), smollm2)
+    want = chat_prompt(smollm2.tokenizer, [{"role": "user", "content": q}])
+    assert ids == want.ids and text == want.text and text.endswith("<|im_start|>assistant\n")
+    assert ids == tuple(generate(smollm2, prompt=q, chat=True, max_new_tokens=1).prompt_ids)
+    plain, text = prompt_ids(Settings(model="smollm2", prompt=q, chat=False), smollm2)
+    assert plain == tuple(smollm2.tokenizer.encode(q)) and text == q and len(plain) < len(ids)
+    assert prompt_ids(Settings(model="smollm2", prompt="", chat=True), smollm2) == ((), "")

@@ -204,8 +204,11 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
         traces.append(go.Heatmap(
             z=z[i], x=np.arange(X, dtype=np.int32), y=labels, colorscale=scale, zmin=lo, zmax=hi,
             xaxis="x" if i == 0 else "x2", yaxis="y" if i == 0 else "y2", xgap=1, ygap=1, name=name,
-            colorbar=dict(title=dict(text=f"length<br>of {name}", side="top"), len=0.45, y=0.77 - 0.54 * i,
-                          thickness=14),
+            # One short title line and three ticks: on a short chart (presenting) a two-line title
+            # left the bar too short for its labels, which printed over each other. The block's
+            # own axis title says whether it is K or V.
+            colorbar=dict(title=dict(text="length", side="top"), len=0.46, y=0.77 - 0.54 * i,
+                          yanchor="middle", thickness=14, nticks=3),
             hovertemplate=f"position %{{x}}<br>%{{y}}<br>length of {name} = %{{z:.2f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y"), ("x2", "y2")], len(labels))
     fig = go.Figure(traces)

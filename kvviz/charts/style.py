@@ -12,6 +12,13 @@ INK = "#212529"  # axis titles, ticks and legends: Plotly's default blue-grey re
 MIN_SIZE = 15  # px: the smallest base font a chart keeps
 PROJECTOR_SIZE = 18  # px: the base font while presenting
 PROJECTOR_TITLE = 23
+PROJECTOR_SUBTITLE = 16
+# A projector's charts sit two to a row: a subtitle longer than this wraps onto a second line
+# (at PROJECTOR_SUBTITLE px a half-width chart holds about 100 characters).
+WRAP_CHARS = 90
+LINE_PX = 20  # one more subtitle line: the top margin grows by this
+# Token labels a half-width projector chart holds on one axis (tokens.MAX_TICKS is for 1,000 px).
+PROJECTOR_TICKS = 30
 
 
 def legible(fig: go.Figure, projector: bool = False, height: int | None = None) -> go.Figure:
@@ -27,10 +34,64 @@ def legible(fig: go.Figure, projector: bool = False, height: int | None = None) 
         kw["font_color"] = INK
     if projector:
         kw["title_font_size"] = max(fig.layout.title.font.size or 0, PROJECTOR_TITLE)
-        kw["title_subtitle_font_size"] = 16
+        kw["title_subtitle_font_size"] = PROJECTOR_SUBTITLE
         kw["hoverlabel_font_size"] = 17
+        sub = fig.layout.title.subtitle.text
+        wrapped = wrap_subtitle(sub) if sub else sub
+        if wrapped != sub:
+            kw["title_subtitle_text"] = wrapped
+            kw["margin_t"] = (fig.layout.margin.t or 96) + LINE_PX
+        _thin_token_axes(fig)
     if height is not None and fig.layout.height != height:
         kw["height"] = height
     if kw:
         fig.update_layout(**kw)
     return fig
+
+
+def _visible_len(text: str) -> int:
+    """Characters shown: HTML tags (``<b>``) take no room."""
+    n, in_tag = 0, False
+    for ch in text:
+        if ch == "<":
+            in_tag = True
+        elif ch == ">" and in_tag:
+            in_tag = False
+        elif not in_tag:
+            n += 1
+    return n
+
+
+def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
+    """``text`` split in two lines at the space nearest its middle (outside any tag) when it is longer
+    than ``width`` visible characters; unchanged when it is short or already has a line break."""
+    if "<br" in text or _visible_len(text) <= width:
+        return text
+    depth, spaces = 0, []
+    for i, ch in enumerate(text):
+        depth += ch == "<"
+        depth -= ch == ">" and depth > 0
+        if ch == " " and depth == 0:
+            spaces.append(i)
+    if not spaces:
+        return text
+    mid = len(text) / 2
+    cut = min(spaces, key=lambda i: abs(i - mid))
+    return text[:cut] + "<br>" + text[cut + 1:]
+
+
+def _thin_token_axes(fig: go.Figure) -> None:
+    """Keep at most about PROJECTOR_TICKS labelled ticks on each x axis labelled by an array (the token
+    axes): each kept tick at least 1/PROJECTOR_TICKS of the axis after the last."""
+    for ax in fig.select_xaxes():
+        vals, text, rng = ax.tickvals, ax.ticktext, ax.range
+        if ax.tickmode != "array" or vals is None or text is None or rng is None or len(vals) <= PROJECTOR_TICKS:
+            continue
+        gap = (rng[1] - rng[0]) / PROJECTOR_TICKS
+        keep_v: list = []
+        keep_t: list = []
+        for v, t in zip(vals, text):
+            if not keep_v or v - keep_v[-1] >= gap:
+                keep_v.append(v)
+                keep_t.append(t)
+        ax.update(tickvals=keep_v, ticktext=keep_t)

@@ -9,7 +9,7 @@ from kvviz.charts import perf as pc
 from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
 from kvviz.measure.stats import Sample, aggregate
 from kvviz.ui.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, page_model, results_key, where,
+    SweepState, acquire_or_warn, busy_note, drive, page_model, prompt_ids, results_key, where,
 )
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
@@ -39,7 +39,7 @@ def page() -> None:
 
 def _base(s: Settings, model: LoadedModel) -> list[int]:
     """The sidebar prompt's tokens (the 'same prompt'), or a document when there is none."""
-    ids = model.tokenizer.encode(s.prompt) if (s.prompt and model.has_tokenizer) else []
+    ids = list(prompt_ids(s, model)[0])
     return ids or list(document_ids(model, 64))
 
 

@@ -14,4 +14,7 @@ CONFIG = {"displaylogo": False, "toImageButtonOptions": {"scale": 2}}
 
 def show(where: Any, fig: go.Figure, key: str, height: int | None = None, **kw: Any) -> Any:
     """``where.plotly_chart(fig)`` (``where``: st, a column or an st.empty slot) with kvviz's look."""
-    return where.plotly_chart(legible(fig, present.active(), height), key=key, theme=None, config=CONFIG, **kw)
+    projector = present.active()
+    # No hover toolbar on a projector: it would cover the selector buttons in the charts' corners.
+    config = {**CONFIG, "displayModeBar": False} if projector else CONFIG
+    return where.plotly_chart(legible(fig, projector, height), key=key, theme=None, config=config, **kw)

@@ -17,6 +17,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
+from kvviz.engine.generate import resolve_chat
 from kvviz.measure import threads
 from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
 from kvviz.measure.probe import probe_machine
@@ -31,6 +32,21 @@ REDRAW_S = 0.5  # sweeps redraw their live chart at most twice a second
 def settings() -> Settings:
     s = st.session_state.get("settings")
     return s if isinstance(s, Settings) else Settings()
+
+
+def prompt_ids(s: Settings, model: LoadedModel) -> tuple[tuple[int, ...], str]:
+    """The sidebar's prompt as the Generate page feeds it, and its text: with Chat on, the question laid out
+    by the model's chat template (an instruct model fed the bare question answers with its end token
+    at once, and a race of one token shows nothing). () when there is no prompt or no tokenizer."""
+    if not s.prompt or not model.has_tokenizer:
+        return (), s.prompt
+    if s.chat:
+        try:
+            rows, text = resolve_chat(model, s.prompt, None, None)
+            return tuple(rows[0]), text
+        except KVVizError:
+            pass  # no template or too long: the plain prompt, which the request's own checks then judge
+    return tuple(model.tokenizer.encode(s.prompt)), s.prompt
 
 
 def page_model() -> tuple[Settings, LoadedModel] | None:

@@ -14,7 +14,8 @@ from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, s
 from kvviz.measure import doubts
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.ui.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, prompt_ids, results_key,
+    where,
 )
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.figs import show
@@ -45,8 +46,7 @@ def page() -> None:
     st.caption(f"Engine: {ENGINES[s.engine]}.")
     _sweeps(model, results, sweep_state, ctx, fast)
     st.divider()
-    prompt_ids = tuple(model.tokenizer.encode(s.prompt)) if (s.prompt and model.has_tokenizer) else ()
-    _example(model, results, example_state, prompt_ids, ctx, fast)
+    _example(model, results, example_state, prompt_ids(s, model)[0], ctx, fast)
 
 
 def _context_limit(model: LoadedModel) -> int:

@@ -16,7 +16,8 @@ from kvviz.measure.sweeps import start as start_stream
 from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, results_key, where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, prompt_ids, results_key,
+    where,
 )
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
@@ -54,8 +55,8 @@ def page() -> None:
 # --- the race ---------------------------------------------------------------------------------
 
 def _request(s: Settings, model: LoadedModel) -> Request:
-    ids = tuple(model.tokenizer.encode(s.prompt)) if s.prompt else ()
-    return Request(prompt_ids=(ids,), max_new_tokens=s.max_new_tokens, prompt=s.prompt,
+    ids, text = prompt_ids(s, model)
+    return Request(prompt_ids=(ids,), max_new_tokens=s.max_new_tokens, prompt=text,
                    fast=s.engine == "fast", **s.sampling_kwargs())
 
 
@@ -253,7 +254,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
         "the slope of log(time) vs log(N) on the large-N points: about **1** means linear (the cache), "
         "about **2** quadratic (recomputing everything). Medians over repeats, min–max bars."
     )
-    ids = tuple(model.tokenizer.encode(s.prompt)) if s.prompt else ()
+    ids, _ = prompt_ids(s, model)
     options = sweep_ns(len(ids), model.config.block_size)
     if not ids or not options:
         st.warning("The sweep needs a prompt that leaves room for at least 32 new tokens in the context.")

@@ -25,6 +25,9 @@ STEP_KEY = "_kvviz_tour"
 PARAM = "tour"
 BIG_MODEL = "llama-2-70b"  # step 7's comparison: a preset of the calculator
 BIG_CONTEXT = 4096
+LAST_PAGE_KEY = "_kvviz_tour_last_page"  # the page of the previous script run
+# The calculator's settings for step 7's example (its widget keys, kvviz/ui/calculator_links.py).
+CALC_EXAMPLE = {"mem_source": "preset", "mem_preset": BIG_MODEL, "mem_seq_len": BIG_CONTEXT, "mem_dtype": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -184,8 +187,9 @@ BANNERS = {
                "which memory-bound, on this machine.",
     "batching": "One decode step can serve many requests: throughput climbs with the batch while each request "
                 "waits a little longer, and the cache grows with every request.",
-    "calculator": "Pick a preset (Llama-2-70B, say) and a context length: the KV cache per token, per conversation, "
-                  "and whether it fits on a GPU.",
+    "calculator": f"Set to step 7's example: Llama-2-70B, {BIG_CONTEXT:,} tokens, an fp16 cache. Read the KV cache "
+                  "per token and per conversation, and whether it fits on a GPU; then pick any other preset or "
+                  "context length.",
 }
 
 
@@ -211,7 +215,9 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
     st.html(highlight_css(s.points_at))
     asked = None
     with st.container(key="tour_card", border=True):
-        head, nav = st.columns([5.2, 2.3], vertical_alignment="center")
+        # One row of title, action and navigation; the text below runs the card's full width, so a
+        # step costs as few lines as it can above the views it explains.
+        head, act, nav = st.columns([4.6, 1.9, 2.3], vertical_alignment="center")
         head.markdown(f"**Tour, step {n} of {len(all_steps)}: {s.title}**")
         with nav:
             back, nxt, end = st.columns([1, 1, 1], vertical_alignment="center")
@@ -220,8 +226,6 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
             nxt.button("Next" if n < len(all_steps) else "Finish", key="tour_next", type="primary", width="stretch",
                        on_click=go, args=(n + 1 if n < len(all_steps) else 0,), shortcut="N")
             end.button("End tour", key="tour_end", type="tertiary", on_click=go, args=(0,), width="stretch")
-        text, act = st.columns([5.2, 2.3], vertical_alignment="top")
-        text.markdown(s.text)
         with act:
             if s.action:
                 mode = {"no_cache": "none", "cache": "static"}.get(s.action)
@@ -232,14 +236,21 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
                 _link("calculator", "Open the calculator", ":material/calculate:")
             elif s.link == "race":
                 _link("race", "Open the race", ":material/speed:")
+        st.markdown(s.text)
     return asked
 
 
 def banner(page: str) -> None:
     """On the other pages while the tour is on: what to do here, and the way back."""
     n = current()
+    came_from = st.session_state.get(LAST_PAGE_KEY)
+    st.session_state[LAST_PAGE_KEY] = page
     if not n or page not in BANNERS:
         return
+    if page == "calculator" and came_from != "calculator":
+        # Arriving on the calculator during the tour: it shows the example step 7 quotes (set before
+        # its widgets exist, so they take these values), as the banner says.
+        st.session_state.update(CALC_EXAMPLE)
     with st.container(key="tour_banner", border=True):
         text, back = st.columns([6, 1.4], vertical_alignment="center")
         text.markdown(f"**Tour** (step {n} of 8): {BANNERS[page]}")

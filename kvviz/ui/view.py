@@ -15,7 +15,7 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.charts import live as charts
-from kvviz.ui import chips, metrics, persist, present, tour
+from kvviz.ui import chips, metrics, persist, present
 from kvviz.ui.figs import show
 
 VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
@@ -93,14 +93,14 @@ def _layout_present(shape: tuple[int, int, int] | None,
     # The selectors fold into one button per chart, so both charts start at the same height.
     with left, st.container(key="view_notebook"):
         if shape is not None:
-            view = VIEWS.get(str(persist.last("nb_view", "layer")), "")
-            with st.popover(f"Cache view: {view}", icon=":material/tune:"):
+            # Short labels: the buttons sit in the charts' top-right corners, beside their titles.
+            with st.popover("Cache view", icon=":material/tune:"):
                 opts = _cache_controls(shape[0], shape[2])
         nb = st.empty()
     with right, st.container(key="view_attention"):
         if shape is not None:
             which = f"layer {persist.last('attn_layer', 0)}, head {persist.last('attn_head', 0)}"
-            with st.popover(f"Bars below: {which}", icon=":material/tune:"):
+            with st.popover(f"Bars: {which}", icon=":material/tune:"):
                 opts = dataclasses.replace(opts, **_attention_controls(shape[0], shape[1]))
         at = st.empty()
     if replay is not None:  # below the fold's three views, not between them
@@ -130,7 +130,7 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
         fig = charts.cache_values(run, opts.nb_kv, opts.nb_head, wanted_layer=opts.nb_layer)
     else:
         fig = charts.cache_notebook(run, opts.nb_view, opts.nb_layer)
-    tall = (PRESENT_HEIGHT - 40 * bool(tour.current())) if slots.compact else None  # the tour's card takes room
+    tall = PRESENT_HEIGHT if slots.compact else None
     show(slots.notebook, fig, key=f"notebook-{key}", height=tall)
     show(slots.attention, charts.attention_heatmap(run, (opts.attn_layer, opts.attn_head)), key=f"attention-{key}",
          height=tall)
