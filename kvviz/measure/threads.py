@@ -2,9 +2,9 @@
 
 torch starts with one OpenMP thread per physical core. Those threads spin while they wait for
 each other, so when anything else wants a core (the browser drawing the live charts, on a
-presenter's laptop the same machine) they collapse: on the 2-core development machine, 200
-tokens of the Shakespeare model took 68-123 s at torch's 2 threads with a browser drawing, and
-12 s at 1 thread (docs/benchmarks.md has the figures).
+presenter's laptop the same machine) they collapse: issue 19 saw `make run` on a 2-core machine
+an order of magnitude slower at torch's 2 threads than at 1. docs/benchmarks.md says how the
+app's speed is measured against the engine's, before and after this rule.
 
 The rule: leave one core for the browser, and never more than ``MAX_RULE_THREADS`` (a decode
 step of the models kvviz shows streams a few MB of weights; beyond a handful of threads it

@@ -135,8 +135,9 @@ def steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
             "memory feeds. A phase is **compute-bound** when arithmetic is its limit (the prefill: every weight "
             "read serves the whole prompt) and **memory-bound** when reading bytes is (a decode step: all the "
             "weights and the cache read again for one token). The Prefill vs decode page measures both on this "
-            "machine.",
-            ("view_latency",), link="race"),
+            "machine. Here, the numbers give this run's TTFT and TPOT, and the time-per-step chart (under the "
+            "attention map) every step's.",
+            ("view_metrics", "view_latency"), link="race"),
     ]
 
 

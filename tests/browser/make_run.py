@@ -5,6 +5,13 @@ root, with the user's own environment. A user has no OMP_NUM_THREADS, no KVVIZ_*
 no Streamlit overrides, so those are removed here (pytest itself may run with OMP_NUM_THREADS=1),
 and nothing is passed on the command line but the port: the file watcher, the thread count and
 the model are whatever the app and `.streamlit/config.toml` choose.
+
+``KVVIZ_MAKE_RUN_SETTINGS=before`` (a knob of these tests, never passed to the app) starts it with the
+settings `make run` had before b5e1676 instead: Streamlit's file watcher on (``--server.fileWatcherType
+auto``, its default before config.toml turned it off) and torch's own intra-op thread count (one
+per physical core, what the app ran with before it chose its own; given as ``KVVIZ_THREADS``, so the
+sidebar's machine line names it). The code is today's: for the code of then as well, run the test in
+a checkout of 281ee22 (docs/benchmarks.md says how).
 """
 from __future__ import annotations
 
@@ -21,6 +28,22 @@ ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120
 # Variables a user of `make run` does not have; the app must do well without them.
 TUNING_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KVVIZ_", "STREAMLIT_", "GOMP_", "KMP_")
+SETTINGS_ENV = "KVVIZ_MAKE_RUN_SETTINGS"  # "now" (default) or "before"
+
+
+def settings() -> str:
+    """Which `make run` settings the server gets: "now" or "before" (b5e1676)."""
+    value = os.environ.get(SETTINGS_ENV, "now").strip().lower() or "now"
+    if value not in ("now", "before"):
+        raise ValueError(f"{SETTINGS_ENV}={value!r}: use 'now' or 'before'")
+    return value
+
+
+def torch_default_threads() -> int:
+    """torch's own intra-op thread count in a fresh process with the user's environment."""
+    out = subprocess.run([venv_python(), "-c", "import torch; print(torch.get_num_threads())"], cwd=ROOT,
+                         env=user_env(), capture_output=True, text=True, timeout=300, check=True)
+    return int(out.stdout.strip())
 
 
 def user_env() -> dict[str, str]:
@@ -46,8 +69,12 @@ def make_run_server(port: int, log: Path) -> Iterator[str]:
     """`make run PORT=<port>`, as a context: yields the URL once the server is healthy."""
     url = f"http://127.0.0.1:{port}"
     cmd = [venv_python(), "-m", "streamlit", "run", "app.py", "--server.port", str(port)]
+    env = user_env()
+    if settings() == "before":
+        cmd += ["--server.fileWatcherType", "auto"]
+        env["KVVIZ_THREADS"] = str(torch_default_threads())
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=user_env(), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not _healthy(url):
