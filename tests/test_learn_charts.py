@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from kvviz import CAPTURE_ALL, LoadedModel, generate
 from kvviz.charts import live as charts
 from kvviz.charts import memory as mcharts
-from kvviz.charts.style import INK, PROJECTOR_SIZE, PROJECTOR_TICKS, legible, wrap_subtitle
+from kvviz.charts.style import INK, PROJECTOR_BOTTOM, PROJECTOR_SIZE, PROJECTOR_TICKS, legible, wrap_subtitle
 from kvviz.charts.tokens import MAX_TICKS, token_axis
 
 VERSE = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
@@ -92,3 +92,17 @@ def test_a_projector_keeps_every_other_word_of_a_long_token_axis(small_model: Lo
     assert all(labels[v] == dict(zip(before, charts.cache_notebook(run).layout.xaxis2.ticktext))[v] for v in after)
     # The colour bars keep their titles beside them and three ticks, so a short chart never overprints them.
     assert all(t.colorbar.title.text == "length" and t.colorbar.nticks == 3 for t in fig.data)
+
+
+def test_a_projector_puts_a_bottom_legend_under_the_axis_title_not_on_it() -> None:
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name="a"))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2), margin=dict(b=60))
+    legible(fig)
+    assert fig.layout.legend.y == -0.2 and fig.layout.margin.b == 60  # a full-size chart keeps its layout
+    legible(fig, projector=True)
+    assert (fig.layout.legend.yref, fig.layout.legend.y, fig.layout.legend.yanchor) == ("container", 0.0, "bottom")
+    assert fig.layout.margin.b == PROJECTOR_BOTTOM
+    side = go.Figure(go.Scatter(x=[1], y=[1]))
+    side.update_layout(legend=dict(orientation="v", y=1.0))
+    legible(side, projector=True)
+    assert side.layout.legend.yref is None  # a legend beside the plot stays where it is

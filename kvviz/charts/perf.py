@@ -122,8 +122,9 @@ def race_tokens(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     if cached:
         fig.add_annotation(x=len(cached[0].events) - 1, y=1, text="cached: 1 token per step", showarrow=False,
                            xanchor="right", yanchor="bottom", font=dict(color=MODE_COLORS["static"], size=13))
-    return _layout(fig, "Tokens processed per step", _runs_where(runs) + " · cached: 1 after the prefill; no cache: all t",
-                   "step (new token index)", "tokens fed to the forward pass", height)
+    # "every token so far", not "all t": on screen a lone "t" read as cut-off text.
+    return _layout(fig, "Tokens processed per step", _runs_where(runs) + " · cached: 1 after the prefill; no cache: "
+                   "every token so far", "step (new token index)", "tokens fed per step", height)
 
 
 def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:

@@ -19,6 +19,9 @@ WRAP_CHARS = 90
 LINE_PX = 20  # one more subtitle line: the top margin grows by this
 # Token labels a half-width projector chart holds on one axis (tokens.MAX_TICKS is for 1,000 px).
 PROJECTOR_TICKS = 30
+# Room under a projector chart's plot for its tick labels, its x-axis title and a legend row or two:
+# a legend placed a fraction of the plot's height below it lands on the larger axis title.
+PROJECTOR_BOTTOM = 120
 
 
 def legible(fig: go.Figure, projector: bool = False, height: int | None = None) -> go.Figure:
@@ -42,6 +45,7 @@ def legible(fig: go.Figure, projector: bool = False, height: int | None = None) 
             kw["title_subtitle_text"] = wrapped
             kw["margin_t"] = (fig.layout.margin.t or 96) + LINE_PX
         _thin_token_axes(fig)
+        _legend_below_axis_title(fig, kw)
     if height is not None and fig.layout.height != height:
         kw["height"] = height
     if kw:
@@ -95,3 +99,13 @@ def _thin_token_axes(fig: go.Figure) -> None:
                 keep_v.append(v)
                 keep_t.append(t)
         ax.update(tickvals=keep_v, ticktext=keep_t)
+
+
+def _legend_below_axis_title(fig: go.Figure, kw: dict) -> None:
+    """A horizontal legend under the plot moves to the figure's bottom edge (``yref="container"``),
+    with room above it for the x axis's larger labels and title, so it never overprints them."""
+    legend = fig.layout.legend
+    if legend.orientation != "h" or legend.y is None or legend.y >= 0 or legend.yref == "container":
+        return
+    kw.update(legend_yref="container", legend_y=0.0, legend_yanchor="bottom",
+              margin_b=max(fig.layout.margin.b or 0, PROJECTOR_BOTTOM))
