@@ -106,3 +106,13 @@ def test_a_projector_puts_a_bottom_legend_under_the_axis_title_not_on_it() -> No
     side.update_layout(legend=dict(orientation="v", y=1.0))
     legible(side, projector=True)
     assert side.layout.legend.yref is None  # a legend beside the plot stays where it is
+
+
+def test_a_projector_puts_a_long_y_title_on_two_lines_beside_the_plot() -> None:
+    fig = go.Figure(go.Scatter(x=[1], y=[1]))
+    fig.update_layout(yaxis_title_text="aggregate throughput (tokens/s)", yaxis2=dict(title_text="MB", overlaying="y"))
+    legible(fig)
+    assert fig.layout.yaxis.title.text == "aggregate throughput (tokens/s)"
+    legible(fig, projector=True)
+    assert fig.layout.yaxis.title.text == "aggregate throughput<br>(tokens/s)" and fig.layout.yaxis.title.font.size == 16
+    assert fig.layout.yaxis2.title.text == "MB"  # a short title is left alone

@@ -1,8 +1,8 @@
 """Text that reads on the screen a figure is shown on: dark axis titles everywhere, larger on a projector.
 
 Pure Plotly. Builders keep their own look; ``legible`` only raises what is too small or too
-light, in one ``update_layout`` call (a Plotly layout update costs milliseconds, so figures that
-already read well are left alone unless a projector needs more).
+light, mostly in one ``update_layout`` call (a Plotly layout update costs milliseconds, so figures
+that already read well are left alone unless a projector needs more).
 """
 from __future__ import annotations
 
@@ -22,11 +22,17 @@ PROJECTOR_TICKS = 30
 # Room under a projector chart's plot for its tick labels, its x-axis title and a legend row or two:
 # a legend placed a fraction of the plot's height below it lands on the larger axis title.
 PROJECTOR_BOTTOM = 120
+# A vertical axis title longer than this runs past a projector chart's short plot into its subtitle:
+# it goes on two lines, a little smaller.
+Y_TITLE_CHARS = 18
+Y_TITLE_SIZE = 16
 
 
 def legible(fig: go.Figure, projector: bool = False, height: int | None = None) -> go.Figure:
-    """``fig`` with a base font of at least MIN_SIZE px in INK; PROJECTOR_SIZE px and larger titles
-    when ``projector``; ``height`` if given. Returns the same figure."""
+    """``fig`` with a base font of at least MIN_SIZE px in INK; ``height`` if given. With ``projector``
+    (charts two to a row, read from across a room): PROJECTOR_SIZE px and larger titles, a long
+    subtitle on two lines, token axes thinned to PROJECTOR_TICKS labels, a bottom legend under the
+    axis title. Returns the same figure."""
     font = fig.layout.font
     size = font.size or 12
     want = max(size, PROJECTOR_SIZE if projector else MIN_SIZE)
@@ -46,6 +52,7 @@ def legible(fig: go.Figure, projector: bool = False, height: int | None = None) 
             kw["margin_t"] = (fig.layout.margin.t or 96) + LINE_PX
         _thin_token_axes(fig)
         _legend_below_axis_title(fig, kw)
+        _short_y_titles(fig)
     if height is not None and fig.layout.height != height:
         kw["height"] = height
     if kw:
@@ -109,3 +116,11 @@ def _legend_below_axis_title(fig: go.Figure, kw: dict) -> None:
         return
     kw.update(legend_yref="container", legend_y=0.0, legend_yanchor="bottom",
               margin_b=max(fig.layout.margin.b or 0, PROJECTOR_BOTTOM))
+
+
+def _short_y_titles(fig: go.Figure) -> None:
+    """Long y-axis titles on two lines at Y_TITLE_SIZE px, so they stay beside the plot."""
+    for ax in fig.select_yaxes():
+        text = ax.title.text
+        if text and _visible_len(text) > Y_TITLE_CHARS and "<br" not in text:
+            ax.update(title_text=wrap_subtitle(text, Y_TITLE_CHARS), title_font_size=Y_TITLE_SIZE)

@@ -231,9 +231,11 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         shot(page, "present-race-full.png", full=True)
 
         sidebar_nav(page, "Prefill vs decode", "prefill")
-        slider = page.locator(".st-key-pd_max_context [role='slider']")
+        # Streamlit's slider is a visually hidden range input (react-aria): focus it, press Home.
+        slider = page.locator(".st-key-pd_max_context input[type='range']")
         slider.focus()
-        slider.press("Home")  # the shortest context: a quick look, not a benchmark
+        page.keyboard.press("Home")  # the shortest context: a quick look, not a benchmark
+        page.wait_for_function("document.querySelector(\".st-key-pd_max_context input[type='range']\").value === '0'")
         idle(page)
         page.locator(".st-key-pd_repeats input").fill("1")
         page.locator(".st-key-pd_repeats input").press("Enter")
