@@ -16,6 +16,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from kvviz.engine.beam import BeamStream, check_beam_request
 from kvviz.engine.cache import KVCache, make_cache
 from kvviz.engine.capture import Capture, ForwardCapture, record
 from kvviz.engine.chat import chat_prompt
@@ -24,6 +25,7 @@ from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.sampling import SamplingParams, make_generator, sample
+from kvviz.engine.speculative import SpeculativeStream, check_speculative_request
 from kvviz.errors import KVVizError
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
@@ -260,12 +262,24 @@ def iter_generate(
     fast: bool = True,
     chat: bool = False,
     messages: Sequence[Mapping[str, str]] | None = None,
-) -> GenerationStream:
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    num_return_sequences: int = 1,
+    speculative: str | None = None,
+    draft_tokens: int = 10,
+    ngram: int = 2,
+) -> GenerationStream | BeamStream | SpeculativeStream:
     """Validate the request (before any compute) and return a stream of StepEvents.
 
     ``chat=True`` wraps ``prompt`` as one user message; ``messages`` gives a whole conversation.
     Either is rendered with the model's own chat template (an instruct model answers, and stops
     at its end-of-turn token, which is its EOS).
+
+    ``num_beams > 1`` runs beam search (engine/beam.py; transformers' defaults and meanings for
+    length_penalty, early_stopping and num_return_sequences); ``speculative="prompt_lookup"``
+    runs speculative decoding with ``draft_tokens`` drafted after an ``ngram`` match
+    (engine/speculative.py). Either one is a different stream with the same interface.
     """
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
     if chat or messages is not None:
@@ -284,8 +298,35 @@ def iter_generate(
     if cache_kind not in ("static", "concat"):
         raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
     stops = tuple(s for s in (stop or ()) if s)
+    if num_beams != 1 or speculative is not None:
+        return _strategy_stream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops, capture,
+                                batch_size, bool(fast), dict(num_beams=num_beams, length_penalty=length_penalty,
+                                early_stopping=early_stopping, num_return_sequences=num_return_sequences,
+                                speculative=speculative, draft_tokens=draft_tokens, ngram=ngram))
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
                             capture or Capture(), batch_size, bool(fast))
+
+
+def _strategy_stream(model: LoadedModel, rows: list[list[int]], text: str, max_new_tokens: int, use_cache: bool,
+                     cache_kind: str, params: SamplingParams, stops: tuple[str, ...], capture: Capture | None,
+                     batch_size: int, fast: bool, opts: dict) -> BeamStream | SpeculativeStream:  # type: ignore[type-arg]
+    """Beam search or speculative decoding, their own parameters checked before any compute."""
+    if opts["num_beams"] != 1 and opts["speculative"] is not None:
+        raise KVVizError("choose beam search (num_beams > 1) or speculative decoding, not both")
+    if capture is not None and (capture.ref_layers(model.config.n_layer) or capture.logits):
+        raise KVVizError("attention, K/V and logits captures are recorded by plain decoding only")
+    common = dict(model=model, prompt_ids=rows[0], prompt_text=text, max_new_tokens=max_new_tokens,
+                  use_cache=use_cache, cache_kind=cache_kind, params=params, stop=stops, fast=fast)
+    if opts["speculative"] is not None:
+        k, n = check_speculative_request(opts["speculative"], opts["draft_tokens"], opts["ngram"], use_cache,
+                                         batch_size)
+        return SpeculativeStream(**common, draft_tokens=k, ngram=n)  # type: ignore[arg-type]
+    k, lp, es, nrs = check_beam_request(model, opts["num_beams"], opts["length_penalty"], opts["early_stopping"],
+                                        opts["num_return_sequences"], len(rows[0]) + max_new_tokens, use_cache,
+                                        cache_kind, params.greedy, stops, batch_size)
+    eos = model.tokenizer.eos_token_id
+    return BeamStream(**common, num_beams=k, length_penalty=lp, early_stopping=es,  # type: ignore[arg-type]
+                      num_return_sequences=nrs, eos_ids=() if eos is None else (eos,))
 
 
 def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]
