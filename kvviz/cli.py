@@ -70,6 +70,21 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    beam = p.add_argument_group("beam search (transformers' generate(num_beams=K, do_sample=False))")
+    beam.add_argument("--num-beams", type=_positive_int, default=1, metavar="K", help="beams (1: no beam search)")
+    beam.add_argument("--length-penalty", type=_float, default=1.0, metavar="X",
+                      help="a finished beam scores sum(log p) / length ** X (default 1.0)")
+    beam.add_argument("--early-stopping", choices=["true", "false", "never"], default="false",
+                      help="true: stop when K beams finished; false: when none can improve; never: as false, but "
+                           "assume a running beam may reach the maximum length (default false)")
+    beam.add_argument("--num-return-sequences", type=_positive_int, default=1, metavar="N",
+                      help="how many of the best finished beams to return (<= K)")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--speculative", choices=["prompt_lookup"],
+                      help="draft from the context itself and verify the drafts in one forward")
+    spec.add_argument("--draft-tokens", type=_positive_int, default=10, metavar="K", help="tokens drafted per step")
+    spec.add_argument("--ngram", type=_positive_int, default=2, metavar="N",
+                      help="longest n-gram matched against the context (then shorter ones)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_generate)
 
@@ -88,13 +103,27 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         use_cache=not args.no_cache, cache_kind=args.cache_kind,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
+        num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
+        num_return_sequences=args.num_return_sequences, speculative=args.speculative,
+        draft_tokens=args.draft_tokens, ngram=args.ngram,
     )
     obj = {
         "model": run.model, "device": run.device, "use_cache": run.use_cache, "engine": run.engine,
         "prompt_ids": list(run.prompt_ids), "generated_ids": run.generated_ids, "text": run.text,
         "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
     }
-    _emit(args, obj, run.text)
+    text = run.text
+    if run.beams is not None:
+        obj["beams"] = run.beams.to_dict()
+        text = "\n".join(f"[beam {i}, score {sc:.4f}] {t}" for i, (t, sc) in
+                         enumerate(zip(run.beams.texts, run.beams.scores)))
+    if run.speculation is not None:
+        sp = run.speculation
+        obj["speculation"] = sp.to_dict()
+        rate = "n/a" if sp.acceptance_rate is None else f"{sp.acceptance_rate:.0%}"
+        text += (f"\n[speculation: {sp.accepted}/{sp.drafted} drafted tokens accepted ({rate}), "
+                 f"{sp.forwards} forwards for {sp.tokens} tokens, {sp.forwards_saved} saved]")
+    _emit(args, obj, text)
 
 
 # ----------------------------------------------------------------------------- eval

@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from kvviz.engine.cache import make_cache
+from kvviz.engine.cache import KVCache, make_cache
 from kvviz.engine.diagnose import nonfinite_error
 from kvviz.engine.events import StepEvent
 from kvviz.engine.sampling import SamplingParams, filter_logits, make_generator
@@ -105,6 +105,7 @@ class SpeculativeStream(StrategyStream):
     draft_tokens: int = 10
     ngram: int = 2
     spec_steps: list[SpecStep] = field(default_factory=list)
+    cache: KVCache | None = None  # kept after the run: tests compare it with a never-speculated one
 
     def _extra(self) -> dict[str, object]:
         return {"speculation": SpecResult(self.draft_tokens, self.ngram, tuple(self.spec_steps))}
@@ -118,7 +119,7 @@ class SpeculativeStream(StrategyStream):
         N, made, step = len(ids), 0, 0
         with torch.inference_mode():
             positions = torch.arange(cfg.block_size, device=dev)
-            cache = make_cache(self.cache_kind, cfg, 1, dev, m.dtype)
+            cache = self.cache = make_cache(self.cache_kind, cfg, 1, dev, m.dtype)
         while made < self.max_new_tokens:
             with torch.inference_mode():
                 t0 = time.perf_counter()
