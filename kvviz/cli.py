@@ -221,8 +221,23 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     _emit(args, obj, text)
 
 
+def _add_bench_spec(sub: argparse._SubParsersAction) -> None:
+    from kvviz.measure.spec_bench import add_spec_bench_arguments
+
+    p = sub.add_parser("bench-spec", help="wall-clock: speculative decoding (prompt lookup) vs plain greedy")
+    add_spec_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench_spec)
+
+
+def _cmd_bench_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.measure.spec_bench import run_spec_bench
+
+    obj, text = run_spec_bench(args)
+    _emit(args, obj, text)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_generate, _add_bench, _add_memory, _add_eval, _add_train,
+    _add_generate, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train,
 ]
 
 

@@ -156,7 +156,8 @@ class SpeculativeStream(StrategyStream):
                 emitted = emitted[: self.max_new_tokens - made]
                 ms = (time.perf_counter() - t0) * 1000.0
                 rolled = tuple(range(p0 + 1 + a, p0 + T)) if step else ()
-                self.spec_steps.append(SpecStep(step, p0, tuple(draft), a, tuple(emitted), rolled, n, ms))
+                self.spec_steps.append(SpecStep(step, p0, tuple(draft), a, tuple(emitted), rolled, n, ms,
+                                                tuple(tok.token_display(t) for t in draft)))
                 evs = [self._event(made + j, [t], N + made + j,
                                    T if j == 0 else 0, p0, 1, cache, ms / len(emitted),
                                    rows[min(j, rows.shape[0] - 1)], n_logits=rows.shape[0])

@@ -76,6 +76,7 @@ class SpecStep:
     rolled_back: tuple[int, ...]  # positions written by this forward, then truncated away
     ngram: int  # length of the n-gram that matched (0: none)
     forward_ms: float  # the verify forward + acceptance + rollback
+    drafted_text: tuple[str, ...] = ()  # display text of each draft token
 
 
 @dataclass(frozen=True)
