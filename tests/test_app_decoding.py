@@ -70,4 +70,4 @@ def test_spec_tab_times_both_and_draws_the_notebook() -> None:
     assert "What each verify forward wrote into the cache" in t and "Drafted vs accepted, per verify forward" in t
     assert any("Identical output" in s.value and "24 tokens" in s.value for s in at.success)
     labels = {m.label for m in at.metric}
-    assert {"Acceptance", "Forwards saved", "Speedup (wall clock)", "Rolled back"} <= labels
+    assert {"Acceptance", "Forward passes", "Forwards saved", "Speedup (wall clock)", "Positions rolled back"} <= labels

@@ -76,10 +76,12 @@ def beam_tree(steps: Sequence[BeamStep], title: str = "The beam tree") -> go.Fig
     fig.update_yaxes(autorange="reversed", title="rank among the candidates", range=[keep - 0.5, -0.8],
                      dtick=1, zeroline=False)
     fig.update_xaxes(title="generated token", dtick=1 if len(steps) <= 24 else None, range=[-0.9, len(steps) + 0.6])
-    fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0.0))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.24, x=0.0))
     sub = (f"{len(steps)} steps · every step keeps the best {keep} of k x vocabulary continuations · "
            "blue lines run through the beams kept alive")
-    return _layout(fig, title, sub, HEIGHTS["tree"])
+    fig = _layout(fig, title, sub, HEIGHTS["tree"])
+    fig.update_layout(margin_b=120)
+    return fig
 
 
 def reorder_figure(step: BeamStep, num_beams: int) -> go.Figure:
@@ -89,7 +91,7 @@ def reorder_figure(step: BeamStep, num_beams: int) -> go.Figure:
     before = step.rows_before
     for r, p in enumerate(step.parents):
         moved = p != r
-        fig.add_trace(go.Scatter(x=[0.18, 0.82], y=[p, r], mode="lines", showlegend=False, hoverinfo="skip",
+        fig.add_trace(go.Scatter(x=[0.04, 0.96], y=[p, r], mode="lines", showlegend=False, hoverinfo="skip",
                                  line=dict(color=ROLLED if moved else KEPT, width=3)))
     kept_by_row = {c.row: c for c in step.candidates if c.status == "kept"}
     lx = [0.0] * before + [1.0] * num_beams
@@ -97,18 +99,21 @@ def reorder_figure(step: BeamStep, num_beams: int) -> go.Figure:
     texts = [f"old row {i}" for i in range(before)]
     for r in range(num_beams):
         c = kept_by_row.get(r)
-        texts.append(f"new row {r} ← {step.parents[r]}" + (f" · {short_label(c.token_text)}" if c else ""))
+        texts.append(f"row {r} ← {step.parents[r]}" + (f" · {short_label(c.token_text)}" if c else ""))
     fig.add_trace(go.Scatter(x=lx, y=ly, mode="markers+text", text=texts,
                              textposition=["middle left"] * before + ["middle right"] * num_beams,
                              marker=dict(size=26, symbol="square", color=["#dee2e6"] * before + [KEPT] * num_beams),
                              hoverinfo="skip", showlegend=False, textfont=dict(size=14)))
-    fig.update_xaxes(visible=False, range=[-0.75, 1.75])
+    fig.update_xaxes(visible=False, range=[-0.8, 2.4])
     fig.update_yaxes(visible=False, autorange="reversed", range=[max(before, num_beams) - 0.4, -0.6])
     moved_rows = sum(1 for r, p in enumerate(step.parents) if p != r)
-    sub = (f"{fmt_bytes(step.bytes_moved)} copied ({step.cache_len} positions x {num_beams} rows, every layer's K and V)"
-           f" · {moved_rows} of {num_beams} rows changed parent (red)" if step.bytes_moved else
-           "no reorder: the last step feeds nothing, or there is no cache")
-    return _layout(fig, title, sub, HEIGHTS["reorder"])
+    sub = (f"{fmt_bytes(step.bytes_moved)} copied: {step.cache_len} positions x {num_beams} rows, every layer's K and V"
+           + (f"<br>{moved_rows} of {num_beams} rows changed parent (red)" if before == num_beams else
+              f"<br>the prompt's one row fanned out to {num_beams}") if step.bytes_moved else
+           "no reorder: the last step feeds nothing,<br>or there is no cache")
+    fig = _layout(fig, title, sub, HEIGHTS["reorder"])
+    fig.update_layout(margin_t=118)
+    return fig
 
 
 def bytes_moved_chart(steps: Sequence[BeamStep]) -> go.Figure:
@@ -120,8 +125,10 @@ def bytes_moved_chart(steps: Sequence[BeamStep]) -> go.Figure:
     fig.update_xaxes(title="step")
     fig.update_yaxes(title="bytes")
     total = sum(s.bytes_moved for s in steps)
-    return _layout(fig, title, f"{fmt_bytes(total)} in all: a reorder copies every filled position of every row, "
-                               "so it grows with the context", HEIGHTS["bytes"])
+    fig = _layout(fig, title, f"{fmt_bytes(total)} in all<br>every filled position of every row, so it grows "
+                              "with the context", HEIGHTS["bytes"] + 80)
+    fig.update_layout(margin_t=118)
+    return fig
 
 
 def spec_notebook(steps: Sequence[SpecStep], n_prompt: int,
@@ -158,11 +165,13 @@ def spec_notebook(steps: Sequence[SpecStep], n_prompt: int,
                                              line=dict(width=2, color=color))))
     fig.update_yaxes(autorange="reversed", title="verify forward", dtick=1 if len(decode) <= 30 else None)
     fig.update_xaxes(title="cache position")
-    fig.update_layout(legend=dict(orientation="h", y=-0.2, x=0.0))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0))
     rolled = sum(len(s.rolled_back) for s in decode)
-    sub = (f"{len(decode)} verify forwards after the prefill ({n_prompt} prompt positions) · "
-           f"{rolled} positions written then rolled back")
-    return _layout(fig, title, sub, HEIGHTS["notebook"])
+    sub = (f"{len(decode)} verify forwards after the prefill ({n_prompt} prompt positions)<br>"
+           f"{rolled} positions written, then rolled back (red x)")
+    fig = _layout(fig, title, sub, HEIGHTS["notebook"] + 60)
+    fig.update_layout(margin_t=118, margin_b=150)
+    return fig
 
 
 def acceptance_chart(steps: Sequence[SpecStep]) -> go.Figure:
@@ -175,10 +184,12 @@ def acceptance_chart(steps: Sequence[SpecStep]) -> go.Figure:
         go.Bar(x=x, y=[len(s.drafted) for s in decode], name="drafted", marker_color=PRUNED),
         go.Bar(x=x, y=[s.accepted for s in decode], name="accepted", marker_color=FINISHED),
     ])
-    fig.update_layout(barmode="overlay", legend=dict(orientation="h", y=-0.25, x=0.0), font=FONT)
+    fig.update_layout(barmode="overlay", legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0), font=FONT)
     fig.update_xaxes(title="verify forward")
     fig.update_yaxes(title="tokens", dtick=1 if max(len(s.drafted) for s in decode) <= 12 else None)
     drafted, accepted = sum(len(s.drafted) for s in decode), sum(s.accepted for s in decode)
     rate = f"{accepted / drafted:.0%}" if drafted else "n/a"
-    return _layout(fig, title, f"{accepted} of {drafted} drafted tokens accepted ({rate}); a forward with no "
-                               "bar found no n-gram match and decoded one token", HEIGHTS["accept"])
+    fig = _layout(fig, title, f"{accepted} of {drafted} drafted tokens accepted ({rate})<br>no bar: no n-gram "
+                              "matched, a plain one-token step", HEIGHTS["accept"] + 120)
+    fig.update_layout(margin_t=118, margin_b=120)
+    return fig

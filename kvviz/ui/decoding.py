@@ -177,12 +177,14 @@ def _spec_results(cmp: Any, plain: Run, spec: Run) -> None:
     cols = st.columns(5)
     rate = "n/a" if sp.acceptance_rate is None else f"{sp.acceptance_rate:.0%}"
     cols[0].metric("Acceptance", rate, help=f"{sp.accepted} of {sp.drafted} drafted tokens")
-    cols[1].metric("Forward passes", f"{sp.forwards} for {sp.tokens} tokens")
+    cols[1].metric("Forward passes", sp.forwards,
+                   help=f"for {sp.tokens} tokens: the prefill and one verify forward per step; plain decoding "
+                        "needs one per token")
     cols[2].metric("Forwards saved", sp.forwards_saved)
     cols[3].metric("Speedup (wall clock)", f"x{cmp.speedup:.2f}",
                    help=f"median of {len(cmp.plain_s)}: plain {cmp.tokens / _median(cmp.plain_s):.1f} tok/s, "
                         f"speculative {cmp.tokens / _median(cmp.spec_s):.1f} tok/s")
-    cols[4].metric("Rolled back", f"{sum(len(x.rolled_back) for x in sp.steps)} positions")
+    cols[4].metric("Positions rolled back", sum(len(x.rolled_back) for x in sp.steps))
     if cmp.same_tokens:
         st.success(f"Identical output: plain greedy and speculative decoding produced the same {cmp.tokens} tokens.")
     else:
