@@ -7,8 +7,9 @@ drafting and the event bookkeeping. The tokens must be identical (greedy): the J
 
 Three prompts: two where speculation should win (repeating pasted code with one edit, whose
 answer copies long runs of the context; counting, whose ", " n-gram drafts the next numbers) and
-one where it should not (a free-form poem: short n-grams still match, the drafts are mostly
-wrong, and each verify forward feeds up to k + 1 tokens for one or two tokens of output).
+one where it should not (a free-form explanation: short n-grams such as "the" still match, the
+drafts that follow them are wrong, and each verify forward feeds several tokens for one token of
+output).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ PROMPTS: dict[str, str] = {
     "code_edit": f"Here is a Python function:\n\n{CODE}\nRepeat this function exactly, but rename the "
                  "function to `summarise`. Reply with the code only.",
     "counting": "Count from 1 to 40, separated by commas.",
-    "free_text": "Write a short poem about autumn leaves falling in a quiet park.",
+    "free_text": "Explain in one paragraph why the sky is blue.",
 }
 
 

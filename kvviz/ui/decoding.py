@@ -34,7 +34,7 @@ SPEC_PROMPTS = {
     "sidebar": "the sidebar's prompt",
     "code_edit": "repeat pasted code with one edit (speculation should win)",
     "counting": "count from 1 to 40 (drafts the next numbers)",
-    "free_text": "a short poem (free text: it should not win)",
+    "free_text": "explain why the sky is blue (free text: it should not win)",
 }
 
 
