@@ -151,3 +151,29 @@ def test_a_llama_case_measures_both_engines_bf16_and_the_floors(tmp_path: Path,
     monkeypatch.setattr(rowops.RowDot, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     _floor_runner(model, 3)()
     assert len(calls) == (3 * (4 * 2 + 1) if rowops.load() is not None else 0)
+
+
+def test_cache_sweep_reports_medians_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.json"
+    main(["bench", "--model", "tiny", "--cache-sweep", "12,4", "--repeats", "3", "--out", str(out)])
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())["cache_sweep"]
+    assert [r["new_tokens"] for r in res["rows"]] == [4, 12]
+    from statistics import median
+
+    for r in res["rows"]:
+        assert len(r["cached_runs_ms"]) == len(r["uncached_runs_ms"]) == 3
+        assert r["cached_ms"] == round(median(r["cached_runs_ms"]), 1)
+        assert r["speedup"] == round(median(r["uncached_runs_ms"]) / median(r["cached_runs_ms"]), 2)
+        assert r["generated"] == r["new_tokens"]  # random weights never stop early here
+    assert res["rows"][1]["seed_claim"] == [2.0, 5.0]  # 12 tokens: the seeds' "2-5x at 10-20"
+    assert res["rows"][0]["seed_claim"] is None
+    assert "cache vs no cache on" in text and "2-5x:" in text
+
+
+@pytest.mark.parametrize("ns, message", [("a,b", "comma-separated"), ("0,4", "at least 1"), (",", "at least 1")])
+def test_cache_sweep_rejects_bad_counts(ns: str, message: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--model", "tiny", "--cache-sweep", ns, "--out", str(tmp_path / "x.json")])
+    assert message in capsys.readouterr().err

@@ -205,6 +205,16 @@ def test_empty_and_capture_free_runs_give_message_figures(runs: dict[str, Run]) 
         assert not fig.data and fig.layout.annotations
 
 
+def test_attention_labels_at_most_12_layers(make_llama) -> None:  # type: ignore[no-untyped-def]
+    """30 layers (SmolLM2) labelled one by one overprint each other: every k-th layer instead."""
+    run = generate(make_llama(n_layer=30), prompt="Hi", max_new_tokens=2, capture=Capture(attention=True))
+    axis = charts.attention_heatmap(run).layout.yaxis
+    assert list(axis.ticktext) == [f"layer {i}" for i in range(0, 30, 3)]
+    assert list(axis.tickvals) == [f"L{i} h1 (kv0)" for i in range(0, 30, 3)]  # the middle of 4 heads' rows
+    small = generate(make_llama(), prompt="Hi", max_new_tokens=2, capture=Capture(attention=True))
+    assert list(charts.attention_heatmap(small).layout.yaxis.ticktext) == ["layer 0", "layer 1"]
+
+
 def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  # type: ignore[no-untyped-def]
     """4 query heads over 2 K/V heads: rows say which K/V head each reads, and the metrics show
     the bytes GQA saves against MHA from the run's own numbers."""
@@ -214,7 +224,7 @@ def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  #
     fig = charts.attention_heatmap(run)
     rows = list(fig.data[0].y)
     assert rows[:4] == ["L0 h0 (kv0)", "L0 h1 (kv0)", "L0 h2 (kv1)", "L0 h3 (kv1)"]
-    assert "GQA: 4 query heads share 2 K/V heads, 2 per K/V head" in fig.layout.title.subtitle.text
+    assert "GQA: 4 query heads share 2 K/V heads (dotted lines group them)" in fig.layout.title.subtitle.text
     ev = run.events[-1]
     text = bytes_formula(run)
     assert f"would take {2 * ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_used:,} B saved" in text

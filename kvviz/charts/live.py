@@ -294,12 +294,14 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
         z=full, x=np.arange(X, dtype=np.int32), y=rows, colorscale=ATTENTION_SCALE, zmin=0.0, zmax=1.0,
         colorbar=dict(title=dict(text="weight", side="right"), thickness=14),
         hovertemplate="layer·head %{y}<br>key position %{x}<br>weight %{z:.3f}<extra></extra>", xgap=1))
-    # One tick per layer, on its middle head, so the 144 rows of GPT-2 small stay readable.
+    # One tick per layer, on its middle head, so the 144 rows of GPT-2 small stay readable; past
+    # 12 layers (SmolLM2's 30) every k-th layer, or the labels overprint each other.
     layer_rows = [i for i, (_, h) in enumerate(keys) if h == 0]
-    if n_head > 1:
-        mid = (n_head - 1) // 2
-        fig.update_yaxes(tickmode="array", tickvals=[rows[i + mid] for i in layer_rows],
-                         ticktext=[f"layer {keys[i][0]}" for i in layer_rows])
+    stride = -(-len(layer_rows) // 12)
+    labelled = layer_rows[::stride]
+    mid = (n_head - 1) // 2
+    fig.update_yaxes(tickmode="array", tickvals=[rows[i + mid] for i in labelled],
+                     ticktext=[f"layer {keys[i][0]}" for i in labelled])
     fig.update_yaxes(autorange="reversed", showgrid=False, title_text=f"layer (× {n_head} heads)")
     shapes = [dict(type="line", x0=0, x1=1, xref="paper", y0=i - 0.5, y1=i - 0.5, yref="y",
                    line=dict(color="white", width=3)) for i in layer_rows[1:]]  # gaps between layers
@@ -319,9 +321,10 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     fig.update_xaxes(**token_axis(position_labels(run), X, "key position (token)"))
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
-    if group > 1:
-        sub += (f" GQA: {n_head} query heads share {n_kv} K/V head{'s' if n_kv > 1 else ''}, {group} per K/V "
-                "head (dotted lines group them): those rows read the same cached keys.")
+    if group > 1:  # short enough for one line beside the notebook: a clipped subtitle hides the point
+        sub = (f"Step {ev.step}: {_query_words(run, ev)} reads {ev.position} "
+               f"{'cached' if run.use_cache else 'recomputed'} keys; rows sum to 1. GQA: {n_head} query heads share "
+               f"{n_kv} K/V head{'s' if n_kv > 1 else ''} (dotted lines group them).")
     return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
                    HEIGHTS["attention"])
 

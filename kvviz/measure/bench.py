@@ -49,6 +49,7 @@ from kvviz.fast.heap import freeze_long_lived
 from kvviz.fast.llama import Linear
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.measure.machine import cpu_name
+from kvviz.measure.sweeps import DOCUMENT
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -89,6 +90,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON results")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cache-sweep", metavar="NS", help="instead: cache vs no cache total time at these new-token "
+                   "counts (e.g. 16,64,256) on --model, against the seeds' claimed speedups")
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
@@ -296,6 +299,8 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         args.out.touch()
     except OSError as e:
         raise KVVizError(f"cannot write the results to {args.out}: {e.strerror}") from None
+    if args.cache_sweep:
+        return _run_cache_sweep(args)
     cases = [c for c in CASES if args.model in (None, c.shape)]
     skipped = []
     if args.model is None and not _installed("smollm2"):  # asked for by name, it fails loudly instead
@@ -310,6 +315,21 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
     obj["out"] = str(args.out)
     return obj, format_table(obj)
+
+
+def _run_cache_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from kvviz.measure.cache_sweep import cache_sweep, format_sweep, parse_ns
+
+    ns = parse_ns(args.cache_sweep)
+    case = next(c for c in CASES if c.shape == (args.model or "smollm2"))
+    model = load_model(case.model or f"random:{case.shape}", device=args.device)
+    res = cache_sweep(model, DOCUMENT, ns, 2 if args.quick else args.repeats)
+    obj = {"machine": machine_info(resolve_device(args.device)), "cache_sweep": res}
+    args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    obj["out"] = str(args.out)
+    m = obj["machine"]
+    head = f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)\n"
+    return obj, head + format_sweep(res)
 
 
 def _installed(model: str) -> bool:
