@@ -32,8 +32,6 @@ MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
 MAX_BATCH = 64
 
 
-
-
 @dataclass(frozen=True)
 class _Step:
     """What one step measured, handed from the timed loop to the event builder."""
