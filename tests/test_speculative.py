@@ -100,7 +100,7 @@ def test_rejection_rule_keeps_the_target_distribution() -> None:
 
 
 def test_prompt_lookup_matches_transformers() -> None:
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     g = torch.Generator().manual_seed(0)

@@ -132,7 +132,7 @@ class BeamStream(StrategyStream):
 
     def _loop(self) -> Iterator[StepEvent]:  # noqa: C901 - one loop, read top to bottom like transformers'
         m, k, N = self.model, self.num_beams, len(self.prompt_ids)
-        cfg, dev, tok = m.config, m.device, m.tokenizer
+        cfg, dev = m.config, m.device
         max_len = N + self.max_new_tokens
         lp_pen, es = self.length_penalty, self.early_stopping
         keep = max(2, 1 + len(self.eos_ids)) * k  # enough that k survive even if the best all end

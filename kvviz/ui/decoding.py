@@ -64,7 +64,7 @@ def _beam(s: Settings, model: LoadedModel) -> None:
                "scores (tested). It is deterministic, whatever the sidebar's sampling says; the prompt, cache and "
                f"engine come from the sidebar. {where(model)}")
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        k = int(st.number_input("Beams k", 1, 8, 3, key="beam_k", width=120))
+        k = int(st.number_input("Beams k", 2, 8, 3, key="beam_k", width=120))
         lp = float(st.number_input("Length penalty", -3.0, 3.0, 1.0, 0.5, key="beam_lp", width=140,
                                    help="A finished beam scores sum(log p) / length ** penalty: > 0 favours "
                                         "longer beams, < 0 shorter ones"))
