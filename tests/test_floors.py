@@ -27,6 +27,10 @@ FLOORS: dict[str, int] = {
     "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.measure.cpu_load": 1,
     "kvviz.measure.threads": 1,
+    "kvviz.engine.block_pool": 1,  # the paged cache's bookkeeping: plain Python
+    "kvviz.engine.paged": 2, "kvviz.engine.caches": 2,
+    "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5,  # loops over a cache, beside generate
+    "kvviz.chat_cli": 8,
     "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
     "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it

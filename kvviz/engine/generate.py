@@ -16,7 +16,10 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from kvviz.engine.cache import KVCache, make_cache
+from kvviz.engine.cache import KVCache
+from kvviz.engine.caches import KINDS as CACHE_KINDS
+from kvviz.engine.caches import make_cache
+from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, blocks_for
 from kvviz.engine.capture import Capture, ForwardCapture, record
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.diagnose import nonfinite_error
@@ -64,10 +67,13 @@ class GenerationStream:
     capture: Capture
     batch_size: int
     fast: bool = True  # run the model's accelerator (kvviz.fast) where it has one
+    kv_block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block of a paged cache
+    kv_blocks: int | None = None  # a paged cache's pool (None: every row can reach the context)
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
     note: str = ""  # why the loop ended, when it knows (an error)
+    cache: KVCache | None = None  # the cache the loop writes, once it started (views read the paged pool)
     _iter: Iterator[StepEvent] | None = None
     _text: str = ""  # row 0's generated text, decoded as tokens arrive
     _stop_at: int | None = None  # where the stop string starts in _text
@@ -141,7 +147,9 @@ class GenerationStream:
             tokens = torch.empty((B, N + n_new), dtype=torch.long, device=dev)
             tokens[:, :N] = torch.tensor(self.prompt_rows, dtype=torch.long, device=dev)
             positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
-            cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype) if self.use_cache else None
+            cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype, block_size=self.kv_block_size,
+                               num_blocks=self.kv_blocks) if self.use_cache else None
+        self.cache = cache  # the last step's cache state, for views that read it (the paged pool)
         nxt = tokens  # replaced by each step's sampled ids
         for step in range(n_new):
             t = N + step  # tokens in the sequence before this step's sample
@@ -150,6 +158,8 @@ class GenerationStream:
                 # A cached decode step feeds only the token just sampled.
                 inp = nxt.view(B, 1) if start else tokens.narrow(1, 0, t)  # (B, T_in), views
                 fc = ForwardCapture(ref_layers) if ref_layers else None
+                if cache is not None:
+                    cache.note_tokens(inp)  # only the paged cache keeps them (its prefix hashes)
 
                 if on_cuda:
                     torch.cuda.synchronize(dev)
@@ -260,12 +270,15 @@ def iter_generate(
     fast: bool = True,
     chat: bool = False,
     messages: Sequence[Mapping[str, str]] | None = None,
+    kv_block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_blocks: int | None = None,
 ) -> GenerationStream:
     """Validate the request (before any compute) and return a stream of StepEvents.
 
     ``chat=True`` wraps ``prompt`` as one user message; ``messages`` gives a whole conversation.
     Either is rendered with the model's own chat template (an instruct model answers, and stops
-    at its end-of-turn token, which is its EOS).
+    at its end-of-turn token, which is its EOS). ``cache_kind="paged"`` takes ``kv_block_size``
+    tokens per block and a pool of ``kv_blocks`` blocks (default: enough for every row).
     """
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
     if chat or messages is not None:
@@ -281,11 +294,30 @@ def iter_generate(
     else:
         rows = rows * batch_size  # the same prompt on every row
     check_budget(model, len(rows[0]), max_new_tokens)
-    if cache_kind not in ("static", "concat"):
-        raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
+    if cache_kind not in CACHE_KINDS:
+        raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {cache_kind!r})")
+    if cache_kind == "paged" and use_cache:
+        check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens)
     stops = tuple(s for s in (stop or ()) if s)
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
-                            capture or Capture(), batch_size, bool(fast))
+                            capture or Capture(), batch_size, bool(fast), kv_block_size, kv_blocks)
+
+
+MAX_KV_BLOCK_SIZE = 4096
+
+
+def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
+    """A paged pool's shape is sane and can hold at least one sequence of ``tokens``."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_KV_BLOCK_SIZE:
+        raise KVVizError(f"the paged block size must be 1..{MAX_KV_BLOCK_SIZE} tokens (got {block_size!r})")
+    if num_blocks is None:
+        return
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise KVVizError(f"the paged pool needs a positive number of blocks (got {num_blocks!r})")
+    need = blocks_for(tokens, block_size)
+    if num_blocks < need:
+        raise KVVizError(f"a pool of {num_blocks} blocks of {block_size} tokens holds {num_blocks * block_size} "
+                         f"tokens; one sequence of {tokens} tokens needs {need} blocks")
 
 
 def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]
