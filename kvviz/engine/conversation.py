@@ -165,6 +165,11 @@ class Conversation:
         if len(ids) + self.max_new_tokens > ctx:
             raise KVVizError(f"the conversation is {len(ids)} tokens; with {self.max_new_tokens} new tokens it "
                              f"passes the model's context of {ctx}: start a new chat or ask for fewer tokens")
+        if isinstance(self.cache, PagedKVCache):
+            need, have = blocks_for(len(ids) + self.max_new_tokens, self.cache.block_size), self.cache.pool.blocks.num_blocks
+            if need > have:
+                raise KVVizError(f"the KV pool has {have} blocks of {self.cache.block_size} tokens; this turn needs "
+                                 f"{need} ({len(ids)} prompt + {self.max_new_tokens} new tokens): give it more blocks")
         return self._turn(text, msgs, ids)
 
     def _turn(self, text: str, msgs: list[dict[str, str]], ids: list[int]) -> Iterator[dict[str, Any]]:
@@ -230,6 +235,19 @@ class Conversation:
             blocks_used=st.blocks_used if st else None, blocks_shared=st.blocks_shared if st else None,
             prefix_hit_blocks=hits if paged else None, stop_reason=stop, snapshots=tuple(snaps),
         ))
+
+    def warm_up(self) -> None:
+        """One throwaway prefill and decode step on a scratch cache, so turn 1's TTFT times the
+        model and not first-call costs (kernel build, allocator growth, thread start)."""
+        m = self.model
+        forward = forward_fn(m, self.fast)
+        ids = self.render([{"role": "user", "content": "Hi"}])
+        with torch.inference_mode():
+            cache = make_cache("static", m.config, 1, m.device, m.dtype)
+            inp = torch.tensor([ids], dtype=torch.long, device=m.device)  # (1, N)
+            forward(inp, torch.arange(len(ids), device=m.device), cache, None, last_only=True)
+            cache.advance(len(ids))
+            forward(inp[:, -1:], torch.arange(len(ids), len(ids) + 1, device=m.device), cache, None, last_only=True)
 
     # ------------------------------------------------------------------ checks, on demand
     def scratch_ids(self, turn: int) -> list[int]:
