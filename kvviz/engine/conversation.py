@@ -21,7 +21,7 @@ blocks of an earlier prompt released to the pool are taken back when the same pr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Callable, Iterator
 
@@ -88,6 +88,34 @@ class TurnRecord:
             "prefix_hit_blocks": self.prefix_hit_blocks, "stop_reason": self.stop_reason,
             "prompt_ids": list(self.prompt_ids), "generated_ids": list(self.generated_ids),
         }
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class _Templated:
+    """A tokenizer with ChatML as its chat template, for a model that ships none (the cache
+    mechanics are the same; the model was never trained on chats, so its answers are noise)."""
+
+    def __init__(self, tok: Any) -> None:
+        self._tok = tok
+        self.chat_template = CHATML
+        self.special_tokens: dict[str, str] = {}
+
+    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        return self._tok.encode(text)
+
+    def __getattr__(self, name: str) -> Any:  # decode, token_display, eos_token_id, ...
+        return getattr(self._tok, name)
+
+
+def with_chat_template(model: LoadedModel) -> tuple[LoadedModel, bool]:
+    """``model`` as is when it has a chat template, else a copy whose tokenizer lays turns out in
+    ChatML; True when the template is the fallback. The weights are shared, never changed."""
+    if getattr(model.tokenizer, "chat_template", None):
+        return model, False
+    return replace(model, tokenizer=_Templated(model.tokenizer)), True
 
 
 def forward_fn(model: LoadedModel, fast: bool) -> Callable[..., torch.Tensor]:
