@@ -231,3 +231,36 @@ def test_bad_paged_requests_are_named(make_llama: Callable[..., LoadedModel]) ->
     with pytest.raises(KVVizError, match="KV pool is full"):
         generate(m, prompt="abcdefghij", max_new_tokens=10, cache_kind="paged", kv_block_size=4, kv_blocks=6,
                  batch_size=3)
+
+
+def test_cli_generate_paged_equals_static(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvviz import cli
+
+    out = {}
+    for kind in ("static", "paged"):
+        assert cli.main(["generate", "--model", "random:tiny-gqa", "--prompt", "abc", "--max-new-tokens", "6",
+                         "--cache-kind", kind, "--block-size", "2", "--json"]) == 0
+        out[kind] = json.loads(capsys.readouterr().out)
+    assert out["static"]["generated_ids"] == out["paged"]["generated_ids"]
+    assert [s["cache_bytes"] for s in out["static"]["steps"]] == [s["cache_bytes"] for s in out["paged"]["steps"]]
+
+
+def test_pool_views_are_pure_figures(make_llama: Callable[..., LoadedModel]) -> None:
+    from kvviz.charts import paged as pc
+
+    cache = PagedKVCache(make_llama().config, block_size=4, num_blocks=10)
+    _fill(cache, [1, 2, 3, 4, 5, 6])
+    cache.reorder(torch.tensor([0, 0]))
+    _fill(cache, [7], seed=1)
+    snap = cache.snapshot()
+    grid = pc.pool_grid(snap, ["a", "b"])
+    labels = {t.name for t in grid.data}
+    assert {"shared", "a", "b", "free", "written this step"} <= labels
+    shared = next(t for t in grid.data if t.name == "shared")
+    assert list(shared.text) == [f"{cache.tables[0][0]}<br>×2"]  # the full prompt block, ref 2
+    ring = next(t for t in grid.data if t.name == "written this step")
+    assert sorted(ring.x) == sorted(b % pc.COLUMNS for _, b, _ in snap["new_slots"])
+    tables = pc.block_tables(snap, ["a", "b"])
+    assert list(tables.data[0].text) == [str(b) for t in cache.tables for b in t]

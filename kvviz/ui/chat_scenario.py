@@ -55,6 +55,8 @@ def section(model: LoadedModel, fast: bool, block: int) -> None:
     stage = stages[titles.index(pick)] if pick in titles else stages[-1]
     for line in stage["lines"]:
         st.text(line)
+    if stage.get("turn") is not None:
+        chat_views.chips(model.tokenizer, stage["turn"])
     chat_views.pool_views(stage["snaps"], key=f"chat_scn_{titles.index(pick)}", names=stage["names"])
     with st.container(key="chat_scn_done"):
         st.caption(f"Scenario done in {stages[0]['total_s']:.1f} s (model load not counted).")
@@ -79,7 +81,7 @@ def _run(model: LoadedModel, fast: bool, block: int, live: Any) -> list[dict[str
         if i % LIVE_EVERY == 0:
             with live.container():
                 st.caption(f"Stage 1: {SAMPLES} samples, step {i + 1} of {NEW_TOKENS}")
-                show(st, pc.pool_grid(snap), key=f"chat_scn_live_{i}")
+                show(st, pc.pool_grid(snap, [f"sample {r}" for r in range(SAMPLES)]), key=f"chat_scn_live_{i}")
     st_ = snaps[-1]["stats"]
     tok = model.tokenizer
     lines = [f"{len(prompt)} prompt tokens prefilled once and shared by {SAMPLES} samples "
@@ -88,7 +90,10 @@ def _run(model: LoadedModel, fast: bool, block: int, live: Any) -> list[dict[str
     if len(prompt) % block == 0:
         lines.append(f"The prompt fills whole blocks ({len(prompt)} tokens, blocks of {block}), so every sample "
                      "starts a new block: nothing to copy. Another block size shows copy-on-write.")
-    lines += [f"sample {r}: {tok.decode(row)!r}" for r, row in enumerate(ps.rows)]
+    eos = tok.eos_token_id
+    for r, row in enumerate(ps.rows):  # the batch runs every row to the end; each answer ends at its EOS
+        end = row.index(eos) if eos in row else len(row)
+        lines.append(f"sample {r}: {tok.decode(row[:end])!r}" + (" (then EOS)" if end < len(row) else ""))
     stages.append(dict(title="1 · 4 samples", lines=lines, snaps=snaps, names=[f"sample {r}" for r in range(SAMPLES)]))
     assert ps.cache is not None
     ps.cache.reset()  # the samples end: full blocks stay cached for a prefix hit, partial ones are freed
@@ -100,6 +105,6 @@ def _run(model: LoadedModel, fast: bool, block: int, live: Any) -> list[dict[str
             st.caption(f"Stage {title}…")
         t = action()
         lines = [f"{t.user!r} → {t.text!r}", chat_views.turn_line(t)]
-        stages.append(dict(title=title, lines=lines, snaps=list(t.snapshots), names=["conversation"]))
+        stages.append(dict(title=title, lines=lines, snaps=list(t.snapshots), names=["conversation"], turn=t))
     stages[0]["total_s"] = time.perf_counter() - t0
     return stages

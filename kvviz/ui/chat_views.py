@@ -84,6 +84,6 @@ def pool_views(snaps: Sequence[dict[str, Any]], key: str, names: Sequence[str] |
     if caption:
         st.caption(caption)
     left, right = st.columns([3, 2])
-    show(left, pc.pool_grid(snap), key=f"{key}_grid_{i}")
+    show(left, pc.pool_grid(snap, names), key=f"{key}_grid_{i}")
     show(right, pc.block_tables(snap, names), key=f"{key}_tables_{i}")
     st.caption(pool_stats_line(snap["stats"]))
