@@ -63,6 +63,9 @@ def test_chat_turns_reuse_and_show_the_pool() -> None:
     _ok(at)
     conv = at.session_state["chat_conv"]
     assert len(conv.turns) == 1 and conv.turns[0].user == "hellO" and 0 < conv.turns[0].reused_tokens
+    at.button(key="chat_regen").click().run()
+    _ok(at)
+    assert len(at.session_state["chat_conv"].turns) == 1
     # Bad input: an empty message says so, and the conversation stays.
     at.chat_input(key="chat_input").set_value("   ").run()
     assert any("empty" in unescape(e.value) for e in at.error)

@@ -66,6 +66,23 @@ def test_edit_keeps_the_prefix_and_paged_finds_old_blocks(chat_llama: LoadedMode
     conv.cache.pool.blocks.check()
 
 
+def test_regenerate_copies_on_write_and_keeps_the_old_answer(chat_llama: LoadedModel) -> None:
+    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=8, max_new_tokens=12, temperature=1.0, seed=1)
+    # "<|user|>hi<|end|>\n<|assistant|>" is 31 bytes; the cache ends holding 31 + 11 = 42 positions:
+    # blocks 0-4 full (hashed), block 5 partial.
+    first = conv.send("hi")
+    old_blocks = list(conv.cache.tables[0])
+    again = conv.regenerate(seed=2)
+    assert len(conv.turns) == 1 and again.reused_tokens == first.prompt_tokens - 1
+    # Truncated to 30 positions, block 3 (positions 24-31) is full and hashed: rewriting 30 copies it.
+    assert conv.cache.pool.blocks.cow_copies == 1
+    assert conv.cache.tables[0][:3] == old_blocks[:3] and conv.cache.tables[0][3] != old_blocks[3]
+    assert again.generated_ids != first.generated_ids and conv.matches_scratch(0)
+    # The old answer's blocks stay in the pool, findable by hash (cached, ref 0).
+    assert conv.cache.match_prefix(list(first.prompt_ids) + list(first.generated_ids)) == old_blocks[:5]
+    conv.cache.pool.blocks.check()
+
+
 def test_a_timestamped_system_prompt_misses_every_turn(chat_llama: LoadedModel) -> None:
     conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=4, max_new_tokens=4, system="be brief",
                         timestamp=True)

@@ -180,6 +180,16 @@ class Conversation:
             self.messages, self.turns = msgs, turns  # nothing is lost on bad input
             raise
 
+    def regenerate(self, seed: int | None = None) -> TurnRecord:
+        """Answer the last message again (with ``seed`` when sampling). The cache keeps the prompt
+        but its last position; on a paged cache a block the old answer filled is hashed, so the
+        new answer's first write copies it (copy-on-write) and the old answer stays findable."""
+        if not self.turns:
+            raise KVVizError("there is no answer to regenerate yet")
+        if seed is not None:
+            self.params = replace(self.params, seed=seed)
+        return self.edit(len(self.turns) - 1, self.turns[-1].user)
+
     def iter_send(self, text: str) -> Iterator[dict[str, Any]]:
         """Run one turn, yielding after the prefill and after every decode step (the pool's state
         for a paged cache, else {}); the TurnRecord lands in ``self.turns`` at the end."""

@@ -102,7 +102,7 @@ def _chat(conv: Conversation) -> None:
     text = st.chat_input("Say something", key="chat_input")
     if text is not None:
         _send(conv, text)
-    b1, b2, b3 = st.columns([2, 2, 1])
+    b1, b2, b3, b4 = st.columns([2, 2, 1, 1])
     edit = b1.text_input("Edit the first message and answer again", key="chat_edit",
                          disabled=not conv.turns, placeholder="the first message, changed")
     if b1.button("Replace the first message", key="chat_edit_go", disabled=not conv.turns):
@@ -112,7 +112,11 @@ def _chat(conv: Conversation) -> None:
         for i in range(len(conv.turns)):
             checks[i] = (conv.matches_scratch(i), conv.recompute_ttft_ms(i))
         st.rerun()
-    if b3.button("New chat", key="chat_reset"):
+    if b3.button("Regenerate", key="chat_regen", disabled=not conv.turns,
+                 help="answer the last message again (the next seed when sampling): the cache keeps the prompt, "
+                      "and a block the old answer filled is copied on write"):
+        _send(conv, "", regenerate=True)
+    if b4.button("New chat", key="chat_reset"):
         st.session_state["chat_conv"] = None
         st.rerun()
     if not conv.turns:
@@ -130,15 +134,29 @@ def _chat(conv: Conversation) -> None:
         chat_views.pool_views(last.snapshots, key=f"chat_pool_{len(turns)}", names=["conversation"])
 
 
-def _send(conv: Conversation, text: str, edit_first: bool = False) -> None:
-    """Run one turn (a spinner while it decodes); a bad message is shown and nothing is lost."""
+LIVE_EVERY = 4  # redraw the live pool every this many steps (each draw is a new chart in the browser)
+
+
+def _send(conv: Conversation, text: str, edit_first: bool = False, regenerate: bool = False) -> None:
+    """Run one turn, the pool redrawn live as it decodes (paged); a bad message is shown and
+    nothing is lost. A click that interrupts the turn drops it: the conversation stays as it was
+    (``Conversation`` records a turn only when it ends), and the next turn's common prefix trims
+    whatever the cache took from the dropped one."""
     try:
-        with st.spinner("Answering on the same cache…"):
-            if edit_first:
-                conv.edit(0, text)
-                st.session_state["chat_checks"] = {}
-            else:
-                conv.send(text)
+        if edit_first or regenerate:
+            with st.spinner("Answering again…"):
+                if regenerate:
+                    conv.regenerate(conv.params.seed + 1)
+                else:
+                    conv.edit(0, text)
+            st.session_state["chat_checks"] = {}
+        else:
+            live = st.empty()
+            for i, snap in enumerate(conv.iter_send(text)):
+                if snap and i % LIVE_EVERY == 0:
+                    with live.container():
+                        st.caption(f"Answering on the same cache: step {i + 1}")
+                        show(st, pc.pool_grid(snap, ["conversation"]), key=f"chat_live_{len(conv.turns)}_{i}")
     except KVVizError as e:
         st.session_state["chat_error"] = str(e)
     st.rerun()
