@@ -119,8 +119,8 @@ def reuse_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
                               ("generated_tokens", "generated", "#f08c00")):
         fig.add_trace(go.Bar(x=x, y=[t[key] for t in turns], name=name, marker_color=colour,
                              text=[t[key] for t in turns], textposition="inside"))
-    fig.update_layout(barmode="stack", title="Tokens per turn", yaxis_title="tokens", height=330,
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0.3))
+    fig.update_layout(barmode="stack", title="Tokens per turn", yaxis_title="tokens", height=360,
+                      margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
     return fig
 
 
@@ -134,6 +134,6 @@ def ttft_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
     if any(v is not None for v in re):
         fig.add_trace(go.Bar(x=x, y=re, name="recomputing it all", marker_color="#868e96",
                              text=[f"{v:.0f}" if v is not None else "" for v in re]))
-    fig.update_layout(barmode="group", title="Time to first token", yaxis_title="ms", height=330,
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0.3))
+    fig.update_layout(barmode="group", title="Time to first token", yaxis_title="ms", height=360, showlegend=True,
+                      margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
     return fig

@@ -17,7 +17,7 @@ from kvviz.engine.load import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.ui import chat_scenario, chat_views
 from kvviz.ui.figs import show
-from kvviz.ui.perf_common import page_model, where
+from kvviz.ui.perf_common import busy_note, page_model, where
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES
 
@@ -58,6 +58,7 @@ def page() -> None:
                       help="what some deployments do: the prompt changes at its start, so every turn misses the cache")
     st.caption(f"{where(model)} · engine: {ENGINES[s.engine]} · sampling: "
                + ("greedy" if s.greedy else f"temperature {s.temperature}, seed {s.seed}"))
+    busy_note(short=True)  # TTFTs are timed: say when other processes hold the cores
     sampling = s.sampling_kwargs()
     key = (s.model_key, kind, block, blocks, max_new, stamp, fast, tuple(sorted(sampling.items())))
     conv = _conversation(model, key, kind, block, blocks, max_new, stamp, fast, sampling)
@@ -107,8 +108,9 @@ def _chat(conv: Conversation) -> None:
                          disabled=not conv.turns, placeholder="the first message, changed")
     if b1.button("Replace the first message", key="chat_edit_go", disabled=not conv.turns):
         _send(conv, edit, edit_first=True)
-    if b2.button("Check every turn against a from-scratch generation", key="chat_check", disabled=not conv.turns,
-                 help="generates each turn again on a fresh cache (same sampling) and times its full prefill"):
+    if b2.button("Check against scratch", key="chat_check", disabled=not conv.turns,
+                 help="generates every turn again on a fresh cache (same sampling), compares the tokens, and "
+                      "times the TTFT of prefilling the whole conversation"):
         for i in range(len(conv.turns)):
             checks[i] = (conv.matches_scratch(i), conv.recompute_ttft_ms(i))
         st.rerun()

@@ -55,6 +55,22 @@ def test_chat_scenario_on_smollm2(browser, make_run_url: str, screenshot) -> Non
         assert "found by prefix hash" in body and "The capital of France is Paris." in body, body[-2000:]
         screenshot(page, "chat_scenario_hit.png")
         print(f"scenario: {took:.1f} s in the browser; {done}")
+        # The Chat tab: two turns typed by hand, then the from-scratch check.
+        page.get_by_role("tab", name="Chat").first.click()
+        box = page.locator(".st-key-chat_input textarea")
+        for question, answer in (("What is the capital of France?", "Paris"), ("And of Italy?", "Rome")):
+            box.fill(question)
+            box.press("Enter")
+            page.get_by_text(re.compile(r"reused, \d+ prefilled")).nth(1 if answer == "Rome" else 0).wait_for()
+            wait_idle(page)
+        body = page.locator("[data-testid='stMain']").inner_text()
+        assert "The capital of Italy is Rome." in body, body[-2000:]
+        page.locator(".st-key-chat_check button:visible").first.click()
+        page.get_by_text(re.compile("equals a from-scratch generation")).first.wait_for()
+        wait_idle(page)
+        body = page.locator("[data-testid='stMain']").inner_text()
+        assert body.count("equals a from-scratch generation ✓") == 2 and "recomputing all" in body, body[-2000:]
+        screenshot(page, "chat_two_turns.png")
     finally:
         context.close()
     assert not errors, errors
