@@ -1,4 +1,4 @@
-"""``python -m kvviz {generate,bench,memory,eval,train}``.
+"""``python -m kvviz {generate,chat,bench,memory,eval,train}``.
 
 Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout. Bad
 arguments and bad input get argparse-style messages (``kvviz <cmd>: error: ...``) and exit 2;
@@ -56,7 +56,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt-ids", type=_id_list, help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
-    p.add_argument("--cache-kind", choices=["static", "concat"], default="static")
+    p.add_argument("--cache-kind", choices=["static", "concat", "paged"], default="static")
+    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block of --cache-kind paged")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template (instruct models)")
     p.add_argument("--no-fast", action="store_true",
@@ -100,7 +101,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
     run = generate(
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
-        use_cache=not args.no_cache, cache_kind=args.cache_kind,
+        use_cache=not args.no_cache, cache_kind=args.cache_kind, kv_block_size=args.block_size,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
         num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
@@ -221,6 +222,22 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     _emit(args, obj, text)
 
 
+# ----------------------------------------------------------------------------- chat
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    from kvviz.chat_cli import add_chat_arguments
+
+    p = sub.add_parser("chat", help="a multi-turn chat over one KV cache: what each turn reuses and prefills")
+    add_chat_arguments(p)
+    p.set_defaults(func=_cmd_chat)
+
+
+def _cmd_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.chat_cli import run_chat
+
+    obj, text = run_chat(args, parser)
+    _emit(args, obj, text)
+
+
 def _add_bench_spec(sub: argparse._SubParsersAction) -> None:
     from kvviz.measure.spec_bench import add_spec_bench_arguments
 
@@ -237,7 +254,7 @@ def _cmd_bench_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_generate, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train,
+    _add_generate, _add_chat, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train,
 ]
 
 

@@ -24,7 +24,6 @@ from typing import Iterator
 
 import torch
 
-from kvviz.engine.cache import make_cache
 from kvviz.engine.events import StepEvent
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.strategy_events import BeamCandidate, BeamResult, BeamStep
@@ -151,7 +150,7 @@ class BeamStream(StrategyStream):
             run_idx = torch.full((1, k, max_len - N), -1, dtype=torch.int32, device=dev)  # parent per step
             fin_idx = run_idx.clone()
             positions = torch.arange(cfg.block_size, device=dev)
-            cache = make_cache(self.cache_kind, cfg, 1, dev, m.dtype) if self.use_cache else None
+            cache = self._cache(k, max_len) if self.use_cache else None
         cur, step = N, 0
         while True:
             with torch.inference_mode():

@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from kvviz.engine.cache import KVCache, make_cache
+from kvviz.engine.cache import KVCache
 from kvviz.engine.diagnose import nonfinite_error
 from kvviz.engine.events import StepEvent
 from kvviz.engine.sampling import SamplingParams, filter_logits, make_generator
@@ -119,7 +119,7 @@ class SpeculativeStream(StrategyStream):
         N, made, step = len(ids), 0, 0
         with torch.inference_mode():
             positions = torch.arange(cfg.block_size, device=dev)
-            cache = self.cache = make_cache(self.cache_kind, cfg, 1, dev, m.dtype)
+            cache = self.cache = self._cache(1, len(ids) + self.max_new_tokens + self.draft_tokens)
         while made < self.max_new_tokens:
             with torch.inference_mode():
                 t0 = time.perf_counter()

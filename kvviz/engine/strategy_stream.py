@@ -14,9 +14,11 @@ from typing import Any, Iterator
 import torch
 
 from kvviz.engine.cache import KVCache
+from kvviz.engine.caches import make_cache
 from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
+from kvviz.engine.paged import blocks_for
 from kvviz.engine.sampling import SamplingParams
 
 
@@ -31,6 +33,8 @@ class StrategyStream:
     params: SamplingParams
     stop: tuple[str, ...] = ()
     fast: bool = True
+    kv_block_size: int = 16  # a paged cache's tokens per block
+    kv_blocks: int | None = None  # a paged cache's pool (None: enough for the run)
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
@@ -50,6 +54,13 @@ class StrategyStream:
 
     def _loop(self) -> Iterator[StepEvent]:  # pragma: no cover - each strategy has its own
         raise NotImplementedError
+
+    def _cache(self, rows: int, tokens: int) -> KVCache:
+        """The run's cache, any kind; a paged pool gets room for ``rows`` sequences of ``tokens``."""
+        m = self.model
+        blocks = self.kv_blocks or rows * (blocks_for(tokens, self.kv_block_size) + 1)
+        return make_cache(self.cache_kind, m.config, 1, m.device, m.dtype, block_size=self.kv_block_size,
+                          num_blocks=blocks)
 
     @property
     def engine(self) -> str:
