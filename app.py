@@ -3,7 +3,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvviz.ui import batching, calculator, live, prefill, present, race, tour
+from kvviz.ui import batching, calculator, chat_page, decoding, live, prefill, present, race, tour
 from kvviz.ui.sidebar import render_sidebar
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
@@ -17,6 +17,8 @@ GENERATION_PAGES = [
     st.Page(race.page, title="Cache vs no cache", icon=":material/speed:", url_path="race"),
     st.Page(prefill.page, title="Prefill vs decode", icon=":material/balance:", url_path="prefill"),
     st.Page(batching.page, title="Batching", icon=":material/stacks:", url_path="batching"),
+    st.Page(chat_page.page, title="Chat: cache across turns", icon=":material/forum:", url_path="chat"),
+    st.Page(decoding.page, title="Decoding strategies", icon=":material/account_tree:", url_path="decoding"),
 ]
 CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":material/calculate:", url_path="calculator")
 

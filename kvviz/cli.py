@@ -1,4 +1,4 @@
-"""``python -m kvviz {generate,bench,memory,eval,train}``.
+"""``python -m kvviz {generate,chat,bench,memory,eval,train}``.
 
 Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout. Bad
 arguments and bad input get argparse-style messages (``kvviz <cmd>: error: ...``) and exit 2;
@@ -56,7 +56,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt-ids", type=_id_list, help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
-    p.add_argument("--cache-kind", choices=["static", "concat"], default="static")
+    p.add_argument("--cache-kind", choices=["static", "concat", "paged"], default="static")
+    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block of --cache-kind paged")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template (instruct models)")
     p.add_argument("--no-fast", action="store_true",
@@ -70,6 +71,21 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    beam = p.add_argument_group("beam search (transformers' generate(num_beams=K, do_sample=False))")
+    beam.add_argument("--num-beams", type=_positive_int, default=1, metavar="K", help="beams (1: no beam search)")
+    beam.add_argument("--length-penalty", type=_float, default=1.0, metavar="X",
+                      help="a finished beam scores sum(log p) / length ** X (default 1.0)")
+    beam.add_argument("--early-stopping", choices=["true", "false", "never"], default="false",
+                      help="true: stop when K beams finished; false: when none can improve; never: as false, but "
+                           "assume a running beam may reach the maximum length (default false)")
+    beam.add_argument("--num-return-sequences", type=_positive_int, default=1, metavar="N",
+                      help="how many of the best finished beams to return (<= K)")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--speculative", choices=["prompt_lookup"],
+                      help="draft from the context itself and verify the drafts in one forward")
+    spec.add_argument("--draft-tokens", type=_positive_int, default=10, metavar="K", help="tokens drafted per step")
+    spec.add_argument("--ngram", type=_positive_int, default=2, metavar="N",
+                      help="longest n-gram matched against the context (then shorter ones)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_generate)
 
@@ -85,16 +101,30 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
     run = generate(
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
-        use_cache=not args.no_cache, cache_kind=args.cache_kind,
+        use_cache=not args.no_cache, cache_kind=args.cache_kind, kv_block_size=args.block_size,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
+        num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
+        num_return_sequences=args.num_return_sequences, speculative=args.speculative,
+        draft_tokens=args.draft_tokens, ngram=args.ngram,
     )
     obj = {
         "model": run.model, "device": run.device, "use_cache": run.use_cache, "engine": run.engine,
         "prompt_ids": list(run.prompt_ids), "generated_ids": run.generated_ids, "text": run.text,
         "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
     }
-    _emit(args, obj, run.text)
+    text = run.text
+    if run.beams is not None:
+        obj["beams"] = run.beams.to_dict()
+        text = "\n".join(f"[beam {i}, score {sc:.4f}] {t}" for i, (t, sc) in
+                         enumerate(zip(run.beams.texts, run.beams.scores)))
+    if run.speculation is not None:
+        sp = run.speculation
+        obj["speculation"] = sp.to_dict()
+        rate = "n/a" if sp.acceptance_rate is None else f"{sp.acceptance_rate:.0%}"
+        text += (f"\n[speculation: {sp.accepted}/{sp.drafted} drafted tokens accepted ({rate}), "
+                 f"{sp.forwards} forwards for {sp.tokens} tokens, {sp.forwards_saved} saved]")
+    _emit(args, obj, text)
 
 
 # ----------------------------------------------------------------------------- eval
@@ -192,8 +222,39 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     _emit(args, obj, text)
 
 
+# ----------------------------------------------------------------------------- chat
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    from kvviz.chat_cli import add_chat_arguments
+
+    p = sub.add_parser("chat", help="a multi-turn chat over one KV cache: what each turn reuses and prefills")
+    add_chat_arguments(p)
+    p.set_defaults(func=_cmd_chat)
+
+
+def _cmd_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.chat_cli import run_chat
+
+    obj, text = run_chat(args, parser)
+    _emit(args, obj, text)
+
+
+def _add_bench_spec(sub: argparse._SubParsersAction) -> None:
+    from kvviz.measure.spec_bench import add_spec_bench_arguments
+
+    p = sub.add_parser("bench-spec", help="wall-clock: speculative decoding (prompt lookup) vs plain greedy")
+    add_spec_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench_spec)
+
+
+def _cmd_bench_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.measure.spec_bench import run_spec_bench
+
+    obj, text = run_spec_bench(args)
+    _emit(args, obj, text)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_generate, _add_bench, _add_memory, _add_eval, _add_train,
+    _add_generate, _add_chat, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train,
 ]
 
 

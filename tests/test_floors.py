@@ -27,11 +27,18 @@ FLOORS: dict[str, int] = {
     "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.measure.cpu_load": 1,
     "kvviz.measure.threads": 1,
+    "kvviz.engine.block_pool": 1,  # the paged cache's bookkeeping: plain Python
+    "kvviz.engine.paged": 2, "kvviz.engine.caches": 2,
+    "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5,  # loops over a cache, beside generate
+    "kvviz.chat_cli": 8,
     "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
     "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
     "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,
+    "kvviz.engine.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
     "kvviz.engine.generate": 5,
+    # Beam search and speculative decoding: streams beside the main loop, which dispatches to them.
+    "kvviz.engine.strategy_stream": 5, "kvviz.engine.strategies": 5, "kvviz.engine.beam": 5, "kvviz.engine.speculative": 5,
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
     "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
     "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.__main__": 8, "app": 8,

@@ -44,7 +44,7 @@ def test_cached_equals_uncached(random_models: dict[str, LoadedModel], shape: st
     ref = kvviz.generate(m, use_cache=False, **kw)
     N = len(ref.prompt_ids)
     assert [e.input_len for e in ref.events] == [N + s for s in range(24)]  # recomputes everything
-    for kind in ("static", "concat"):
+    for kind in ("static", "concat", "paged"):
         run = kvviz.generate(m, use_cache=True, cache_kind=kind, **kw)
         _assert_same_run(run, ref)
         assert run.cache_kind == kind
@@ -64,8 +64,8 @@ def test_prompt_length_edges(make_model: Callable[..., LoadedModel], kv: int, n_
         ref = kvviz.generate(m, use_cache=False, **kw)
         assert len(ref.events) == 16
         assert ref.events[-1].position == n_prompt + 15
-        for kind in ("static", "concat"):
-            _assert_same_run(kvviz.generate(m, cache_kind=kind, **kw), ref)
+        for kind in ("static", "concat", "paged"):
+            _assert_same_run(kvviz.generate(m, cache_kind=kind, kv_block_size=5, **kw), ref)
 
 
 def test_context_budget_is_checked_before_compute(small_model: LoadedModel) -> None:
@@ -352,7 +352,9 @@ def test_captures_are_bounded_float16_and_change_nothing(random_models: dict[str
     (dict(prompt="a", temperature=1.0, top_p=math.nan), "top_p"),
     (dict(prompt="a", temperature=1.0, seed=-1), "seed"),
     (dict(prompt="a", greedy=True, temperature=0.7), "greedy or a temperature"),
-    (dict(prompt="a", cache_kind="paged"), "cache_kind"),
+    (dict(prompt="a", cache_kind="pages"), "cache_kind"),
+    (dict(prompt="a", cache_kind="paged", kv_block_size=0), "block size"),
+    (dict(prompt="a", cache_kind="paged", kv_blocks=0), "positive number of blocks"),
 ])
 def test_bad_requests_raise_before_compute(small_model: LoadedModel, kwargs: dict[str, Any], needle: str) -> None:
     kwargs = {"max_new_tokens": 4, **kwargs}

@@ -22,6 +22,7 @@ from kvviz.units import kv_bytes_per_token
 
 class KVCache(ABC):
     kind: str = ""
+    copies_on_reorder = True  # reorder copies every filled position (the paged cache shares instead)
 
     def __init__(self, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> None:
         self.config = config
@@ -58,6 +59,10 @@ class KVCache(ABC):
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hs) at positions pos..pos+T; return all K, V up to pos+T."""
 
+    def note_tokens(self, idx: torch.Tensor) -> None:
+        """The ids (B, T) of the positions the next forward writes. Only a cache that hashes its
+        contents (the paged one's prefix cache) keeps them; the loop tells every cache."""
+
     def truncate(self, n: int) -> None:
         """Forget every position from n on: the cache then equals one that only ever held 0..n."""
         if not 0 <= n <= self.pos:
@@ -75,7 +80,8 @@ class KVCache(ABC):
         self.batch = int(index.numel())
         self.bytes_per_token = int(kv_bytes_per_token(self.config.n_layer, self.config.kv_heads,
                                                       self.config.head_dim, self.dtype.itemsize, self.batch))
-        moved = self.pos * self.bytes_per_token  # every filled position of every new row is copied
+        # every filled position of every new row is copied, unless the cache shares by reference
+        moved = self.pos * self.bytes_per_token if self.copies_on_reorder else 0
         self.bytes_copied += moved
         return moved
 
@@ -196,6 +202,7 @@ CACHE_KINDS: dict[str, type[KVCache]] = {"static": StaticKVCache, "concat": Conc
 
 
 def make_cache(kind: str, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
+    """A static or concat cache; ``kvviz.engine.caches.make_cache`` also builds the paged one."""
     if kind not in CACHE_KINDS:
         raise ValueError(f"unknown cache kind {kind!r}; choose one of {sorted(CACHE_KINDS)}")
     return CACHE_KINDS[kind](config, batch=batch, device=device, dtype=dtype)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, overload
 
 import numpy as np
 
+from kvviz.engine.strategy_events import BeamResult, SpecResult
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -137,6 +139,8 @@ class Run:
     head_dim: int = 0
     block_size: int = 0
     note: str = ""  # e.g. why the run was stopped early
+    beams: BeamResult | None = None  # beam search: the returned beams and every step's tree and reorder
+    speculation: SpecResult | None = None  # speculative decoding: drafted / accepted / rolled back per forward
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     # --- building (frozen: each returns a new Run) ---
@@ -154,6 +158,8 @@ class Run:
     # --- derived figures ---
     @property
     def generated_ids(self) -> list[int]:
+        if self.beams is not None and self.beams.sequences:  # events follow row 0, which changes lineage
+            return list(self.beams.sequences[0])
         return [e.token_id for e in self.events]
 
     @property
@@ -231,6 +237,10 @@ class Run:
             },
             "steps": [event_record(e, captures) for e in self.events],
         }
+        if self.beams is not None:
+            d["beams"] = self.beams.to_dict()
+        if self.speculation is not None:
+            d["speculation"] = self.speculation.to_dict()
         return d
 
     def to_json(self, captures: bool = False) -> str:

@@ -16,7 +16,11 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
-from kvviz.engine.cache import KVCache, make_cache
+from kvviz.engine.beam import BeamStream
+from kvviz.engine.cache import KVCache
+from kvviz.engine.caches import KINDS as CACHE_KINDS
+from kvviz.engine.caches import make_cache
+from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, blocks_for
 from kvviz.engine.capture import Capture, ForwardCapture, record
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.diagnose import nonfinite_error
@@ -24,12 +28,12 @@ from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.sampling import SamplingParams, make_generator, sample
+from kvviz.engine.speculative import SpeculativeStream
+from kvviz.engine.strategies import strategy_stream
 from kvviz.errors import KVVizError
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
 MAX_BATCH = 64
-
-
 
 
 @dataclass(frozen=True)
@@ -64,10 +68,13 @@ class GenerationStream:
     capture: Capture
     batch_size: int
     fast: bool = True  # run the model's accelerator (kvviz.fast) where it has one
+    kv_block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block of a paged cache
+    kv_blocks: int | None = None  # a paged cache's pool (None: every row can reach the context)
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
     note: str = ""  # why the loop ended, when it knows (an error)
+    cache: KVCache | None = None  # the cache the loop writes, once it started (views read the paged pool)
     _iter: Iterator[StepEvent] | None = None
     _text: str = ""  # row 0's generated text, decoded as tokens arrive
     _stop_at: int | None = None  # where the stop string starts in _text
@@ -141,7 +148,9 @@ class GenerationStream:
             tokens = torch.empty((B, N + n_new), dtype=torch.long, device=dev)
             tokens[:, :N] = torch.tensor(self.prompt_rows, dtype=torch.long, device=dev)
             positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
-            cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype) if self.use_cache else None
+            cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype, block_size=self.kv_block_size,
+                               num_blocks=self.kv_blocks) if self.use_cache else None
+        self.cache = cache  # the last step's cache state, for views that read it (the paged pool)
         nxt = tokens  # replaced by each step's sampled ids
         for step in range(n_new):
             t = N + step  # tokens in the sequence before this step's sample
@@ -150,6 +159,8 @@ class GenerationStream:
                 # A cached decode step feeds only the token just sampled.
                 inp = nxt.view(B, 1) if start else tokens.narrow(1, 0, t)  # (B, T_in), views
                 fc = ForwardCapture(ref_layers) if ref_layers else None
+                if cache is not None:
+                    cache.note_tokens(inp)  # only the paged cache keeps them (its prefix hashes)
 
                 if on_cuda:
                     torch.cuda.synchronize(dev)
@@ -260,12 +271,27 @@ def iter_generate(
     fast: bool = True,
     chat: bool = False,
     messages: Sequence[Mapping[str, str]] | None = None,
-) -> GenerationStream:
+    kv_block_size: int = DEFAULT_BLOCK_SIZE,
+    kv_blocks: int | None = None,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    num_return_sequences: int = 1,
+    speculative: str | None = None,
+    draft_tokens: int = 10,
+    ngram: int = 2,
+) -> GenerationStream | BeamStream | SpeculativeStream:
     """Validate the request (before any compute) and return a stream of StepEvents.
 
     ``chat=True`` wraps ``prompt`` as one user message; ``messages`` gives a whole conversation.
     Either is rendered with the model's own chat template (an instruct model answers, and stops
-    at its end-of-turn token, which is its EOS).
+    at its end-of-turn token, which is its EOS). ``cache_kind="paged"`` takes ``kv_block_size``
+    tokens per block and a pool of ``kv_blocks`` blocks (default: enough for every row).
+
+    ``num_beams > 1`` runs beam search (engine/beam.py; transformers' defaults and meanings for
+    length_penalty, early_stopping and num_return_sequences); ``speculative="prompt_lookup"``
+    runs speculative decoding with ``draft_tokens`` drafted after an ``ngram`` match
+    (engine/speculative.py). Either one is a different stream with the same interface.
     """
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
     if chat or messages is not None:
@@ -281,11 +307,36 @@ def iter_generate(
     else:
         rows = rows * batch_size  # the same prompt on every row
     check_budget(model, len(rows[0]), max_new_tokens)
-    if cache_kind not in ("static", "concat"):
-        raise KVVizError(f"cache_kind must be 'static' or 'concat' (got {cache_kind!r})")
+    if cache_kind not in CACHE_KINDS:
+        raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {cache_kind!r})")
+    if cache_kind == "paged" and use_cache:
+        check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens)
     stops = tuple(s for s in (stop or ()) if s)
+    if num_beams != 1 or speculative is not None:
+        return strategy_stream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops, capture,
+                               batch_size, bool(fast), dict(num_beams=num_beams, length_penalty=length_penalty,
+                               early_stopping=early_stopping, num_return_sequences=num_return_sequences,
+                               speculative=speculative, draft_tokens=draft_tokens, ngram=ngram,
+                               kv_block_size=kv_block_size, kv_blocks=kv_blocks))
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
-                            capture or Capture(), batch_size, bool(fast))
+                            capture or Capture(), batch_size, bool(fast), kv_block_size, kv_blocks)
+
+
+MAX_KV_BLOCK_SIZE = 4096
+
+
+def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
+    """A paged pool's shape is sane and can hold at least one sequence of ``tokens``."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_KV_BLOCK_SIZE:
+        raise KVVizError(f"the paged block size must be 1..{MAX_KV_BLOCK_SIZE} tokens (got {block_size!r})")
+    if num_blocks is None:
+        return
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise KVVizError(f"the paged pool needs a positive number of blocks (got {num_blocks!r})")
+    need = blocks_for(tokens, block_size)
+    if num_blocks < need:
+        raise KVVizError(f"a pool of {num_blocks} blocks of {block_size} tokens holds {num_blocks * block_size} "
+                         f"tokens; one sequence of {tokens} tokens needs {need} blocks")
 
 
 def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]

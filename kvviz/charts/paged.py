@@ -1,0 +1,139 @@
+"""The paged KV cache's views, pure Plotly from plain data (``PagedKVCache.snapshot()`` dicts and
+turn dicts): the physical pool as a grid coloured by owner, the block table of each sequence,
+and the per-turn reuse bars. No torch, no streamlit.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+FREE, CACHED, SHARED = "#e9ecef", "#adb5bd", "#7048e8"
+OWNERS = ("#1c7ed6", "#f08c00", "#2f9e44", "#e03131", "#0c8599", "#d6336c", "#5c940d", "#9c36b5")
+NEW_SLOT = "#e03131"
+COLUMNS = 16  # blocks per grid row
+CELL = 31  # px: 16 cells fit the half-width column of a 1400 px window without overlapping
+
+
+def _owner_colour(r: int) -> str:
+    return OWNERS[r % len(OWNERS)]
+
+
+def block_category(snap: Mapping[str, Any], b: int, names: Sequence[str] | None = None) -> tuple[str, str]:
+    """(legend label, colour) of physical block b; ``names`` names the sequences (default "seq r")."""
+    owners = snap["owners"][b]
+    if len(owners) > 1 or (owners and snap["ref_count"][b] > 1):
+        return "shared", SHARED
+    if owners:
+        return (names[owners[0]] if names and owners[0] < len(names) else f"seq {owners[0]}"), _owner_colour(owners[0])
+    if snap["state"][b] == "cached":
+        return "cached (ref 0, evictable)", CACHED
+    if snap["state"][b] == "used":
+        return "another sequence", "#495057"
+    return "free", FREE
+
+
+def _name(names: Sequence[str] | None, r: int) -> str:
+    return names[r] if names and r < len(names) else f"seq {r}"
+
+
+def pool_grid(snap: Mapping[str, Any], names: Sequence[str] | None = None, title: str = "Physical pool",
+              columns: int = COLUMNS) -> go.Figure:
+    """Every block of the pool as a cell: colour = owner (shared, cached, free), text = block id,
+    fill and ref count; the blocks this step wrote are ringed in red."""
+    n, bs = snap["num_blocks"], snap["block_size"]
+    written = {b for _, b, _ in snap["new_slots"]}
+    groups: dict[str, tuple[str, list[int]]] = {}
+    for b in range(n):
+        label, colour = block_category(snap, b, names)
+        groups.setdefault(label, (colour, []))[1].append(b)
+    fig = go.Figure()
+    for label, (colour, blocks) in groups.items():
+        text, hover = [], []
+        for b in blocks:
+            ref, fill = snap["ref_count"][b], snap["fill"][b]
+            # Two short lines fit a cell: the block id, then its ref count when shared, else its fill.
+            text.append(f"{b}<br>×{ref}" if ref > 1 else (f"{b}<br>{fill}/{bs}" if fill else f"{b}"))
+            h = snap["hash"][b]
+            hover.append(f"block {b}: {label}<br>ref count {ref}<br>{fill}/{bs} slots filled"
+                         + (f"<br>hash {h}…" if h else "<br>no hash (not full, or a duplicate)")
+                         + (f"<br>owners: {', '.join(_name(names, r) for r in snap['owners'][b])}"
+                            if snap["owners"][b] else ""))
+        fig.add_trace(go.Scatter(
+            x=[b % columns for b in blocks], y=[b // columns for b in blocks], mode="markers+text", name=label,
+            marker=dict(symbol="square", size=CELL, color=colour, line=dict(width=1, color="#868e96")),
+            text=text, textfont=dict(size=9, color="#212529" if colour in (FREE, CACHED) else "white"),
+            hovertext=hover, hoverinfo="text",
+        ))
+    if written:  # drawn last, so no neighbouring cell covers the ring
+        ring = sorted(written)
+        fig.add_trace(go.Scatter(x=[b % columns for b in ring], y=[b // columns for b in ring], mode="markers",
+                                 name="written this step", hoverinfo="skip",
+                                 marker=dict(symbol="square-open", size=CELL, color=NEW_SLOT, line=dict(width=3))))
+    rows = -(-n // columns)
+    fig.update_layout(
+        title=dict(text=title, subtitle=dict(text=f"{n} blocks of {bs} tokens · ringed red: written this step")),
+        xaxis=dict(visible=False, range=[-0.6, columns - 0.4]),
+        yaxis=dict(visible=False, autorange="reversed", range=[rows - 0.5, -0.5]),
+        height=130 + 36 * rows, margin=dict(l=10, r=10, t=80, b=10), plot_bgcolor="white",
+        legend=dict(orientation="h", y=-0.02, yanchor="top", x=0), showlegend=True,
+    )
+    return fig
+
+
+def block_tables(snap: Mapping[str, Any], names: Sequence[str] | None = None) -> go.Figure:
+    """Each sequence's block table: logical block j -> physical block, coloured as in the pool."""
+    tables = snap["tables"]
+    names = list(names) if names is not None else [f"seq {r}" for r in range(len(tables))]
+    fig = go.Figure()
+    xs, ys, text, colours, hover = [], [], [], [], []
+    for r, t in enumerate(tables):
+        for j, b in enumerate(t):
+            label, colour = block_category(snap, b, names)
+            xs.append(j)
+            ys.append(names[r])
+            text.append(str(b))
+            colours.append(colour)
+            hover.append(f"{names[r]}: logical block {j} (positions {j * snap['block_size']}–"
+                         f"{(j + 1) * snap['block_size'] - 1}) → physical block {b} ({label})")
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers+text", text=text, hovertext=hover, hoverinfo="text",
+                             marker=dict(symbol="square", size=34, color=colours, line=dict(width=1, color="#495057")),
+                             textfont=dict(color="white", size=12), showlegend=False))
+    width = max((len(t) for t in tables), default=1)
+    fig.update_layout(
+        title=dict(text="Block tables", subtitle=dict(text="logical block → physical block (purple: shared)")),
+        xaxis=dict(title="logical block", range=[-0.6, max(width, 8) - 0.4], dtick=1, showgrid=False),
+        yaxis=dict(autorange="reversed", type="category", showgrid=False, automargin=True),
+        height=140 + 44 * max(len(tables), 1), margin=dict(l=110, r=10, t=80, b=50), plot_bgcolor="white",
+    )
+    return fig
+
+
+def reuse_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Per turn: prompt tokens reused from the cache vs prefilled, and tokens generated."""
+    x = [f"turn {i + 1}" for i in range(len(turns))]
+    fig = go.Figure()
+    for key, name, colour in (("reused_tokens", "reused (no compute)", "#2f9e44"),
+                              ("prefilled_tokens", "prefilled", "#1c7ed6"),
+                              ("generated_tokens", "generated", "#f08c00")):
+        fig.add_trace(go.Bar(x=x, y=[t[key] for t in turns], name=name, marker_color=colour,
+                             text=[t[key] for t in turns], textposition="inside"))
+    fig.update_layout(barmode="stack", title="Tokens per turn", yaxis_title="tokens", height=360,
+                      margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
+    return fig
+
+
+def ttft_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """TTFT with reuse vs recomputing the whole conversation (where it was measured)."""
+    x = [f"turn {i + 1}" for i in range(len(turns))]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=[t["ttft_ms"] for t in turns], name="with the cache kept",
+                         marker_color="#2f9e44", text=[f"{t['ttft_ms']:.0f}" for t in turns]))
+    re = [t.get("recompute_ttft_ms") for t in turns]
+    if any(v is not None for v in re):
+        fig.add_trace(go.Bar(x=x, y=re, name="recomputing it all", marker_color="#868e96",
+                             text=[f"{v:.0f}" if v is not None else "" for v in re]))
+    fig.update_layout(barmode="group", title="Time to first token", yaxis_title="ms", height=360, showlegend=True,
+                      margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
+    return fig

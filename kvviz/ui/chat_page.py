@@ -1,0 +1,164 @@
+"""The Chat page: a conversation whose KV cache lives across turns, and the paged pool under it.
+
+Each turn prefills only what is new (the chat template's tokens for the new message plus the
+assistant header) and decodes on the same cache; editing the first message keeps the cache up to
+its first changed token; a timestamp at the start of the system prompt misses every turn. The
+one-click scenario (kvviz/ui/chat_scenario.py) runs parallel samples, a hit and a miss on one pool.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from kvviz.charts import paged as pc
+from kvviz.engine.conversation import Conversation, with_chat_template
+from kvviz.engine.load import LoadedModel
+from kvviz.errors import KVVizError
+from kvviz.ui import chat_scenario, chat_views
+from kvviz.ui.figs import show
+from kvviz.ui.perf_common import busy_note, page_model, where
+from kvviz.ui.plain_text import md_plain
+from kvviz.ui.settings import ENGINES
+
+INTRO = (
+    "Serving engines keep the KV cache **between requests**. A chat's second turn then computes only its new "
+    "tokens: the conversation so far is already in the cache. Below, each turn reuses the longest common prefix "
+    "of token ids between the new prompt and what the cache holds, prefills the rest, and decodes the answer on "
+    "the same cache. The **paged** cache stores K/V in fixed-size blocks (vLLM style): a block table per "
+    "sequence maps its logical blocks to physical ones, full blocks are found again by a hash of their prefix, "
+    "and blocks are shared with ref counts and copied on write."
+)
+BLOCK_SIZES = (4, 8, 16, 32)
+
+
+def page() -> None:
+    st.title("Chat: a cache that lives across turns")
+    st.markdown(INTRO)
+    got = page_model()
+    if got is None:
+        return
+    s, base = got
+    model, fallback = with_chat_template(base)
+    if fallback:
+        st.info(f"{md_plain(base.name)} has no chat template: turns are laid out in ChatML so the cache "
+                "mechanics show, but this model was never trained on chats, so its answers are noise. "
+                "Pick SmolLM2 in the sidebar for real answers.")
+    fast = s.engine == "fast"
+    c1, c2, c3, c4 = st.columns(4)
+    kind = c1.selectbox("Cache", ["paged", "static", "concat"], key="chat_cache",
+                        help="paged: blocks + block table (vLLM); static: one preallocated buffer; concat: grows by cat")
+    block = int(c2.selectbox("Block size (tokens)", BLOCK_SIZES, index=2, key="chat_block", disabled=kind != "paged"))
+    blocks = int(c3.number_input("Pool (blocks)", min_value=4, max_value=512, value=64, step=8, key="chat_blocks",
+                                 disabled=kind != "paged",
+                                 help="the pool's size; full blocks of ref count 0 stay cached until it runs out"))
+    max_new = int(c4.number_input("Max new tokens", min_value=1, max_value=256, value=24, key="chat_max_new",
+                                  help="short answers keep every turn quick on a small CPU"))
+    stamp = st.toggle("Put the current time at the start of the system prompt", key="chat_timestamp",
+                      help="what some deployments do: the prompt changes at its start, so every turn misses the cache")
+    st.caption(f"{where(model)} · engine: {ENGINES[s.engine]} · sampling: "
+               + ("greedy" if s.greedy else f"temperature {s.temperature}, seed {s.seed}"))
+    busy_note(short=True)  # TTFTs are timed: say when other processes hold the cores
+    sampling = s.sampling_kwargs()
+    key = (s.model_key, kind, block, blocks, max_new, stamp, fast, tuple(sorted(sampling.items())))
+    conv = _conversation(model, key, kind, block, blocks, max_new, stamp, fast, sampling)
+    if conv is None:
+        return
+    tab_chat, tab_scenario = st.tabs(["Chat", "One-click scenario"])
+    with tab_chat:
+        _chat(conv)
+    with tab_scenario:
+        chat_scenario.section(model, fast, block)
+
+
+def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: int, blocks: int, max_new: int,
+                  stamp: bool, fast: bool, sampling: dict[str, Any]) -> Conversation | None:
+    """This session's conversation; a new one when a setting it was built with changes."""
+    if st.session_state.get("chat_key") != key or st.session_state.get("chat_conv") is None:
+        try:
+            conv = Conversation(model, cache_kind=kind, kv_block_size=block, kv_blocks=blocks, timestamp=stamp,
+                                max_new_tokens=max_new, fast=fast, **sampling)
+            conv.warm_up()  # turn 1's TTFT then times the model, not first-call costs
+        except KVVizError as e:
+            st.error(md_plain(e))
+            return None
+        st.session_state["chat_conv"], st.session_state["chat_key"] = conv, key
+        st.session_state["chat_checks"] = {}
+    return st.session_state["chat_conv"]
+
+
+def _chat(conv: Conversation) -> None:
+    checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
+    tok = conv.model.tokenizer
+    for i, t in enumerate(conv.turns):
+        with st.chat_message("user"):
+            st.text(t.user)
+        with st.chat_message("assistant"):
+            st.text(t.text)
+            got = checks.get(i)
+            st.caption(chat_views.turn_line(t, got[1] if got else None, got[0] if got else None))
+    err = st.session_state.pop("chat_error", None)
+    if err:
+        st.error(md_plain(err))
+    text = st.chat_input("Say something", key="chat_input")
+    if text is not None:
+        _send(conv, text)
+    b1, b2, b3, b4 = st.columns([2, 2, 1, 1])
+    edit = b1.text_input("Edit the first message and answer again", key="chat_edit",
+                         disabled=not conv.turns, placeholder="the first message, changed")
+    if b1.button("Replace the first message", key="chat_edit_go", disabled=not conv.turns):
+        _send(conv, edit, edit_first=True)
+    if b2.button("Check against scratch", key="chat_check", disabled=not conv.turns,
+                 help="generates every turn again on a fresh cache (same sampling), compares the tokens, and "
+                      "times the TTFT of prefilling the whole conversation"):
+        for i in range(len(conv.turns)):
+            checks[i] = (conv.matches_scratch(i), conv.recompute_ttft_ms(i))
+        st.rerun()
+    if b3.button("Regenerate", key="chat_regen", disabled=not conv.turns,
+                 help="answer the last message again (the next seed when sampling): the cache keeps the prompt, "
+                      "and a block the old answer filled is copied on write"):
+        _send(conv, "", regenerate=True)
+    if b4.button("New chat", key="chat_reset"):
+        st.session_state["chat_conv"] = None
+        st.rerun()
+    if not conv.turns:
+        return
+    last = conv.turns[-1]
+    st.subheader("The last turn's tokens")
+    chat_views.chips(tok, last)
+    turns = [{**t.to_dict(), "recompute_ttft_ms": checks[i][1] if i in checks else None}
+             for i, t in enumerate(conv.turns)]
+    left, right = st.columns(2)
+    show(left, pc.reuse_bars(turns), key=f"chat_reuse_{len(turns)}")
+    show(right, pc.ttft_bars(turns), key=f"chat_ttft_{len(turns)}_{len(checks)}")
+    if last.snapshots:
+        st.subheader("The paged pool during the last turn")
+        chat_views.pool_views(last.snapshots, key=f"chat_pool_{len(turns)}", names=["conversation"])
+
+
+LIVE_EVERY = 4  # redraw the live pool every this many steps (each draw is a new chart in the browser)
+
+
+def _send(conv: Conversation, text: str, edit_first: bool = False, regenerate: bool = False) -> None:
+    """Run one turn, the pool redrawn live as it decodes (paged); a bad message is shown and
+    nothing is lost. A click that interrupts the turn drops it: the conversation stays as it was
+    (``Conversation`` records a turn only when it ends), and the next turn's common prefix trims
+    whatever the cache took from the dropped one."""
+    try:
+        if edit_first or regenerate:
+            with st.spinner("Answering again…"):
+                if regenerate:
+                    conv.regenerate(conv.params.seed + 1)
+                else:
+                    conv.edit(0, text)
+            st.session_state["chat_checks"] = {}
+        else:
+            live = st.empty()
+            for i, snap in enumerate(conv.iter_send(text)):
+                if snap and i % LIVE_EVERY == 0:
+                    with live.container():
+                        st.caption(f"Answering on the same cache: step {i + 1}")
+                        show(st, pc.pool_grid(snap, ["conversation"]), key=f"chat_live_{len(conv.turns)}_{i}")
+    except KVVizError as e:
+        st.session_state["chat_error"] = str(e)
+    st.rerun()

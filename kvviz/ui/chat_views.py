@@ -1,0 +1,89 @@
+"""The Chat page's views: token chips with the reuse boundary, per-turn numbers, and the paged
+pool (grid, block tables) with a replay slider over a turn's steps. Text is escaped (st.html)."""
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Sequence
+
+import streamlit as st
+
+from kvviz.charts import paged as pc
+from kvviz.charts.tokens import visible
+from kvviz.engine.conversation import TurnRecord
+from kvviz.ui.figs import show
+from kvviz.units import fmt_bytes
+
+CSS = """<style>
+.kv-cc{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:1.0rem;line-height:2.1;word-break:break-all}
+.kv-cc span{display:inline-block;padding:0 .18em;margin:0 .05em;border-radius:.25em;border:1px solid;white-space:pre;
+  line-height:1.45}
+.kv-cc .r{background:#ebfbee;border-color:#8ce99a;color:#1b4d24}
+.kv-cc .p{background:#e7f5ff;border-color:#74c0fc;color:#0b3d66}
+.kv-cc .g{background:#fff4e6;border-color:#ffc078;color:#5c3200}
+.kv-cc .cut{border:none;background:#e03131;padding:0;width:4px;margin:0 .25em;height:1.6em;vertical-align:middle}
+.kv-cc-legend{font-size:.95rem;color:#495057}
+</style>"""
+MAX_CHIPS = 600  # a long conversation shows its last chips; the counts stay exact
+
+
+def chips(tok: Any, turn: TurnRecord) -> None:
+    """The turn's prompt (reused | prefilled, a red bar at the boundary) and its answer tokens."""
+    ids = list(turn.prompt_ids)
+    gen = list(turn.generated_ids)
+    parts: list[str] = []
+    start = max(0, len(ids) + len(gen) - MAX_CHIPS)
+    for pos, t in enumerate(ids + gen):
+        if pos < start:
+            continue
+        if pos == turn.reused_tokens and pos < len(ids):
+            parts.append('<span class="cut" title="the cache ends here: everything after is computed"></span>')
+        cls = "r" if pos < turn.reused_tokens else ("p" if pos < len(ids) else "g")
+        text = visible(tok.token_display(t))
+        parts.append(f'<span class="{cls}" title="position {pos}: token {t}">{escape(text)}</span>')
+    legend = (f'<div class="kv-cc kv-cc-legend"><span class="r">reused</span> {turn.reused_tokens} from the cache · '
+              f'<span class="p">prefilled</span> {turn.prefilled_tokens} · <span class="g">generated</span> '
+              f'{turn.generated_tokens}' + (f" · first {start} tokens not drawn" if start else "") + "</div>")
+    st.html(CSS + legend + f'<div class="kv-cc">{"".join(parts)}</div>')
+
+
+def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | None = None) -> str:
+    """The turn's numbers in one line (plain text, no user text in it)."""
+    s = (f"{t.prompt_tokens} prompt tokens: {t.reused_tokens} reused, {t.prefilled_tokens} prefilled · "
+         f"{t.generated_tokens} generated · TTFT {t.ttft_ms:.0f} ms")
+    if recompute_ms is not None:
+        s += f" (recomputing all: {recompute_ms:.0f} ms)"
+    s += f" · cache {fmt_bytes(t.cache_bytes_before)} → {fmt_bytes(t.cache_bytes_used)}"
+    if t.blocks_used is not None:
+        s += f" · {t.blocks_used} blocks, {t.blocks_shared} shared"
+        if t.prefix_hit_blocks:
+            s += f", {t.prefix_hit_blocks} found by prefix hash"
+    if scratch is not None:
+        s += " · equals a from-scratch generation ✓" if scratch else " · DIFFERS from a from-scratch generation ✗"
+    return s
+
+
+def pool_stats_line(stats: dict[str, int]) -> str:
+    return (f"pool {fmt_bytes(stats['bytes_allocated'])} allocated · held {stats['blocks_used']} blocks = "
+            f"{fmt_bytes(stats['bytes_held'])} (filled {fmt_bytes(stats['bytes_filled'])}, internal fragmentation "
+            f"{fmt_bytes(stats['fragmentation_bytes'])}) · shared {stats['blocks_shared']} blocks, saving "
+            f"{fmt_bytes(stats['bytes_saved_by_sharing'])} · free {stats['blocks_free']}, cached (evictable) "
+            f"{stats['blocks_cached']} · copy-on-write copies {stats['cow_copies']}, evictions {stats['evictions']}, "
+            f"prefix-hash hits {stats['prefix_hits']}")
+
+
+def pool_views(snaps: Sequence[dict[str, Any]], key: str, names: Sequence[str] | None = None,
+               caption: str = "") -> None:
+    """The pool grid and block tables at one step of ``snaps``, with a replay slider."""
+    if not snaps:
+        return
+    i = len(snaps) - 1
+    if len(snaps) > 1:
+        i = st.slider("Step (replay)", 0, len(snaps) - 1, len(snaps) - 1, key=f"{key}_step",
+                      help="0 is the prefill; every later step wrote one new slot per sequence")
+    snap = snaps[i]
+    if caption:
+        st.caption(caption)
+    left, right = st.columns([3, 2])
+    show(left, pc.pool_grid(snap, names), key=f"{key}_grid_{i}")
+    show(right, pc.block_tables(snap, names), key=f"{key}_tables_{i}")
+    st.caption(pool_stats_line(snap["stats"]))

@@ -1,0 +1,93 @@
+"""AppTest over the Chat page on random:tiny (ChatML fallback template): turns, reuse numbers,
+the pool views, an edit, the from-scratch check, bad input, and the one-click scenario."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvviz.ui.plain_text import unescape
+
+
+def _chat() -> None:
+    import streamlit as st
+
+    from kvviz.ui import chat_page
+    from kvviz.ui.sidebar import render_sidebar
+
+    st.session_state["settings"] = render_sidebar()
+    chat_page.page()
+
+
+@pytest.fixture(autouse=True)
+def tiny_default(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
+
+
+def _titles(at: AppTest) -> list[str]:
+    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
+
+
+def _ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_chat_turns_reuse_and_show_the_pool() -> None:
+    at = AppTest.from_function(_chat, default_timeout=120)
+    at.run()
+    _ok(at)
+    assert at.title[0].value == "Chat: a cache that lives across turns"
+    assert any("no chat template" in i.value for i in at.info)  # random:tiny gets ChatML, and says so
+    at.number_input(key="chat_max_new").set_value(6).run()
+    at.chat_input(key="chat_input").set_value("hello").run()
+    _ok(at)
+    at.chat_input(key="chat_input").set_value("and more").run()
+    _ok(at)
+    conv = at.session_state["chat_conv"]
+    t1, t2 = conv.turns
+    assert t2.reused_tokens + t2.prefilled_tokens == t2.prompt_tokens and t2.reused_tokens > t1.prompt_tokens
+    captions = [c.value for c in at.caption]
+    assert any(f"{t2.reused_tokens} reused, {t2.prefilled_tokens} prefilled" in c for c in captions)
+    assert any("copy-on-write copies" in c for c in captions)  # the pool's accounting line
+    assert {"Tokens per turn", "Time to first token", "Physical pool", "Block tables"} <= set(_titles(at))
+    assert [t.value for t in at.text][:2] == ["hello", t1.text]  # user and model text as plain text
+    # Check against scratch, then edit the first message: one turn left, reused up to the edit.
+    at.button(key="chat_check").click().run()
+    _ok(at)
+    assert sum("equals a from-scratch generation ✓" in c.value for c in at.caption) == 2
+    at.text_input(key="chat_edit").set_value("hellO")
+    at.button(key="chat_edit_go").click().run()
+    _ok(at)
+    conv = at.session_state["chat_conv"]
+    assert len(conv.turns) == 1 and conv.turns[0].user == "hellO" and 0 < conv.turns[0].reused_tokens
+    at.button(key="chat_regen").click().run()
+    _ok(at)
+    assert len(at.session_state["chat_conv"].turns) == 1
+    # Bad input: an empty message says so, and the conversation stays.
+    at.chat_input(key="chat_input").set_value("   ").run()
+    assert any("empty" in unescape(e.value) for e in at.error)
+    assert len(at.session_state["chat_conv"].turns) == 1
+
+
+def test_chat_one_click_scenario() -> None:
+    at = AppTest.from_function(_chat, default_timeout=180)
+    at.run()
+    # The ChatML prompt is 80 byte tokens: 2.5 blocks of 32, so the samples share a partial block.
+    at.selectbox(key="chat_block").set_value(32).run()
+    at.button(key="chat_scn_run").click().run()
+    _ok(at)
+    stages = at.session_state["chat_scn"]
+    assert [s["title"] for s in stages] == ["1 · 4 samples", "2 · chat turn 1", "3 · turn 2",
+                                            "4 · first message edited"]
+    samples = stages[0]["snaps"][-1]["stats"]
+    assert samples["blocks_shared"] == 2 and samples["cow_copies"] == 3  # 3 samples copy, the 4th writes in place
+    last = stages[1]["snaps"][-1]["stats"]
+    assert last["prefix_hits"] >= 1  # turn 1 found the samples' prompt blocks by hash
+    assert any("reused" in t.value and "prefilled" in t.value for t in at.text)  # stage 4 is shown
+    at.radio(key="chat_scn_stage").set_value("2 · chat turn 1").run()
+    _ok(at)
+    assert any("found by prefix hash" in t.value for t in at.text)
+    assert {"Physical pool", "Block tables"} <= set(_titles(at))

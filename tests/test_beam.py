@@ -1,0 +1,171 @@
+"""Beam search against transformers' ``generate(num_beams=k, do_sample=False)``, and its cache reorders.
+
+Random GPT-2 and Llama models are built and saved by transformers itself, then loaded by kvviz:
+the returned sequences must be identical and the scores (transformers' ``sequences_scores``) equal
+to float tolerance, for several k, length penalties, early_stopping values, EOS on and off, and
+num_return_sequences.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvviz.engine.generate import generate
+from kvviz.engine.load import LoadedModel, NoTokenizer, load_model
+from kvviz.errors import KVVizError
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 96
+PROMPT = [5, 17, 3, 88, 42, 9, 61, 30]
+N_NEW = 12
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "ln_" in name or "norm" in name:
+                p.copy_(1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
+            else:
+                p.copy_(0.2 * noise if name.endswith("weight") else 0.05 * noise)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, LoadedModel]]:
+    """family -> (transformers model, kvviz model loaded from the folder transformers saved)."""
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=None, eos_token_id=None))
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None))
+    out = {}
+    for name, hf in (("gpt2", gpt2), ("llama", llama)):
+        _randomize(hf, 1)
+        hf.eval()
+        folder = tmp_path_factory.mktemp(name)
+        hf.save_pretrained(folder)
+        out[name] = (hf, load_model(Path(folder), device="cpu"))
+    return out
+
+
+def _with_eos(kv: LoadedModel, eos: int | None) -> LoadedModel:
+    return dataclasses.replace(kv, tokenizer=NoTokenizer(kv.config.vocab_size, eos))
+
+
+def _hf_beams(hf: Any, k: int, lp: float, es: bool | str, nrs: int, eos: int | None) -> tuple[list[list[int]], list[float]]:
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([PROMPT]), num_beams=k, do_sample=False, max_new_tokens=N_NEW, min_new_tokens=0,
+                          length_penalty=lp, early_stopping=es, num_return_sequences=nrs, eos_token_id=eos,
+                          pad_token_id=eos if eos is not None else 0, output_scores=True,
+                          return_dict_in_generate=True)
+    return out.sequences[:, len(PROMPT):].tolist(), out.sequences_scores.tolist()
+
+
+CASES = [  # (k, length_penalty, early_stopping, num_return_sequences)
+    (2, 1.0, False, 1),
+    (3, 0.5, True, 2),
+    (4, 2.0, "never", 4),
+    (3, -1.0, "never", 1),
+    (5, 1.0, False, 3),
+]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"k{c[0]}-lp{c[1]}-es{c[2]}-n{c[3]}")
+def test_beams_equal_transformers(pairs: dict[str, tuple[Any, LoadedModel]], family: str,
+                                  case: tuple[int, float, bool | str, int]) -> None:
+    hf, kv = pairs[family]
+    k, lp, es, nrs = case
+    free = generate(kv, prompt_ids=PROMPT, max_new_tokens=N_NEW, num_beams=k)
+    # An EOS the beams really meet: the best continuation at step 2 of a run without one.
+    eos_pick = free.beams.steps[2].candidates[0].token_id
+    for eos in (None, eos_pick):
+        want_ids, want_scores = _hf_beams(hf, k, lp, es, nrs, eos)
+        run = generate(_with_eos(kv, eos), prompt_ids=PROMPT, max_new_tokens=N_NEW, num_beams=k, length_penalty=lp,
+                       early_stopping=es, num_return_sequences=nrs)
+        got = run.beams
+        assert len(got.sequences) == nrs
+        for seq, want in zip(got.sequences, want_ids):
+            assert list(seq) == want[: len(seq)]
+            assert all(t == want[-1] for t in want[len(seq):])  # transformers pads the shorter beams
+        assert got.scores == pytest.approx(want_scores, abs=2e-5, rel=1e-5)
+        assert run.generated_ids == list(got.sequences[0])
+        if eos is not None:
+            ended = [c for s in got.steps for c in s.candidates if c.status == "finished" and c.token_id == eos]
+            assert ended, "the chosen EOS never ended a beam: the EOS path went untested"
+
+
+@pytest.mark.parametrize("kind", ["static", "concat"])
+def test_reorders_match_parents_and_count_bytes(pairs: dict[str, tuple[Any, LoadedModel]], kind: str) -> None:
+    """Each step's reorder index is the kept candidates' parents, and moves pos x rows x bytes per row."""
+    _, kv = pairs["llama"]
+    k = 3
+    run = generate(kv, prompt_ids=PROMPT, max_new_tokens=6, num_beams=k, cache_kind=kind)
+    c = kv.config
+    per_row = c.n_layer * 2 * c.kv_heads * c.head_dim * 4  # fp32 K and V, every layer
+    steps = run.beams.steps
+    assert steps[0].rows_before == 1 and steps[0].parents == (0,) * k  # the prompt row fanned out
+    assert steps[0].bytes_moved == len(PROMPT) * k * per_row
+    for s in steps[:-1]:
+        kept = sorted((c.row, c.parent) for c in s.candidates if c.status == "kept")
+        assert [r for r, _ in kept] == list(range(k))
+        if s.step:
+            assert tuple(p for _, p in kept) == s.parents
+        assert s.bytes_moved == s.cache_len * k * per_row
+    assert steps[-1].bytes_moved == 0  # nothing is fed after the last step
+    assert run.events[-1].cache_bytes_used == (len(PROMPT) + len(steps) - 1) * k * per_row
+    # Same beams with every cache kind and without a cache; a paged cache and no cache move nothing
+    # (the paged one shares blocks by reference and copies one block on the next write instead).
+    for other in (dict(use_cache=False), dict(cache_kind="paged", kv_block_size=4)):
+        plain = generate(kv, prompt_ids=PROMPT, max_new_tokens=6, num_beams=k, **other)
+        assert plain.beams.sequences == run.beams.sequences and plain.beams.scores == run.beams.scores
+        assert all(s.bytes_moved == 0 for s in plain.beams.steps)
+
+
+def test_one_beam_step_kept_rows_hold_their_parents_cache(make_llama: Any) -> None:
+    """After a reorder, row r's K/V equal the old row parents[r]'s: checked on the cache itself."""
+    from kvviz.engine.cache import make_cache
+
+    m = make_llama()
+    cache = make_cache("static", m.config, 3, "cpu", torch.float32)
+    x = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        m.gpt(x, torch.arange(5), cache)
+    cache.advance(5)
+    before = [t.clone() for t in (cache.layer(0)[0], cache.layer(1)[1])]
+    moved = cache.reorder(torch.tensor([2, 2, 0]))
+    after = (cache.layer(0)[0], cache.layer(1)[1])
+    for b, a in zip(before, after):
+        assert torch.equal(a, b[[2, 2, 0]])
+    assert moved == cache.bytes_used
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_beams=0), "num_beams must be an integer from 1 to 64"),
+    (dict(num_beams=2, temperature=0.7), "sampling with num_beams > 1 is not supported"),
+    (dict(num_beams=2, num_return_sequences=3), "num_return_sequences must be from 1 to num_beams (2)"),
+    (dict(num_beams=2, early_stopping="soon"), "early_stopping must be true, false or never"),
+    (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
+    (dict(num_beams=2, stop=["x"]), "stop strings are not supported with beam search"),
+    (dict(num_beams=2, speculative="prompt_lookup"), "not both"),
+])
+def test_bad_beam_requests(small_model: LoadedModel, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(KVVizError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, **kwargs)
+
+
+def test_beams_over_memory_are_refused(small_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvviz.engine.beam as beam
+
+    monkeypatch.setattr(beam, "available_memory", lambda device: 100_000)  # 100 kB free
+    with pytest.raises(KVVizError, match=r"64 beams x 64 positions need .* of KV cache \(static\), more than 80%"):
+        generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, num_beams=64)
+    generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, num_beams=2)  # 2 x 64 x 512 B fits
