@@ -92,6 +92,12 @@ def test_a_projector_keeps_every_other_word_of_a_long_token_axis(small_model: Lo
     assert all(labels[v] == dict(zip(before, charts.cache_notebook(run).layout.xaxis2.ticktext))[v] for v in after)
     # The colour bars keep their titles beside them and three ticks, so a short chart never overprints them.
     assert all(t.colorbar.title.text == "length" and t.colorbar.nticks == 3 for t in fig.data)
+    # A few labels crowded together are spaced out too (the rule is the spacing, not the count).
+    few = go.Figure(go.Heatmap(z=[[1] * 100]))
+    few.update_layout(xaxis=dict(tickmode="array", tickvals=[0, 2, 4, 50], ticktext=["a", "b", "c", "d"],
+                                 range=[-0.5, 99.5]))
+    legible(few, projector=True)
+    assert list(few.layout.xaxis.tickvals) == [0, 4, 50] and list(few.layout.xaxis.ticktext) == ["a", "c", "d"]
 
 
 def test_a_projector_puts_a_bottom_legend_under_the_axis_title_not_on_it() -> None:

@@ -92,11 +92,12 @@ def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
 
 
 def _thin_token_axes(fig: go.Figure) -> None:
-    """Keep at most about PROJECTOR_TICKS labelled ticks on each x axis labelled by an array (the token
-    axes): each kept tick at least 1/PROJECTOR_TICKS of the axis after the last."""
+    """On each x axis labelled by an array (the token axes), keep a tick only at least 1/PROJECTOR_TICKS
+    of the axis after the last kept one: at most about PROJECTOR_TICKS labels, never crowded."""
     for ax in fig.select_xaxes():
         vals, text, rng = ax.tickvals, ax.ticktext, ax.range
-        if ax.tickmode != "array" or vals is None or text is None or rng is None or len(vals) <= PROJECTOR_TICKS:
+        # Spacing, not count: a short run's few word labels can still sit two positions apart.
+        if ax.tickmode != "array" or vals is None or text is None or rng is None or len(vals) < 2:
             continue
         gap = (rng[1] - rng[0]) / PROJECTOR_TICKS
         keep_v: list = []

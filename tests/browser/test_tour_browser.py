@@ -1,7 +1,8 @@
 """The tour and the presentation layout, as a presenter meets them: the app started as `make run` starts
 it, a 1920x1080 window, the layout switched on, every step of the tour taken (N for next, S for Step,
 the card's own buttons), then every other page, on the model `make run` opens with (SmolLM2 in chat
-mode where installed), and then the Shakespeare model's notebook and attention in the same layout.
+mode where installed), and then the Shakespeare model's notebook and attention in the same layout. The Chat and Decoding
+strategies pages, which the tour does not visit, are run once each in the same layout.
 
 Screenshots of each step and page go to test-results/screenshots/ (``tour-*.png``, ``present-*.png``):
 they are what a learner and a presenter see; look at them. The checks are what must hold on any
@@ -250,6 +251,22 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=SLOW_MS)
         idle(page, SLOW_MS)
         shot(page, "present-batching-full.png", full=True)
+
+        # The pages the tour does not visit, in the same layout: a chat turn and a beam search.
+        sidebar_nav(page, "Chat: cache across turns", "chat")
+        page.get_by_role("tab", name="Chat").first.click()
+        box = page.locator(".st-key-chat_input textarea")
+        box.fill("What is the capital of France?")
+        box.press("Enter")
+        page.get_by_text(re.compile(r"reused, \d+ prefilled")).first.wait_for(timeout=SLOW_MS)
+        idle(page, SLOW_MS)
+        shot(page, "present-chat-full.png", full=True)
+        sidebar_nav(page, "Decoding strategies", "decoding")
+        click(page, "beam_run")
+        page.wait_for_function("[...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                               ".some(t => t.textContent.includes('The beam tree'))", timeout=SLOW_MS)
+        idle(page, SLOW_MS)
+        shot(page, "present-decoding-full.png", full=True)
 
         # The presentation layout alone, the tour ended: chips, cache and attention above the fold.
         sidebar_nav(page, "Generate", "")
