@@ -88,7 +88,7 @@ def next_step(page, n: int, title: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def step_to(page, run_id: int, n: int) -> None:  # type: ignore[no-untyped-def]
-    page.locator(f".st-key-run_stepping_{run_id}").get_by_text(f"step mode, {n} of {N_NEW} steps").wait_for()
+    page.locator(f".st-key-run_stepping_{run_id}").get_by_text(f"step mode, {n} of {N_NEW} steps").first.wait_for()
     idle(page)
 
 
@@ -137,7 +137,7 @@ def set_prompt_and_length(page, prompt: str) -> None:  # type: ignore[no-untyped
     n_new = page.locator(".st-key-max_new_tokens input")
     n_new.fill(str(N_NEW))
     n_new.press("Enter")
-    page.get_by_text(re.compile(rf"\+ {N_NEW} new = ")).wait_for()
+    page.get_by_text(re.compile(rf"\+ {N_NEW} new = ")).first.wait_for()
     idle(page)
 
 
@@ -211,7 +211,7 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         next_step(page, 7, "Memory")
         shot(page, "tour-7-memory.png")
         page.get_by_role("link", name=re.compile("Open the calculator")).click()
-        page.locator(".st-key-tour_banner").wait_for()
+        page.locator(".st-key-tour_banner").first.wait_for()
         idle(page)
         # It opens on step 7's example: Llama-2-70B at 4,096 tokens, fp16 (80 x 8 x 128 x 2 x 2 B = 320 KiB/token).
         page.get_by_text("320.00 KiB").first.wait_for()
@@ -223,7 +223,7 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         next_step(page, 8, "Speed")
         shot(page, "tour-8-speed.png")
         page.get_by_role("link", name=re.compile("Open the race")).click()
-        page.locator(".st-key-tour_banner").wait_for()
+        page.locator(".st-key-tour_banner").first.wait_for()
         idle(page)
         click(page, "race_start")
         page.locator(".st-key-race_verdict").get_by_text("Identical output").wait_for(timeout=SLOW_MS)
@@ -284,7 +284,7 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         if not default_model.startswith("shakespeare"):
             open_sidebar(page)
             select_model(page, "shakespeare")
-            page.get_by_text(re.compile(r"context 512 ")).wait_for()
+            page.get_by_text(re.compile(r"context 512 ")).first.wait_for()
             set_prompt_and_length(page, VERSE)
             fold_sidebar(page)
             click(page, "tour_start")
