@@ -168,6 +168,10 @@ def test_cache_sweep_reports_medians_side_by_side(tmp_path: Path, capsys: pytest
         assert r["generated"] == r["new_tokens"]  # random weights never stop early here
     assert res["rows"][1]["seed_claim"] == [2.0, 5.0]  # 12 tokens: the seeds' "2-5x at 10-20"
     assert res["rows"][0]["seed_claim"] is None
+    from kvviz.engine.load import load_model
+    from kvviz.measure.sweeps import DOCUMENT
+
+    assert res["prompt_tokens"] == len(load_model("random:tiny").tokenizer.encode(DOCUMENT)) > 100
     assert "cache vs no cache on" in text and "2-5x:" in text
 
 

@@ -54,7 +54,7 @@ def cache_sweep(model: LoadedModel, prompt: str, ns: Sequence[int], repeats: int
                      "cached_runs_ms": [round(t, 1) for t in times[("static", n)]],
                      "uncached_runs_ms": [round(t, 1) for t in times[("none", n)]]})
     return {"model": model.name, "engine": "fast" if model.fast is not None else "readable",
-            "prompt_tokens": len(req.prompt_ids), "repeats": repeats, "rows": rows}
+            "prompt_tokens": req.prompt_len, "repeats": repeats, "rows": rows}
 
 
 def format_sweep(res: dict[str, Any]) -> str:
