@@ -32,8 +32,22 @@ class KVCache(ABC):
         self.pos = 0  # tokens committed so far; only the generator moves it
         self.bytes_copied = 0  # cumulative bytes this cache wrote or copied (O(T) vs O(T^2))
         # Fixed for the cache's life; read on every step's event, so computed once.
-        self.bytes_per_token = int(kv_bytes_per_token(config.n_layer, config.kv_heads, config.head_dim,
-                                                      dtype.itemsize, batch))
+        self.bytes_per_token = self._token_bytes()
+
+    def _token_bytes(self) -> int:
+        """Bytes one position occupies (every layer, K and V, every row); a quantized store overrides it."""
+        return int(kv_bytes_per_token(self.config.n_layer, self.config.kv_heads, self.config.head_dim,
+                                      self.dtype.itemsize, self.batch))
+
+    @property
+    def held(self) -> int:
+        """Positions the cache holds now: ``pos``, except for a window that has evicted some."""
+        return self.pos
+
+    def max_feed(self) -> int:
+        """The most tokens the next forward may write at once. A window cache that is full takes one
+        at a time: each token sees a different set of kept positions, which one K tensor cannot give."""
+        return self.config.block_size - self.pos
 
     def advance(self, n: int) -> None:
         if self.pos + n > self.config.block_size:
@@ -78,10 +92,9 @@ class KVCache(ABC):
             raise ValueError(f"reorder index must pick rows in 0..{self.batch - 1}")
         self._reorder(index)
         self.batch = int(index.numel())
-        self.bytes_per_token = int(kv_bytes_per_token(self.config.n_layer, self.config.kv_heads,
-                                                      self.config.head_dim, self.dtype.itemsize, self.batch))
+        self.bytes_per_token = self._token_bytes()
         # every filled position of every new row is copied, unless the cache shares by reference
-        moved = self.pos * self.bytes_per_token if self.copies_on_reorder else 0
+        moved = self.held * self.bytes_per_token if self.copies_on_reorder else 0
         self.bytes_copied += moved
         return moved
 

@@ -26,6 +26,7 @@ from kvviz.engine.chat import chat_prompt
 from kvviz.engine.diagnose import nonfinite_error
 from kvviz.engine.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.flops import forward_flops
+from kvviz.engine.kvspec import KVSpec, resolve
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.speculative import SpeculativeStream
@@ -70,6 +71,7 @@ class GenerationStream:
     fast: bool = True  # run the model's accelerator (kvviz.fast) where it has one
     kv_block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block of a paged cache
     kv_blocks: int | None = None  # a paged cache's pool (None: every row can reach the context)
+    kv: KVSpec | None = None  # a quantized or windowed cache (resolved), replacing the static one
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
@@ -98,6 +100,11 @@ class GenerationStream:
         return "fast" if self.fast and self.model.fast is not None else "readable"
 
     @property
+    def cache_label(self) -> str:
+        """The cache kind, or what the compressed cache keeps ("int8", "window 64 + 4 sinks")."""
+        return self.kv.label() if self.kv is not None and self.kv.active else self.cache_kind
+
+    @property
     def text(self) -> str:
         """Row 0's generated text so far (up to the stop string, once one is hit)."""
         if self._stop_at is not None:
@@ -116,7 +123,7 @@ class GenerationStream:
         m, c = self.model, self.model.config
         run = Run(
             model=m.name, device=str(m.device), dtype=m.dtype_name, use_cache=self.use_cache,
-            cache_kind=self.cache_kind if self.use_cache else "none", sampling=self.params.describe(),
+            cache_kind=self.cache_label if self.use_cache else "none", sampling=self.params.describe(),
             prompt_ids=tuple(self.prompt_rows[0]), prompt_text=self.prompt_text,
             max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=EventLog(self.events),
             prompt_tokens=self.prompt_tokens, prompt_bytes=self.prompt_bytes, engine=self.engine,
@@ -149,7 +156,7 @@ class GenerationStream:
             tokens[:, :N] = torch.tensor(self.prompt_rows, dtype=torch.long, device=dev)
             positions = torch.arange(cfg.block_size, device=dev)  # sliced, never reallocated
             cache = make_cache(self.cache_kind, cfg, B, dev, m.dtype, block_size=self.kv_block_size,
-                               num_blocks=self.kv_blocks) if self.use_cache else None
+                               num_blocks=self.kv_blocks, kv=self.kv) if self.use_cache else None
         self.cache = cache  # the last step's cache state, for views that read it (the paged pool)
         nxt = tokens  # replaced by each step's sampled ids
         for step in range(n_new):
@@ -165,7 +172,15 @@ class GenerationStream:
                 if on_cuda:
                     torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()
-                logits = forward(inp, positions.narrow(0, start, t - start), cache, fc, last_only=True)
+                fed = start
+                # A full window cache takes one token per forward: a long prompt is fed in pieces.
+                while cache is not None and t - fed > (n := cache.max_feed()):
+                    forward(tokens.narrow(1, fed, n), positions.narrow(0, fed, n), cache, None, last_only=True)
+                    cache.advance(n)
+                    fed += n
+                if fed != start:
+                    inp = tokens.narrow(1, fed, t - fed)
+                logits = forward(inp, positions.narrow(0, fed, t - fed), cache, fc, last_only=True)
                 logits = logits.select(1, -1)  # (B, V)
                 if not self.params.greedy:  # multinomial raises (CPU) or asserts (CUDA) on NaN
                     self._check_finite(logits, step)
@@ -178,7 +193,7 @@ class GenerationStream:
                     self._check_finite(logits, step)
 
                 if cache is not None:
-                    cache.advance(t - start)
+                    cache.advance(t - fed)
                 ev = self._event(_Step(step, t, start, ids, logits, latency_ms), cache, fc, t_start)
                 del fc, logits  # drop the references before handing control to the consumer
             self.events.append(ev)
@@ -225,7 +240,7 @@ class GenerationStream:
         return StepEvent(
             step=s.step, phase="prefill" if s.step == 0 else "decode", token_id=s.ids[0],
             token_text=tok.token_display(s.ids[0]), token_bytes=tok.token_bytes(s.ids[0]), position=s.t,
-            input_len=n_in, cache_len=cache.pos if cached else 0,
+            input_len=n_in, cache_len=cache.held if cached else 0,
             cache_bytes_used=cache.bytes_used if cached else 0,
             cache_bytes_allocated=cache.bytes_allocated if cached else 0,
             cache_bytes_copied=cache.bytes_copied if cached else 0,
@@ -280,6 +295,14 @@ def iter_generate(
     speculative: str | None = None,
     draft_tokens: int = 10,
     ngram: int = 2,
+    kv_dtype: str | None = None,
+    window: int | None = None,
+    sinks: int = 0,
+    kv_group_size: int | None = None,
+    kv_zero_point: bool = False,
+    kv_fp8_scale: str = "tensor",
+    kv_positions: str | None = None,
+    track_kv_error: bool = False,
 ) -> GenerationStream | BeamStream | SpeculativeStream:
     """Validate the request (before any compute) and return a stream of StepEvents.
 
@@ -311,6 +334,15 @@ def iter_generate(
         raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {cache_kind!r})")
     if cache_kind == "paged" and use_cache:
         check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens)
+    kv = kv_spec(model, kv_dtype, window, sinks, kv_group_size, kv_zero_point, kv_fp8_scale, kv_positions,
+                 track_kv_error)
+    if kv.active:
+        if not use_cache:
+            raise KVVizError(f"a {kv.label()} cache needs the KV cache on: without one nothing is stored")
+        if cache_kind != "static":
+            raise KVVizError(f"a {kv.label()} cache replaces the static cache; it does not combine with {cache_kind!r}")
+        if num_beams != 1 or speculative is not None:
+            raise KVVizError("quantized and windowed caches run plain decoding only (no beams, no speculation)")
     stops = tuple(s for s in (stop or ()) if s)
     if num_beams != 1 or speculative is not None:
         return strategy_stream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops, capture,
@@ -319,7 +351,17 @@ def iter_generate(
                                speculative=speculative, draft_tokens=draft_tokens, ngram=ngram,
                                kv_block_size=kv_block_size, kv_blocks=kv_blocks))
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
-                            capture or Capture(), batch_size, bool(fast), kv_block_size, kv_blocks)
+                            capture or Capture(), batch_size, bool(fast), kv_block_size, kv_blocks, kv)
+
+
+def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None = None, sinks: int = 0,
+            group_size: int | None = None, zero_point: bool = False, fp8_scale: str = "tensor",
+            positions: str | None = None, track_errors: bool = False) -> KVSpec:
+    """The compressed-cache request for ``model``, checked (a KVVizError names what cannot work)."""
+    c = model.config
+    family = getattr(c, "model_type", "gpt2")
+    return resolve(KVSpec(kv_dtype, group_size, bool(zero_point), fp8_scale, window, sinks, positions,
+                          bool(track_errors)), family, c.head_dim, c.block_size)
 
 
 MAX_KV_BLOCK_SIZE = 4096

@@ -14,7 +14,8 @@ Modules:
 - ``config_file``: reading a config.json safely (bounded, regular files only);
 - ``hf_fields``, ``hf_config``, ``layouts``, ``hf_params``: config.json -> ModelSpec per family;
 - ``presets``: the shipped presets and kvviz's own models;
-- ``report``: the formula text and the human-readable summary.
+- ``report``: the formula text and the human-readable summary;
+- ``compressed``: the bytes of kvviz's own quantized and windowed caches, step by step.
 """
 from kvviz.memory.calculate import calculate, layer_groups
 from kvviz.memory.config_file import MAX_CONFIG_BYTES, parse_json_text, read_config_bytes

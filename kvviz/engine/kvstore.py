@@ -1,0 +1,215 @@
+"""Slot stores: where a cache keeps its K/V rows, in full precision or quantized.
+
+A store is ``slots`` positions per layer, K and V each (B, nkv, slots, hs) once dequantized.
+The quantized cache is a store of ``block_size`` slots written in order; the window cache is a
+store of ``sinks + window`` slots written as a ring. Keeping "how rows are stored" apart from
+"which position goes to which slot" lets the two combine (an int8 sliding window).
+
+Byte accounting is exact: ``slot_bytes`` is what one position occupies across every layer,
+K and V, payload plus fp16 scales (and zero points); ``fixed_bytes`` is what does not grow with
+positions (fp8's per-tensor or per-head scales).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvviz.engine.config import GPTConfig
+from kvviz.engine.kvquant import (BITS, QTensor, dequantize_fp8, dequantize_int, fp8_scale, quantize_fp8,
+                                  quantize_int)
+
+
+@dataclass
+class ErrorLog:
+    """What quantizing cost, measured on every write (only when the cache was asked to track).
+
+    ``rows``: one per (write, layer): the first position written, the layer, and per KV head
+    the max and mean |dequantized - exact| of K and of V (batch row 0). ``k_absmax`` /
+    ``k_err_sum`` per layer are (nkv, hs): keys' largest magnitude per channel (their outlier
+    channels) and the summed absolute error per channel, over ``k_count`` rows.
+    """
+
+    rows: list[tuple[int, int, list[float], list[float], list[float], list[float]]] = field(default_factory=list)
+    k_absmax: dict[int, torch.Tensor] = field(default_factory=dict)
+    k_err_sum: dict[int, torch.Tensor] = field(default_factory=dict)
+    v_err_sum: dict[int, torch.Tensor] = field(default_factory=dict)
+    k_count: dict[int, int] = field(default_factory=dict)
+
+    def add(self, start: int, layer: int, k: torch.Tensor, kd: torch.Tensor, v: torch.Tensor,
+            vd: torch.Tensor) -> None:
+        ek = (kd.float() - k.float()).abs()[0]  # (nkv, T, hs), batch row 0
+        ev = (vd.float() - v.float()).abs()[0]
+        self.rows.append((start, layer, ek.amax(dim=(1, 2)).tolist(), ek.mean(dim=(1, 2)).tolist(),
+                          ev.amax(dim=(1, 2)).tolist(), ev.mean(dim=(1, 2)).tolist()))
+        amax = k.float().abs()[0].amax(dim=1)  # (nkv, hs)
+        if layer in self.k_absmax:
+            self.k_absmax[layer] = torch.maximum(self.k_absmax[layer], amax)
+            self.k_err_sum[layer] += ek.sum(dim=1)
+            self.v_err_sum[layer] += ev.sum(dim=1)
+            self.k_count[layer] += k.shape[2]
+        else:
+            self.k_absmax[layer], self.k_err_sum[layer] = amax, ek.sum(dim=1)
+            self.v_err_sum[layer], self.k_count[layer] = ev.sum(dim=1), k.shape[2]
+
+    def summary(self) -> dict[str, float]:
+        """Max and mean absolute error of K and V over every write, layer and head."""
+        if not self.rows:
+            return {}
+        kmax = max(max(r[2]) for r in self.rows)
+        vmax = max(max(r[4]) for r in self.rows)
+        n = sum(self.k_count.values())
+        heads = len(self.rows[0][2])
+        hs = next(iter(self.k_err_sum.values())).shape[-1]
+        kmean = float(sum(t.sum() for t in self.k_err_sum.values())) / (n * heads * hs)
+        vmean = float(sum(t.sum() for t in self.v_err_sum.values())) / (n * heads * hs)
+        return {"k_max_abs_error": kmax, "k_mean_abs_error": kmean, "v_max_abs_error": vmax,
+                "v_mean_abs_error": vmean}
+
+
+class FloatStore:
+    """Rows kept as they come, in the cache's dtype; reads are views (no copy)."""
+
+    def __init__(self, config: GPTConfig, batch: int, slots: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (batch, config.kv_heads, slots, config.head_dim)
+        self.dtype, self.slots = dtype, slots
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.errors: ErrorLog | None = None  # nothing is lost, so nothing to track
+
+    @property
+    def slot_bytes(self) -> int:
+        t = self.k[0]
+        return 2 * len(self.k) * t.shape[0] * t.shape[1] * t.shape[3] * t.element_size()
+
+    fixed_bytes = 0
+
+    @property
+    def allocated(self) -> int:
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v (B, nkv, T, hs) into slots slot..slot+T."""
+        self.k[layer].narrow(2, slot, k.shape[2]).copy_(k)
+        self.v[layer].narrow(2, slot, v.shape[2]).copy_(v)
+
+    def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer].narrow(2, 0, n), self.v[layer].narrow(2, 0, n)  # (B, nkv, n, hs) views
+
+    def clear(self, a: int, b: int) -> None:
+        for t in (*self.k, *self.v):
+            t[:, :, a:b].zero_()
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.k = [t.index_select(0, index) for t in self.k]
+        self.v = [t.index_select(0, index) for t in self.v]
+
+
+class QuantStore:
+    """Rows stored quantized (int8, int4 or fp8) and dequantized on every read, for attention."""
+
+    def __init__(self, config: GPTConfig, batch: int, slots: int, device: torch.device, dtype: torch.dtype,
+                 kv_dtype: str, group: int, zero_point: bool = False, per_head_scale: bool = False,
+                 track: bool = False) -> None:
+        nkv, hs, L = config.kv_heads, config.head_dim, config.n_layer
+        self.dtype, self.slots, self.kv_dtype, self.group = dtype, slots, kv_dtype, group
+        self.zero_point, self.per_head = zero_point, per_head_scale
+        self.errors = ErrorLog() if track else None
+        fp8 = kv_dtype == "fp8"
+        width = hs * BITS[kv_dtype] // 8  # int4: two values per byte
+        pdtype = torch.float8_e4m3fn if fp8 else (torch.uint8 if (zero_point or kv_dtype == "int4") else torch.int8)
+        pshape = (batch, nkv, slots, width)
+        gshape = (batch, nkv, slots, hs // group)
+
+        def bufs(shape: tuple[int, ...], dt: torch.dtype) -> list[torch.Tensor]:
+            return [torch.zeros(shape, device=device, dtype=dt) for _ in range(L)]
+
+        self.payload = {"k": bufs(pshape, pdtype), "v": bufs(pshape, pdtype)}
+        self.scale: dict[str, list[torch.Tensor]] = {}
+        self.zero: dict[str, list[torch.Tensor]] = {}
+        if fp8:  # one fp32 scale per layer (and head), set by the first write
+            sshape = (nkv,) if per_head_scale else ()
+            self.scale = {"k": bufs(sshape, torch.float32), "v": bufs(sshape, torch.float32)}
+            self._scale_set = [False] * L
+        else:
+            self.scale = {"k": bufs(gshape, torch.float16), "v": bufs(gshape, torch.float16)}
+            if zero_point:
+                self.zero = {"k": bufs(gshape, torch.float16), "v": bufs(gshape, torch.float16)}
+
+    def _per_slot(self) -> list[torch.Tensor]:
+        out = [t[0] for t in (self.payload["k"][0], self.payload["v"][0])]
+        if self.kv_dtype != "fp8":
+            out += [self.scale["k"][0], self.scale["v"][0]]
+            if self.zero:
+                out += [self.zero["k"][0], self.zero["v"][0]]
+        return out
+
+    @property
+    def slot_bytes(self) -> int:
+        """One position across every layer: K and V payload, plus scales and zero points."""
+        per_layer = 0
+        for name in ("payload", "scale", "zero"):
+            d = getattr(self, name)
+            if d and not (name == "scale" and self.kv_dtype == "fp8"):
+                t = d["k"][0]
+                per_layer += 2 * t.nbytes // t.shape[2]
+        return per_layer * len(self.payload["k"])
+
+    @property
+    def fixed_bytes(self) -> int:
+        if self.kv_dtype != "fp8":
+            return 0
+        return sum(t.nbytes for t in (*self.scale["k"], *self.scale["v"]))
+
+    @property
+    def allocated(self) -> int:
+        return sum(t.nbytes for d in (self.payload, self.scale, self.zero) for ts in d.values() for t in ts)
+
+    def _quant(self, name: str, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.kv_dtype == "fp8":
+            return (quantize_fp8(x, self.scale[name][layer]),)
+        qt = quantize_int(x, self.kv_dtype, self.group, self.zero_point)
+        return (qt.payload, qt.scale) if qt.zero is None else (qt.payload, qt.scale, qt.zero)
+
+    def _deq(self, name: str, layer: int, a: int, n: int) -> torch.Tensor:
+        p = self.payload[name][layer].narrow(2, a, n)
+        if self.kv_dtype == "fp8":
+            return dequantize_fp8(p, self.scale[name][layer], self.dtype)
+        z = self.zero[name][layer].narrow(2, a, n) if self.zero else None
+        return dequantize_int(QTensor(p, self.scale[name][layer].narrow(2, a, n), z), self.kv_dtype, self.group,
+                              self.dtype)
+
+    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        T = k.shape[2]
+        if self.kv_dtype == "fp8" and not self._scale_set[layer]:
+            self.scale["k"][layer].copy_(fp8_scale(k, self.per_head))
+            self.scale["v"][layer].copy_(fp8_scale(v, self.per_head))
+            self._scale_set[layer] = True
+        for name, x in (("k", k), ("v", v)):
+            parts = self._quant(name, layer, x)
+            self.payload[name][layer].narrow(2, slot, T).copy_(parts[0])
+            if len(parts) > 1:
+                self.scale[name][layer].narrow(2, slot, T).copy_(parts[1])
+            if len(parts) > 2:
+                self.zero[name][layer].narrow(2, slot, T).copy_(parts[2])
+        if self.errors is not None:
+            self.errors.add(slot, layer, k, self._deq("k", layer, slot, T), v, self._deq("v", layer, slot, T))
+
+    def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V (B, nkv, n, hs): new tensors, as a kernel reading int8 would see them."""
+        return self._deq("k", layer, 0, n), self._deq("v", layer, 0, n)
+
+    def clear(self, a: int, b: int) -> None:
+        for d in (self.payload, self.zero):
+            for ts in d.values():
+                for t in ts:
+                    t[:, :, a:b].zero_()
+        if self.kv_dtype != "fp8":
+            for ts in self.scale.values():
+                for t in ts:
+                    t[:, :, a:b].zero_()
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for d in (self.payload, self.zero) + (() if self.kv_dtype == "fp8" else (self.scale,)):
+            for name in d:
+                d[name] = [t.index_select(0, index) for t in d[name]]

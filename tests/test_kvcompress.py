@@ -1,0 +1,243 @@
+"""Quantized and windowed KV caches: hand-checked quantization, exact bytes (equal to the
+calculator's at every step), the ring buffer, StreamingLLM's positions, teacher forcing through
+the cache, and the messages bad combinations get."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvviz.engine.generate import generate, iter_generate, kv_spec
+from kvviz.engine.kvcaches import QuantizedKVCache, WindowKVCache
+from kvviz.engine.kvquant import (dequantize_fp8, dequantize_int, fp8_scale, pack_int4, quantize_fp8, quantize_int,
+                                  unpack_int4)
+from kvviz.engine.kvspec import KVSpec, resolve
+from kvviz.errors import KVVizError
+from kvviz.measure.kvcompare import compare, nll_through_cache, plain_nll
+from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
+
+PROMPT = list(b"To be, or not")
+
+
+# ----------------------------------------------------------------------------- by hand
+def test_int4_symmetric_by_hand() -> None:
+    x = torch.tensor([[2.0, -1.0, 0.5, 0.0]])
+    qt = quantize_int(x, "int4", group=4)
+    s = float(torch.tensor(2.0 / 7).half())  # amax / 7, rounded to fp16 first: 0.28564453125
+    assert qt.scale.dtype == torch.float16 and float(qt.scale) == s == 0.28564453125
+    # q = round(x / s) = [7, -4, 2, 0]; stored as q + 8 = [15, 4, 10, 8], two per byte, low nibble first
+    assert qt.payload.tolist() == [[15 | 4 << 4, 10 | 8 << 4]]
+    assert dequantize_int(qt, "int4", 4).tolist() == [[7 * s, -4 * s, 2 * s, 0.0]]
+
+
+def test_int4_asymmetric_by_hand() -> None:
+    x = torch.tensor([[0.0, 1.5, 3.0, 0.75]])
+    qt = quantize_int(x, "int4", group=4, zero_point=True)
+    s = float(torch.tensor(3.0 / 15).half())  # (max - min) / 15 = 0.199951171875
+    assert float(qt.zero) == 0.0 and float(qt.scale) == s
+    # q = round((x - 0) / s) = [0, 8, 15 (15.004 clamped), 4]
+    assert unpack_int4(qt.payload).tolist() == [[0, 8, 15, 4]]
+    assert torch.allclose(dequantize_int(qt, "int4", 4), torch.tensor([[0.0, 8 * s, 15 * s, 4 * s]]))
+
+
+def test_int8_by_hand_and_pack_roundtrip() -> None:
+    x = torch.tensor([[1.27, -0.635, 0.01, 0.0]])
+    qt = quantize_int(x, "int8", group=4)
+    s = float(torch.tensor(1.27 / 127).half())
+    assert float(qt.scale) == s
+    assert qt.payload.dtype == torch.int8 and qt.payload.tolist() == [[round(1.27 / s), round(-0.635 / s), 1, 0]]
+    q = torch.randint(0, 16, (3, 8), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(q)), q)
+
+
+@pytest.mark.parametrize("dtype,zp", [("int8", False), ("int8", True), ("int4", False), ("int4", True)])
+@pytest.mark.parametrize("group", [8, 32])
+def test_int_error_is_within_half_a_step(dtype: str, zp: bool, group: int) -> None:
+    x = torch.randn(2, 3, 5, 32, generator=torch.Generator().manual_seed(1)) * 3
+    x[..., 7] *= 20  # an outlier channel, as keys have
+    qt = quantize_int(x, dtype, group, zp)
+    err = (dequantize_int(qt, dtype, group) - x).abs().reshape(2, 3, 5, 32 // group, group).amax(-1)
+    g = x.reshape(2, 3, 5, 32 // group, group)
+    # half a quantization step, plus the fp16 rounding of the scale and zero point (2^-11 relative)
+    bound = qt.scale.float() / 2 + g.abs().amax(-1) * 2.0**-10
+    assert (err <= bound).all()
+    assert (err > 0).any()  # not vacuous: rounding did lose something
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fp8_relative_error(per_head: bool) -> None:
+    x = torch.randn(1, 3, 6, 16, generator=torch.Generator().manual_seed(2))
+    s = fp8_scale(x, per_head)
+    assert s.shape == ((3,) if per_head else ())
+    d = dequantize_fp8(quantize_fp8(x, s), s)
+    sb = s.view(1, -1, 1, 1) if per_head else s
+    # e4m3: 3 mantissa bits (half a step = 2^-4 relative); below 2^-6 the subnormal step is 2^-9
+    assert ((d - x).abs() <= x.abs() * 2.0**-4 + sb * 2.0**-10).all()
+    assert float(x.abs().max()) == pytest.approx(float((d.abs() / sb).max() * sb.max()), rel=0.07)
+
+
+# ----------------------------------------------------------------------------- bytes
+SPECS = [dict(kv_dtype="int8"), dict(kv_dtype="int4"), dict(kv_dtype="int4", kv_group_size=4, kv_zero_point=True),
+         dict(kv_dtype="int8", kv_group_size=2, kv_zero_point=True), dict(kv_dtype="fp8"),
+         dict(kv_dtype="fp8", kv_fp8_scale="head"), dict(window=8), dict(window=6, sinks=2),
+         dict(kv_dtype="int4", window=6, sinks=2)]
+
+
+@pytest.mark.parametrize("opts", SPECS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_bytes_equal_formula_and_calculator_every_step(make_llama, opts: dict) -> None:
+    m = make_llama()
+    c = m.config
+    run = generate(m, prompt_ids=PROMPT, max_new_tokens=12, **opts)
+    hs = c.head_dim
+    comp = Compression(opts.get("kv_dtype"), opts.get("kv_group_size"), opts.get("kv_zero_point", False),
+                       opts.get("kv_fp8_scale", "tensor"), opts.get("window"), opts.get("sinks", 0))
+    shape = CacheShape(c.n_layer, c.kv_heads, hs, 4)
+    # By hand, per layer, KV head and position, K and V each:
+    dt, g = comp.kv_dtype, comp.group_size or hs
+    vec = {None: 4 * hs, "int8": hs, "int4": hs // 2, "fp8": hs}[dt]
+    if dt in ("int8", "int4"):
+        vec += (hs // g) * 2 * (2 if comp.zero_point else 1)  # fp16 scales (and zero points)
+    fixed = 2 * c.n_layer * (c.kv_heads if comp.fp8_scale == "head" else 1) * 4 if dt == "fp8" else 0
+    for e in run.events:
+        t = len(PROMPT) + e.step  # tokens written after the step: the prompt, then one per decode
+        held = t if comp.window is None else min(t, comp.window + comp.sinks)
+        assert e.cache_len == held
+        assert e.cache_bytes_used == held * 2 * c.n_layer * c.kv_heads * vec + fixed
+        assert e.cache_bytes_used == cache_bytes(shape, comp, t)
+    assert run.cache_kind == kv_spec(m, opts.get("kv_dtype"), opts.get("window"), opts.get("sinks", 0),
+                                     opts.get("kv_group_size"), opts.get("kv_zero_point", False),
+                                     opts.get("kv_fp8_scale", "tensor")).label()
+
+
+# ----------------------------------------------------------------------------- windows
+def test_window_at_least_the_sequence_equals_the_full_cache(make_llama) -> None:
+    m = make_llama()
+    full = generate(m, prompt_ids=PROMPT, max_new_tokens=30)
+    for opts in (dict(window=64), dict(window=43), dict(window=50, sinks=4)):
+        run = generate(m, prompt_ids=PROMPT, max_new_tokens=30, **opts)
+        assert run.generated_ids == full.generated_ids
+        for a, b in zip(full.events, run.events):
+            assert [t.prob for t in a.top] == [t.prob for t in b.top]  # bit for bit
+
+
+@pytest.mark.parametrize("sinks,window", [(0, 3), (0, 5), (2, 3), (1, 8), (4, 7)])
+def test_ring_wraps(make_llama, sinks: int, window: int) -> None:
+    m = make_llama()
+    c = m.config
+    spec = resolve(KVSpec(window=window, sinks=sinks, positions="original"), "llama", c.head_dim, c.block_size)
+    cache = WindowKVCache(c, spec)
+    for p in range(23):
+        # row p carries its position in every value, so what is held says which positions it is
+        k = torch.full((1, c.kv_heads, 1, c.head_dim), float(p))
+        ks, vs = cache.update(0, k, -k)
+        cache.advance(1)
+        kept = list(range(min(p + 1, sinks))) + list(range(max(sinks, p + 1 - window), p + 1))
+        assert sorted(ks[0, 0, :, 0].tolist()) == kept  # exactly the sinks and the last W positions
+        assert (vs == -ks).all()
+        assert cache.held == len(kept) == min(p + 1, sinks + window)
+        assert sorted(cache.slot_positions()) == kept
+        # the newest row went to the slot the ring formula names, overwriting the oldest window row
+        assert ks[0, 0, cache.slot_of(p), 0] == p
+    assert cache.bytes_used == (sinks + window) * cache.bytes_per_token
+
+
+def test_sinks_plus_window_hold_exactly_s_plus_w(make_llama) -> None:
+    m = make_llama()
+    run = generate(m, prompt_ids=PROMPT * 2, max_new_tokens=20, window=8, sinks=4)  # prompt 26 > 12: fed in pieces
+    assert [e.cache_len for e in run.events] == [12] * 20
+    assert len(set(e.cache_bytes_used for e in run.events)) == 1  # flat once full
+
+
+def test_streaming_positions_rotate_the_sinks(make_llama) -> None:
+    """positions='cache': the sink keys read back equal keys computed afresh at position j + evicted
+    (layer 0, where K depends only on the token and its position)."""
+    m = make_llama()
+    net, c = m.gpt, m.config
+    ids = PROMPT * 2
+    spec = resolve(KVSpec(window=6, sinks=2), "llama", c.head_dim, c.block_size)
+    cache = WindowKVCache(c, spec)
+    from kvviz.engine.capture import ForwardCapture
+    with torch.inference_mode():
+        for p, t in enumerate(ids):
+            fc = ForwardCapture(frozenset({0}))
+            net(torch.tensor([[t]]), torch.tensor([p]), cache, fc)
+            cache.advance(1)
+        e = cache.evicted
+        assert e == len(ids) - 8
+        attn = net.model.layers[0].self_attn
+        x = net.model.layers[0].input_layernorm(net.model.embed_tokens(torch.tensor([ids[:2]])))  # (1, 2, C)
+        k = attn.k_proj(x).view(1, 2, c.kv_heads, c.head_dim).transpose(1, 2)
+        pos = torch.tensor([e, e + 1])
+        from kvviz.engine.models.llama import apply_rope
+        want = apply_rope(k, net.rope_cos[pos], net.rope_sin[pos])
+        got = fc.k[0][:, :, :2]
+        assert torch.allclose(got, want, atol=1e-5)
+        assert not torch.allclose(got, cache.store.read(0, 2)[0], atol=1e-3)  # stored rows stay at 0, 1
+
+
+def test_gpt2_window_keeps_original_positions(make_model) -> None:
+    m = make_model()
+    run = generate(m, prompt_ids=PROMPT, max_new_tokens=20, window=8)
+    assert run.cache_kind == "window 8 (original positions)" and run.events[-1].cache_len == 8
+    with pytest.raises(KVVizError, match="learned position embedding"):
+        kv_spec(m, window=8, sinks=2, positions="cache")
+
+
+# ----------------------------------------------------------------------------- teacher forcing
+def test_teacher_forced_full_cache_equals_plain_forward(make_llama) -> None:
+    m = make_llama()
+    ids = list(b"Whether 'tis nobler in the mind to suffer the slings")
+    plain = plain_nll(m, ids)
+    for chunk in (1, 7, 64):
+        nll, _ = nll_through_cache(m, ids, None, chunk=chunk)
+        assert math.exp(sum(nll) / len(nll)) == pytest.approx(math.exp(sum(plain) / len(plain)), rel=1e-5)
+        assert max(abs(a - b) for a, b in zip(nll, plain)) < 1e-3
+
+
+def test_compare_measures_int8_less_than_int4(make_llama) -> None:
+    m = make_llama()
+    ids = list(b"Whether 'tis nobler in the mind to suffer")
+    s8 = compare(m, ids, kv_spec(m, "int8", track_errors=True), chunk=1, attention=True).summary()
+    s4 = compare(m, ids, kv_spec(m, "int4", track_errors=True), chunk=1, attention=True).summary()
+    assert 0 < s8["mean_logit_kl"] < s4["mean_logit_kl"]
+    assert 0 < s8["attention_kl_mean"] < s4["attention_kl_mean"]
+    assert 0 < s8["kv_error"]["k_max_abs_error"] < s4["kv_error"]["k_max_abs_error"]
+    assert s8["cache_bytes"] < s8["full_cache_bytes"]
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("opts,msg", [
+    (dict(kv_dtype="int4", kv_group_size=3), "divide the head dimension"),
+    (dict(kv_dtype="int4", kv_group_size=1), "must be even"),
+    (dict(kv_dtype="int2"), "kv_dtype must be one of"),
+    (dict(window=65), "larger than the model's context"),
+    (dict(window=8, sinks=8), "must be fewer than the window"),
+    (dict(sinks=4), "sinks need a window"),
+    (dict(window=0), "positive number"),
+])
+def test_bad_combinations(make_llama, opts: dict, msg: str) -> None:
+    with pytest.raises(KVVizError, match=msg):
+        iter_generate(make_llama(), prompt_ids=PROMPT, max_new_tokens=4, **opts)
+
+
+def test_compressed_needs_the_static_cache(make_llama) -> None:
+    m = make_llama()
+    with pytest.raises(KVVizError, match="needs the KV cache on"):
+        iter_generate(m, prompt_ids=PROMPT, max_new_tokens=4, kv_dtype="int8", use_cache=False)
+    with pytest.raises(KVVizError, match="does not combine"):
+        iter_generate(m, prompt_ids=PROMPT, max_new_tokens=4, kv_dtype="int8", cache_kind="paged")
+
+
+def test_quantized_cache_truncates_like_one_that_never_saw_the_rest(make_llama) -> None:
+    c = make_llama().config
+    spec = KVSpec(kv_dtype="int4", zero_point=True)
+    a, b = QuantizedKVCache(c, spec), QuantizedKVCache(c, spec)
+    x = torch.randn(1, c.kv_heads, 9, c.head_dim, generator=torch.Generator().manual_seed(0))
+    a.update(0, x, x)
+    a.advance(9)
+    a.truncate(4)
+    b.update(0, x[:, :, :4], x[:, :, :4])
+    b.advance(4)
+    assert torch.equal(a.layer(0)[0], b.layer(0)[0])
+    assert all(torch.equal(s, t) for s, t in zip(a.store.payload["k"], b.store.payload["k"]))
