@@ -3,7 +3,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvviz.ui import batching, calculator, chat_page, decoding, live, prefill, present, race, tour
+from kvviz.ui import batching, calculator, chat_page, compress, decoding, live, prefill, present, race, tour
 from kvviz.ui.sidebar import render_sidebar
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
@@ -19,6 +19,7 @@ GENERATION_PAGES = [
     st.Page(batching.page, title="Batching", icon=":material/stacks:", url_path="batching"),
     st.Page(chat_page.page, title="Chat: cache across turns", icon=":material/forum:", url_path="chat"),
     st.Page(decoding.page, title="Decoding strategies", icon=":material/account_tree:", url_path="decoding"),
+    st.Page(compress.page, title="Compression lab", icon=":material/compress:", url_path="compress"),
 ]
 CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":material/calculate:", url_path="calculator")
 

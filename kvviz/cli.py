@@ -17,6 +17,7 @@ from kvviz.argtypes import finite_float as _float
 from kvviz.argtypes import nonneg_int as _nonneg_int
 from kvviz.argtypes import positive_int as _positive_int
 from kvviz.errors import KVVizError
+from kvviz.kv_cli import add_kv_arguments
 
 
 def _id_list(s: str) -> list[int]:
@@ -86,34 +87,42 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     spec.add_argument("--draft-tokens", type=_positive_int, default=10, metavar="K", help="tokens drafted per step")
     spec.add_argument("--ngram", type=_positive_int, default=2, metavar="N",
                       help="longest n-gram matched against the context (then shorter ones)")
+    add_kv_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_generate)
 
 
 def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.engine.generate import generate
+    from kvviz.engine.generate import iter_generate
     from kvviz.engine.load import load_model
     from kvviz.fast.heap import freeze_long_lived
+    from kvviz.kv_cli import asked, cache_report, cache_text, kv_options
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
-    run = generate(
+    stream = iter_generate(
         model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
         use_cache=not args.no_cache, cache_kind=args.cache_kind, kv_block_size=args.block_size,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
         num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
         num_return_sequences=args.num_return_sequences, speculative=args.speculative,
-        draft_tokens=args.draft_tokens, ngram=args.ngram,
+        draft_tokens=args.draft_tokens, ngram=args.ngram, **kv_options(args),
     )
+    for _ in stream:
+        pass
+    run = stream.run
     obj = {
         "model": run.model, "device": run.device, "use_cache": run.use_cache, "engine": run.engine,
         "prompt_ids": list(run.prompt_ids), "generated_ids": run.generated_ids, "text": run.text,
         "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
     }
     text = run.text
+    if asked(args):
+        obj["cache"] = cache_report(stream)
+        text += "\n" + cache_text(obj["cache"])
     if run.beams is not None:
         obj["beams"] = run.beams.to_dict()
         text = "\n".join(f"[beam {i}, score {sc:.4f}] {t}" for i, (t, sc) in
@@ -135,6 +144,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                    help="text to score (.txt or .txt.gz); default: the shipped Tiny Shakespeare corpus")
     p.add_argument("--last-fraction", type=_float, default=1.0, help="score only the last fraction of the bytes")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_kv_arguments(p)
+    p.add_argument("--max-tokens", type=_positive_int, default=512,
+                   help="with a compressed cache: score the first N tokens of the text through it")
+    p.add_argument("--chunk", type=_positive_int, default=64,
+                   help="with a compressed cache: tokens per teacher-forced forward (1: decode on the true tokens)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_eval)
 
@@ -143,13 +157,34 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     from kvviz.engine.load import SHAKESPEARE_CORPUS, load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
+    from kvviz.kv_cli import asked, eval_text
+
     src = read_eval_text(args.text_file or SHAKESPEARE_CORPUS, args.last_fraction)
     model = load_model(args.model, device=args.device)
+    if asked(args):
+        _eval_kv(args, model, src.text, eval_text)
+        return
     res = bits_per_byte(model, src.text)
     dropped = (f" ({src.dropped_bytes:,} bytes that were not valid UTF-8 were dropped, not scored)"
                if src.dropped_bytes else "")
     _emit(args, {**res.to_dict(), "dropped_bytes": src.dropped_bytes},
           f"{res.bits_per_byte:.4f} bits/byte over {res.bytes:,} bytes ({res.tokens:,} tokens){dropped}")
+
+
+def _eval_kv(args: argparse.Namespace, model: Any, text: str, describe: Callable[[dict[str, Any]], str]) -> None:
+    """Teacher-forced through the compressed cache vs a full-precision one, on the same tokens."""
+    from kvviz.engine.generate import kv_spec
+    from kvviz.kv_cli import kv_options
+    from kvviz.measure.kvcompare import compare
+
+    if not model.has_tokenizer:
+        raise KVVizError(f"model {model.name!r} has no tokenizer, so it cannot score text")
+    o = kv_options(args)
+    spec = kv_spec(model, o["kv_dtype"], o["window"], o["sinks"], o["kv_group_size"], o["kv_zero_point"],
+                   o["kv_fp8_scale"], o["kv_positions"], o["track_kv_error"])
+    ids = model.tokenizer.encode(text)[: min(args.max_tokens, model.config.block_size)]
+    summary = compare(model, ids, spec, chunk=args.chunk, attention=args.chunk == 1).summary()
+    _emit(args, summary, describe(summary))
 
 
 # ----------------------------------------------------------------------------- train
@@ -253,8 +288,23 @@ def _cmd_bench_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     _emit(args, obj, text)
 
 
+def _add_kv_curves(sub: argparse._SubParsersAction) -> None:
+    from kvviz.measure.kv_curves import add_curves_arguments
+
+    p = sub.add_parser("kv-curves", help="perplexity by position: full vs window vs sinks + window; per KV dtype")
+    add_curves_arguments(p)
+    p.set_defaults(func=_cmd_kv_curves)
+
+
+def _cmd_kv_curves(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from kvviz.measure.kv_curves import run_curves
+
+    obj, text = run_curves(args)
+    _emit(args, obj, text)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_generate, _add_chat, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train,
+    _add_generate, _add_chat, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train, _add_kv_curves,
 ]
 
 

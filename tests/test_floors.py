@@ -43,7 +43,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.strategy_stream": 5, "kvviz.engine.strategies": 5, "kvviz.engine.beam": 5, "kvviz.engine.speculative": 5,
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
     "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
-    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.__main__": 8, "app": 8,
+    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.__main__": 8, "app": 8,
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")

@@ -117,6 +117,6 @@ def resolve(spec: KVSpec, family: str, head_dim: int, block_size: int) -> KVSpec
     if positions == "cache" and not rope:
         raise KVVizError("GPT-2-family models add a learned position embedding to each token at the input, so "
                          "every cached K/V row already carries its position: the cache cannot reassign positions "
-                         "as StreamingLLM does with RoPE. Use positions='original' (a plain sliding window).")
+                         "as StreamingLLM does with RoPE. Keep the original positions (positions='original', --kv-positions original): a plain sliding window.")
     return KVSpec(spec.kv_dtype, spec.group_size, spec.zero_point, spec.fp8_scale, spec.window, spec.sinks,
                   positions, spec.track_errors)

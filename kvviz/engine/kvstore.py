@@ -52,6 +52,16 @@ class ErrorLog:
             self.k_absmax[layer], self.k_err_sum[layer] = amax, ek.sum(dim=1)
             self.v_err_sum[layer], self.k_count[layer] = ev.sum(dim=1), k.shape[2]
 
+    def per_layer_head(self, which: str = "k", stat: str = "max") -> list[list[float]]:
+        """(n_layer, nkv): the max (over writes) of each write's max or mean |error|, of K or V."""
+        col = {("k", "max"): 2, ("k", "mean"): 3, ("v", "max"): 4, ("v", "mean"): 5}[(which, stat)]
+        out: dict[int, list[float]] = {}
+        for r in self.rows:
+            vals = r[col]
+            old = out.get(r[1])
+            out[r[1]] = list(vals) if old is None else [max(a, b) for a, b in zip(old, vals)]
+        return [out[i] for i in sorted(out)]
+
     def summary(self) -> dict[str, float]:
         """Max and mean absolute error of K and V over every write, layer and head."""
         if not self.rows:

@@ -85,11 +85,12 @@ def _rows(fc: ForwardCapture, n_head: int) -> dict[int, torch.Tensor]:
 
 
 def compare(model: LoadedModel, ids: Sequence[int], kv: KVSpec, chunk: int = 64, fast: bool = True,
-            attention: bool = False, ref: KVSpec | None = None) -> Comparison:
+            attention: bool = False, ref: KVSpec | None = None, first: int | None = None) -> Comparison:
     """Full-precision vs ``kv`` (resolved) on the same tokens; see the module docstring.
 
     ``attention`` adds the per layer/head attention-row KL on one-token steps (quantized caches
-    only: a window's rows are a different set of keys); ``ref`` swaps the reference cache.
+    only: a window's rows are a different set of keys); ``ref`` swaps the reference cache;
+    ``first`` feeds that many tokens in the first forward (a prompt's prefill), then ``chunk``.
     """
     ids = check_ids(model, ids)
     cfg, dev = model.config, model.device
@@ -104,7 +105,7 @@ def compare(model: LoadedModel, ids: Sequence[int], kv: KVSpec, chunk: int = 64,
     p = 0
     with torch.inference_mode():
         while p < n_total:
-            n = min(chunk, n_total - p, a.max_feed(), b.max_feed())
+            n = min(first if (p == 0 and first) else chunk, n_total - p, a.max_feed(), b.max_feed())
             inp, pos = seq[:, p:p + n], torch.arange(p, p + n, device=dev)
             fa = ForwardCapture(layers) if want_attn and n == 1 else None
             fb = ForwardCapture(layers) if want_attn and n == 1 else None

@@ -1,0 +1,89 @@
+"""The Compression lab page in AppTest (random:tiny, a GPT-2-family model): the four KV dtypes side
+by side, the window tab (which explains why GPT-2 keeps its positions) and the shipped curves."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+
+def _compress() -> None:
+    import streamlit as st
+
+    from kvviz.ui import compress
+    from kvviz.ui.sidebar import render_sidebar
+
+    st.session_state["settings"] = render_sidebar()
+    compress.page()
+
+
+@pytest.fixture(autouse=True)
+def tiny_default(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
+
+
+def _titles(at: AppTest) -> list[str]:
+    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
+
+
+def _ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_quantized_tab_compares_four_caches() -> None:
+    at = AppTest.from_function(_compress, default_timeout=120)
+    at.run()
+    _ok(at)
+    titles = _titles(at)
+    assert any(t.startswith("Perplexity by position: smollm2") for t in titles)  # the shipped measurement
+    at.number_input(key="kvq_new").set_value(6)
+    at.button(key="kvq_run").click().run()
+    _ok(at)
+    titles = _titles(at)
+    assert "Where each KV dtype leaves full precision" in titles
+    assert any(t.startswith("K error per layer and KV head (int8)") for t in titles)
+    assert any(t.startswith("Attention-row KL (int8)") for t in titles)
+    assert "Keys' outlier channels, layer 0" in titles
+    labels = [m.label for m in at.metric]
+    assert labels[:4] == ["fp32 (full)", "int8", "int4", "fp8 per-tensor"]
+    table = next(d.value for d in at.dataframe if "logit KL (mean)" in d.value.columns)
+    assert list(table["KV"]) == ["int8", "int4", "fp8 per-tensor"]
+    from kvviz.engine.load import RANDOM_SHAPES
+
+    hs = RANDOM_SHAPES["tiny"].head_dim
+    # int8 holds a byte per value plus one fp16 scale per head vector, against fp32's 4 bytes per value
+    assert list(table["vs full"]) == [f"{(hs + 2) / (4 * hs):.1%}", f"{(hs / 2 + 2) / (4 * hs):.1%}", "25.0%"]
+    at.radio(key="kvq_pick").set_value("int4").run()
+    _ok(at)
+    assert any(t.startswith("K error per layer and KV head (int4)") for t in _titles(at))
+
+
+def test_window_tab_runs_past_the_window_and_explains_gpt2() -> None:
+    at = AppTest.from_function(_compress, default_timeout=120)
+    at.run()
+    assert any("learned position embedding" in i.value for i in at.info)
+    assert at.selectbox(key="kvw_pos").options == ["original"]
+    at.number_input(key="kvw_window").set_value(8)
+    at.number_input(key="kvw_sinks").set_value(2)
+    at.number_input(key="kvw_new").set_value(20)
+    at.button(key="kvw_run").click().run()
+    _ok(at)
+    held = next(m for m in at.metric if m.label == "Positions held")
+    assert held.value == "10"
+    titles = _titles(at)
+    assert "What the cache keeps: sinks, the window, and the evicted" in titles
+    assert "The ring: which position each slot holds" in titles
+
+
+def test_window_bad_combination_is_a_message() -> None:
+    at = AppTest.from_function(_compress, default_timeout=120)
+    at.run()
+    at.number_input(key="kvw_window").set_value(4)
+    at.number_input(key="kvw_sinks").set_value(4)
+    at.button(key="kvw_run").click().run()
+    assert not at.exception
+    assert any("must be fewer than the window" in e.value for e in at.error)
+    assert at.number_input(key="kvw_sinks").value == 4  # inputs stay as typed
