@@ -241,3 +241,53 @@ def test_quantized_cache_truncates_like_one_that_never_saw_the_rest(make_llama) 
     b.advance(4)
     assert torch.equal(a.layer(0)[0], b.layer(0)[0])
     assert all(torch.equal(s, t) for s, t in zip(a.store.payload["k"], b.store.payload["k"]))
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_generate_reports_cache_bytes_and_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvviz.cli import main
+    from kvviz.engine.load import RANDOM_SHAPES
+
+    assert main(["generate", "--model", "random:tiny", "--prompt-ids", "104,105,106", "--max-new-tokens", "9",
+                 "--kv-dtype", "int4", "--kv-zero-point", "--window", "5", "--sinks", "2", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    c = RANDOM_SHAPES["tiny"]
+    per_pos = 2 * c.n_layer * c.kv_heads * (c.head_dim // 2 + 2 * 2)  # packed int4 + fp16 scale + zero point
+    assert [s["cache_len"] for s in obj["steps"]] == [3, 4, 5, 6, 7, 7, 7, 7, 7]
+    assert [s["cache_bytes"] for s in obj["steps"]] == [n * per_pos for n in [3, 4, 5, 6, 7, 7, 7, 7, 7]]
+    cache = obj["cache"]
+    assert cache["kind"] == "int4 zp, window 5 + 2 sinks (original positions)"
+    assert cache["bytes"] == 7 * per_pos and cache["positions_held"] == 7
+    assert cache["full_precision_bytes"] == 11 * 2 * c.n_layer * c.kv_heads * c.head_dim * 4
+    assert 0 < cache["kv_error"]["k_mean_abs_error"] <= cache["kv_error"]["k_max_abs_error"]
+
+
+def test_cli_eval_through_the_cache(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from kvviz.cli import main
+
+    f = tmp_path / "t.txt"
+    f.write_text("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune" * 2)
+    assert main(["eval", "--model", "random:tiny", "--text-file", str(f), "--kv-dtype", "int8", "--max-tokens", "60",
+                 "--chunk", "1", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["kv"] == "int8" and s["tokens_scored"] == 59
+    assert s["perplexity"] > 1 and abs(s["perplexity"] / s["perplexity_full"] - 1) < 0.05
+    assert 0 <= s["top1_agreement"] <= 1 and s["attention_kl_mean"] > 0
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--kv-dtype", "int4", "--kv-group-size", "3"], "must divide the head dimension"),
+    (["--window", "4", "--sinks", "4"], "must be fewer than the window"),
+    (["--window", "5000"], "larger than the model's context"),
+    (["--window", "8", "--sinks", "2", "--kv-positions", "cache"], "learned position embedding"),
+])
+def test_cli_bad_combinations(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
+    from kvviz.cli import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["generate", "--model", "random:tiny", "--prompt", "hi", *extra])
+    assert ex.value.code == 2 and needle in capsys.readouterr().err
