@@ -291,3 +291,27 @@ def test_cli_bad_combinations(capsys: pytest.CaptureFixture[str], extra: list[st
     with pytest.raises(SystemExit) as ex:
         main(["generate", "--model", "random:tiny", "--prompt", "hi", *extra])
     assert ex.value.code == 2 and needle in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- charts
+def test_charts_draw_what_the_cache_holds(make_llama) -> None:
+    from kvviz.charts import compress as cc
+
+    c = make_llama().config
+    sinks, window = 2, 5
+    spec = resolve(KVSpec(window=window, sinks=sinks, positions="original"), "llama", c.head_dim, c.block_size)
+    cache = WindowKVCache(c, spec)
+    x = torch.zeros(1, c.kv_heads, 1, c.head_dim)
+    for n in range(1, 19):
+        cache.update(0, x, x)
+        cache.advance(1)
+        ring = cc.ring_slots(sinks, window, n).data[0]
+        assert [int(t) for t in ring.text] == cache.slot_positions()  # the ring chart's labels are the cache's own slots
+        kept = [p for p in range(n) if cc.window_state(p, n, sinks, window) != "evicted"]
+        assert kept == sorted(cache.slot_positions())
+    nb = cc.window_notebook(sinks, window, 3, 10)
+    by_name = {t.name.split(" ")[0]: t for t in nb.data}
+    assert len(by_name["evicted"].x) == sum(max(0, 3 + s - sinks - window) for s in range(10))
+    fig = cc.token_comparison([("a", [1, 2, 3, 4], list("wxyz")), ("b", [1, 2, 9, 4], list("wxqz"))])
+    assert list(fig.data[1].marker.color) == [cc.SAME, cc.SAME, cc.DIFF, cc.DIFF]
+    assert cc.first_divergence([1, 2, 3], [1, 2, 3, 4]) is None

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from kvviz.charts.live import _layout, _message_figure
 from kvviz.charts.tokens import short_label
+from kvviz.units import fmt_bytes
 
 SAME = "#2b8a3e"
 DIFF = "#e03131"
@@ -21,6 +22,7 @@ KEPT = "#1c7ed6"
 EVICTED = "#dee2e6"
 WRITE = "#f08c00"
 LINE_COLORS = ["#212529", "#e03131", "#2b8a3e", "#7048e8", "#f08c00", "#1c7ed6"]
+VISIBLE = 24  # tokens shown at once in the side-by-side lanes
 HEIGHTS = {"tokens": 150, "heat": 400, "notebook": 460, "curves": 440}
 
 
@@ -29,7 +31,8 @@ def first_divergence(ref: Sequence[int], other: Sequence[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(ref, other)) if a != b), None)
 
 
-def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], title: str = "") -> go.Figure:
+def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], title: str = "",
+                     reference: str = "full precision") -> go.Figure:
     """rows: (name, token ids, token labels), the first the reference. One lane per row: a token's cell is
     green while the row agrees with the reference, red from its first different token on."""
     title = title or "Where each KV dtype leaves full precision"
@@ -38,6 +41,7 @@ def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], t
     ref = rows[0][1]
     fig = go.Figure()
     n = max(len(r[1]) for r in rows)
+    firsts = [d for r in rows[1:] if (d := first_divergence(ref, r[1])) is not None]
     for y, (name, ids, labels) in enumerate(rows):
         d = first_divergence(ref, ids) if y else None
         colors = [SAME if d is None or i < d else DIFF for i in range(len(ids))]
@@ -48,9 +52,12 @@ def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], t
             hovertext=[f"{name} · token {i} · {short_label(t)}" for i, t in enumerate(labels)]))
         if d is not None:
             fig.add_vline(x=d - 0.5, line=dict(color=DIFF, width=2, dash="dot"))
-    sub = "green: the same token as full precision · red: from the first different token on"
+    sub = f"green: the same token as {reference} · red: from the first different token on"
     fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(title="generated token", range=[-0.7, min(n, 40) - 0.3])
+    # VISIBLE tokens stay legible; the view starts a few tokens before the first divergence (pan for the rest)
+    lo = max(0, min(min(firsts, default=0) - 4, n - VISIBLE))
+    fig.update_xaxes(title="generated token (drag to pan)" if n > VISIBLE else "generated token",
+                     range=[lo - 0.7, lo + min(n, VISIBLE) - 0.3])
     return _layout(fig, title, sub, 120 + 56 * len(rows))
 
 
@@ -119,11 +126,11 @@ def window_notebook(sinks: int, window: int, n_prompt: int, n_steps: int, max_co
                                      marker=dict(symbol="square", size=9, color=colors[key])))
     fig.update_yaxes(autorange="reversed", title="step (0 = prefill)")
     fig.update_xaxes(title="position")
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, x=0.0))
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.3, x=0.0))
     sub = (f"{cap} slots: {sinks} sinks, then a ring of {window}; once full, each step overwrites the oldest "
            f"window row<br>the cache holds min(tokens, {cap}) positions, so its bytes stay flat")
-    fig = _layout(fig, title, sub, HEIGHTS["notebook"])
-    fig.update_layout(margin_t=118, margin_b=130)
+    fig = _layout(fig, title, sub, HEIGHTS["notebook"] + 40)
+    fig.update_layout(margin_t=118, margin_b=170)
     return fig
 
 
@@ -154,16 +161,18 @@ def perplexity_curves(by_position: dict[str, Sequence[Sequence[float]]], title: 
         return _message_figure(title, "No measurement yet.", HEIGHTS["curves"])
     fig = go.Figure()
     for i, (name, pts) in enumerate(by_position.items()):
+        # "original positions" lies almost on top of its StreamingLLM twin: dashed, so both show
+        dash = "dash" if "original" in name else "solid"
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
-                                 line=dict(color=LINE_COLORS[i % len(LINE_COLORS)], width=3)))
+                                 line=dict(color=LINE_COLORS[i % len(LINE_COLORS)], width=3, dash=dash)))
     if window:
         fig.add_vline(x=window + sinks, line=dict(color="#868e96", dash="dash"),
                       annotation_text="window full: evictions start", annotation_position="top right")
     fig.update_xaxes(title="position in the held-out text")
-    fig.update_yaxes(title="perplexity", type="log")
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.2, x=0.0))
-    fig = _layout(fig, title, subtitle, HEIGHTS["curves"])
-    fig.update_layout(margin_b=130)
+    fig.update_yaxes(title="perplexity", type="log", dtick=1)  # one tick per power of ten
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0.0))
+    fig = _layout(fig, title, subtitle, HEIGHTS["curves"] + 40)
+    fig.update_layout(margin_b=170)
     return fig
 
 
@@ -173,5 +182,16 @@ def dtype_table(kv_dtypes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     for name, s in kv_dtypes.items():
         out.append({"KV": name, "perplexity": round(s["perplexity"], 3), "full precision": round(s["perplexity_full"], 3),
                     "logit KL (mean)": f"{s['mean_logit_kl']:.2e}", "top-1 agreement": f"{s['top1_agreement']:.1%}",
-                    "cache bytes": s["cache_bytes"], "full bytes": s["full_cache_bytes"]})
+                    "cache bytes": fmt_bytes(s["cache_bytes"]),
+                    "vs full": f"{s['cache_bytes'] / s['full_cache_bytes']:.1%}"})
     return out
+
+
+def curves_finding(perplexity: dict[str, float]) -> str:
+    """One sentence per cache: its perplexity over every position, against the full cache's."""
+    full = perplexity.get("full")
+    parts = []
+    for name, v in perplexity.items():
+        if name != "full" and full:
+            parts.append(f"{name}: {v:,.2f} (x{v / full:.2f} the full cache's {full:,.2f})")
+    return "; ".join(parts)

@@ -70,20 +70,21 @@ def _quant(s: Settings, model: LoadedModel) -> None:
     hs = model.config.head_dim
     st.caption("Each dtype stores K and V quantized and dequantizes them on every read: int8/int4 with an fp16 "
                "scale per token, head and group of channels (int4 packed two per byte), fp8 e4m3 with one scale "
-               "per layer (or head) set from the prefill. Greedy decoding of the sidebar's prompt, so any "
+               "per layer (or head) set from the prefill. Greedy decoding, so any "
                f"difference in text is the cache's doing. {where(model)}")
     groups = [g for g in (hs, 64, 32, 16, 8) if g <= hs and hs % g == 0 and g % 2 == 0]
     with st.container(horizontal=True, vertical_alignment="bottom"):
         n = int(st.number_input("New tokens", 4, 128, 32, key="kvq_new", width=120))
-        group = st.selectbox("Group size", sorted(set(groups), reverse=True), key="kvq_group", width=140,
+        group = st.selectbox("Group size", sorted(set(groups), reverse=True), key="kvq_group", width=170,
                              format_func=lambda g: f"{g} (head vector)" if g == hs else str(g),
                              help="Values along head_dim that share one fp16 scale")
         zp = st.checkbox("Zero points (asymmetric)", key="kvq_zp")
         fp8 = st.selectbox("fp8 scale", ["tensor", "head"], key="kvq_fp8", width=120)
+        which = compress_window.prompt_choice("kvq_prompt")
         run_it = st.button("Compare the four caches", key="kvq_run", type="primary")
     key = results_key("kvq_result", model)
     if run_it:
-        _run_quant(s, model, n, None if group == hs else int(group), zp, fp8, key)
+        _run_quant(s, model, n, None if group == hs else int(group), zp, fp8, key, which)
     got = st.session_state.get(key)
     if got is None:
         st.info("Press **Compare the four caches**: the same prompt through full-precision, int8, int4 and fp8 "
@@ -92,7 +93,8 @@ def _quant(s: Settings, model: LoadedModel) -> None:
     _quant_results(got, model)
 
 
-def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: bool, fp8: str, key: str) -> None:
+def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: bool, fp8: str, key: str,
+               which: str) -> None:
     lock = acquire_or_warn()
     if lock is None:
         return
@@ -101,8 +103,8 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
         with st.spinner("Generating through four caches, then teacher-forcing the full-precision text "
                         "through each…"):
             for dt in DTYPES:
-                stream = iter_generate(model, prompt=s.prompt, chat=s.chat, greedy=True, max_new_tokens=n,
-                                       fast=s.engine == "fast", kv_dtype=dt, kv_group_size=group,
+                stream = iter_generate(model, greedy=True, max_new_tokens=n, fast=s.engine == "fast",
+                                       **compress_window.prompt_kwargs(s, which), kv_dtype=dt, kv_group_size=group,
                                        kv_zero_point=zp, kv_fp8_scale=fp8, track_kv_error=dt is not None)
                 for _ in stream:
                     pass

@@ -35,6 +35,19 @@ GPT2_NOTE = (
     "StreamingLLM's positions.")
 
 
+STORY = "Once upon a time, there was a little"
+PROMPTS = {"story": f"a story: \u201c{STORY}\u201d", "sidebar": "the sidebar's prompt"}
+
+
+def prompt_choice(key: str) -> str:
+    """Which prompt a comparison runs: a story (long greedy text, where caches part ways) or the sidebar's."""
+    return str(st.selectbox("Prompt", list(PROMPTS), format_func=PROMPTS.get, key=key, width=360))
+
+
+def prompt_kwargs(s: Settings, which: str) -> dict[str, Any]:
+    return {"prompt": STORY, "chat": False} if which == "story" else {"prompt": s.prompt, "chat": s.chat}
+
+
 def window_tab(s: Settings, model: LoadedModel) -> None:
     rope = getattr(model.config, "model_type", "gpt2") == "llama"
     st.caption("A ring buffer of the last W positions, plus S sink positions kept forever (StreamingLLM: the first "
@@ -50,10 +63,11 @@ def window_tab(s: Settings, model: LoadedModel) -> None:
                            format_func=lambda p: {"cache": "within the cache", "original": "original"}[p],
                            help=POSITIONS_HELP)
         n = int(st.number_input("New tokens", 4, 512, 64, key="kvw_new", width=120))
+        which = prompt_choice("kvw_prompt")
         run_it = st.button("Generate through the window", key="kvw_run", type="primary")
     key = results_key("kvw_result", model)
     if run_it:
-        _run_window(s, model, w, sk, pos, n, key)
+        _run_window(s, model, w, sk, pos, n, key, which)
     got = st.session_state.get(key)
     if got is None:
         st.info("Press **Generate through the window**: the prompt runs past the window and the notebook shows "
@@ -62,7 +76,7 @@ def window_tab(s: Settings, model: LoadedModel) -> None:
     _window_results(got)
 
 
-def _run_window(s: Settings, model: LoadedModel, w: int, sk: int, pos: str, n: int, key: str) -> None:
+def _run_window(s: Settings, model: LoadedModel, w: int, sk: int, pos: str, n: int, key: str, which: str) -> None:
     lock = acquire_or_warn()
     if lock is None:
         return
@@ -70,8 +84,8 @@ def _run_window(s: Settings, model: LoadedModel, w: int, sk: int, pos: str, n: i
     try:
         with st.spinner("Generating with the full cache and through the window…"):
             for opts in ({}, dict(window=w, sinks=sk, kv_positions=pos)):
-                stream = iter_generate(model, prompt=s.prompt, chat=s.chat, greedy=True, max_new_tokens=n,
-                                       fast=s.engine == "fast", **opts)
+                stream = iter_generate(model, greedy=True, max_new_tokens=n, fast=s.engine == "fast",
+                                       **prompt_kwargs(s, which), **opts)
                 for _ in stream:
                     pass
                 runs.append(stream.run)
@@ -96,9 +110,9 @@ def _window_results(got: tuple[Any, Any, int, int]) -> None:
     if n_prompt + len(win.events) <= sk + w:
         st.caption("The whole sequence fits in the window: nothing was evicted, and the text is the full cache's "
                    "exactly. Generate more tokens, or shrink the window, to see evictions.")
-    show(st, cc.token_comparison([(f"full cache", full.generated_ids, [e.token_text for e in full.events]),
+    show(st, cc.token_comparison([("full cache", full.generated_ids, [e.token_text for e in full.events]),
                                   (win.cache_kind, win.generated_ids, [e.token_text for e in win.events])],
-                                 "Where the window leaves the full cache"), key="kvw_tokens")
+                                 "Where the window leaves the full cache", "the full cache"), key="kvw_tokens")
     left, right = st.columns(2)
     left.code(full.text, language=None, wrap_lines=True)
     right.code(win.text, language=None, wrap_lines=True)
@@ -152,9 +166,12 @@ def _curves(res: dict[str, Any], key: str, label: str) -> None:
            "perplexity per bin of positions")
     show(st, cc.perplexity_curves(res["by_position"], f"Perplexity by position: {md_plain(res['model'])}", sub,
                                   res["window"], res["sinks"]), key=f"{key}_fig")
+    st.caption(f"{label}. Perplexity over every position: {md_plain(cc.curves_finding(res['perplexity']))}. "
+               "The two sink curves differ only in how positions are numbered once rows are evicted: within its "
+               "trained context SmolLM2 reads the original (larger) distances to the sinks about as well as "
+               "StreamingLLM's renumbered ones; renumbering is what lets a model run past its trained context.")
     ppl = pd.DataFrame([{"cache": k, "perplexity (all positions)": round(v, 3)} for k, v in res["perplexity"].items()])
-    left, right = st.columns(2)
-    left.caption(label)
+    left, right = st.columns([2, 3])
     left.dataframe(ppl, hide_index=True, key=f"{key}_ppl")
-    right.caption("Each KV dtype, teacher-forced through the cache beside full precision on the same tokens")
     right.dataframe(pd.DataFrame(cc.dtype_table(res["kv_dtypes"])), hide_index=True, key=f"{key}_dtypes")
+    right.caption("Each KV dtype, teacher-forced through the cache beside full precision on the same tokens")
