@@ -170,9 +170,9 @@ def perplexity_curves(by_position: dict[str, Sequence[Sequence[float]]], title: 
                       annotation_text="window full: evictions start", annotation_position="top right")
     fig.update_xaxes(title="position in the held-out text")
     fig.update_yaxes(title="perplexity", type="log", dtick=1)  # one tick per power of ten
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0.0))
-    fig = _layout(fig, title, subtitle, HEIGHTS["curves"] + 40)
-    fig.update_layout(margin_b=170)
+    # the legend stands to the right: under the plot it ran into the x-axis title
+    fig = _layout(fig, title, subtitle, HEIGHTS["curves"])
+    fig.update_layout(legend=dict(x=1.02, y=1.0, yanchor="top"))
     return fig
 
 

@@ -171,7 +171,7 @@ def _curves(res: dict[str, Any], key: str, label: str) -> None:
                "trained context SmolLM2 reads the original (larger) distances to the sinks about as well as "
                "StreamingLLM's renumbered ones; renumbering is what lets a model run past its trained context.")
     ppl = pd.DataFrame([{"cache": k, "perplexity (all positions)": round(v, 3)} for k, v in res["perplexity"].items()])
-    left, right = st.columns([2, 3])
-    left.dataframe(ppl, hide_index=True, key=f"{key}_ppl")
-    right.dataframe(pd.DataFrame(cc.dtype_table(res["kv_dtypes"])), hide_index=True, key=f"{key}_dtypes")
-    right.caption("Each KV dtype, teacher-forced through the cache beside full precision on the same tokens")
+    # one above the other: side by side, each table's last columns were cut off
+    st.dataframe(ppl, hide_index=True, key=f"{key}_ppl")
+    st.caption("Each KV dtype, teacher-forced through the cache beside full precision on the same tokens")
+    st.dataframe(pd.DataFrame(cc.dtype_table(res["kv_dtypes"])), hide_index=True, key=f"{key}_dtypes")
