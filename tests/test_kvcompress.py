@@ -315,3 +315,28 @@ def test_charts_draw_what_the_cache_holds(make_llama) -> None:
     fig = cc.token_comparison([("a", [1, 2, 3, 4], list("wxyz")), ("b", [1, 2, 9, 4], list("wxqz"))])
     assert list(fig.data[1].marker.color) == [cc.SAME, cc.SAME, cc.DIFF, cc.DIFF]
     assert cc.first_divergence([1, 2, 3], [1, 2, 3, 4]) is None
+
+
+@pytest.mark.parametrize("opts", [dict(kv_dtype="int8"), dict(kv_dtype="fp8", kv_fp8_scale="head"),
+                                  dict(window=8, sinks=2), dict(kv_dtype="int4", window=8, sinks=2)])
+def test_accelerator_and_readable_model_agree_through_compressed_caches(make_llama, opts: dict) -> None:
+    m = make_llama()
+    fast = generate(m, prompt_ids=PROMPT, max_new_tokens=20, fast=True, **opts)
+    slow = generate(m, prompt_ids=PROMPT, max_new_tokens=20, fast=False, **opts)
+    assert fast.engine == "fast" and slow.engine == "readable"  # the accelerator only calls cache.update
+    assert fast.generated_ids == slow.generated_ids
+    for a, b in zip(fast.events, slow.events):
+        assert [t.prob for t in a.top] == pytest.approx([t.prob for t in b.top], abs=1e-4)
+
+
+def test_position_rule_changes_what_the_model_sees_only_after_eviction(make_llama) -> None:
+    m = make_llama()
+    runs = {p: generate(m, prompt_ids=PROMPT, max_new_tokens=30, window=8, sinks=2, kv_positions=p)
+            for p in ("cache", "original")}
+    a, b = runs["cache"].events, runs["original"].events
+    # the prompt (13 tokens) already overflows 2 + 8 slots, so even the prefill's last token differs
+    probs = [([t.prob for t in x.top], [t.prob for t in y.top]) for x, y in zip(a, b)]
+    assert any(pa != pytest.approx(pb, abs=1e-6) for pa, pb in probs)
+    short = {p: generate(m, prompt_ids=PROMPT[:4], max_new_tokens=6, window=8, sinks=2, kv_positions=p)
+             for p in ("cache", "original")}  # 4 + 6 = 10 positions: nothing evicted, nothing to renumber
+    assert [e.top for e in short["cache"].events] == [e.top for e in short["original"].events]
