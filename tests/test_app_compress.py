@@ -87,3 +87,17 @@ def test_window_bad_combination_is_a_message() -> None:
     assert not at.exception
     assert any("must be fewer than the window" in e.value for e in at.error)
     assert at.number_input(key="kvw_sinks").value == 4  # inputs stay as typed
+
+
+def test_curves_measured_on_demand() -> None:
+    at = AppTest.from_function(_compress, default_timeout=120)
+    at.run()
+    at.number_input(key="kvc_tokens").set_value(96)
+    at.number_input(key="kvc_window").set_value(16)
+    at.button(key="kvc_run").click().run()
+    _ok(at)
+    titles = _titles(at)
+    assert "Perplexity by position: random:tiny" in titles
+    live = [d.value for d in at.dataframe if "perplexity (all positions)" in d.value.columns][-1]
+    assert list(live["cache"]) == ["full", "window 16", "4 sinks + window 16"]  # GPT-2: no renumbering
+    assert (live["perplexity (all positions)"] > 1).all()

@@ -10,6 +10,7 @@ import streamlit as st
 
 from kvviz import LoadedModel
 from kvviz.charts import compress as cc
+from kvviz.charts.tokens import plotly_text
 from kvviz.engine.generate import iter_generate
 from kvviz.engine.load import ASSETS
 from kvviz.errors import KVVizError
@@ -164,7 +165,8 @@ def curves_tab(model: LoadedModel) -> None:
 def _curves(res: dict[str, Any], key: str, label: str) -> None:
     sub = (f"{res['tokens']} tokens of {res['text']} · window {res['window']}, {res['sinks']} sinks · "
            "perplexity per bin of positions")
-    show(st, cc.perplexity_curves(res["by_position"], f"Perplexity by position: {md_plain(res['model'])}", sub,
+    # a Plotly title, not Markdown: escaped for Plotly's HTML-like labels (a folder name is plain text)
+    show(st, cc.perplexity_curves(res["by_position"], f"Perplexity by position: {plotly_text(res['model'])}", sub,
                                   res["window"], res["sinks"]), key=f"{key}_fig")
     st.caption(f"{label}. Perplexity over every position: {md_plain(cc.curves_finding(res['perplexity']))}. "
                "The two sink curves differ only in how positions are numbered once rows are evicted: within its "
