@@ -340,3 +340,17 @@ def test_position_rule_changes_what_the_model_sees_only_after_eviction(make_llam
     short = {p: generate(m, prompt_ids=PROMPT[:4], max_new_tokens=6, window=8, sinks=2, kv_positions=p)
              for p in ("cache", "original")}  # 4 + 6 = 10 positions: nothing evicted, nothing to renumber
     assert [e.top for e in short["cache"].events] == [e.top for e in short["original"].events]
+
+
+def test_a_reset_fp8_cache_takes_its_scale_from_the_next_sequence(make_llama) -> None:
+    c = make_llama().config
+    cache = QuantizedKVCache(c, KVSpec(kv_dtype="fp8", track_errors=True))
+    big = torch.full((1, c.kv_heads, 3, c.head_dim), 100.0)
+    small = torch.full((1, c.kv_heads, 3, c.head_dim), 0.5)
+    cache.update(0, big, big)
+    cache.advance(3)
+    cache.reset()
+    assert cache.errors is not None and cache.errors.rows == []
+    k, _ = cache.update(0, small, small)
+    assert float(cache.store.scale["k"][0]) == pytest.approx(0.5 / 448)  # not 100 / 448 from before
+    assert torch.equal(k, small)

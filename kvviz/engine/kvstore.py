@@ -210,6 +210,11 @@ class QuantStore:
         return self._deq("k", layer, 0, n), self._deq("v", layer, 0, n)
 
     def clear(self, a: int, b: int) -> None:
+        if a == 0:  # emptied: the next write sets fp8's scales again, and the error log starts afresh
+            if self.kv_dtype == "fp8":
+                self._scale_set = [False] * len(self._scale_set)
+            if self.errors is not None:
+                self.errors = ErrorLog()
         for d in (self.payload, self.zero):
             for ts in d.values():
                 for t in ts:
