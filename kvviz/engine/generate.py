@@ -31,6 +31,7 @@ from kvviz.engine.load import LoadedModel
 from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.speculative import SpeculativeStream
 from kvviz.engine.strategies import strategy_stream
+from kvviz.engine.stops import first_stop
 from kvviz.errors import KVVizError
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
@@ -218,13 +219,10 @@ class GenerationStream:
 
     def _hit_stop(self, new_chars: int) -> bool:
         """Did this step's text complete a stop string? Only the tail can hold a new match."""
-        longest = max(len(s) for s in self.stop)
-        tail = max(0, len(self._text) - new_chars - longest + 1)
-        hits = [(at, s) for s in self.stop if (at := self._text.find(s, tail)) >= 0]
-        if hits:
-            self._stop_at, self.stop_string = min(hits)
-            return True
-        return False
+        hit = first_stop(self._text, new_chars, self.stop)
+        if hit is not None:
+            self._stop_at, self.stop_string = hit
+        return hit is not None
 
     def _event(self, s: _Step, cache: KVCache | None, fc: ForwardCapture | None, t_start: float) -> StepEvent:
         cfg, tok = self.model.config, self.model.tokenizer

@@ -20,6 +20,7 @@ from kvviz.engine.flops import forward_flops
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import blocks_for
 from kvviz.engine.sampling import SamplingParams
+from kvviz.engine.stops import first_stop
 
 
 @dataclass
@@ -85,15 +86,10 @@ class StrategyStream:
 
     def _hit_stop(self, new_chars: int) -> bool:
         """Did the newest token complete a stop string? (GenerationStream's rule.)"""
-        if not self.stop:
-            return False
-        longest = max(len(s) for s in self.stop)
-        tail = max(0, len(self._text) - new_chars - longest + 1)
-        hits = [(at, s) for s in self.stop if (at := self._text.find(s, tail)) >= 0]
-        if hits:
-            self._stop_at, self.stop_string = min(hits)
-            return True
-        return False
+        hit = first_stop(self._text, new_chars, self.stop)
+        if hit is not None:
+            self._stop_at, self.stop_string = hit
+        return hit is not None
 
     def _extra(self) -> dict[str, Any]:
         """The strategy's own Run fields (``beams`` or ``speculation``)."""
