@@ -14,8 +14,8 @@ from kvviz.argtypes import positive_int
 from kvviz.errors import KVVizError
 from kvviz.memory import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_TP,
-    SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs, calculate, find_preset,
-    load_config_file, load_gpus, summary_text, with_builtins,
+    SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs, cache_window_problems,
+    calculate, find_preset, load_config_file, load_gpus, summary_text, with_builtins, with_cache_window,
 )
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -120,6 +120,10 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                    help=f"paging block size in tokens (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--no-windows", action="store_true", help="ignore sliding windows: every layer keeps every token")
+    p.add_argument("--window", type=positive_int, metavar="W",
+                   help="a run-time cache window on every layer: keep the last W positions (kvviz's --window)")
+    p.add_argument("--sinks", type=int, default=0, metavar="S",
+                   help="with --window: also keep the first S positions forever (StreamingLLM keeps 4; default 0)")
     p.add_argument("--params", type=parse_count, metavar="COUNT",
                    help="parameter count (e.g. 6.7B); overrides the config's, needed when it is unknown")
     p.add_argument("--gpu", type=_gib, metavar="GIB",
@@ -177,8 +181,17 @@ def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return _list(presets)
     if args.seq_len is None:
         raise KVVizError("--seq-len N is required (tokens per sequence: prompt + output)")
+    if args.window is None and args.sinks:
+        raise KVVizError("--sinks needs --window: the sinks are what a windowed cache keeps besides its last W positions")
+    if args.window is not None and args.no_windows:
+        raise KVVizError("--window and --no-windows contradict each other: the cache window is a window")
     try:
         spec = find_preset(args.preset, presets) if args.preset else load_config_file(args.config)
+        if args.window is not None:
+            problems = cache_window_problems(spec, args.window, args.sinks)
+            if problems:
+                raise CalcError(problems)
+            spec = with_cache_window(spec, args.window, args.sinks)
         req = MemoryRequest(
             seq_len=args.seq_len, batch=args.batch, beams=args.beams, kv_dtype=args.dtype,
             weight_dtype=args.weight_dtype, group_size=args.group_size, scale_dtype=args.scale_dtype,
@@ -189,4 +202,7 @@ def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         res = calculate(spec, req)
     except CalcError as e:
         raise KVVizError(str(e)) from None
-    return res.to_dict(), summary_text(res)
+    out = res.to_dict()
+    out["cache_window"] = None if args.window is None else {"window": args.window, "sinks": args.sinks,
+                                                            "positions_held": args.window + args.sinks}
+    return out, summary_text(res)

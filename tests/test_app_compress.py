@@ -49,6 +49,8 @@ def test_quantized_tab_compares_four_caches() -> None:
     assert "Keys' outlier channels, layer 0" in titles
     labels = [m.label for m in at.metric]
     assert labels[:4] == ["fp32 (full)", "int8", "int4", "fp8 per-tensor"]
+    # every live cache's bytes, beside the calculator's figure for the same settings: equal, four times
+    assert sum("equals the calculator" in c.value for c in at.caption) == 4, [c.value for c in at.caption]
     table = next(d.value for d in at.dataframe if "logit KL (mean)" in d.value.columns)
     assert list(table["KV"]) == ["int8", "int4", "fp8 per-tensor"]
     from kvviz.engine.load import RANDOM_SHAPES

@@ -143,7 +143,7 @@ def test_gap_panel_and_the_live_cache_for_a_builtin() -> None:
     assert all(live["equal"])
     at = fresh(mem_preset="gemma-3-1b")
     assert "Per-layer-type cache groups" in texts(at, "markdown")
-    assert "kvviz runs its own models" in texts(at, "caption")
+    assert "Pick one of kvviz's own models" in texts(at, "caption")
 
 
 def test_measured_mbu_is_quoted_when_the_prefill_page_ran() -> None:

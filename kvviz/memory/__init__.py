@@ -15,8 +15,10 @@ Modules:
 - ``hf_fields``, ``hf_config``, ``layouts``, ``hf_params``: config.json -> ModelSpec per family;
 - ``presets``: the shipped presets and kvviz's own models;
 - ``report``: the formula text and the human-readable summary;
-- ``compressed``: the bytes of kvviz's own quantized and windowed caches, step by step.
+- ``compressed``: the bytes of kvviz's own quantized and windowed caches, step by step;
+- ``cache_window``: a run-time cache window (S sinks + the last W) applied to any model.
 """
+from kvviz.memory.cache_window import MAX_SINKS, cache_window_problems, with_cache_window
 from kvviz.memory.calculate import calculate, layer_groups
 from kvviz.memory.config_file import MAX_CONFIG_BYTES, parse_json_text, read_config_bytes
 from kvviz.memory.cost import GPUPreset, batch_steps, cost_curve, decode_cost, load_gpus, request_cost
@@ -43,14 +45,14 @@ from kvviz.units import DTYPE_BITS, GB, GIB
 __all__ = [
     "BUILTIN_PREFIX", "COUNTED", "DEFAULT_BLOCK_SIZE", "DEFAULT_EFFICIENCY", "DEFAULT_GROUP_SIZE",
     "DEFAULT_RESERVE", "DTYPE_BITS", "DTYPES", "FULL", "GB", "GIB", "GPU_PRESETS_GIB", "GROUPED_DTYPES",
-    "KVVIZ_MODEL_TYPE", "LAYER_KINDS", "LAYER_TYPES", "MAX_BATCH", "MAX_CONFIG_BYTES", "MAX_SEQ_LEN", "MAX_TP",
+    "KVVIZ_MODEL_TYPE", "LAYER_KINDS", "LAYER_TYPES", "MAX_BATCH", "MAX_CONFIG_BYTES", "MAX_SEQ_LEN", "MAX_SINKS", "MAX_TP",
     "MLA", "NOT_COUNTED", "PRESETS_PATH", "SCALE_DTYPE_BYTES", "STATE_DTYPES", "SUPPORTED_MODEL_TYPES",
-    "attention_variants", "batch_steps", "builtin_specs", "cache_saturates", "CalcError", "calculate",
+    "attention_variants", "batch_steps", "cache_window_problems", "builtin_specs", "cache_saturates", "CalcError", "calculate",
     "ConfigError", "context_curve", "Cost", "cost_curve", "decode_cost", "find_preset", "Fit", "formula_lines",
     "GPUPreset", "kv_bytes", "kv_heads_per_gpu", "kv_replication", "KVFormat", "Layer", "layer_groups",
     "layer_token_bytes", "LayerGroup", "load_config_file", "load_gpus", "load_presets", "max_seq_len_for",
     "MemoryRequest", "MemoryResult", "mha_layer_token_bytes", "ModelSpec", "parse_config", "parse_config_text",
     "parse_json_text", "read_config_bytes", "request_cost", "request_problems", "state_bytes", "state_layer_bytes",
     "StateShape", "stored_tokens", "summary_text", "token_slots", "tokens_held", "tp_problems", "weight_bytes",
-    "weights_per_gpu", "with_builtins",
+    "weights_per_gpu", "with_builtins", "with_cache_window",
 ]

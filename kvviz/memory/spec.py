@@ -77,6 +77,7 @@ class Layer:
 
     kind: str = "full"
     span: int | None = None  # the sliding window or the chunk size; None for full and linear
+    sinks: int = 0  # a StreamingLLM cache window: of the span, these first positions are kept forever
 
     @property
     def caps(self) -> bool:
@@ -88,6 +89,8 @@ class Layer:
         return self.kind != "linear"
 
     def label(self) -> str:
+        if self.kind == "sliding" and self.sinks:
+            return f"sliding (window {self.span - self.sinks:,} + {self.sinks:,} sinks)"
         if self.kind == "sliding":
             return f"sliding (window {self.span:,})"
         if self.kind == "chunked":
@@ -201,7 +204,9 @@ class ModelSpec:
             return "none (every layer global)"
         parts = []
         for layer, n in counts:
-            if layer.kind == "sliding":
+            if layer.kind == "sliding" and layer.sinks:
+                parts.append(f"{n} layers x ({layer.span - layer.sinks:,} + {layer.sinks:,} sinks)")
+            elif layer.kind == "sliding":
                 parts.append(f"{n} layers x {layer.span:,}")
             elif layer.kind == "chunked":
                 parts.append(f"{n} chunked layers x {layer.span:,}")

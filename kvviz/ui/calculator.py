@@ -15,8 +15,8 @@ import streamlit as st
 
 from kvviz.memory import (
     DTYPES, GB, GIB, MAX_BATCH, MAX_CONFIG_BYTES, MAX_SEQ_LEN, MAX_TP, SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError,
-    ConfigError, MemoryRequest, MemoryResult, ModelSpec, builtin_specs, calculate, load_gpus, parse_config_text,
-    with_builtins,
+    MAX_SINKS, ConfigError, MemoryRequest, MemoryResult, ModelSpec, builtin_specs, cache_window_problems, calculate, load_gpus,
+    parse_config_text, with_builtins, with_cache_window,
 )
 from kvviz.ui import calculator_panels as panels
 from kvviz.engine.load import builtin_shapes
@@ -76,6 +76,16 @@ def _settings_controls(has_state: bool) -> None:
         st.checkbox("Zero point per group too", key="mem_zero_point", disabled=not quant)
     st.checkbox("Apply sliding windows and chunks", key="mem_windows",
                 help="Off: every layer keeps every token, as a runtime without window support would.")
+    windowed = bool(st.session_state["mem_cache_window"])
+    with st.expander("Cache window (StreamingLLM)", expanded=windowed):
+        st.checkbox("Keep only sinks + the last W positions", key="mem_cache_window",
+                    help="A run-time cache window on every layer, as kvviz's own --window/--sinks caches "
+                         "(the Compression lab): bytes stop growing at sinks + W positions.")
+        c1, c2 = st.columns(2)
+        c1.number_input("Window W", min_value=1, max_value=MAX_SEQ_LEN, step=256, key="mem_window",
+                        disabled=not windowed)
+        c2.number_input("Sinks S", min_value=0, max_value=MAX_SINKS, step=1, key="mem_sinks", disabled=not windowed,
+                        help="The first positions, kept forever (StreamingLLM keeps 4).")
     st.selectbox("Linear-layer state dtype", STATE_DTYPES, key="mem_state_dtype", disabled=not has_state,
                  help="Linear-attention and Mamba layers keep a fixed state instead of K/V. auto = the weight "
                       "dtype when it is a float (vLLM's default); transformers keeps the recurrent part in fp32.")
@@ -180,7 +190,7 @@ def _metrics(res: MemoryResult) -> None:
 
 def _explain(spec: ModelSpec, res: MemoryResult) -> None:
     r = res.request
-    if spec.key == "llama-3-8b" and r.seq_len == 8192 and r.batch == 1 and r.beams == 1 and r.kv_dtype in ("bf16", "fp16"):
+    if spec.key == "llama-3-8b" and not spec.has_windows and r.seq_len == 8192 and r.batch == 1 and r.beams == 1 and r.kv_dtype in ("bf16", "fp16"):
         st.info(f'The often-quoted "~4 GB for Llama 3 8B at seq=8192, batch=1, BF16" is the MHA figure '
                 f"({res.kv_bytes_mha / GB:.2f} GB, as if all {spec.n_heads} heads kept their own K and V); "
                 f"Llama 3 8B uses GQA with {spec.n_kv_heads} KV heads, so its cache is {res.kv_bytes / GB:.2f} GB "
@@ -208,14 +218,30 @@ def page_words(warning: str) -> str:
     return warning.replace("(--params)", "(the “Parameter count” box)")
 
 
-def compared(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec]) -> list[tuple[ModelSpec, MemoryResult]]:
-    """The current model (with the user's parameter count) and the compared presets (with their own).
-    A compared preset that the request's TP cannot split is compared at tp 1."""
+def cache_window() -> tuple[int, int] | None:
+    """The sidebar's cache window as (W, S), or None when it is off."""
+    ss = st.session_state
+    return (int(ss["mem_window"]), int(ss["mem_sinks"])) if ss["mem_cache_window"] else None
+
+
+def windowed(spec: ModelSpec, window: tuple[int, int] | None) -> ModelSpec:
+    """``spec`` under the cache window; unchanged when there is none or it does not apply (its problems are
+    shown for the current model only)."""
+    if window is None or cache_window_problems(spec, *window):
+        return spec
+    return with_cache_window(spec, *window)
+
+
+def compared(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec],
+             window: tuple[int, int] | None = None) -> list[tuple[ModelSpec, MemoryResult]]:
+    """The current model (with the user's parameter count) and the compared presets (with their own),
+    each under the same cache window. A compared preset that the request's TP cannot split is compared at tp 1."""
     out = [(spec, calculate(spec, req))]  # raises CalcError for the page to show
     for k in st.session_state["mem_compare"]:
         m = presets[k]
-        if m is spec:
+        if m.key == spec.key and m.name == spec.name:
             continue
+        m = windowed(m, window)
         try:
             out.append((m, calculate(m, replace(req, params=None))))
         except CalcError:
@@ -275,8 +301,16 @@ def page() -> None:
         items = "\n".join(f"- {md_plain(p)}" for p in spec.problems)
         st.error(f"**{md_plain(spec.where, 80)}** cannot be sized:\n\n{items}")
         return
+    window = cache_window()
     try:
         req = _request()
+        if window is not None:
+            problems = cache_window_problems(spec, *window)
+            if not req.use_windows:
+                problems.append("the cache window is a window: turn “Apply sliding windows and chunks” on to use it")
+            if problems:
+                raise CalcError(problems)
+            spec = with_cache_window(spec, *window)
         res = calculate(spec, req)
     except CalcError as e:
         st.error("Cannot compute:\n\n" + "\n".join(f"- {md_plain(p)}" for p in e.problems))
@@ -285,7 +319,7 @@ def page() -> None:
     _metrics(res)
     _explain(spec, res)
     panels.layer_strip(spec, res)
-    side_by_side = compared(spec, req, presets)
+    side_by_side = compared(spec, req, presets, window)
     panels.memory_charts(spec, req, res, side_by_side, presets)
     panels.cost(spec, req, res)
     panels.gap(spec, req, res)

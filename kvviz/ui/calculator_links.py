@@ -10,7 +10,8 @@ from typing import Any, Callable
 import streamlit as st
 
 from kvviz.memory import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH, MAX_SEQ_LEN, MAX_TP,
+    DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH, MAX_SEQ_LEN, MAX_SINKS,
+    MAX_TP,
     SCALE_DTYPE_BYTES, STATE_DTYPES, load_gpus,
 )
 
@@ -30,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "mem_tp": 1, "mem_state_dtype": "auto", "mem_gpu_kind": _DEFAULT_GPU.key,
     "mem_bandwidth": _DEFAULT_GPU.bandwidth_gbs, "mem_price": _DEFAULT_GPU.price_per_hour,
     "mem_efficiency": DEFAULT_EFFICIENCY, "mem_cost_dtype": "fp8",
+    # a run-time cache window (StreamingLLM): sinks + the last W positions on every layer
+    "mem_cache_window": False, "mem_window": 4096, "mem_sinks": 4,
 }
 # Settings a link must carry to reproduce the calculation (chart-only settings travel too).
 SHARED_KEYS = tuple(DEFAULTS)
@@ -101,6 +104,7 @@ def _parsers(preset_keys: list[str]) -> dict[str, Callable[[str], Any]]:
         "mem_tp": _int_in(1, MAX_TP), "mem_state_dtype": _choice(STATE_DTYPES),
         "mem_gpu_kind": _choice([*load_gpus(), CUSTOM_GPU]), "mem_bandwidth": _float_in(1.0, 1e6),
         "mem_price": _float_in(0.0, 1e6), "mem_efficiency": _float_in(0.05, 1.0), "mem_cost_dtype": _choice(DTYPES),
+        "mem_cache_window": _bool, "mem_window": _int_in(1, MAX_SEQ_LEN), "mem_sinks": _int_in(0, MAX_SINKS),
     }
 
 

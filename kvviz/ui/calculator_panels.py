@@ -202,8 +202,9 @@ def gap(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
 def _live_cache(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
     measured = measure_caches(spec.key, req.kv_dtype, req.sequences, req.seq_len)
     if measured is None:
-        st.caption("kvviz runs its own models (the kvviz: presets) with fp32/fp16/bf16 caches: pick one of those "
-                   "to see the calculator next to the engine's live cache.")
+        st.caption("Pick one of kvviz's own models (the kvviz: presets) with an fp32/fp16/bf16 cache to see the "
+                   "calculator next to the engine's live cache here. Its int8, int4, fp8 and windowed caches are "
+                   "set beside these same formulas on the Compression lab page, run by run.")
         return
     rows = []
     for m in measured:

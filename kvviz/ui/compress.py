@@ -11,12 +11,14 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from kvviz import LoadedModel
 from kvviz.charts import compress as cc
 from kvviz.engine.generate import iter_generate, kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
+from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
 from kvviz.ui import compress_window
 from kvviz.ui.figs import show
 from kvviz.ui.perf_common import acquire_or_warn, page_model, results_key, where
@@ -42,6 +44,7 @@ class QuantResult:
     labels: list[str]
     text: str
     bytes: int
+    calc_bytes: int  # the calculator's figure for the same settings and positions (memory/compressed.py)
     errors: dict[str, float] = field(default_factory=dict)
     k_err: list[list[float]] = field(default_factory=list)  # (n_layer, nkv) max |K error|
     k_absmax: dict[int, list[list[float]]] = field(default_factory=dict)  # layer -> (nkv, hs)
@@ -111,7 +114,9 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
                 run, cache = stream.run, stream.cache
                 assert cache is not None
                 r = QuantResult(run.cache_kind if dt else f"{model.dtype_name} (full)", run.generated_ids,
-                                [e.token_text for e in run.events], run.text, cache.bytes_used)
+                                [e.token_text for e in run.events], run.text, run.events[-1].cache_bytes_used,
+                                _calculator_bytes(model, dt, group, zp, fp8,
+                                                  len(stream.prompt_rows[0]) + run.events[-1].step))
                 log = getattr(cache, "errors", None)
                 if log is not None:
                     r.errors, r.k_err = log.summary(), log.per_layer_head("k", "max")
@@ -131,6 +136,14 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
     st.session_state[key] = out
 
 
+def _calculator_bytes(model: LoadedModel, dt: str | None, group: int | None, zp: bool, fp8: str,
+                      positions: int) -> int:
+    """What the calculator says a cache of these settings holds after ``positions`` tokens."""
+    c = model.config
+    shape = CacheShape(c.n_layer, c.kv_heads, c.head_dim, torch.empty((), dtype=model.dtype).element_size())
+    return cache_bytes(shape, Compression(dt, group, zp, fp8), positions)
+
+
 def _quant_results(res: list[QuantResult], model: LoadedModel) -> None:
     ref = res[0]
     cols = st.columns(len(res))
@@ -138,7 +151,8 @@ def _quant_results(res: list[QuantResult], model: LoadedModel) -> None:
         d = cc.first_divergence(ref.ids, r.ids)
         same = (f"same {len(r.ids)} tokens" if d is None else f"same for {d} tokens") if r is not ref else "reference"
         col.metric(r.name, fmt_bytes(r.bytes), help="what the cache holds at the end: payload plus scales")
-        col.caption(same)
+        calc = "equals the calculator" if r.calc_bytes == r.bytes else f"calculator says {r.calc_bytes:,} B"
+        col.caption(f"{same} · {r.bytes:,} B, {calc}")
     show(st, cc.token_comparison([(r.name, r.ids, r.labels) for r in res]), key="kvq_tokens")
     cols = st.columns(len(res))
     for col, r in zip(cols, res):
