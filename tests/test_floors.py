@@ -29,7 +29,7 @@ FLOORS: dict[str, int] = {
     "kvviz.measure.threads": 1,
     "kvviz.engine.block_pool": 1,  # the paged cache's bookkeeping: plain Python
     "kvviz.engine.paged": 2, "kvviz.engine.caches": 2,
-    "kvviz.engine.kvquant": 1, "kvviz.engine.kvspec": 1,  # quantize/dequantize tensors; the compressed-cache request
+    "kvviz.engine.kvquant": 1, "kvviz.engine.kvspec": 1, "kvviz.engine.stops": 1,  # quantize/dequantize tensors; the compressed-cache request
     "kvviz.engine.kvstore": 2, "kvviz.engine.kvcaches": 2,  # slot stores; quantized and window caches
     "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5,  # loops over a cache, beside generate
     "kvviz.chat_cli": 8,
