@@ -2,10 +2,9 @@
 the pool views, an edit, the from-scratch check, bad input, and the one-click scenario."""
 from __future__ import annotations
 
-import json
-
-import pytest
 from streamlit.testing.v1 import AppTest
+
+from apptest_pages import ok as _ok, tiny_default, titles as _titles  # noqa: F401 (tiny_default: autouse)
 
 from kvviz.ui.plain_text import unescape
 
@@ -18,21 +17,6 @@ def _chat() -> None:
 
     st.session_state["settings"] = render_sidebar()
     chat_page.page()
-
-
-@pytest.fixture(autouse=True)
-def tiny_default(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
-    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
-
-
-def _titles(at: AppTest) -> list[str]:
-    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
-
-
-def _ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def test_chat_turns_reuse_and_show_the_pool() -> None:

@@ -2,10 +2,9 @@
 by side, the window tab (which explains why GPT-2 keeps its positions) and the shipped curves."""
 from __future__ import annotations
 
-import json
-
-import pytest
 from streamlit.testing.v1 import AppTest
+
+from apptest_pages import ok as _ok, tiny_default, titles as _titles  # noqa: F401 (tiny_default: autouse)
 
 
 def _compress() -> None:
@@ -16,21 +15,6 @@ def _compress() -> None:
 
     st.session_state["settings"] = render_sidebar()
     compress.page()
-
-
-@pytest.fixture(autouse=True)
-def tiny_default(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")
-    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
-
-
-def _titles(at: AppTest) -> list[str]:
-    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
-
-
-def _ok(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def test_quantized_tab_compares_four_caches() -> None:
