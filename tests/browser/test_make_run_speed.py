@@ -118,8 +118,12 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         select_model(page, model)
         wait_idle(page, STARTUP_TIMEOUT_MS)
         toggle = page.locator(".st-key-chat input[type='checkbox']")
-        if chat:  # the sidebar draws the toggle once the model is resolved: on a busy box, after an idle moment
-            toggle.wait_for(state="attached", timeout=STARTUP_TIMEOUT_MS)
+        # The sidebar redraws the toggle for the picked model once it is resolved, which on a busy box can
+        # come after an idle moment: wait until it shows this model's chat mode (a stale one may linger).
+        page.wait_for_function(f"""() => {{
+            const t = document.querySelector(".st-key-chat input[type='checkbox']");
+            return {str(chat).lower()} ? (t !== null && t.checked) : (t === null || !t.checked);
+        }}""", timeout=STARTUP_TIMEOUT_MS)
         assert (toggle.count() > 0 and toggle.is_checked()) == chat, f"{model}: chat mode should be {chat}"
         box = page.locator(".st-key-prompt textarea")
         box.fill(prompt)
