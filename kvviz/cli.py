@@ -173,7 +173,7 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
 def _eval_kv(args: argparse.Namespace, model: Any, text: str, describe: Callable[[dict[str, Any]], str]) -> None:
     """Teacher-forced through the compressed cache vs a full-precision one, on the same tokens."""
-    from kvviz.engine.generate import kv_spec
+    from kvviz.engine.requests import kv_spec
     from kvviz.kv_cli import kv_options
     from kvviz.measure.kvcompare import compare
 

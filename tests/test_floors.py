@@ -38,7 +38,7 @@ FLOORS: dict[str, int] = {
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
     "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,
     "kvviz.engine.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
-    "kvviz.engine.generate": 5,
+    "kvviz.engine.generate": 5, "kvviz.engine.requests": 5,  # the loop; the checks a request passes before it
     # Beam search and speculative decoding: streams beside the main loop, which dispatches to them.
     "kvviz.engine.strategy_stream": 5, "kvviz.engine.strategies": 5, "kvviz.engine.beam": 5, "kvviz.engine.speculative": 5,
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)

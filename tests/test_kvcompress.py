@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from kvviz.engine.generate import generate, iter_generate, kv_spec
+from kvviz.engine.generate import generate, iter_generate
+from kvviz.engine.requests import kv_spec
 from kvviz.engine.kvcaches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.kvquant import (dequantize_fp8, dequantize_int, fp8_scale, pack_int4, quantize_fp8, quantize_int,
                                   unpack_int4)

@@ -29,7 +29,8 @@ import torch
 
 from kvviz.engine.caches import make_cache
 from kvviz.engine.chat import chat_prompt
-from kvviz.engine.generate import check_pool, generate, sampling_params
+from kvviz.engine.generate import generate
+from kvviz.engine.requests import check_pool, sampling_params
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.sampling import make_generator, sample

@@ -18,7 +18,7 @@ import torch
 from kvviz.engine.cache import KVCache
 from kvviz.engine.caches import make_cache
 from kvviz.engine.conversation import forward_fn
-from kvviz.engine.generate import check_budget, check_pool, sampling_params
+from kvviz.engine.requests import check_budget, check_pool, sampling_params
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool
 from kvviz.engine.sampling import make_generator, sample

@@ -15,7 +15,8 @@ import torch
 
 from kvviz import LoadedModel
 from kvviz.charts import compress as cc
-from kvviz.engine.generate import iter_generate, kv_spec
+from kvviz.engine.generate import iter_generate
+from kvviz.engine.requests import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
 from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
