@@ -48,6 +48,8 @@ class SessionResult:
     sockets_closed: int = 0
     closed_at_s: list[float] = field(default_factory=list)  # seconds after the Generate presses
     notices: list[str] = field(default_factory=list)  # st.info / st.error texts after the run
+    unfinished: str = ""  # a session with no done marker: its script state and what its page showed
+    reclicked: bool = False  # its first Generate click started nothing (idle, no run): clicked once more
     console_errors: list[str] = field(default_factory=list)
 
 
@@ -132,6 +134,10 @@ class ProcessMeter:
         self.cpu_seconds = self._cpu() - self._cpu0
 
 
+RECLICK_AFTER_S = 15.0  # a run that started is 'running' or done by then; idle means the click was lost
+IDLE_JS = "document.querySelector('[data-testid=stApp]')?.dataset.testScriptState === 'notRunning'"
+
+
 def _prepare(page: Any, url: str, tokens: int) -> None:
     page.goto(url)
     page.wait_for_selector(".st-key-generate button")
@@ -186,11 +192,21 @@ def run_load(url: str, sessions: int, tokens: int, deadline_s: float) -> dict[st
                             results[i].tokens, results[i].reason = int(m.group(1)), m.group(2)
                             results[i].seconds = round(time.monotonic() - t0, 1)
                             pending.discard(i)
+                    elif (not results[i].reclicked and time.monotonic() - t0 > RECLICK_AFTER_S
+                          and pages[i].evaluate(IDLE_JS)):
+                        # Idle with no run at all: the click landed while the button was being redrawn
+                        # and started nothing (a lost click, not a dropped session). Press it once more.
+                        results[i].reclicked = True
+                        pages[i].locator(".st-key-generate button:visible").click()
                 pages[0].wait_for_timeout(500)  # polling the markers; also lets Playwright deliver events
             for i, page in enumerate(pages):
                 for kind in ("stAlert",):
                     texts = page.locator(f"[data-testid='{kind}']").all_inner_texts()
                     results[i].notices = [t[:300] for t in texts]
+                if i in pending:  # say why: never started, still running, or ended without its marker
+                    state = page.evaluate("document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")
+                    shown = page.locator("[data-testid='stMain']").inner_text()[:600]
+                    results[i].unfinished = f"script {state}; page: {shown}"
             wall = time.monotonic() - t0
         finally:
             browser.close()
@@ -202,6 +218,7 @@ def run_load(url: str, sessions: int, tokens: int, deadline_s: float) -> dict[st
         "sessions_that_reconnected": sum(r.sockets_opened > 1 for r in results),
         "socket_closes": sum(r.sockets_closed for r in results),
         "stopped_by_the_user": sum("stopped by the user" in r.reason for r in results),
+        "lost_clicks_pressed_again": sum(r.reclicked for r in results),
         "results": [asdict(r) for r in results],
     }
 

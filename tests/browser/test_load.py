@@ -71,7 +71,8 @@ def _load(url: str, **kw: Any) -> dict[str, Any]:
 
 
 def _assert_no_drop(out: dict) -> None:  # type: ignore[type-arg]
-    detail = [(r["index"], r["tokens"], r["reason"], r["sockets_opened"], r["closed_at_s"]) for r in out["results"]]
+    detail = [(r["index"], r["tokens"], r["reason"], r["sockets_opened"], r["closed_at_s"], r["notices"],
+               r["unfinished"]) for r in out["results"]]
     assert out["completed_full"] == out["sessions"], detail
     assert out["sessions_that_reconnected"] == 0 and out["stopped_by_the_user"] == 0, detail
 
