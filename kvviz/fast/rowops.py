@@ -39,8 +39,9 @@ from kvviz.measure.machine import cpu_name
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "rowops.c"  # GPT-2's (in, out) layout
-SOURCES = (SOURCE, CSRC / "rowdot.c")  # and nn.Linear's (out, in) layout, for the Llama family
-HEADERS = (CSRC / "rowcommon.h",)
+# and nn.Linear's (out, in) layout, for the Llama family, and its whole one-row decode step
+SOURCES = (SOURCE, CSRC / "rowdot.c", CSRC / "rowstep.c")
+HEADERS = (CSRC / "rowcommon.h", CSRC / "rowdot.h")
 FLAG_SETS = (
     ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"],
     ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"],  # compilers without -march=native
@@ -67,6 +68,16 @@ class _DotSpec(ctypes.Structure):
                 ("bf16", ctypes.c_int), ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float),
                 ("swiglu", ctypes.c_int), ("rope_dims", ctypes.c_int), ("head_dim", ctypes.c_int),
                 ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p)]
+
+
+class StepSpec(ctypes.Structure):
+    """Mirror of ``kv_step`` in rowstep.c (its size is checked against the library's); built by
+    ``kvviz.fast.rowstep``."""
+
+    _fields_ = [("ops", ctypes.POINTER(ctypes.c_void_p)), ("kv", ctypes.POINTER(ctypes.c_void_p)),
+                ("q_out", ctypes.c_void_p), ("n_layer", ctypes.c_int), ("nh", ctypes.c_int), ("nkv", ctypes.c_int),
+                ("hs", ctypes.c_int), ("max_len", ctypes.c_int), ("n_embd", ctypes.c_int),
+                ("mlp_width", ctypes.c_int)]
 
 
 _lock = threading.Lock()
@@ -222,8 +233,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         lib = None if path is None else _open(path)[0]
         if lib is None:
             return None, why
-    if (lib.kv_struct_size(), lib.kv_dot_struct_size(), lib.kv_dot_max_seg()) != (
-            ctypes.sizeof(_Spec), ctypes.sizeof(_DotSpec), MAX_SEGMENTS):
+    if (lib.kv_struct_size(), lib.kv_dot_struct_size(), lib.kv_dot_max_seg(), lib.kv_step_struct_size()) != (
+            ctypes.sizeof(_Spec), ctypes.sizeof(_DotSpec), MAX_SEGMENTS, ctypes.sizeof(StepSpec)):
         return None, f"{path} does not match this kvviz (struct size)"
     fn = lib.kv_linear_row
     fn.restype = None
@@ -232,6 +243,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                    ctypes.c_void_p, ctypes.c_int]
+    fn = lib.kv_llama_step
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     return lib, f"built with {Path(cc).name} ({path.name})"
 
 

@@ -22,25 +22,9 @@
 #include <stdlib.h>
 
 #include "rowcommon.h"
+#include "rowdot.h"
 
-#define MAX_SEG 3
 #define STACK_FLOATS 16384 /* normalized input rows up to this size stay on the stack */
-
-typedef struct {
-    const void *w[MAX_SEG];     /* segment s: (n_out[s], n_in) row-major, fp32 or bf16 */
-    const float *bias[MAX_SEG]; /* (n_out[s],) or NULL */
-    int n_out[MAX_SEG];
-    int n_seg;
-    int n_in;
-    int bf16;            /* 1: the weights are bf16 */
-    const float *norm_w; /* (n_in,) or NULL: RMSNorm each input row first */
-    float eps;
-    int swiglu;    /* 1: two segments, gate and up; y = silu(gate) * up, n_out[0] outputs */
-    int rope_dims; /* rotate outputs [0, rope_dims) of each row, head by head; 0: none */
-    int head_dim;
-    const float *cos; /* (positions, head_dim) fp32 tables, read at each row's position */
-    const float *sin;
-} kv_dot;
 
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};

@@ -1,0 +1,107 @@
+/* A whole decode step of a Llama for one row, in one call: every layer's four fused calls
+ * (rowdot.c), the write of the new K and V into a static cache, and attention over the cache.
+ *
+ * Why this exists: with the weights streamed by rowdot.c, what is left of SmolLM2's decode step
+ * beyond its weight-streaming floor is the Python between the calls: per layer, four calls
+ * through ctypes, splitting q|k|v, the cache write and PyTorch's SDPA, about 60 us of dispatch for
+ * a few microseconds of arithmetic, 30 times a token. Here the layers follow one another in C;
+ * the only thing done per layer outside rowdot.c is attention for one query row, whose work
+ * (nh x S dot products of head_dim, S the cached positions) is tiny next to the weights.
+ *
+ * The cache is kvviz's StaticKVCache for batch 1 in fp32: per layer a K and a V buffer of
+ * (nkv, max_len, hs), written at position `slot` and read over 0..slot. The maths is the readable
+ * model's: q and k rotated by RoPE at `pos` (inside rowdot.c), softmax(q k^T / sqrt(hs)) v with
+ * query head h reading KV head h / (nh / nkv) (GQA). kvviz/fast/llama.py calls it; tests hold it to
+ * the readable model and to a float64 reference.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rowdot.h"
+
+#define STEP_STACK_FLOATS 16384 /* attention scores up to this many stay on the stack */
+
+typedef struct {
+    const kv_dot *const *ops; /* 4 per layer: RMSNorm+q|k|v+RoPE, o_proj+res, RMSNorm+SwiGLU, down+res */
+    float *const *kv;         /* 2 per layer: its K and V buffers, (nkv, max_len, hs) each */
+    float *q_out;             /* (n_layer, nh hs): each layer's rotated query, or NULL */
+    int n_layer;
+    int nh, nkv, hs;
+    int max_len;   /* positions per head in a K/V buffer */
+    int n_embd;    /* C: the residual row */
+    int mlp_width; /* the SwiGLU's output: down_proj's input */
+} kv_step;
+
+/* y (nh, hs) = softmax(q k^T * scale) v for one query row; k, v (nkv, max_len, hs), positions
+ * 0 .. S-1 read. scores: nh x S floats of scratch. Heads are shared among threads when S is long
+ * enough to pay for waking them. */
+static void attend(const kv_step *s, const float *q, const float *k, const float *v, int S, float *scores,
+                   float *y, int n_threads) {
+    const int nh = s->nh, hs = s->hs, group = s->nh / s->nkv;
+    const size_t head = (size_t)s->max_len * hs;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && S >= 256)
+    for (int h = 0; h < nh; h++) {
+        const float *qh = q + (size_t)h * hs;
+        const float *kh = k + (size_t)(h / group) * head, *vh = v + (size_t)(h / group) * head;
+        float *sc = scores + (size_t)h * S, *yh = y + (size_t)h * hs;
+        float mx = -INFINITY;
+        for (int t = 0; t < S; t++) {
+            const float *kt = kh + (size_t)t * hs;
+            float d = 0.0f;
+            for (int j = 0; j < hs; j++) d += qh[j] * kt[j];
+            sc[t] = d * scale;
+            if (sc[t] > mx) mx = sc[t];
+        }
+        double sum = 0.0;
+        for (int t = 0; t < S; t++) {
+            sc[t] = expf(sc[t] - mx);
+            sum += sc[t];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < hs; j++) yh[j] = 0.0f;
+        for (int t = 0; t < S; t++) {
+            const float p = sc[t] * inv, *vt = vh + (size_t)t * hs;
+            for (int j = 0; j < hs; j++) yh[j] += p * vt[j];
+        }
+    }
+}
+
+/* x (n_embd,): the embedded token in, the residual stream after the last layer out (fp32,
+ * contiguous). pos: the position RoPE rotates at; slot: the cache position written (S = slot + 1
+ * positions attended). Returns 0, or -1 when scratch memory or a fused call fails. */
+int kv_llama_step(const kv_step *s, float *x, int64_t pos, int slot, int n_threads) {
+    const int nh = s->nh, nkv = s->nkv, hs = s->hs, C = s->n_embd, S = slot + 1;
+    const int qd = nh * hs, kvd = nkv * hs;
+    if (slot < 0 || slot >= s->max_len || nh % nkv) return -1;
+    float qkv[qd + 2 * kvd], y[qd], h[s->mlp_width], x2[C];
+    const size_t n_sc = (size_t)nh * S;
+    float sc_stack[n_sc <= STEP_STACK_FLOATS ? n_sc : 1];
+    float *scores = n_sc <= STEP_STACK_FLOATS ? sc_stack : malloc(sizeof(float) * n_sc);
+    if (!scores) return -1;
+    int rc = 0;
+    const size_t head = (size_t)s->max_len * hs;
+    for (int i = 0; i < s->n_layer && rc == 0; i++) {
+        const kv_dot *const *op = s->ops + 4 * i;
+        float *kc = s->kv[2 * i], *vc = s->kv[2 * i + 1];
+        rc |= kv_dot_rows(op[0], x, 1, NULL, qkv, n_threads, &pos, 1); /* RMSNorm, q|k|v, RoPE on q, k */
+        for (int g = 0; g < nkv; g++) { /* the new K and V: position `slot` of every KV head */
+            memcpy(kc + g * head + (size_t)slot * hs, qkv + qd + (size_t)g * hs, sizeof(float) * hs);
+            memcpy(vc + g * head + (size_t)slot * hs, qkv + qd + kvd + (size_t)g * hs, sizeof(float) * hs);
+        }
+        if (s->q_out) memcpy(s->q_out + (size_t)i * qd, qkv, sizeof(float) * qd);
+        attend(s, qkv, kc, vc, S, scores, y, n_threads); /* (nh, hs): the heads side by side */
+        rc |= kv_dot_rows(op[1], y, 1, x, x2, n_threads, NULL, 1); /* x + y Wo^T */
+        rc |= kv_dot_rows(op[2], x2, 1, NULL, h, n_threads, NULL, 1); /* silu(gate) * up of RMSNorm(x) */
+        rc |= kv_dot_rows(op[3], h, 1, x2, x, n_threads, NULL, 1); /* x + h Wd^T, back into x */
+    }
+    if (scores != sc_stack) free(scores);
+    return rc ? -1 : 0;
+}
+
+/* The constant the Python side checks before it trusts this build. */
+int kv_step_struct_size(void) { return (int)sizeof(kv_step); }

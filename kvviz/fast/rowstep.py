@@ -1,0 +1,81 @@
+"""A Llama's whole one-row decode step in one call into C (``csrc/rowstep.c``).
+
+``fast/llama.py``'s one-row step makes four calls into C per layer and, between them, splits
+q|k|v, writes the cache and runs SDPA in PyTorch: tens of microseconds of Python and dispatch per
+layer, 30 times a SmolLM2 token, which the weight-streaming floor does not pay. ``LlamaStep`` chains the same four calls (the plan's own ``RowDot`` specs, so the same weights
+and fusions) with the cache write and attention inside C, once per token: SmolLM2 decoded 1.20x faster at 2
+threads and 1.07x at 1 (docs/performance.md, "The whole step in C").
+
+It serves the common case only, and says so by returning None from ``step_for``: a
+``StaticKVCache`` (exactly that class) of batch 1 in fp32 on the CPU, with fp32 weights' plan.
+Every other cache (concat, paged, quantized, windowed), a bf16 cache, or a batch keeps the
+per-layer path, whose maths this equals (tests hold both to the readable model).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvviz.engine.cache import StaticKVCache
+from kvviz.fast.rowops import RowDot, StepSpec, load
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvviz.engine.models.llama import LlamaConfig
+
+
+class LlamaStep:
+    """The C step for one plan and one cache: the specs' and the K/V buffers' addresses, and a
+    buffer where C leaves each layer's rotated query (for captures)."""
+
+    def __init__(self, ops: tuple[RowDot, ...], cache: StaticKVCache, c: "LlamaConfig") -> None:
+        lib = load()
+        assert lib is not None and c.head_dim is not None and len(ops) == 4 * c.n_layer
+        nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
+        addrs = [op.spec_addr for op in ops]
+        self.buffers = tuple(t for pair in zip(cache.k, cache.v) for t in pair)  # K0, V0, K1, V1, ...
+        self.q = torch.empty(c.n_layer, nh * hs, dtype=torch.float32)  # (n_layer, nh hs)
+        self._ops = (ctypes.c_void_p * len(addrs))(*addrs)
+        self._kv = (ctypes.c_void_p * len(self.buffers))(*(t.data_ptr() for t in self.buffers))
+        self.spec = StepSpec(ctypes.cast(self._ops, ctypes.POINTER(ctypes.c_void_p)),
+                             ctypes.cast(self._kv, ctypes.POINTER(ctypes.c_void_p)), self.q.data_ptr(),
+                             c.n_layer, nh, nkv, hs, cache.k[0].shape[2], c.n_embd,
+                             ops[2].n_out)
+        self._addr = ctypes.addressof(self.spec)
+        self.ops = ops  # keeps the specs the addresses point at alive
+        self.threads = ops[0].threads
+        self.write_bytes = 2 * c.n_layer * nkv * hs * 4  # one position's K and V, every layer, fp32
+        self._fn = lib.kv_llama_step
+
+    def matches(self, ops: tuple[RowDot, ...], cache: StaticKVCache) -> bool:
+        """Still the plan and the buffers it was built for (a reorder to a new batch replaces them)."""
+        return ops is self.ops and all(a is b for a, b in zip(self.buffers, (t for p in zip(cache.k, cache.v)
+                                                                              for t in p)))
+
+    def __call__(self, x: torch.Tensor, pos: int, slot: int) -> None:
+        """x: the embedded token, (C,) contiguous fp32, replaced in place by the last layer's
+        residual stream. RoPE rotates at ``pos``; K and V are written at cache position ``slot``."""
+        if self._fn(self._addr, x.data_ptr(), pos, slot, self.threads):
+            raise MemoryError("rowstep: no memory for the attention scores")
+
+
+_steps: "weakref.WeakKeyDictionary[StaticKVCache, LlamaStep]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()  # the app's sessions decode on several threads, each with its own cache
+
+
+def step_for(ops: tuple[RowDot, ...], cache: object, c: "LlamaConfig") -> LlamaStep | None:
+    """The C step for a plan's per-layer calls (``RowPlan.step_ops``: four per layer, fp32
+    weights; empty for bf16) and this cache, built once per cache, or None where it does not apply."""
+    if not ops or type(cache) is not StaticKVCache or cache.batch != 1 or cache.dtype != torch.float32 \
+            or cache.device.type != "cpu" or load() is None:
+        return None
+    if not all(t.is_contiguous() for t in (*cache.k, *cache.v)):
+        return None
+    step = _steps.get(cache)
+    if step is None or not step.matches(ops, cache):
+        with _lock:
+            step = _steps[cache] = LlamaStep(ops, cache, c)
+    return step

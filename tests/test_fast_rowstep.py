@@ -1,0 +1,123 @@
+"""The whole one-row decode step in C (kvviz.fast.rowstep, csrc/rowstep.c) against the per-layer
+path it replaces and the readable model: logits, cache contents and byte counts, captures, long
+caches (heads shared among threads, scores on the heap), and the caches it must leave alone."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import kvviz.fast.rowstep
+from kvviz.engine.cache import ConcatKVCache, StaticKVCache
+from kvviz.engine.capture import ForwardCapture
+from kvviz.engine.load import LoadedModel
+from kvviz.fast import rowops
+from kvviz.fast.rowstep import LlamaStep, step_for
+from tests.test_fast_llama import BASE, make_llama, reference, tokens
+
+pytestmark = pytest.mark.skipif(rowops.load() is None, reason="needs the C row ops")
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The slots the C step wrote, one per call."""
+    seen: list[int] = []
+    real = LlamaStep.__call__
+
+    def spy(self: LlamaStep, x: torch.Tensor, pos: int, slot: int) -> None:
+        seen.append(slot)
+        real(self, x, pos, slot)
+    monkeypatch.setattr(LlamaStep, "__call__", spy)
+    return seen
+
+
+def per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turn the C step off: fast/llama.py's per-layer path (four C calls per layer, SDPA)."""
+    monkeypatch.setattr(kvviz.fast.llama, "step_for", lambda *a: None)
+
+
+def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[int] = frozenset()
+           ) -> tuple[torch.Tensor, StaticKVCache, list[ForwardCapture]]:
+    """Prefill idx[:, :prefill], then one token at a time: logits (1, T, V), the cache, captures."""
+    T = idx.shape[1]
+    cache = StaticKVCache(m.config, batch=1, dtype=m.dtype)
+    caps = []
+    with torch.inference_mode():
+        out = [m.fast.forward(idx[:, :prefill], torch.arange(prefill), cache)]
+        cache.advance(prefill)
+        for t in range(prefill, T):
+            fc = ForwardCapture(layers)
+            out.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache, fc))
+            cache.advance(1)
+            caps.append(fc)
+    return torch.cat(out, dim=1), cache, caps
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("kind", ["mha", "gqa", "mqa", "head_dim", "untied"])
+def test_step_equals_the_per_layer_path_and_float64(kind: str, threads: int, calls: list[int],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    m = make_llama(kind, seed=21)
+    idx = tokens(1, 20, seed=22)
+    layers = frozenset(range(m.config.n_layer))
+    got, cache, caps = decode(m, idx, 4, layers)
+    assert calls == list(range(4, 20))  # every decode step went through C, at the cache's position
+    torch.testing.assert_close(got.double(), reference(m, idx), atol=2e-5, rtol=1e-5)
+    per_layer(monkeypatch)
+    want, cache2, caps2 = decode(m, idx, 4, layers)
+    assert calls == list(range(4, 20))  # no more calls into the C step
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert cache.bytes_copied == cache2.bytes_copied and cache.pos == cache2.pos == 20
+    for i in layers:
+        torch.testing.assert_close(cache.layer(i)[0], cache2.layer(i)[0], atol=1e-5, rtol=1e-5)  # post-RoPE K
+        torch.testing.assert_close(cache.layer(i)[1], cache2.layer(i)[1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(caps, caps2):  # captures: the same q, and the cache's own K/V up to the new position
+        for i in layers:
+            torch.testing.assert_close(a.q_last[i], b.q_last[i], atol=1e-5, rtol=1e-5)
+            assert a.k[i].shape == b.k[i].shape and a.v[i].shape == b.v[i].shape
+    # a capture's q is its own copy: the next step's query does not overwrite it
+    assert not torch.equal(caps[0].q_last[0], caps[1].q_last[0])
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_a_long_cache_reads_every_position(threads: int, calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """2,100 cached positions: the heads are shared among the threads (S >= 256), and the
+    8 heads x S scores no longer fit the stack (> 16,384 floats)."""
+    monkeypatch.setitem(BASE, "block_size", 2112)
+    m = make_llama("gqa", seed=23)
+    idx = tokens(1, 2104, seed=24)
+    got, _, _ = decode(m, idx, 2100)
+    assert calls == [2100, 2101, 2102, 2103]
+    per_layer(monkeypatch)
+    want, _, _ = decode(m, idx, 2100)
+    torch.testing.assert_close(got[:, -4:], want[:, -4:], atol=2e-5, rtol=1e-5)
+
+
+def test_other_caches_keep_the_per_layer_path() -> None:
+    m = make_llama("gqa", seed=25)
+    ops = m.fast.plan().rows.step_ops
+    c = m.config
+    assert len(ops) == 4 * c.n_layer and step_for(ops, StaticKVCache(c), c) is not None
+    assert step_for(ops, StaticKVCache(c, batch=2), c) is None
+    assert step_for(ops, StaticKVCache(c, dtype=torch.bfloat16), c) is None
+    assert step_for(ops, ConcatKVCache(c), c) is None
+    assert make_llama("gqa", dtype=torch.bfloat16).fast.plan().rows.step_ops == ()  # bf16 weights: per layer
+
+    class Counting(StaticKVCache):  # a subclass may override update(): never bypassed
+        pass
+    assert step_for(ops, Counting(c), c) is None
+
+
+def test_a_reorder_to_a_new_batch_rebuilds_the_step() -> None:
+    """Beam search may replace a static cache's buffers; the step must not write the old ones."""
+    m = make_llama("gqa", seed=26)
+    ops, c = m.fast.plan().rows.step_ops, m.config
+    cache = StaticKVCache(c)
+    first: Any = step_for(ops, cache, c)
+    assert step_for(ops, cache, c) is first  # built once per cache
+    cache.reorder(torch.tensor([0, 0]))  # fanned out to 2 rows: new buffers, batch 2
+    assert step_for(ops, cache, c) is None
+    cache.reorder(torch.tensor([1]))  # back to one row, in new buffers again
+    again = step_for(ops, cache, c)
+    assert again is not None and again is not first and again.buffers[0] is cache.k[0]
