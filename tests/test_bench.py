@@ -153,6 +153,50 @@ def test_a_llama_case_measures_both_engines_bf16_and_the_floors(tmp_path: Path,
     assert len(calls) == (3 * (4 * 2 + 1) if rowops.load() is not None else 0)
 
 
+def test_llama_cpp_is_measured_beside_kvviz_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With llama-cpp-python importable (a stand-in here: CI does not compile llama.cpp), a GGUF
+    model's case runs llama.cpp on the same file, greedy, for exactly n tokens, and the bf16 ratio
+    is taken against that measured figure, not the quoted one."""
+    pytest.importorskip("transformers")
+    import types
+
+    from kvviz.measure import bench
+    from test_gguf import make_hf, write_gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf", make_hf())
+    seen: dict[str, object] = {}
+
+    class FakeLlama:
+        def __init__(self, model_path: str, n_threads: int, n_ctx: int, verbose: bool) -> None:
+            seen.update(model_path=model_path, n_threads=n_threads, n_ctx=n_ctx)
+
+        def reset(self) -> None:
+            seen["resets"] = int(seen.get("resets", 0)) + 1  # type: ignore[call-overload]
+
+        def generate(self, tokens: list[int], temp: float, top_k: int, reset: bool):  # type: ignore[no-untyped-def]
+            seen.update(prompt=list(tokens), temp=temp, top_k=top_k)
+            while True:  # never stops by itself: the runner takes n tokens
+                yield 5
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    monkeypatch.setattr(bench, "have_llama_cpp", lambda: True)
+    variants = ("kvviz_static", "kvviz_static_bf16")
+    case = bench.Case("gguf", 6, variants, model=str(path))
+    r = bench.bench_case(case, repeats=1, prompt_len=4, device="cpu", with_hf=False)
+    d = r["variants"][bench.LLAMA_CPP]
+    model = bench.load_model(str(path))
+    prompt = bench._prompt(case, model, 4)
+    assert seen["model_path"] == str(path) and seen["n_threads"] == torch.get_num_threads()
+    assert seen["prompt"] == prompt and seen["n_ctx"] == 4 + 6 + 8
+    assert (seen["temp"], seen["top_k"], seen["resets"]) == (0.0, 1, 2)  # greedy; warm-up + 1 timed run
+    assert d["dtype"] == "q4_1 (llama.cpp)" and d["tokens_match"] is None and d["runs"] == 1
+    kvviz_ids = bench._runner("kvviz_static", model, None, prompt, 6)()
+    assert d["same_tokens_before_divergence"] == next((i for i, t in enumerate(kvviz_ids) if t != 5), 6)
+    assert r["ratios"]["kvviz_static_bf16_vs_llama_cpp_q4_1"] == pytest.approx(
+        r["variants"]["kvviz_static_bf16"]["tok_s_median"] / d["tok_s_median"])
+    assert "quoted" not in r
+
+
 def test_cache_sweep_reports_medians_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep.json"
     main(["bench", "--model", "tiny", "--cache-sweep", "12,4", "--repeats", "3", "--out", str(out)])

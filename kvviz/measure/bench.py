@@ -13,8 +13,10 @@ bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before
 ``kvviz_static`` runs the accelerator (``kvviz.fast``); ``readable_static`` the same cached
 generation through the readable model alone (``fast=False``), so both engines are measured.
 Variants ending in ``_bf16`` run the model loaded again with bf16 weights (SmolLM2: the
-accelerator widens them to fp32 as it reads), against llama.cpp's Q4_1 figures quoted from
-issue 17 (llama.cpp cannot be built here).
+accelerator widens them to fp32 as it reads), against llama.cpp on the same GGUF file (its Q4_1
+weights): measured in the same run (``llama_cpp_q4_1``) when ``llama-cpp-python`` is installed
+(``pip install llama-cpp-python`` compiles llama.cpp, minutes; never a kvviz dependency), else
+issue 17's quoted figures, said to be quoted.
 
 The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
 one row each, prepared exactly as kvviz's decode step runs them) once per token: no attention,
@@ -25,6 +27,7 @@ transformers here.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -74,10 +77,36 @@ CASES = (
     Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16",
                          "floor_bf16"), model="smollm2", prompt_text=STORY),
 )
-# llama.cpp on SmolLM2's Q4_1 file (98 MB streamed per token), on this 2-core CPU, by thread
-# count, as issue 17 quotes them; llama.cpp cannot be built here, so they are not re-measured.
+# llama.cpp on SmolLM2's Q4_1 file (98 MB streamed per token), on a 2-core CPU, by thread count,
+# as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
 LLAMA_CPP_SOURCE = "llama.cpp, SmolLM2-135M-Instruct Q4_1, 64 new tokens, quoted from issue 17 (not measured here)"
+LLAMA_CPP = "llama_cpp_q4_1"  # the measured variant's name
+
+
+def have_llama_cpp() -> bool:
+    """llama-cpp-python importable: a benchmark-only extra, never a kvviz dependency."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _llama_cpp_runner(model: LoadedModel, prompt: list[int], n: int) -> Callable[[], list[int]]:
+    """llama.cpp on the GGUF file ``model`` was loaded from (its own quantized weights), greedy,
+    at torch's thread count, prompt ids as given: n tokens, no stop at the end token (as kvviz's
+    variants on the bench's story, which never reaches one)."""
+    from llama_cpp import Llama as LlamaCpp  # type: ignore[import-not-found]
+
+    llm = LlamaCpp(model_path=str(model.source), n_threads=torch.get_num_threads(), n_ctx=len(prompt) + n + 8,
+                   verbose=False)
+
+    def run_llama_cpp() -> list[int]:
+        llm.reset()
+        out: list[int] = []
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            out.append(int(tok))
+            if len(out) == n:
+                break
+        return out
+    return run_llama_cpp
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -174,6 +203,8 @@ def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
 def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
     if variant.startswith("floor"):
         return _floor_runner(model, n)
+    if variant == LLAMA_CPP:
+        return _llama_cpp_runner(model, prompt, n)
     if variant == "hf":
         ids = torch.tensor([prompt], device=model.device)
 
@@ -213,6 +244,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     spec = case.model or f"random:{case.shape}"
     model = load_model(spec, device=device)
     variants = [v for v in case.variants if with_hf or v != "hf"]
+    if str(model.source).endswith(".gguf") and have_llama_cpp():  # llama.cpp reads the same file
+        variants.append(LLAMA_CPP)
     models = {v: model for v in variants}
     if any(v.endswith("_bf16") for v in variants):
         half = load_model(spec, device=device, dtype="bf16")
@@ -247,7 +280,9 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         d = res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
                                   "runs": len(tps), "runs_tok_s": runs, "dtype": models[v].dtype_name,
                                   "tokens_match": None if floor else tokens[v] == ref}
-        if not floor and models[v].dtype != model.dtype:  # other weights: tokens may part ways
+        if v == LLAMA_CPP:
+            d["dtype"] = "q4_1 (llama.cpp)"
+        if not floor and (models[v].dtype != model.dtype or v == LLAMA_CPP):  # other weights: tokens may part ways
             d["tokens_match"] = None
             d["same_tokens_before_divergence"] = next(
                 (i for i, (a, b) in enumerate(zip(tokens[v], ref)) if a != b), min(len(tokens[v]), len(ref)))
@@ -266,7 +301,7 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     for k, a, b in pairs:
         per_repeat = sorted(x / y for x, y in zip(vs[a]["runs_tok_s"], vs[b]["runs_tok_s"]))
         res["ratio_spread"][k] = {"min": per_repeat[0], "max": per_repeat[-1]}
-    if "kvviz_static_bf16" in vs and case.shape == "smollm2":
+    if "kvviz_static_bf16" in vs and case.shape == "smollm2" and LLAMA_CPP not in vs:  # else measured, above
         threads = min(max(torch.get_num_threads(), 1), 2)
         quoted = LLAMA_CPP_Q4_1[threads]
         res["quoted"] = {"llama_cpp_q4_1_tok_s": quoted, "threads": threads, "source": LLAMA_CPP_SOURCE}
@@ -288,6 +323,8 @@ RATIOS = (
     ("static_vs_concat", "kvviz_static", "kvviz_concat"),
     ("bf16_vs_fp32", "kvviz_static_bf16", "kvviz_static"),
     (None, "kvviz_static_bf16", "floor_bf16"),
+    (None, "kvviz_static_bf16", LLAMA_CPP),  # measured; the quoted figure otherwise
+    (None, "kvviz_static", LLAMA_CPP),
 )
 
 
