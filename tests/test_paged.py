@@ -130,6 +130,23 @@ def test_reorder_shares_and_copy_on_write_by_hand(make_llama: Callable[..., Load
     bp.check()
 
 
+def test_blocks_a_failed_step_claimed_go_back_to_the_pool(make_llama: Callable[..., LoadedModel]) -> None:
+    """A forward that claims blocks and then fails (an error in a later layer) never advances the
+    cache; the next, shorter step must return the extra blocks, not drop them with ref count 1."""
+    cfg = make_llama().config
+    cache = PagedKVCache(cfg, block_size=4, num_blocks=8)
+    _fill(cache, [5, 6, 7])  # one partial block
+    free_before = len(cache.pool.blocks.free)
+    k = torch.randn(1, cfg.kv_heads, 9, cfg.head_dim)
+    with torch.inference_mode():
+        cache.update(0, k, k)  # layer 0 claims blocks for 3 + 9 = 12 positions, then the forward "fails"
+    assert len(cache.tables[0]) == 3 and len(cache.pool.blocks.free) == free_before - 2
+    _fill(cache, [8])  # the next step needs the one block it had
+    assert cache.tables[0] == cache.tables[0][:1] and cache.stats().blocks_used == 1
+    assert len(cache.pool.blocks.free) == free_before  # both claimed blocks are free again
+    cache.pool.blocks.check()
+
+
 def test_write_into_a_hashed_block_copies_it(make_llama: Callable[..., LoadedModel]) -> None:
     cfg = make_llama().config
     cache = PagedKVCache(cfg, block_size=4, num_blocks=8)

@@ -58,6 +58,13 @@ def test_rollback_leaves_the_cache_of_a_never_speculated_run(model: LoadedModel,
     assert got.bytes_used == ref.bytes_used
     if kind != "paged":  # a paged pool's size is the run's choice (room for the drafts), not the tokens'
         assert got.bytes_allocated == ref.bytes_allocated
+    else:  # the same blocks held, filled and hashed; nothing leaked to the rolled-back positions
+        a, b = got.stats(), ref.stats()
+        assert (a.blocks_used, a.bytes_held, a.bytes_filled, a.fragmentation_bytes, a.blocks_shared) == \
+            (b.blocks_used, b.bytes_held, b.bytes_filled, b.fragmentation_bytes, b.blocks_shared)
+        assert a.blocks_used + a.blocks_free + a.blocks_cached == a.num_blocks  # every block accounted for
+        assert len(got.tables[0]) == len(ref.tables[0])
+        got.pool.blocks.check()
     for i in range(model.config.n_layer):
         for a, b in zip(got.layer(i), ref.layer(i)):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -132,8 +132,9 @@ class PagedKVCache(KVCache):
         """Claim the blocks positions pos..pos+T need (copy-on-write first) and index their slots."""
         bs, blocks, start = self.block_size, self.pool.blocks, self.pos
         need = blocks_for(start + T, bs)
-        for table in self.tables:
-            del table[need:]  # blocks a failed step claimed beyond what it needs (never read)
+        for r, table in enumerate(self.tables):
+            if len(table) > need:  # blocks a failed step claimed beyond what this one needs (never read)
+                self._release(r, need)
             j = start // bs
             if start % bs and blocks.needs_copy(table[j]):  # appending into a shared/immutable block
                 new = blocks.allocate()

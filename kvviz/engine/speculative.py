@@ -9,7 +9,9 @@ chunked prefill at ``cache.pos``), giving the model's distribution after each of
 keeps the longest prefix of drafts equal to the model's argmax, plus the model's own next token,
 so the text is token-identical to plain greedy decoding (up to the float rounding of a batched
 forward against a one-row one, which can only matter on an exact near-tie). The positions of
-rejected drafts are then dropped with ``cache.truncate``: the rollback.
+rejected drafts are then dropped with ``cache.truncate``: the rollback. The ids fed are not told to
+the cache (``note_tokens``): a paged cache would hash the blocks that drafts filled before the
+rollback drops them, so a speculative run's blocks are not offered for prefix reuse.
 
 Sampling uses the standard rejection rule (Leviathan et al. 2023, Chen et al. 2023) with a point-
 mass draft distribution q = delta(x), since the drafter is deterministic: accept x with probability
