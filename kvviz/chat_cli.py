@@ -55,11 +55,18 @@ def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=not args.no_fast)
     conv.warm_up()  # turn 1's TTFT then times the model, not first-call costs
     turns, lines = [], []
+    error = None
     for i, text in enumerate(args.turn):
         try:
             t = conv.send(text)
         except KVVizError as e:
-            raise KVVizError(f"turn {i + 1}: {e}") from None
+            if not turns:  # nothing to keep: the plain error
+                raise KVVizError(f"turn {i + 1}: {e}") from None
+            # The turns already answered are printed with the error (nothing is lost): _cmd_chat
+            # prints them, then exits with the error like any other.
+            error = f"turn {i + 1}: {e}"
+            lines += [f"> {text}", f"error: {error}", ""]
+            break
         d = t.to_dict()
         if args.check:
             d["matches_scratch"] = conv.matches_scratch(i)
@@ -76,6 +83,8 @@ def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
         "engine": "fast" if not args.no_fast and model.fast is not None else "readable",
         "turns": turns,
     }
+    if error is not None:
+        obj["error"] = error
     if args.cache == "paged":
         obj["pool"] = conv.cache.stats().to_dict()  # type: ignore[attr-defined]
     return obj, "\n".join(lines).rstrip()

@@ -271,6 +271,8 @@ def _cmd_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
     obj, text = run_chat(args, parser)
     _emit(args, obj, text)
+    if "error" in obj:  # a later turn failed: the answered turns are out, then the usual exit 2
+        raise KVVizError(f"{obj['error']} (the {len(obj['turns'])} turn(s) before it are printed above)")
 
 
 def _add_bench_spec(sub: argparse._SubParsersAction) -> None:

@@ -158,6 +158,25 @@ def test_cli_bad_input(chat_llama: LoadedModel, monkeypatch: pytest.MonkeyPatch,
         assert msg in err and "Traceback" not in err
 
 
+def test_cli_keeps_the_answered_turns_when_a_later_one_fails(chat_llama: LoadedModel,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import kvviz.engine.load as load
+
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: chat_llama)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["chat", "--turn", "hi", "--turn", "y" * 300, "--max-new-tokens", "3", "--json"])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert len(obj["turns"]) == 1 and obj["turns"][0]["prompt_tokens"] > 0  # turn 1 answered and kept
+    assert obj["error"].startswith("turn 2: the conversation is")
+    assert "turn 2: the conversation is" in err and "1 turn(s) before it are printed above" in err
+    assert "Traceback" not in err
+
+
 def test_smollm2_second_turn_reuses_the_first(smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The real model through the CLI: the template's boundary (<|im_end|>\\n) and greedy == scratch."""
