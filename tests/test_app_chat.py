@@ -38,10 +38,19 @@ def test_chat_turns_reuse_and_show_the_pool() -> None:
     assert any("copy-on-write copies" in c for c in captions)  # the pool's accounting line
     assert {"Tokens per turn", "Time to first token", "Physical pool", "Block tables"} <= set(_titles(at))
     assert [t.value for t in at.text][:2] == ["hello", t1.text]  # user and model text as plain text
-    # Check against scratch, then edit the first message: one turn left, reused up to the edit.
+    # Check against scratch, then edit the second message: turn 1 is kept whole, turn 2 reuses it all.
     at.button(key="chat_check").click().run()
     _ok(at)
     assert sum("equals a from-scratch generation ✓" in c.value for c in at.caption) == 2
+    at.selectbox(key="chat_edit_turn").set_value(1)
+    at.text_input(key="chat_edit").set_value("and less")
+    at.button(key="chat_edit_go").click().run()
+    _ok(at)
+    conv = at.session_state["chat_conv"]
+    assert [t.user for t in conv.turns] == ["hello", "and less"] and conv.turns[0] is t1
+    assert conv.turns[1].reused_tokens >= t2.reused_tokens  # up to the edit: turn 1 and past "and "
+    # Then the first message: one turn left, reused up to the edit.
+    at.selectbox(key="chat_edit_turn").set_value(0)
     at.text_input(key="chat_edit").set_value("hellO")
     at.button(key="chat_edit_go").click().run()
     _ok(at)

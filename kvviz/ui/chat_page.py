@@ -1,7 +1,7 @@
 """The Chat page: a conversation whose KV cache lives across turns, and the paged pool under it.
 
 Each turn prefills only what is new (the chat template's tokens for the new message plus the
-assistant header) and decodes on the same cache; editing the first message keeps the cache up to
+assistant header) and decodes on the same cache; editing an earlier message keeps the cache up to
 its first changed token; a timestamp at the start of the system prompt misses every turn. The
 one-click scenario (kvviz/ui/chat_scenario.py) runs parallel samples, a hit and a miss on one pool.
 """
@@ -103,11 +103,14 @@ def _chat(conv: Conversation) -> None:
     text = st.chat_input("Say something", key="chat_input")
     if text is not None:
         _send(conv, text)
-    b1, b2, b3, b4 = st.columns([2, 2, 1, 1])
-    edit = b1.text_input("Edit the first message and answer again", key="chat_edit",
-                         disabled=not conv.turns, placeholder="the first message, changed")
-    if b1.button("Replace the first message", key="chat_edit_go", disabled=not conv.turns):
-        _send(conv, edit, edit_first=True)
+    b0, b1, b2, b3, b4 = st.columns([1.2, 2, 1.6, 1, 1])
+    # Any earlier message: the cache is kept up to the first token that changes (in the chips).
+    which = b0.selectbox("Message to edit", range(len(conv.turns)) or [0], key="chat_edit_turn",
+                         disabled=not conv.turns, format_func=lambda i: f"your message {i + 1}")
+    edit = b1.text_input("Edit it and answer again", key="chat_edit", disabled=not conv.turns,
+                         placeholder="the message, changed")
+    if b1.button("Replace the message", key="chat_edit_go", disabled=not conv.turns):
+        _send(conv, edit, edit_turn=min(int(which or 0), max(len(conv.turns) - 1, 0)))
     if b2.button("Check against scratch", key="chat_check", disabled=not conv.turns,
                  help="generates every turn again on a fresh cache (same sampling), compares the tokens, and "
                       "times the TTFT of prefilling the whole conversation"):
@@ -139,18 +142,18 @@ def _chat(conv: Conversation) -> None:
 LIVE_EVERY = 4  # redraw the live pool every this many steps (each draw is a new chart in the browser)
 
 
-def _send(conv: Conversation, text: str, edit_first: bool = False, regenerate: bool = False) -> None:
+def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerate: bool = False) -> None:
     """Run one turn, the pool redrawn live as it decodes (paged); a bad message is shown and
     nothing is lost. A click that interrupts the turn drops it: the conversation stays as it was
     (``Conversation`` records a turn only when it ends), and the next turn's common prefix trims
     whatever the cache took from the dropped one."""
     try:
-        if edit_first or regenerate:
+        if edit_turn is not None or regenerate:
             with st.spinner("Answering again…"):
                 if regenerate:
                     conv.regenerate(conv.params.seed + 1)
                 else:
-                    conv.edit(0, text)
+                    conv.edit(edit_turn or 0, text)
             st.session_state["chat_checks"] = {}
         else:
             live = st.empty()
