@@ -109,6 +109,9 @@ def test_head_grid_and_values_grid_shapes(runs: dict[str, Run]) -> None:
     run = runs["static"]
     z, labels = charts.kv_norm_grid(run, by="head", layer=1)
     assert z.shape[:2] == (2, run.n_kv_head) and labels[0] == "head 0"
+    # GQA: each K/V head names the query heads that read it (SmolLM2: 9 query heads over 3)
+    assert charts.kv_head_labels(9, 3) == ["kv 0 ← q 0-2", "kv 1 ← q 3-5", "kv 2 ← q 6-8"]
+    assert charts.kv_head_labels(4, 1) == ["kv 0 ← q 0-3"] and charts.kv_head_labels(4, 4)[3] == "head 3"
     vals, layer = charts.kv_value_grid(run, kv=1, head=2)
     assert layer == 1 and vals.shape == (run.head_dim, len(run.prompt_ids) + run.max_new_tokens - 1)
 

@@ -100,8 +100,17 @@ def kv_norm_grid(run: Run, by: str = "layer", layer: int = 0) -> tuple[np.ndarra
             vals = a[layer]  # (2, H, Tn)
         end = min(ev.kv_start + vals.shape[-1], X)
         z[:, :, ev.kv_start:end] = vals[:, :, : end - ev.kv_start]
-    labels = [f"layer {i}" for i in range(L)] if by == "layer" else [f"head {h}" for h in range(H)]
+    labels = [f"layer {i}" for i in range(L)] if by == "layer" else kv_head_labels(run.n_head or H, H)
     return z, labels
+
+
+def kv_head_labels(n_head: int, n_kv_head: int) -> list[str]:
+    """One label per K/V head; under GQA/MQA it names the query heads that read it (query head h
+    reads K/V head h // (n_head / n_kv_head), as the models' enable_gqa does)."""
+    group = max(1, n_head // max(1, n_kv_head))
+    if group == 1:
+        return [f"head {h}" for h in range(n_kv_head)]
+    return [f"kv {g} ← q {g * group}-{(g + 1) * group - 1}" for g in range(n_kv_head)]
 
 
 def kv_value_grid(run: Run, kv: int = 0, head: int = 0) -> tuple[np.ndarray, int] | None:
@@ -212,7 +221,8 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
             hovertemplate=f"position %{{x}}<br>%{{y}}<br>length of {name} = %{{z:.2f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y"), ("x2", "y2")], len(labels))
     fig = go.Figure(traces)
-    y_common = dict(autorange="reversed", showgrid=False)
+    # automargin: a GQA head's label ("kv 0 ← q 0-2") is wider than "layer 29"
+    y_common = dict(autorange="reversed", showgrid=False, automargin=True)
     fig.update_layout(
         xaxis=dict(axis, anchor="y", showticklabels=False, title=None),
         xaxis2=dict(axis, anchor="y2", matches="x"),

@@ -66,7 +66,7 @@ def layout(shape: tuple[int, int, int] | None,
     with st.container(key="view_notebook"):
         st.subheader("What the cache holds", anchor=False)
         if shape is not None:
-            opts = _cache_controls(shape[0], shape[2])
+            opts = _cache_controls(shape[0], shape[2], shape[1])
         nb = st.empty()
     with st.container(key="view_attention"):
         st.subheader("What the newest token attends to", anchor=False)
@@ -95,7 +95,7 @@ def _layout_present(shape: tuple[int, int, int] | None,
         if shape is not None:
             # Short labels: the buttons sit in the charts' top-right corners, beside their titles.
             with st.popover("Cache view", icon=":material/tune:"):
-                opts = _cache_controls(shape[0], shape[2])
+                opts = _cache_controls(shape[0], shape[2], shape[1])
         nb = st.empty()
     with right, st.container(key="view_attention"):
         if shape is not None:
@@ -138,9 +138,10 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
     show(slots.latency, charts.latency_chart(run), key=f"latency-{key}")
 
 
-def _cache_controls(n_layer: int, n_kv_head: int) -> ViewOptions:
+def _cache_controls(n_layer: int, n_kv_head: int, n_head: int) -> ViewOptions:
     """Selectors of the cache chart (kept across pages like the sidebar's)."""
     layers, kv_heads = list(range(n_layer)), list(range(n_kv_head))
+    head_names = charts.kv_head_labels(n_head, n_kv_head)  # GQA: which query heads read each K/V head
     c1, c2, c3, c4 = st.columns([3.2, 1, 1, 1.1], vertical_alignment="bottom")
     persist.keep("nb_view", "layer", options=tuple(VIEWS))
     view = c1.radio("Cache view", tuple(VIEWS), key="nb_view", format_func=VIEWS.get, horizontal=True,
@@ -150,7 +151,9 @@ def _cache_controls(n_layer: int, n_kv_head: int) -> ViewOptions:
     layer = c2.selectbox("Layer", layers, key="nb_layer", help="The layer of the heads and raw views. Its raw K/V "
                          "values are recorded while generating (the other layers keep norms only).")
     persist.keep("nb_head", 0, options=kv_heads)
-    head = c3.selectbox("K/V head", kv_heads, key="nb_head", help="The head of the raw view.")
+    head = c3.selectbox("K/V head", kv_heads, key="nb_head", format_func=lambda h: head_names[h],
+                        help="The head of the raw view. With fewer K/V heads than query heads (GQA), each K/V "
+                             "head is read by the query heads its label names.")
     persist.keep("nb_kv", "K", options=("K", "V"))
     kv = c4.radio("Raw values of", ("K", "V"), key="nb_kv", horizontal=True, help="Raw view: keys or values.")
     persist.remember("nb_view", "nb_layer", "nb_head", "nb_kv")
