@@ -143,7 +143,13 @@ def test_gap_panel_and_the_live_cache_for_a_builtin() -> None:
     assert all(live["equal"])
     at = fresh(mem_preset="gemma-3-1b")
     assert "Per-layer-type cache groups" in texts(at, "markdown")
-    assert "Pick one of kvviz's own models" in texts(at, "caption")
+    assert "Pick a model kvviz runs" in texts(at, "caption")
+    from kvviz.ui.state import smollm2_present
+
+    if smollm2_present():  # the default model, its caches built from its own GGUF file's header
+        at = fresh(mem_preset="smollm2-135m", mem_seq_len="1000", mem_dtype="fp32")
+        live = table(at, "engine cache (bytes)")
+        assert list(live["tokens held"]) == [8192, 1000] and all(live["equal"])
 
 
 def test_measured_mbu_is_quoted_when_the_prefill_page_ran() -> None:

@@ -507,10 +507,10 @@ def test_calculator_equals_static_cache_bytes_allocated(dtype: str) -> None:
 
     configs = dict(RANDOM_SHAPES)
     if (SHAKESPEARE_DIR / "config.json").is_file():  # the shipped model, once it has been trained
-        configs["default"] = config_from_json(read_config(SHAKESPEARE_DIR))[0]
+        configs["shakespeare"] = config_from_json(read_config(SHAKESPEARE_DIR))[0]
     specs_ = _builtin()
     for name, cfg in configs.items():
-        spec = specs_[f"kvviz:random:{name}" if name != "default" else "kvviz:default"]
+        spec = specs_[f"kvviz:random:{name}" if name != "shakespeare" else "kvviz:shakespeare"]
         for batch in (1, 3):
             # meta tensors report exact nbytes without allocating the (up to 600 MB) buffers
             device = "cpu" if cfg.n_embd * cfg.n_layer <= 1024 else "meta"
@@ -518,6 +518,32 @@ def test_calculator_equals_static_cache_bytes_allocated(dtype: str) -> None:
             res = calculate(spec, MemoryRequest(seq_len=cfg.block_size, batch=batch, kv_dtype=dtype))
             assert res.kv_bytes == cache.bytes_allocated, (name, batch)
             assert res.kv_bytes_per_token * batch == cache.bytes_per_token
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_live_panel_measures_smollm2_from_its_own_gguf_file(dtype: str) -> None:
+    """The calculator page's live panel for the smollm2-135m preset: the engine's caches built from
+    the installed GGUF file's metadata hold exactly the preset's bytes (30 layers x 3 K/V heads x 64
+    x 2 (K and V) x 4 bytes = 46,080 bytes per token in fp32)."""
+    from kvviz.engine.load_llama import smollm2_path
+    from kvviz.errors import KVVizError
+    from kvviz.ui.calculator_engine import measure_caches
+
+    try:
+        smollm2_path()
+    except KVVizError:
+        pytest.skip("SmolLM2 is not installed")
+    spec = load_presets()["smollm2-135m"]
+    got = measure_caches("smollm2-135m", dtype, 2, 1000)
+    assert got is not None and [m.kind for m in got] == ["static", "concat"]
+    static, concat = got
+    per_token = 30 * 3 * 64 * 2 * (4 if dtype == "fp32" else 2)
+    assert (static.tokens, concat.tokens) == (8192, 1000)
+    assert static.bytes_allocated == 2 * 8192 * per_token and concat.bytes_allocated == 2 * 1000 * per_token
+    for m in got:
+        res = calculate(spec, MemoryRequest(seq_len=m.tokens, batch=2, kv_dtype=dtype))
+        assert res.kv_bytes == m.bytes_allocated
+    assert measure_caches("llama-3-8b", dtype, 1, 10) is None  # a model kvviz does not run
 
 
 def test_builtin_param_count_equals_the_model() -> None:

@@ -39,9 +39,11 @@ def builtin_specs(shapes: Mapping[str, Mapping[str, Any]], shipped_config: Path 
     """
     out: dict[str, ModelSpec] = {}
     if shipped_config is not None and shipped_config.is_file():
-        key = BUILTIN_PREFIX + "default"
+        # "shakespeare", not "default": the app's default is SmolLM2 when installed (the calculator
+        # lists SmolLM2 as the published preset smollm2-135m).
+        key = BUILTIN_PREFIX + "shakespeare"
         try:
-            out[key] = load_config_file(shipped_config, name="kvviz default (shipped model)", key=key,
+            out[key] = load_config_file(shipped_config, name="kvviz shakespeare (shipped byte model)", key=key,
                                         source="assets/models/shakespeare/config.json")
         except ConfigError:
             pass  # half-written while the model trains: list the other built-ins anyway

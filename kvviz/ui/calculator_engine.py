@@ -5,6 +5,7 @@ page can put the calculator's figure next to a measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from kvviz.memory import BUILTIN_PREFIX
 
@@ -20,10 +21,16 @@ class Measured:
     bytes_allocated: int
 
 
+SMOLLM2_PRESET = "smollm2-135m"  # the published preset whose model kvviz also runs (from its GGUF file)
+
+
 def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> list[Measured] | None:
-    """Build each engine cache for a built-in model and read its bytes; None when kvviz does not run
-    this model or cannot cache this dtype. Meta tensors: exact nbytes, nothing allocated."""
-    if not preset_key.startswith(BUILTIN_PREFIX):
+    """Build each engine cache for a model kvviz runs and read its bytes; None when kvviz does not
+    run this model or cannot cache this dtype. Meta tensors: exact nbytes, nothing allocated.
+
+    SmolLM2's config comes from its installed GGUF file's own metadata (the engine's reader), not
+    from the preset, so the two sides are computed from independent sources."""
+    if not (preset_key.startswith(BUILTIN_PREFIX) or preset_key == SMOLLM2_PRESET):
         return None
     import torch
 
@@ -33,7 +40,11 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
     if kv_dtype not in DTYPES:
         return None
     name = preset_key.removeprefix(BUILTIN_PREFIX)
-    if name == "default":
+    if preset_key == SMOLLM2_PRESET:
+        cfg = _smollm2_config()
+        if cfg is None:
+            return None
+    elif name == "shakespeare":
         cfg = config_from_json(read_config(SHAKESPEARE_DIR))[0]
     elif name.startswith("random:") and name.removeprefix("random:") in RANDOM_SHAPES:
         cfg = RANDOM_SHAPES[name.removeprefix("random:")]
@@ -50,3 +61,17 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
             cache.advance(t)
         out.append(Measured(kind, cfg.block_size if kind == "static" else t, cache.bytes_allocated))
     return out
+
+
+@lru_cache(maxsize=1)  # the page reruns on every widget change; the installed file does not change
+def _smollm2_config():  # type: ignore[no-untyped-def]
+    """The installed SmolLM2 GGUF file's config (its header only: the reader maps the file, no
+    tensor is dequantized), or None when the package is missing or the file unreadable."""
+    from kvviz.engine.gguf import config_from_metadata, open_gguf
+    from kvviz.engine.load_llama import smollm2_path
+    from kvviz.errors import KVVizError
+
+    try:
+        return config_from_metadata(open_gguf(smollm2_path()))
+    except (KVVizError, OSError, ValueError):
+        return None

@@ -202,7 +202,7 @@ def gap(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
 def _live_cache(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
     measured = measure_caches(spec.key, req.kv_dtype, req.sequences, req.seq_len)
     if measured is None:
-        st.caption("Pick one of kvviz's own models (the kvviz: presets) with an fp32/fp16/bf16 cache to see the "
+        st.caption("Pick a model kvviz runs (smollm2-135m, or the kvviz: presets) with an fp32/fp16/bf16 cache to see the "
                    "calculator next to the engine's live cache here. Its int8, int4, fp8 and windowed caches are "
                    "set beside these same formulas on the Compression lab page, run by run.")
         return
