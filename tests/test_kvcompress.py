@@ -114,7 +114,9 @@ def test_bytes_equal_formula_and_calculator_every_step(make_llama, opts: dict) -
 # ----------------------------------------------------------------------------- windows
 def test_window_at_least_the_sequence_equals_the_full_cache(make_llama) -> None:
     m = make_llama()
-    full = generate(m, prompt_ids=PROMPT, max_new_tokens=30)
+    # The concat cache: the same per-layer attention path as the window caches (a static fp32 cache
+    # decodes through the whole-step C call instead, equal to ~1e-7, not bit for bit).
+    full = generate(m, prompt_ids=PROMPT, max_new_tokens=30, cache_kind="concat")
     for opts in (dict(window=64), dict(window=43), dict(window=50, sinks=4)):
         run = generate(m, prompt_ids=PROMPT, max_new_tokens=30, **opts)
         assert run.generated_ids == full.generated_ids
