@@ -78,7 +78,8 @@ def test_smollm2_greedy_30_tokens_cached_and_uncached(smollm2: LoadedModel, hf_s
     assert run.prompt_ids == tuple(CAPITAL) and run.text.startswith(" Paris.")
 
 
-def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: Any) -> None:
+def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: Any, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     with torch.inference_mode():
         ref = hf_smollm2.generate(torch.tensor([CHAT]), max_new_tokens=12, do_sample=False)[0, len(CHAT):].tolist()
     # "The capital of France is Paris.<|im_end|>": transformers stops on EOS, and so does kvviz.
@@ -88,6 +89,28 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     run = generate(smollm2, prompt="What is the capital of France?", chat=True, max_new_tokens=12, greedy=True)
     assert run.prompt_ids == tuple(CHAT) and run.generated_ids == ref
     assert (run.text, run.stop_reason) == ("The capital of France is Paris.<|im_end|>", "eos")
+    # The top candidates are real subword pieces: the answer's second step weighs " capital".
+    assert run.events[1].top[0].text == " capital" and run.events[0].top[0].text == "The"
+    # messages= is the same conversation spelled out (the template's default system prompt included).
+    from kvviz.engine.chat import chat_prompt
+
+    msgs = [{"role": "system", "content": "You are a terse geographer."},
+            {"role": "user", "content": "What is the capital of France?"}]
+    run2 = generate(smollm2, messages=msgs, max_new_tokens=12, greedy=True)
+    assert run2.prompt_ids == tuple(chat_prompt(smollm2.tokenizer, msgs).ids) and run2.stop_reason == "eos"
+    assert "<|im_start|>system\nYou are a terse geographer.<|im_end|>" in run2.prompt_text
+    # The CLI's --chat: the same answer, the end token named as the stop.
+    import json
+
+    from kvviz import cli
+    import kvviz.engine.load as load
+
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: smollm2)  # the session's model, not a second load
+    assert cli.main(["generate", "--model", "smollm2", "--chat", "--prompt", "What is the capital of France?",
+                     "--greedy", "--max-new-tokens", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["generated_ids"] == ref and out["stop_reason"] == "eos"
+    assert out["text"] == "The capital of France is Paris.<|im_end|>"
 
 
 def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
