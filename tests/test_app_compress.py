@@ -42,9 +42,14 @@ def test_quantized_tab_compares_four_caches() -> None:
     hs = RANDOM_SHAPES["tiny"].head_dim
     # int8 holds a byte per value plus one fp16 scale per head vector, against fp32's 4 bytes per value
     assert list(table["vs full"]) == [f"{(hs + 2) / (4 * hs):.1%}", f"{(hs / 2 + 2) / (4 * hs):.1%}", "25.0%"]
+    assert "Quantization error at every step (int8)" in titles
     at.radio(key="kvq_pick").set_value("int4").run()
     _ok(at)
     assert any(t.startswith("K error per layer and KV head (int4)") for t in _titles(at))
+    at.radio(key="kvq_err_kv").set_value("V")
+    at.radio(key="kvq_err_stat").set_value("mean").run()
+    _ok(at)
+    assert any(t.startswith("V error per layer and KV head (int4)") for t in _titles(at))
 
 
 def test_window_tab_runs_past_the_window_and_explains_gpt2() -> None:

@@ -345,6 +345,36 @@ def test_position_rule_changes_what_the_model_sees_only_after_eviction(make_llam
     assert [e.top for e in short["cache"].events] == [e.top for e in short["original"].events]
 
 
+def test_error_log_per_step_by_hand() -> None:
+    """Two layers of 2 KV heads, a prefill at 0 and a step at 3: each write's max over layers and
+    heads, and its mean over every (layer, head) pair."""
+    from kvviz.engine.kvstore import ErrorLog
+
+    log = ErrorLog()
+    log.rows = [(0, 0, [0.1, 0.4], [0.01, 0.03], [0.2, 0.1], [0.02, 0.02]),
+                (0, 1, [0.3, 0.2], [0.02, 0.04], [0.5, 0.1], [0.04, 0.00]),
+                (3, 0, [0.05, 0.06], [0.01, 0.01], [0.07, 0.02], [0.01, 0.03])]
+    got = log.per_step()
+    assert [g[0] for g in got] == [0, 3]
+    assert got[0][1:] == pytest.approx((0.4, 0.025, 0.5, 0.02))
+    assert got[1][1:] == pytest.approx((0.06, 0.01, 0.07, 0.02))
+
+
+def test_error_log_of_a_real_int8_run(make_llama) -> None:
+    m = make_llama()
+    cache = QuantizedKVCache(m.config, KVSpec(kv_dtype="int8", track_errors=True))
+    k = torch.randn(1, m.config.kv_heads, 4, m.config.head_dim, generator=torch.Generator().manual_seed(0))
+    for i in range(m.config.n_layer):
+        cache.update(i, k, 2 * k)
+    cache.advance(4)
+    (pos, kmax, kmean, vmax, vmean), = cache.errors.per_step()
+    # symmetric int8, one fp16 scale per head vector: the error is at most half a step, absmax / 127 / 2;
+    # V = 2K doubles every scale (exactly, in fp16) and so every error
+    step = k.abs().amax(dim=-1) / 127
+    assert pos == 0 and 0 < kmean <= kmax <= float(step.max()) / 2 * 1.001
+    assert vmax == pytest.approx(2 * kmax, rel=1e-3) and vmean == pytest.approx(2 * kmean, rel=1e-3)
+
+
 def test_a_reset_fp8_cache_takes_its_scale_from_the_next_sequence(make_llama) -> None:
     c = make_llama().config
     cache = QuantizedKVCache(c, KVSpec(kv_dtype="fp8", track_errors=True))

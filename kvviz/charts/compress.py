@@ -74,6 +74,25 @@ def layer_head_heatmap(values: Sequence[Sequence[float]], title: str, subtitle: 
     return _layout(fig, title, subtitle, HEIGHTS["heat"])
 
 
+def error_by_step(steps: Sequence[Sequence[float]], name: str) -> go.Figure:
+    """steps: (position, K max, K mean, V max, V mean) per write: how far the cache's K and V sit
+    from the exact vectors at every step, over all layers and KV heads (log scale)."""
+    title = f"Quantization error at every step ({name})"
+    if not steps:
+        return _message_figure(title, "Nothing measured yet.", HEIGHTS["heat"])
+    x = [int(r[0]) for r in steps]
+    fig = go.Figure()
+    for col, label, color, dash in ((1, "K max", DIFF, "solid"), (2, "K mean", DIFF, "dot"),
+                                    (3, "V max", KEPT, "solid"), (4, "V mean", KEPT, "dot")):
+        fig.add_trace(go.Scatter(x=x, y=[float(r[col]) for r in steps], name=label, mode="lines+markers",
+                                 line=dict(color=color, dash=dash, width=2), marker=dict(size=5),
+                                 hovertemplate=f"position %{{x}} · {label} |error| %{{y:.3g}}<extra></extra>"))
+    fig.update_xaxes(title="first position the write stored (the prefill, then one per step)")
+    fig.update_yaxes(title="|dequantized - exact|", type="log")
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
+    return _layout(fig, title, "over every layer and KV head: the largest error, and the mean", HEIGHTS["heat"])
+
+
 def channel_heatmap(absmax: Sequence[Sequence[float]], layer: int) -> go.Figure:
     """absmax (n_kv_head, head_dim): the largest |K| each channel of each KV head reached."""
     title = f"Keys' outlier channels, layer {layer}"

@@ -62,6 +62,21 @@ class ErrorLog:
             out[r[1]] = list(vals) if old is None else [max(a, b) for a, b in zip(old, vals)]
         return [out[i] for i in sorted(out)]
 
+    def per_step(self) -> list[tuple[int, float, float, float, float]]:
+        """One row per write (a prefill, a chunk or a decode step), by the first position it wrote:
+        (position, K max, K mean, V max, V mean) of |dequantized - exact| over every layer and KV
+        head (the mean weights each layer's heads alike)."""
+        by: dict[int, list[tuple[list[float], list[float], list[float], list[float]]]] = {}
+        for start, _, kmax, kmean, vmax, vmean in self.rows:
+            by.setdefault(start, []).append((kmax, kmean, vmax, vmean))
+        out = []
+        for start in sorted(by):
+            rows = by[start]
+            n = sum(len(r[1]) for r in rows)
+            out.append((start, max(max(r[0]) for r in rows), sum(sum(r[1]) for r in rows) / n,
+                        max(max(r[2]) for r in rows), sum(sum(r[3]) for r in rows) / n))
+        return out
+
     def summary(self) -> dict[str, float]:
         """Max and mean absolute error of K and V over every write, layer and head."""
         if not self.rows:

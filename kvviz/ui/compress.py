@@ -48,6 +48,9 @@ class QuantResult:
     calc_bytes: int  # the calculator's figure for the same settings and positions (memory/compressed.py)
     errors: dict[str, float] = field(default_factory=dict)
     k_err: list[list[float]] = field(default_factory=list)  # (n_layer, nkv) max |K error|
+    # ("k"|"v", "max"|"mean") -> (n_layer, nkv): each write's max or mean |error|, the worst write
+    err_grids: dict[tuple[str, str], list[list[float]]] = field(default_factory=dict)
+    per_step: list[tuple[int, float, float, float, float]] = field(default_factory=list)
     k_absmax: dict[int, list[list[float]]] = field(default_factory=dict)  # layer -> (nkv, hs)
     summary: dict[str, Any] = field(default_factory=dict)  # teacher-forced vs full precision
     attn_kl: list[list[float]] | None = None
@@ -121,6 +124,8 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
                 log = getattr(cache, "errors", None)
                 if log is not None:
                     r.errors, r.k_err = log.summary(), log.per_layer_head("k", "max")
+                    r.err_grids = {(w, m): log.per_layer_head(w, m) for w in ("k", "v") for m in ("max", "mean")}
+                    r.per_step = log.per_step()
                     r.k_absmax = {i: t.tolist() for i, t in log.k_absmax.items()}
                 out.append(r)
             ref_ids = list(stream.prompt_rows[0]) + out[0].ids
@@ -175,13 +180,20 @@ def _quant_results(res: list[QuantResult], model: LoadedModel) -> None:
     names = [r.name for r in res[1:]]
     pick = st.radio("Heatmaps for", names, horizontal=True, key="kvq_pick")
     r = res[1 + names.index(pick)]
+    c1, c2, _ = st.columns([1, 1, 3])
+    which = c1.radio("Error of", ("K", "V"), horizontal=True, key="kvq_err_kv")
+    stat = c2.radio("Per write", ("max", "mean"), horizontal=True, key="kvq_err_stat",
+                    help="each write's largest |error| over its positions and channels, or its mean; the cell "
+                         "shows the worst write")
+    grid = r.err_grids.get((str(which).lower(), str(stat)), r.k_err)
     left, right = st.columns(2)
-    show(left, cc.layer_head_heatmap(r.k_err, f"K error per layer and KV head ({r.name})",
-                                     "max |dequantized - exact| over every write", "max |err|", "KV head"),
-         key=f"kvq_kerr_{pick}")
+    show(left, cc.layer_head_heatmap(grid, f"{which} error per layer and KV head ({r.name})",
+                                     f"{stat} |dequantized - exact| of a write, the worst write", f"{stat} |err|",
+                                     "KV head"), key=f"kvq_err_{pick}_{which}_{stat}")
     show(right, cc.layer_head_heatmap(r.attn_kl or [], f"Attention-row KL ({r.name})",
                                       "KL(full || quantized) of the newest query's row, mean over steps",
                                       "KL"), key=f"kvq_attn_{pick}")
+    show(st, cc.error_by_step(r.per_step, r.name), key=f"kvq_steps_{pick}")
     if r.k_absmax:
         layer = st.slider("Layer", 0, len(r.k_absmax) - 1, 0, key="kvq_layer")
         show(st, cc.channel_heatmap(r.k_absmax[layer], layer), key=f"kvq_chan_{pick}_{layer}")
