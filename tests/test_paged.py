@@ -279,5 +279,11 @@ def test_pool_views_are_pure_figures(make_llama: Callable[..., LoadedModel]) -> 
     assert list(shared.text) == [f"{cache.tables[0][0]}<br>×2"]  # the full prompt block, ref 2
     ring = next(t for t in grid.data if t.name == "written this step")
     assert sorted(ring.x) == sorted(b % pc.COLUMNS for _, b, _ in snap["new_slots"])
+    # Position 6 of each row: slot 2 of its own (copied) second block, named on the ring and above.
+    b0, b1 = cache.tables[0][1], cache.tables[1][1]
+    assert sorted(ring.hovertext) == sorted(f"block {b}: this step wrote slot 2" for b in (b0, b1))
+    assert f"block {min(b0, b1)} slot 2" in grid.layout.title.subtitle.text
+    assert pc.written_slots([(0, 3, 0), (0, 3, 1), (0, 3, 2), (0, 5, 1), (0, 5, 3)]) == {
+        3: "slots 0-2", 5: "slots 1, 3"}
     tables = pc.block_tables(snap, ["a", "b"])
     assert list(tables.data[0].text) == [str(b) for t in cache.tables for b in t]

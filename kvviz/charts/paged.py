@@ -38,6 +38,25 @@ def _name(names: Sequence[str] | None, r: int) -> str:
     return names[r] if names and r < len(names) else f"seq {r}"
 
 
+def written_slots(new_slots: Sequence[Sequence[int]]) -> dict[int, str]:
+    """Block -> the slots a step wrote in it, as text ("slot 5", "slots 0-15"); new_slots holds
+    (row, block, slot) triples. A decode step writes one slot per row: the cell's ring says which
+    block, this says where in it."""
+    by: dict[int, set[int]] = {}
+    for _, b, o in new_slots:
+        by.setdefault(int(b), set()).add(int(o))
+    out = {}
+    for b, offs in by.items():
+        lo, hi = min(offs), max(offs)
+        if len(offs) == 1:
+            out[b] = f"slot {lo}"
+        elif hi - lo + 1 == len(offs):
+            out[b] = f"slots {lo}-{hi}"
+        else:
+            out[b] = "slots " + ", ".join(str(o) for o in sorted(offs))
+    return out
+
+
 def pool_grid(snap: Mapping[str, Any], names: Sequence[str] | None = None, title: str = "Physical pool",
               columns: int = COLUMNS) -> go.Figure:
     """Every block of the pool as a cell: colour = owner (shared, cached, free), text = block id,
@@ -66,14 +85,18 @@ def pool_grid(snap: Mapping[str, Any], names: Sequence[str] | None = None, title
             text=text, textfont=dict(size=9, color="#212529" if colour in (FREE, CACHED) else "white"),
             hovertext=hover, hoverinfo="text",
         ))
+    slots = written_slots(snap["new_slots"])
     if written:  # drawn last, so no neighbouring cell covers the ring
         ring = sorted(written)
         fig.add_trace(go.Scatter(x=[b % columns for b in ring], y=[b // columns for b in ring], mode="markers",
-                                 name="written this step", hoverinfo="skip",
+                                 name="written this step", hoverinfo="text",
+                                 hovertext=[f"block {b}: this step wrote {slots[b]}" for b in ring],
                                  marker=dict(symbol="square-open", size=CELL, color=NEW_SLOT, line=dict(width=3))))
     rows = -(-n // columns)
+    where = "; ".join(f"block {b} {slots[b]}" for b in sorted(slots)[:3]) + ("; …" if len(slots) > 3 else "")
     fig.update_layout(
-        title=dict(text=title, subtitle=dict(text=f"{n} blocks of {bs} tokens · ringed red: written this step")),
+        title=dict(text=title, subtitle=dict(text=f"{n} blocks of {bs} tokens · ringed red: written this step"
+                                                  + (f" ({where})" if where else ""))),
         xaxis=dict(visible=False, range=[-0.6, columns - 0.4]),
         yaxis=dict(visible=False, autorange="reversed", range=[rows - 0.5, -0.5]),
         height=130 + 36 * rows, margin=dict(l=10, r=10, t=80, b=10), plot_bgcolor="white",
