@@ -236,6 +236,35 @@ def test_pool_accounting_agrees_with_the_calculator(make_llama: Callable[..., Lo
         assert st.bytes_filled == unpaged == cache.bytes_used
 
 
+@pytest.mark.parametrize("n_tok, rows, block", [(100, 2, 16), (33, 1, 8)])
+def test_smollm2_paged_cache_equals_memory_cli_paged(n_tok: int, rows: int, block: int,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m kvviz memory --preset smollm2-135m --paged` is what a paged cache of SmolLM2's own
+    shape (from its GGUF header) holds: whole blocks per sequence; without --paged, what they fill."""
+    import json
+
+    from kvviz import cli
+    from kvviz.engine.gguf import config_from_metadata, open_gguf
+    from kvviz.engine.load_llama import smollm2_path
+
+    try:
+        cfg = config_from_metadata(open_gguf(smollm2_path()))
+    except KVVizError:
+        pytest.skip("SmolLM2 is not installed")
+    cache = PagedKVCache(cfg, batch=rows, block_size=block, num_blocks=rows * -(-n_tok // block))
+    _fill(cache, list(range(1, n_tok + 1)))
+    st = cache.stats()
+    base = ["memory", "--preset", "smollm2-135m", "--seq-len", str(n_tok), "--batch", str(rows), "--dtype", "fp32",
+            "--json"]
+    assert cli.main([*base, "--paged", "--block-size", str(block)]) == 0
+    paged = json.loads(capsys.readouterr().out)
+    assert cli.main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert paged["kv_bytes"] == st.bytes_held == st.bytes_allocated  # a pool just big enough: every block held
+    assert plain["kv_bytes"] == st.bytes_filled == cache.bytes_used
+    assert paged["paging_waste_bytes"] == st.fragmentation_bytes
+
+
 def test_bad_paged_requests_are_named(make_llama: Callable[..., LoadedModel]) -> None:
     m = make_llama()
     with pytest.raises(KVVizError, match="needs 2 blocks"):
