@@ -25,7 +25,8 @@ COUNTED = (
 NOT_COUNTED = (
     "activations, logits, CUDA graphs and the CUDA context (that is what the GPU reserve is for)",
     "allocator fragmentation and block-table metadata",
-    "fp8: per-tensor scales (a few bytes per layer)",
+    "fp8: its fp32 scales, K and V per layer (per KV head with per-head scales): 8 bytes per KV layer, "
+    "240 B for SmolLM2; kvviz's own fp8 cache counts them (memory/compressed.py, the Compression lab)",
     "the full-precision residual window some quantized caches keep (e.g. transformers' QuantizedCache)",
     "prefix sharing between beams or requests: each beam holds its own copy",
     "weight quantization scales and layers left in 16-bit by int8/int4 weight schemes",
