@@ -38,9 +38,21 @@ browser:
 test: $(DEV_STAMP) browser
 	$(PY) -m pytest tests -q
 
-# The screenshots in docs/: the browser tests on the shipped model, saved into docs/screenshots/.
+# The screenshots in docs/: the browser tests take theirs (into test-results/screenshots/), and the
+# ones the README and docs/app.md show are copied in under their published names. The Generate
+# page's three on the Shakespeare model (test_live_browser steps through a byte model's text), the
+# others on SmolLM2 (the tour, chat and compression tests start the app as `make run` does).
+SHOTS := test-results/screenshots
 screenshots: $(DEV_STAMP) browser
-	KVVIZ_BROWSER_MODEL=default KVVIZ_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
+	KVVIZ_BROWSER_MODEL=shakespeare $(PY) -m pytest -q tests/browser/test_live_browser.py
+	cp $(SHOTS)/generate.png $(SHOTS)/replay.png $(SHOTS)/step-no-cache.png docs/screenshots/
+	$(PY) -m pytest -q tests/browser/test_tour_browser.py tests/browser/test_chat_browser.py \
+		tests/browser/test_compress_browser.py
+	KVVIZ_BROWSER_MODEL=smollm2 $(PY) -m pytest -q tests/browser/test_decoding_browser.py
+	cp $(SHOTS)/tour-6-attention.png docs/screenshots/present-tour.png
+	cp $(SHOTS)/chat_two_turns.png docs/screenshots/chat.png
+	cp $(SHOTS)/decoding_speculative.png docs/screenshots/decoding.png
+	cp $(SHOTS)/compress_curves.png docs/screenshots/compress.png
 
 # The benchmark's baseline is transformers, a dev dependency.
 bench: $(DEV_STAMP)
