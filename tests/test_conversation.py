@@ -119,6 +119,8 @@ def _cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], mo
          *args: str) -> dict[str, Any]:
     import kvviz.engine.load as load
 
+    cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
+
     monkeypatch.setattr(load, "load_model", lambda *a, **k: model)
     assert cli.main(["chat", *args, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -145,6 +147,8 @@ def test_cli_bad_input(chat_llama: LoadedModel, monkeypatch: pytest.MonkeyPatch,
                        capsys: pytest.CaptureFixture[str]) -> None:
     import kvviz.engine.load as load
 
+    cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
+
     monkeypatch.setattr(load, "load_model", lambda *a, **k: chat_llama)
     for args, msg in ((["--turn", "hi", "--turn", " "], "turn 2 is empty"),
                       (["--turn", "hi", "--blocks", "2", "--block-size", "4"], "pool has 2 blocks"),
@@ -164,6 +168,8 @@ def test_cli_keeps_the_answered_turns_when_a_later_one_fails(chat_llama: LoadedM
     import json
 
     import kvviz.engine.load as load
+
+    cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
 
     monkeypatch.setattr(load, "load_model", lambda *a, **k: chat_llama)
     with pytest.raises(SystemExit) as e:

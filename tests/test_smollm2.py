@@ -105,6 +105,8 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     from kvviz import cli
     import kvviz.engine.load as load
 
+    cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
+
     monkeypatch.setattr(load, "load_model", lambda *a, **k: smollm2)  # the session's model, not a second load
     assert cli.main(["generate", "--model", "smollm2", "--chat", "--prompt", "What is the capital of France?",
                      "--greedy", "--max-new-tokens", "12", "--json"]) == 0
