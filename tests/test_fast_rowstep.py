@@ -80,6 +80,31 @@ def test_step_equals_the_per_layer_path_and_float64(kind: str, threads: int, cal
     assert not torch.equal(caps[0].q_last[0], caps[1].q_last[0])
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("kind", ["gqa", "untied"])
+def test_bf16_step_equals_the_per_layer_path(kind: str, threads: int, calls: list[int],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 weights and a bf16 cache: K/V rounded to bf16 as Tensor.to rounds them (the cache
+    contents equal the per-layer path's bit for bit), attention in fp32 over the widened values,
+    logits in bf16 close to the per-layer path's, and as close to a float64 run of the same bf16
+    weights as the per-layer path is."""
+    m = make_llama(kind, seed=27, dtype=torch.bfloat16)
+    idx = tokens(1, 16, seed=28)
+    got, cache, _ = decode(m, idx, 4)
+    assert calls == list(range(4, 16)) and got.dtype == torch.bfloat16 and cache.k[0].dtype == torch.bfloat16
+    per_layer(monkeypatch)
+    want, cache2, _ = decode(m, idx, 4)
+    ref = reference(m, idx)  # the same bf16 weights in float64: both paths round K/V and logits alike
+    err, err_per_layer = float((got.double() - ref).abs().max()), float((want.double() - ref).abs().max())
+    assert err < 0.02 * float(ref.abs().max()) and err <= 1.25 * err_per_layer
+    torch.testing.assert_close(got.float(), want.float(), atol=0.02 * float(want.abs().max()), rtol=0.0)
+    assert cache.bytes_copied == cache2.bytes_copied
+    # layer 0's K/V come from identical inputs, rounded alike: equal bit for bit
+    assert torch.equal(cache.layer(0)[0], cache2.layer(0)[0]) and torch.equal(cache.layer(0)[1], cache2.layer(0)[1])
+    for i in range(1, m.config.n_layer):
+        torch.testing.assert_close(cache.layer(i)[0].float(), cache2.layer(i)[0].float(), atol=0.05, rtol=0.02)
+
+
 @pytest.mark.parametrize("threads", [2], indirect=True)
 def test_a_long_cache_reads_every_position(threads: int, calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """2,100 cached positions: the heads are shared among the threads (S >= 256), and the
@@ -100,9 +125,12 @@ def test_other_caches_keep_the_per_layer_path() -> None:
     c = m.config
     assert len(ops) == 4 * c.n_layer and step_for(ops, StaticKVCache(c), c) is not None
     assert step_for(ops, StaticKVCache(c, batch=2), c) is None
-    assert step_for(ops, StaticKVCache(c, dtype=torch.bfloat16), c) is None
+    assert step_for(ops, StaticKVCache(c, dtype=torch.bfloat16), c) is None  # fp32 weights, bf16 cache: mixed
     assert step_for(ops, ConcatKVCache(c), c) is None
-    assert make_llama("gqa", dtype=torch.bfloat16).fast.plan().rows.step_ops == ()  # bf16 weights: per layer
+    half = make_llama("gqa", dtype=torch.bfloat16)
+    hops = half.fast.plan().rows.step_ops
+    assert step_for(hops, StaticKVCache(c, dtype=torch.bfloat16), c) is not None  # bf16 weights, bf16 cache
+    assert step_for(hops, StaticKVCache(c), c) is None
 
     class Counting(StaticKVCache):  # a subclass may override update(): never bypassed
         pass

@@ -9,7 +9,7 @@ views built once per thread count, and counts ops:
   tied head read straight from the embedding), four calls per layer: RMSNorm + q|k|v + RoPE on
   q and k; o_proj + residual; RMSNorm + SwiGLU (gate and up read in one pass); down_proj +
   residual; then model.norm + the LM head. Between them only the cache write and SDPA run in
-  PyTorch; on a static fp32 cache of batch 1 (the app's and the CLI's decode steps) even those
+  PyTorch; on a static cache of batch 1 (the app's and the CLI's decode steps) even those
   move into C, the whole step in one call (``fast/rowstep.py``: 1.2x faster on SmolLM2 at 2
   threads). This serves every forward of up to ``RowPlan.max_rows`` rows (batch x tokens):
   decode steps, batches and short prefills; longer fp32 forwards go to MKL's GEMM, which wins
@@ -107,8 +107,7 @@ class RowPlan:
     head: RowDot  # RMSNorm + LM head: x (m, C) -> (m, V)
     max_rows: int  # the most rows a forward sends through C
     widen: bool  # bf16 weights: fp32 activations between the calls
-    # the layers' calls in order, four per layer, for the whole-step call (fast/rowstep.py);
-    # empty with bf16 weights, whose K/V meet a bf16 cache that the C step does not write
+    # the layers' calls in order, four per layer, for the whole-step call (fast/rowstep.py)
     step_ops: tuple[RowDot, ...] = ()
 
 
@@ -166,7 +165,7 @@ def _row_plan(model: "Llama", layers: tuple[LayerPlan, ...], norm_w: torch.Tenso
     if head_op is None:
         return None
     widen = head.dtype != torch.float32
-    step_ops = () if widen else tuple(op for lay in ops for op in (lay.attn_in, lay.attn_out, lay.mlp_in, lay.mlp_out))
+    step_ops = tuple(op for lay in ops for op in (lay.attn_in, lay.attn_out, lay.mlp_in, lay.mlp_out))
     return RowPlan(tuple(ops), head_op, max_rows=1 << 30 if widen else max_c_rows_fp32(threads), widen=widen,
                    step_ops=step_ops)
 
@@ -250,8 +249,10 @@ def _one_row(c: "LlamaConfig", rows: RowPlan, embed: torch.Tensor, idx: torch.Te
     nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
     assert hs is not None
     x = torch.embedding(embed, idx)  # (1, 1, C), contiguous
+    if rows.widen:
+        x = x.float()
     step = step_for(rows.step_ops, cache, c)
-    if step is not None:  # every layer in one call into C (fast/rowstep.py): a static fp32 cache
+    if step is not None:  # every layer in one call into C (fast/rowstep.py): a static cache
         slot = cache.pos
         step(x, int(input_pos[0]), slot)  # x: the last layer's residual stream now
         cache.bytes_copied += step.write_bytes  # what cache.update would have counted
@@ -260,8 +261,6 @@ def _one_row(c: "LlamaConfig", rows: RowPlan, embed: torch.Tensor, idx: torch.Te
                 capture.q_last[i] = step.q[i].view(1, nh, 1, hs).clone()  # step.q is rewritten next step
                 capture.k[i], capture.v[i] = cache.k[i].narrow(2, 0, slot + 1), cache.v[i].narrow(2, 0, slot + 1)
         return rows.head(x).view(1, 1, -1)  # model.norm + LM head: (1, 1, V)
-    if rows.widen:
-        x = x.float()
     for i, op in enumerate(rows.layers):
         q, k, v = split_qkv(op.attn_in(x, pos=input_pos), 1, nh, nkv, hs)  # RMSNorm, q|k|v, RoPE: views
         k, v = _store(cache, i, k, v)  # every cached position: (1, nkv, S, hs), post-RoPE K

@@ -77,7 +77,7 @@ class StepSpec(ctypes.Structure):
     _fields_ = [("ops", ctypes.POINTER(ctypes.c_void_p)), ("kv", ctypes.POINTER(ctypes.c_void_p)),
                 ("q_out", ctypes.c_void_p), ("n_layer", ctypes.c_int), ("nh", ctypes.c_int), ("nkv", ctypes.c_int),
                 ("hs", ctypes.c_int), ("max_len", ctypes.c_int), ("n_embd", ctypes.c_int),
-                ("mlp_width", ctypes.c_int)]
+                ("mlp_width", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
 
 
 _lock = threading.Lock()

@@ -4,12 +4,13 @@
 q|k|v, writes the cache and runs SDPA in PyTorch: tens of microseconds of Python and dispatch per
 layer, 30 times a SmolLM2 token, which the weight-streaming floor does not pay. ``LlamaStep`` chains the same four calls (the plan's own ``RowDot`` specs, so the same weights
 and fusions) with the cache write and attention inside C, once per token: SmolLM2 decoded 1.20x faster at 2
-threads and 1.07x at 1 (docs/performance.md, "The whole step in C").
+threads and 1.07x at 1 in fp32, 1.14x with bf16 weights (docs/performance.md, "The whole step in C").
 
 It serves the common case only, and says so by returning None from ``step_for``: a
-``StaticKVCache`` (exactly that class) of batch 1 in fp32 on the CPU, with fp32 weights' plan.
-Every other cache (concat, paged, quantized, windowed), a bf16 cache, or a batch keeps the
-per-layer path, whose maths this equals (tests hold both to the readable model).
+``StaticKVCache`` (exactly that class) of batch 1 on the CPU, in fp32 with fp32 weights or in
+bf16 with bf16 weights (K/V rounded to bf16 as ``Tensor.to`` rounds, read back widened). Every
+other cache (concat, paged, quantized, windowed), a mixed dtype, or a batch keeps the per-layer
+path, whose maths this equals (tests hold both to the readable model).
 """
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ class LlamaStep:
         self.spec = StepSpec(ctypes.cast(self._ops, ctypes.POINTER(ctypes.c_void_p)),
                              ctypes.cast(self._kv, ctypes.POINTER(ctypes.c_void_p)), self.q.data_ptr(),
                              c.n_layer, nh, nkv, hs, cache.k[0].shape[2], c.n_embd,
-                             ops[2].n_out)
+                             ops[2].n_out, int(cache.dtype == torch.bfloat16))
         self._addr = ctypes.addressof(self.spec)
         self.ops = ops  # keeps the specs the addresses point at alive
         self.threads = ops[0].threads
-        self.write_bytes = 2 * c.n_layer * nkv * hs * 4  # one position's K and V, every layer, fp32
+        self.write_bytes = 2 * c.n_layer * nkv * hs * cache.dtype.itemsize  # one position's K and V, every layer
         self._fn = lib.kv_llama_step
 
     def matches(self, ops: tuple[RowDot, ...], cache: StaticKVCache) -> bool:
@@ -67,10 +68,13 @@ _lock = threading.Lock()  # the app's sessions decode on several threads, each w
 
 
 def step_for(ops: tuple[RowDot, ...], cache: object, c: "LlamaConfig") -> LlamaStep | None:
-    """The C step for a plan's per-layer calls (``RowPlan.step_ops``: four per layer, fp32
-    weights; empty for bf16) and this cache, built once per cache, or None where it does not apply."""
-    if not ops or type(cache) is not StaticKVCache or cache.batch != 1 or cache.dtype != torch.float32 \
-            or cache.device.type != "cpu" or load() is None:
+    """The C step for a plan's per-layer calls (``RowPlan.step_ops``: four per layer) and this
+    cache, built once per cache, or None where it does not apply."""
+    if not ops or type(cache) is not StaticKVCache or cache.batch != 1 or cache.device.type != "cpu" \
+            or load() is None:
+        return None
+    # fp32 weights with an fp32 cache, bf16 weights (widened in C) with a bf16 cache
+    if cache.dtype != (torch.bfloat16 if ops[0].spec.bf16 else torch.float32):
         return None
     if not all(t.is_contiguous() for t in (*cache.k, *cache.v)):
         return None

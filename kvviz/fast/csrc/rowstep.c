@@ -8,8 +8,10 @@
  * the only thing done per layer outside rowdot.c is attention for one query row, whose work
  * (nh x S dot products of head_dim, S the cached positions) is tiny next to the weights.
  *
- * The cache is kvviz's StaticKVCache for batch 1 in fp32: per layer a K and a V buffer of
- * (nkv, max_len, hs), written at position `slot` and read over 0..slot. The maths is the readable
+ * The cache is kvviz's StaticKVCache for batch 1, fp32 (fp32 weights) or bf16 (bf16 weights, whose
+ * activations rowdot.c keeps in fp32): per layer a K and a V buffer of (nkv, max_len, hs), written
+ * at position `slot` (rounded to bf16 as torch rounds, to nearest even) and read over 0..slot,
+ * widened to fp32. The maths is the readable
  * model's: q and k rotated by RoPE at `pos` (inside rowdot.c), softmax(q k^T / sqrt(hs)) v with
  * query head h reading KV head h / (nh / nkv) (GQA). kvviz/fast/llama.py calls it; tests hold it to
  * the readable model and to a float64 reference.
@@ -27,33 +29,60 @@
 
 typedef struct {
     const kv_dot *const *ops; /* 4 per layer: RMSNorm+q|k|v+RoPE, o_proj+res, RMSNorm+SwiGLU, down+res */
-    float *const *kv;         /* 2 per layer: its K and V buffers, (nkv, max_len, hs) each */
+    void *const *kv;          /* 2 per layer: its K and V buffers, (nkv, max_len, hs) each */
     float *q_out;             /* (n_layer, nh hs): each layer's rotated query, or NULL */
     int n_layer;
     int nh, nkv, hs;
     int max_len;   /* positions per head in a K/V buffer */
     int n_embd;    /* C: the residual row */
     int mlp_width; /* the SwiGLU's output: down_proj's input */
+    int kv_bf16;   /* 1: the K/V buffers hold bf16, else fp32 */
 } kv_step;
+
+/* torch's fp32 -> bf16: round to nearest even, NaN to the canonical 0x7FC0. */
+static inline uint16_t to_bf16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float kv_at(const void *p, size_t i, int bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    union { uint32_t u; float f; } v = {.u = (uint32_t)((const uint16_t *)p)[i] << 16};
+    return v.f;
+}
+
+/* hs values of src into position `slot` of head g of buf, in the buffer's dtype. */
+static inline void put(void *buf, int bf16, size_t at, const float *src, int hs) {
+    if (bf16) {
+        uint16_t *d = (uint16_t *)buf + at;
+        for (int j = 0; j < hs; j++) d[j] = to_bf16(src[j]);
+    } else {
+        memcpy((float *)buf + at, src, sizeof(float) * hs);
+    }
+}
 
 /* y (nh, hs) = softmax(q k^T * scale) v for one query row; k, v (nkv, max_len, hs), positions
  * 0 .. S-1 read. scores: nh x S floats of scratch. Heads are shared among threads when S is long
  * enough to pay for waking them. */
-static void attend(const kv_step *s, const float *q, const float *k, const float *v, int S, float *scores,
+static void attend(const kv_step *s, const float *q, const void *k, const void *v, int S, float *scores,
                    float *y, int n_threads) {
-    const int nh = s->nh, hs = s->hs, group = s->nh / s->nkv;
+    const int nh = s->nh, hs = s->hs, group = s->nh / s->nkv, bf = s->kv_bf16;
     const size_t head = (size_t)s->max_len * hs;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && S >= 256)
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * hs;
-        const float *kh = k + (size_t)(h / group) * head, *vh = v + (size_t)(h / group) * head;
+        const size_t kvh = (size_t)(h / group) * head; /* this query head's K/V head */
         float *sc = scores + (size_t)h * S, *yh = y + (size_t)h * hs;
         float mx = -INFINITY;
         for (int t = 0; t < S; t++) {
-            const float *kt = kh + (size_t)t * hs;
+            const size_t kt = kvh + (size_t)t * hs;
             float d = 0.0f;
-            for (int j = 0; j < hs; j++) d += qh[j] * kt[j];
+            if (bf)
+                for (int j = 0; j < hs; j++) d += qh[j] * kv_at(k, kt + j, 1);
+            else
+                for (int j = 0; j < hs; j++) d += qh[j] * ((const float *)k)[kt + j];
             sc[t] = d * scale;
             if (sc[t] > mx) mx = sc[t];
         }
@@ -65,8 +94,12 @@ static void attend(const kv_step *s, const float *q, const float *k, const float
         const float inv = (float)(1.0 / sum);
         for (int j = 0; j < hs; j++) yh[j] = 0.0f;
         for (int t = 0; t < S; t++) {
-            const float p = sc[t] * inv, *vt = vh + (size_t)t * hs;
-            for (int j = 0; j < hs; j++) yh[j] += p * vt[j];
+            const float p = sc[t] * inv;
+            const size_t vt = kvh + (size_t)t * hs;
+            if (bf)
+                for (int j = 0; j < hs; j++) yh[j] += p * kv_at(v, vt + j, 1);
+            else
+                for (int j = 0; j < hs; j++) yh[j] += p * ((const float *)v)[vt + j];
         }
     }
 }
@@ -87,11 +120,12 @@ int kv_llama_step(const kv_step *s, float *x, int64_t pos, int slot, int n_threa
     const size_t head = (size_t)s->max_len * hs;
     for (int i = 0; i < s->n_layer && rc == 0; i++) {
         const kv_dot *const *op = s->ops + 4 * i;
-        float *kc = s->kv[2 * i], *vc = s->kv[2 * i + 1];
+        void *kc = s->kv[2 * i], *vc = s->kv[2 * i + 1];
         rc |= kv_dot_rows(op[0], x, 1, NULL, qkv, n_threads, &pos, 1); /* RMSNorm, q|k|v, RoPE on q, k */
         for (int g = 0; g < nkv; g++) { /* the new K and V: position `slot` of every KV head */
-            memcpy(kc + g * head + (size_t)slot * hs, qkv + qd + (size_t)g * hs, sizeof(float) * hs);
-            memcpy(vc + g * head + (size_t)slot * hs, qkv + qd + kvd + (size_t)g * hs, sizeof(float) * hs);
+            const size_t at = g * head + (size_t)slot * hs;
+            put(kc, s->kv_bf16, at, qkv + qd + (size_t)g * hs, hs);
+            put(vc, s->kv_bf16, at, qkv + qd + kvd + (size_t)g * hs, hs);
         }
         if (s->q_out) memcpy(s->q_out + (size_t)i * qd, qkv, sizeof(float) * qd);
         attend(s, qkv, kc, vc, S, scores, y, n_threads); /* (nh, hs): the heads side by side */
