@@ -22,7 +22,7 @@ import torch
 
 from kvviz.engine.config import GPTConfig, show
 from kvviz.engine.gpt2_header import match_header, safetensors_header
-from kvviz.engine.load_llama import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
+from kvviz.engine.load_llama import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path, weights_bytes
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer
@@ -181,6 +181,7 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
             raise KVVizError(f"the shakespeare model is missing from {folder}; see assets/models/shakespeare/README.md")
         out = load_folder(folder, dev, dt, name="shakespeare" if spec == "shakespeare" else folder.name)
     out.info["load_seconds"] = time.perf_counter() - t0
+    out.info.setdefault("weights_bytes", weights_bytes(out.gpt))  # resident, each storage once (every family)
     return out
 
 

@@ -37,7 +37,7 @@ class LlamaStep:
         assert lib is not None and c.head_dim is not None and len(ops) == 4 * c.n_layer
         nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
         addrs = [op.spec_addr for op in ops]
-        self.buffers = tuple(t for pair in zip(cache.k, cache.v) for t in pair)  # K0, V0, K1, V1, ...
+        self.buffers = _buffers(cache)
         self.q = torch.empty(c.n_layer, nh * hs, dtype=torch.float32)  # (n_layer, nh hs)
         self._ops = (ctypes.c_void_p * len(addrs))(*addrs)
         self._kv = (ctypes.c_void_p * len(self.buffers))(*(t.data_ptr() for t in self.buffers))
@@ -53,14 +53,18 @@ class LlamaStep:
 
     def matches(self, ops: tuple[RowDot, ...], cache: StaticKVCache) -> bool:
         """Still the plan and the buffers it was built for (a reorder to a new batch replaces them)."""
-        return ops is self.ops and all(a is b for a, b in zip(self.buffers, (t for p in zip(cache.k, cache.v)
-                                                                              for t in p)))
+        return ops is self.ops and all(a is b for a, b in zip(self.buffers, _buffers(cache)))
 
     def __call__(self, x: torch.Tensor, pos: int, slot: int) -> None:
         """x: the embedded token, (C,) contiguous fp32, replaced in place by the last layer's
         residual stream. RoPE rotates at ``pos``; K and V are written at cache position ``slot``."""
         if self._fn(self._addr, x.data_ptr(), pos, slot, self.threads):
-            raise MemoryError("rowstep: no memory for the attention scores")
+            raise MemoryError("rowstep: no memory for the attention scores or a fused call's normalized rows")
+
+
+def _buffers(cache: StaticKVCache) -> tuple[torch.Tensor, ...]:
+    """K0, V0, K1, V1, ...: the order rowstep.c reads them in."""
+    return tuple(t for pair in zip(cache.k, cache.v) for t in pair)
 
 
 _steps: "weakref.WeakKeyDictionary[StaticKVCache, LlamaStep]" = weakref.WeakKeyDictionary()
@@ -76,10 +80,11 @@ def step_for(ops: tuple[RowDot, ...], cache: object, c: "LlamaConfig") -> LlamaS
     # fp32 weights with an fp32 cache, bf16 weights (widened in C) with a bf16 cache
     if cache.dtype != (torch.bfloat16 if ops[0].spec.bf16 else torch.float32):
         return None
-    if not all(t.is_contiguous() for t in (*cache.k, *cache.v)):
-        return None
     step = _steps.get(cache)
     if step is None or not step.matches(ops, cache):
+        # checked once per cache buffers, not per token: the same tensors stay contiguous
+        if not all(t.is_contiguous() for t in (*cache.k, *cache.v)):
+            return None
         with _lock:
             step = _steps[cache] = LlamaStep(ops, cache, c)
     return step

@@ -110,7 +110,7 @@ def _chat(conv: Conversation) -> None:
     edit = b1.text_input("Edit it and answer again", key="chat_edit", disabled=not conv.turns,
                          placeholder="the message, changed")
     if b1.button("Replace the message", key="chat_edit_go", disabled=not conv.turns):
-        _send(conv, edit, edit_turn=min(int(which or 0), max(len(conv.turns) - 1, 0)))
+        _send(conv, edit, edit_turn=int(which))  # Conversation.edit names a turn that no longer exists
     if b2.button("Check against scratch", key="chat_check", disabled=not conv.turns,
                  help="generates every turn again on a fresh cache (same sampling), compares the tokens, and "
                       "times the TTFT of prefilling the whole conversation"):
@@ -153,7 +153,7 @@ def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerat
                 if regenerate:
                     conv.regenerate(conv.params.seed + 1)
                 else:
-                    conv.edit(edit_turn or 0, text)
+                    conv.edit(edit_turn, text)
             st.session_state["chat_checks"] = {}
         else:
             live = st.empty()

@@ -12,7 +12,7 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.chat import chat_prompt
-from kvviz.engine.load_llama import SMOLLM2_INSTALL, weights_bytes
+from kvviz.engine.load_llama import SMOLLM2_INSTALL
 from kvviz.ui import machine, persist
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.plain_text import md_plain
@@ -130,9 +130,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
                 "smollm2": "A real instruct LLM (Llama architecture, BPE tokens), from its GGUF file. "}.get(
             choice, "Untrained: seeded random weights. " if choice.startswith("random:") else "")
         loaded = model.info.get("load_seconds")
-        held = model.info.get("weights_bytes") or weights_bytes(model.gpt)  # resident: each storage once
-        cost = f" · {fmt_bytes(held)} of weights" + (f" · loaded in {loaded:.1f} s" if isinstance(loaded, float)
-                                                      else "")
+        held = model.info.get("weights_bytes")  # resident, each storage once (load_model counts it)
+        cost = (f" · {fmt_bytes(held)} of weights" if isinstance(held, int) else "") + (
+            f" · loaded in {loaded:.1f} s" if isinstance(loaded, float) else "")
         st.caption(f"{what}{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
                    f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}{cost}")
     return choice, device, dtype, model

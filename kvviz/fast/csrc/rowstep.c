@@ -52,7 +52,7 @@ static inline float kv_at(const void *p, size_t i, int bf16) {
     return v.f;
 }
 
-/* hs values of src into position `slot` of head g of buf, in the buffer's dtype. */
+/* hs values of src into buf at element `at` (a head's row at one position), in the buffer's dtype. */
 static inline void put(void *buf, int bf16, size_t at, const float *src, int hs) {
     if (bf16) {
         uint16_t *d = (uint16_t *)buf + at;
@@ -106,7 +106,8 @@ static void attend(const kv_step *s, const float *q, const void *k, const void *
 
 /* x (n_embd,): the embedded token in, the residual stream after the last layer out (fp32,
  * contiguous). pos: the position RoPE rotates at; slot: the cache position written (S = slot + 1
- * positions attended). Returns 0, or -1 when scratch memory or a fused call fails. */
+ * positions attended). Returns 0, or -1 when scratch memory or a fused call fails (or, never from
+ * kvviz.fast.rowstep, which checks them first, a slot out of range or nh not a multiple of nkv). */
 int kv_llama_step(const kv_step *s, float *x, int64_t pos, int slot, int n_threads) {
     const int nh = s->nh, nkv = s->nkv, hs = s->hs, C = s->n_embd, S = slot + 1;
     const int qd = nh * hs, kvd = nkv * hs;
