@@ -2,7 +2,7 @@
 
 Each test gets a fresh page (a new Streamlit session), so its first run is run #1 and the app's
 own done marker is ``.st-key-run_done_1``. Screenshots go to test-results/screenshots/
-(`make screenshots` refreshes the README's, in docs/screenshots/, on the shipped model).
+(`make screenshots` copies them into docs/screenshots/, run on the Shakespeare model).
 """
 from __future__ import annotations
 
