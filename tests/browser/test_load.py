@@ -87,7 +87,7 @@ def test_ten_sessions_of_500_tokens_without_a_drop(make_run_url: str) -> None:
     _assert_no_drop(_load(make_run_url, sessions=10, tokens=500, deadline_s=600))
 
 
-def test_a_run_survives_its_websocket_dropping(page, app_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_survives_its_websocket_dropping(page, app_url: str, wait_idle) -> None:  # type: ignore[no-untyped-def]
     page.add_init_script(CAPTURE_SOCKETS)
     page.goto(app_url)
     page.wait_for_selector(".st-key-generate button")
@@ -97,6 +97,9 @@ def test_a_run_survives_its_websocket_dropping(page, app_url: str) -> None:  # t
     page.get_by_text(re.compile(r"\+ 60 new = ")).wait_for()
     page.locator(".st-key-present label").click()  # 3 tokens/s: 20 s, so the drop lands mid-run
     page.wait_for_selector(".st-key-speed_tps input[type='range']:not([disabled])")
+    # The slider is enabled before the toggle's rerun ends; a click during that rerun lands on a
+    # button being redrawn and starts nothing (it failed once in a full clean-clone run).
+    wait_idle(page)
     page.locator(".st-key-generate button:visible").click()
     page.get_by_text(re.compile(r"generated\s+[4-9] of 60")).wait_for()
     assert page.evaluate("window.__kvvizSockets.length") == 1
