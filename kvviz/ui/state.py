@@ -179,7 +179,13 @@ def _file_stamp(spec: str) -> float:
         return 0.0
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)  # get_model's spinner says what is loading
+# Shown by cache_resource only while a model really loads (a cache miss), so a rerun adds nothing
+# to the page; one text for every model, since the decorator's text cannot depend on the call.
+LOAD_MESSAGE = ("Loading the model, once per server: reading its file (SmolLM2: a 98 MB GGUF file, its 30 "
+                "layers dequantized to the chosen dtype), then building its tokenizer. A few seconds.")
+
+
+@st.cache_resource(max_entries=4, show_spinner=LOAD_MESSAGE)
 def _load(spec: str, device: str, dtype: str, stamp: float) -> LoadedModel:
     model = load_model(spec, device=device, dtype=dtype)
     freeze_once()  # torch's heap out of full GC walks; once, before any session holds a stream (kvviz.fast.heap)
@@ -190,19 +196,7 @@ def get_model(choice: str, device: str = "auto", dtype: str = "fp32") -> LoadedM
     """The shared, read-only model for a sidebar choice. Raises KVVizError with a message for users."""
     spec = spec_for(choice)
     stamp = 0.0 if spec.startswith("random:") else _file_stamp(spec)
-    # Streamlit shows a spinner only after 0.5 s, so a cached model (every rerun) never flashes one.
-    with st.spinner(load_message(choice, dtype)):
-        return _load(spec, device, dtype, stamp)
-
-
-def load_message(choice: str, dtype: str) -> str:
-    """What a cold load is doing, for the spinner (SmolLM2's takes seconds, once per server)."""
-    if choice == "smollm2":
-        return (f"Loading SmolLM2-135M-Instruct: reading its 98 MB GGUF file (Q4_1) and dequantizing 30 layers "
-                f"to {dtype}, then building its tokenizer. Once per server: a few seconds.")
-    if choice.startswith("random:"):
-        return f"Building {choice} with seeded random weights ({dtype})…"
-    return f"Loading {choice_label(choice)} ({dtype})…"
+    return _load(spec, device, dtype, stamp)
 
 
 # --- live runs across sessions ---------------------------------------------------------------------
