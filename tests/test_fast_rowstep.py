@@ -25,9 +25,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = LlamaStep.__call__
 
-    def spy(self: LlamaStep, x: torch.Tensor, pos: int, slot: int) -> None:
+    def spy(self: LlamaStep, x: torch.Tensor, pos: int, slot: int, *wants: bool) -> None:
         seen.append(slot)
-        real(self, x, pos, slot)
+        real(self, x, pos, slot, *wants)
     monkeypatch.setattr(LlamaStep, "__call__", spy)
     return seen
 
@@ -37,9 +37,10 @@ def per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kvviz.fast.llama, "step_for", lambda *a: None)
 
 
-def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[int] = frozenset()
-           ) -> tuple[torch.Tensor, StaticKVCache, list[ForwardCapture]]:
-    """Prefill idx[:, :prefill], then one token at a time: logits (1, T, V), the cache, captures."""
+def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[int] = frozenset(),
+           wants: bool = False) -> tuple[torch.Tensor, StaticKVCache, list[ForwardCapture]]:
+    """Prefill idx[:, :prefill], then one token at a time: logits (1, T, V), the cache, captures
+    (``wants``: asking for attention weights and new K/V norms, which the C step hands over)."""
     T = idx.shape[1]
     cache = StaticKVCache(m.config, batch=1, dtype=m.dtype)
     caps = []
@@ -47,7 +48,7 @@ def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[in
         out = [m.fast.forward(idx[:, :prefill], torch.arange(prefill), cache)]
         cache.advance(prefill)
         for t in range(prefill, T):
-            fc = ForwardCapture(layers)
+            fc = ForwardCapture(layers, want_attn=wants, want_norms=wants)
             out.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache, fc))
             cache.advance(1)
             caps.append(fc)
@@ -103,6 +104,45 @@ def test_bf16_step_equals_the_per_layer_path(kind: str, threads: int, calls: lis
     assert torch.equal(cache.layer(0)[0], cache2.layer(0)[0]) and torch.equal(cache.layer(0)[1], cache2.layer(0)[1])
     for i in range(1, m.config.n_layer):
         torch.testing.assert_close(cache.layer(i)[0].float(), cache2.layer(i)[0].float(), atol=0.05, rtol=0.02)
+
+
+def softmax_rows(fc: ForwardCapture, n_layer: int, group: int) -> torch.Tensor:
+    """(n_layer, nh, S) float64: softmax(q k^T / sqrt(hs)) of the captured q over the captured keys,
+    query head h reading K/V head h // group, as record() computes it without the C step."""
+    rows = []
+    for i in range(n_layer):
+        q, k = fc.q_last[i][0, :, -1].double(), fc.k[i][0].double()  # (nh, hs), (nkv, S, hs)
+        k = k.repeat_interleave(group, dim=0)  # (nh, S, hs)
+        rows.append(torch.softmax((k @ q.unsqueeze(-1)).squeeze(-1) / q.shape[-1] ** 0.5, dim=-1))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("kind", ["mha", "gqa", "mqa", "head_dim"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_step_hands_over_attention_weights_and_new_kv_norms(kind: str, dtype: torch.dtype, threads: int,
+                                                                calls: list[int]) -> None:
+    """Asked for, C leaves each layer's attention row and the new K/V norms, which a capture reads
+    instead of recomputing them: they equal softmax(q k^T) over the cache and the norms of the
+    column just written (as stored, bf16-rounded in a bf16 cache), and the logits do not change."""
+    m = make_llama(kind, seed=29, dtype=dtype)
+    c = m.config
+    idx = tokens(1, 12, seed=30)
+    layers = frozenset(range(c.n_layer))
+    plain, _, _ = decode(m, idx, 4, layers)
+    got, cache, caps = decode(m, idx, 4, layers, wants=True)
+    assert calls == list(range(4, 12)) * 2
+    assert torch.equal(got, plain)  # writing the weights out changes nothing computed
+    for j, fc in enumerate(caps):
+        S = 5 + j  # positions attended: the prompt, the tokens so far, and this one
+        assert fc.probs is not None and fc.probs.shape == (c.n_layer, c.n_head, S)
+        torch.testing.assert_close(fc.probs.double(), softmax_rows(fc, c.n_layer, c.n_head // c.kv_heads),
+                                   atol=2e-6, rtol=1e-5)
+        new = torch.stack([torch.stack([cache.k[i][0, :, S - 1], cache.v[i][0, :, S - 1]])
+                           for i in range(c.n_layer)]).double().norm(dim=-1)  # (L, 2, nkv) of what is stored
+        assert fc.new_norms is not None
+        torch.testing.assert_close(fc.new_norms.double(), new, atol=1e-6, rtol=1e-5)
+    assert plain is not got and all(fc.probs is None for fc in decode(m, idx, 4, layers)[2])  # only on request
 
 
 @pytest.mark.parametrize("threads", [2], indirect=True)

@@ -44,13 +44,22 @@ class ForwardCapture:
     """Per-forward scratch that attention layers fill with *references* (no copies, no math).
 
     The generator turns them into attention weights and K/V snapshots after the clock stops,
-    so capturing never slows the timed forward pass nor changes its result.
+    so capturing never changes the forward's result and barely slows it. The one exception is
+    the whole-step C call (fast/rowstep.py): it writes out the attention weights and new K/V
+    norms it has computed anyway (about 1% of its time on SmolLM2), which saves ``record`` 30 small
+    matmuls per token (0.84 ms of a 16 ms step at 1 thread, docs/benchmarks.md).
     """
 
     layers: frozenset[int]  # layers whose q/k/v references are wanted
+    # What the consumer will record (``record`` reads them): a forward that computes either anyway
+    # may hand it over ready in ``probs`` / ``new_norms`` (the whole-step C call does).
+    want_attn: bool = False
+    want_norms: bool = False
     q_last: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nh, 1, hs)
     k: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs) all keys so far
     v: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs)
+    probs: torch.Tensor | None = None  # (n_layer, nh, S): the one new query row's weights, batch row 0
+    new_norms: torch.Tensor | None = None  # (n_layer, 2, nkv): L2 norms of the one new K and V column
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,10 @@ def record(capture: Capture, fc: ForwardCapture | None, cfg: Any, kv_start: int,
     attn = kv_norms = kv_values = None
     layers = capture.attention_layers(cfg.n_layer)
     # Few, batched ops: this runs after every step of a live run, beside a forward of a millisecond.
-    if layers:
+    if layers and fc.probs is not None:  # the forward computed them already (one new query row)
+        w = fc.probs if len(layers) == fc.probs.shape[0] else fc.probs[list(layers)]  # (n_cap, nh, S)
+        attn = w.to(torch.float16).numpy()
+    elif layers:
         scale = 1.0 / math.sqrt(cfg.head_dim)
         group = cfg.n_head // cfg.kv_heads  # query heads per K/V head (GQA: they share its keys)
         scores = []
@@ -85,7 +97,9 @@ def record(capture: Capture, fc: ForwardCapture | None, cfg: Any, kv_start: int,
         # The newest query is the last position, so no mask is needed: it sees all S keys.
         w = torch.softmax(torch.stack(scores) * scale, dim=-1)  # (n_cap, nkv, group, S)
         attn = w.flatten(1, 2).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
-    if capture.kv_norms:
+    if capture.kv_norms and fc.new_norms is not None and t - kv_start == 1:
+        kv_norms = fc.new_norms.unsqueeze(-1).to(torch.float16).numpy()  # (L, 2, nkv, 1)
+    elif capture.kv_norms:
         new = torch.stack([torch.stack([fc.k[layer][0, :, kv_start:t], fc.v[layer][0, :, kv_start:t]])
                            for layer in range(cfg.n_layer)])  # (L, 2, nkv, Tn, hs): only the new columns
         kv_norms = new.float().norm(dim=-1).to(torch.float16).cpu().numpy()  # (L, 2, nkv, Tn)

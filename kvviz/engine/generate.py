@@ -146,6 +146,7 @@ class GenerationStream:
         B, N, n_new = self.batch_size, len(self.prompt_rows[0]), self.max_new_tokens
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
+        want_attn = bool(self.capture.attention_layers(cfg.n_layer))
         eos = tok.eos_token_id if B == 1 else None  # batch rows run to max_new_tokens together
         gen = None if self.params.greedy else make_generator(self.params, dev)
         t_start = time.perf_counter()
@@ -167,7 +168,8 @@ class GenerationStream:
             with torch.inference_mode():
                 # A cached decode step feeds only the token just sampled.
                 inp = nxt.view(B, 1) if start else tokens.narrow(1, 0, t)  # (B, T_in), views
-                fc = ForwardCapture(ref_layers) if ref_layers else None
+                fc = ForwardCapture(ref_layers, want_attn=want_attn, want_norms=self.capture.kv_norms) \
+                    if ref_layers else None
                 if cache is not None:
                     cache.note_tokens(inp)  # only the paged cache keeps them (its prefix hashes)
 

@@ -254,9 +254,16 @@ def _one_row(c: "LlamaConfig", rows: RowPlan, embed: torch.Tensor, idx: torch.Te
     step = step_for(rows.step_ops, cache, c)
     if step is not None:  # every layer in one call into C (fast/rowstep.py): a static cache
         slot = cache.pos
-        step(x, int(input_pos[0]), slot)  # x: the last layer's residual stream now
+        # A capture's attention weights and new K/V norms come out of C, which computes the one
+        # query row's weights anyway (the capture would redo 30 small matmuls in PyTorch).
+        want_p, want_n = (capture.want_attn, capture.want_norms) if capture is not None else (False, False)
+        step(x, int(input_pos[0]), slot, want_p, want_n)  # x: the last layer's residual stream now
         cache.bytes_copied += step.write_bytes  # what cache.update would have counted
         if capture is not None:
+            if want_p:
+                capture.probs = step.probs[:, :, :slot + 1].clone()  # (n_layer, nh, S): rewritten next step
+            if want_n:
+                capture.new_norms = step.norms.clone()  # (n_layer, 2, nkv)
             for i in capture.layers:  # what the per-layer path captures: post-RoPE q, the cache's K/V
                 capture.q_last[i] = step.q[i].view(1, nh, 1, hs).clone()  # step.q is rewritten next step
                 capture.k[i], capture.v[i] = cache.k[i].narrow(2, 0, slot + 1), cache.v[i].narrow(2, 0, slot + 1)

@@ -75,7 +75,8 @@ class StepSpec(ctypes.Structure):
     ``kvviz.fast.rowstep``."""
 
     _fields_ = [("ops", ctypes.POINTER(ctypes.c_void_p)), ("kv", ctypes.POINTER(ctypes.c_void_p)),
-                ("q_out", ctypes.c_void_p), ("n_layer", ctypes.c_int), ("nh", ctypes.c_int), ("nkv", ctypes.c_int),
+                ("q_out", ctypes.c_void_p), ("attn_out", ctypes.c_void_p), ("norm_out", ctypes.c_void_p),
+                ("n_layer", ctypes.c_int), ("nh", ctypes.c_int), ("nkv", ctypes.c_int),
                 ("hs", ctypes.c_int), ("max_len", ctypes.c_int), ("n_embd", ctypes.c_int),
                 ("mlp_width", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
 

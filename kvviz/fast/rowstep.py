@@ -29,8 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class LlamaStep:
-    """The C step for one plan and one cache: the specs' and the K/V buffers' addresses, and a
-    buffer where C leaves each layer's rotated query (for captures)."""
+    """The C step for one plan and one cache: the specs' and the K/V buffers' addresses, and
+    buffers where C leaves what a capture reads: each layer's rotated query, and on request its
+    attention weights and the norms of the new K/V (``__call__``'s ``probs`` and ``norms``)."""
 
     def __init__(self, ops: tuple[RowDot, ...], cache: StaticKVCache, c: "LlamaConfig") -> None:
         lib = load()
@@ -39,11 +40,16 @@ class LlamaStep:
         addrs = [op.spec_addr for op in ops]
         self.buffers = _buffers(cache)
         self.q = torch.empty(c.n_layer, nh * hs, dtype=torch.float32)  # (n_layer, nh hs)
+        max_len = cache.k[0].shape[2]
+        # Filled only on request (a live run's captures): the weights C computes anyway for its one
+        # query row, which the capture would otherwise recompute in PyTorch, 30 small matmuls a token.
+        self.probs = torch.zeros(c.n_layer, nh, max_len, dtype=torch.float32)  # (n_layer, nh, max_len)
+        self.norms = torch.zeros(c.n_layer, 2, nkv, dtype=torch.float32)  # (n_layer, K|V, nkv)
         self._ops = (ctypes.c_void_p * len(addrs))(*addrs)
         self._kv = (ctypes.c_void_p * len(self.buffers))(*(t.data_ptr() for t in self.buffers))
         self.spec = StepSpec(ctypes.cast(self._ops, ctypes.POINTER(ctypes.c_void_p)),
                              ctypes.cast(self._kv, ctypes.POINTER(ctypes.c_void_p)), self.q.data_ptr(),
-                             c.n_layer, nh, nkv, hs, cache.k[0].shape[2], c.n_embd,
+                             None, None, c.n_layer, nh, nkv, hs, max_len, c.n_embd,
                              ops[2].n_out, int(cache.dtype == torch.bfloat16))
         self._addr = ctypes.addressof(self.spec)
         self.ops = ops  # keeps the specs the addresses point at alive
@@ -55,9 +61,15 @@ class LlamaStep:
         """Still the plan and the buffers it was built for (a reorder to a new batch replaces them)."""
         return ops is self.ops and all(a is b for a, b in zip(self.buffers, _buffers(cache)))
 
-    def __call__(self, x: torch.Tensor, pos: int, slot: int) -> None:
+    def __call__(self, x: torch.Tensor, pos: int, slot: int, probs: bool = False, norms: bool = False) -> None:
         """x: the embedded token, (C,) contiguous fp32, replaced in place by the last layer's
-        residual stream. RoPE rotates at ``pos``; K and V are written at cache position ``slot``."""
+        residual stream. RoPE rotates at ``pos``; K and V are written at cache position ``slot``.
+
+        ``probs``: leave every layer's attention weights in ``self.probs[:, :, :slot + 1]``;
+        ``norms``: the L2 norms of the K and V written at ``slot`` in ``self.norms`` (as stored:
+        rounded, in a bf16 cache). Both are rewritten by the next call."""
+        self.spec.attn_out = self.probs.data_ptr() if probs else None
+        self.spec.norm_out = self.norms.data_ptr() if norms else None
         if self._fn(self._addr, x.data_ptr(), pos, slot, self.threads):
             raise MemoryError("rowstep: no memory for the attention scores or a fused call's normalized rows")
 

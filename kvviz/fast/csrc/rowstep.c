@@ -31,6 +31,8 @@ typedef struct {
     const kv_dot *const *ops; /* 4 per layer: RMSNorm+q|k|v+RoPE, o_proj+res, RMSNorm+SwiGLU, down+res */
     void *const *kv;          /* 2 per layer: its K and V buffers, (nkv, max_len, hs) each */
     float *q_out;             /* (n_layer, nh hs): each layer's rotated query, or NULL */
+    float *attn_out;          /* (n_layer, nh, max_len): each head's softmax row over 0..slot, or NULL */
+    float *norm_out;          /* (n_layer, 2, nkv): L2 norms of the new K and V head vectors, or NULL */
     int n_layer;
     int nh, nkv, hs;
     int max_len;   /* positions per head in a K/V buffer */
@@ -52,6 +54,16 @@ static inline float kv_at(const void *p, size_t i, int bf16) {
     return v.f;
 }
 
+/* The L2 norm of the hs values stored at element `at`: as stored (rounded, for a bf16 cache). */
+static inline float stored_norm(const void *buf, int bf16, size_t at, int hs) {
+    float ss = 0.0f;
+    for (int j = 0; j < hs; j++) {
+        const float a = kv_at(buf, at + j, bf16);
+        ss += a * a;
+    }
+    return sqrtf(ss);
+}
+
 /* hs values of src into buf at element `at` (a head's row at one position), in the buffer's dtype. */
 static inline void put(void *buf, int bf16, size_t at, const float *src, int hs) {
     if (bf16) {
@@ -63,10 +75,11 @@ static inline void put(void *buf, int bf16, size_t at, const float *src, int hs)
 }
 
 /* y (nh, hs) = softmax(q k^T * scale) v for one query row; k, v (nkv, max_len, hs), positions
- * 0 .. S-1 read. scores: nh x S floats of scratch. Heads are shared among threads when S is long
- * enough to pay for waking them. */
+ * 0 .. S-1 read. scores: nh x S floats of scratch. probs: where the weights go for a capture,
+ * (nh, max_len), or NULL: the live views read them instead of computing q k^T again in PyTorch.
+ * Heads are shared among threads when S is long enough to pay for waking them. */
 static void attend(const kv_step *s, const float *q, const void *k, const void *v, int S, float *scores,
-                   float *y, int n_threads) {
+                   float *y, float *probs, int n_threads) {
     const int nh = s->nh, hs = s->hs, group = s->nh / s->nkv, bf = s->kv_bf16;
     const size_t head = (size_t)s->max_len * hs;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -92,9 +105,11 @@ static void attend(const kv_step *s, const float *q, const void *k, const void *
             sum += sc[t];
         }
         const float inv = (float)(1.0 / sum);
+        float *ph = probs ? probs + (size_t)h * s->max_len : NULL;
         for (int j = 0; j < hs; j++) yh[j] = 0.0f;
         for (int t = 0; t < S; t++) {
             const float p = sc[t] * inv;
+            if (ph) ph[t] = p;
             const size_t vt = kvh + (size_t)t * hs;
             if (bf)
                 for (int j = 0; j < hs; j++) yh[j] += p * kv_at(v, vt + j, 1);
@@ -127,9 +142,15 @@ int kv_llama_step(const kv_step *s, float *x, int64_t pos, int slot, int n_threa
             const size_t at = g * head + (size_t)slot * hs;
             put(kc, s->kv_bf16, at, qkv + qd + (size_t)g * hs, hs);
             put(vc, s->kv_bf16, at, qkv + qd + kvd + (size_t)g * hs, hs);
+            if (s->norm_out) {
+                float *n = s->norm_out + (size_t)i * 2 * nkv;
+                n[g] = stored_norm(kc, s->kv_bf16, at, hs);
+                n[nkv + g] = stored_norm(vc, s->kv_bf16, at, hs);
+            }
         }
         if (s->q_out) memcpy(s->q_out + (size_t)i * qd, qkv, sizeof(float) * qd);
-        attend(s, qkv, kc, vc, S, scores, y, n_threads); /* (nh, hs): the heads side by side */
+        float *probs = s->attn_out ? s->attn_out + (size_t)i * nh * s->max_len : NULL;
+        attend(s, qkv, kc, vc, S, scores, y, probs, n_threads); /* (nh, hs): the heads side by side */
         rc |= kv_dot_rows(op[1], y, 1, x, x2, n_threads, NULL, 1); /* x + y Wo^T */
         rc |= kv_dot_rows(op[2], x2, 1, NULL, h, n_threads, NULL, 1); /* silu(gate) * up of RMSNorm(x) */
         rc |= kv_dot_rows(op[3], h, 1, x2, x, n_threads, NULL, 1); /* x + h Wd^T, back into x */
