@@ -231,3 +231,18 @@ def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  #
     ev = run.events[-1]
     text = bytes_formula(run)
     assert f"would take {2 * ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_used:,} B saved" in text
+
+
+def test_heatmap_columns_are_gapped_only_while_there_are_few(runs: dict[str, Run]) -> None:
+    """A 1-px gap per column made Chromium draw each cell on its own (twice the render time on
+    SmolLM2's 240 positions): the notebook and the attention map separate their columns up to
+    COLUMN_GAP_MAX planned positions, not beyond; the notebook's rows keep their gap."""
+    short = runs["static"]  # 9 + 6 - 1 = 14 planned columns
+    long = dataclasses.replace(short, max_new_tokens=charts.COLUMN_GAP_MAX - 9 + 2)  # 129 planned columns
+    assert charts.planned_columns(long) == charts.COLUMN_GAP_MAX + 1
+    for run, gap in ((short, 1), (long, 0)):
+        for fig in (charts.cache_notebook(run), charts.attention_heatmap(run)):
+            assert [t.xgap for t in heatmaps(fig)] == [gap] * len(heatmaps(fig))
+        assert [t.ygap for t in heatmaps(charts.cache_notebook(run))] == [1, 1]
+    edge = dataclasses.replace(short, max_new_tokens=charts.COLUMN_GAP_MAX - 9 + 1)  # exactly 128
+    assert charts.column_gap(charts.planned_columns(edge)) == 1

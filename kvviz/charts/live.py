@@ -33,6 +33,16 @@ EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
 ATTENTION_SCALE = [[0.0, "#ffffff"], [0.01, "#deebf7"], [0.05, "#9ecae1"], [0.2, "#4292c6"], [0.5, "#2171b5"],
                    [1.0, "#08306b"]]
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
+# A white gap between columns draws each cell as its own brick, which doubled what Chromium spends
+# on a heatmap of SmolLM2's 240 positions (213 -> 107 ms for the notebook, 226 -> 112 for the
+# attention map, on the project's 2-core machine): columns are separated only while they are wide
+# enough for a gap to read as a grid, up to this many on a chart (about 8 px each at full width).
+COLUMN_GAP_MAX = 128
+
+
+def column_gap(n_columns: int) -> int:
+    """The white gap (px) between a heatmap's columns: 1 while there are few, else none."""
+    return 1 if n_columns <= COLUMN_GAP_MAX else 0
 
 # A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
 # big template is looked up and deep-copied every time), too slow for live redraws and replay.
@@ -212,7 +222,7 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
         lo, hi = _color_range(z[i])
         traces.append(go.Heatmap(
             z=z[i], x=np.arange(X, dtype=np.int32), y=labels, colorscale=scale, zmin=lo, zmax=hi,
-            xaxis="x" if i == 0 else "x2", yaxis="y" if i == 0 else "y2", xgap=1, ygap=1, name=name,
+            xaxis="x" if i == 0 else "x2", yaxis="y" if i == 0 else "y2", xgap=column_gap(X), ygap=1, name=name,
             # One short title line and three ticks: on a short chart (presenting) a two-line title
             # left the bar too short for its labels, which printed over each other. The block's
             # own axis title says whether it is K or V.
@@ -306,7 +316,7 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     fig = go.Figure(go.Heatmap(
         z=full, x=np.arange(X, dtype=np.int32), y=rows, colorscale=ATTENTION_SCALE, zmin=0.0, zmax=1.0,
         colorbar=dict(title=dict(text="weight", side="right"), thickness=14),
-        hovertemplate="layer·head %{y}<br>key position %{x}<br>weight %{z:.3f}<extra></extra>", xgap=1))
+        hovertemplate="layer·head %{y}<br>key position %{x}<br>weight %{z:.3f}<extra></extra>", xgap=column_gap(X)))
     # One tick per layer, on its middle head, so the 144 rows of GPT-2 small stay readable; past
     # 12 layers (SmolLM2's 30) every k-th layer, or the labels overprint each other.
     layer_rows = [i for i, (_, h) in enumerate(keys) if h == 0]

@@ -4,8 +4,9 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
 (``view.draw``) for the live loop, step mode and replay (``replay.py``, ``run.upto(step)``).
 
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
-  the live views may take a fifth of the loop's time (text at most 20 times a second, charts
-  every 0.15 s or slower; both slower when several runs are live), each chart with a key unique
+  the live views may take a tenth of the loop's time (text at most 10 times a second, numbers
+  twice, charts once: what a small machine's browser can draw; all slower when several runs are
+  live), each chart with a key unique
   to the run and the draw; the rerun after the loop draws the finished run in full. What the
   views cost is kept in ``run.meta["live_cost"]`` and said under the finished run.
 - Any rerun during a live run (a Stop click, a changed control, or the browser reconnecting after
@@ -270,14 +271,16 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
                     paused = True
                     slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
                                            "they are drawn when this run ends. The text and numbers keep updating.")
-                # The live views get a fifth of the loop's time at most, so the page streams at
-                # >= 0.8x the engine's own speed; intervals N times longer with N live runs.
-                text_due, chart_due = pacer.due(now, engine_ms / 1000, load)
-                chart_due = chart_due and not paused
-                if text_due:
-                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=chart_due or paused)
+                # The live views get a tenth of the loop's time, and charts at most once a second (what
+                # the browser can draw), so the page streams at about 0.8x the engine's own speed
+                # click to done; intervals N times longer with N live runs (ui/pacing.py).
+                due = pacer.due(now, engine_ms / 1000, load, steps_left=stream.max_new_tokens - len(stream.events))
+                chart_due = due.charts and not paused
+                if due.text:
+                    numbers = due.numbers or paused
+                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=numbers or chart_due)
                     draws += chart_due
-                    pacer.drew(now, time.perf_counter(), chart_due)
+                    pacer.drew(now, time.perf_counter(), chart_due, numbers)
                 if settings.speed_tps:  # presentation speed: hold each token until its slot in time
                     _pause(t0 + (ev.step + 1) / settings.speed_tps - time.perf_counter())
             finished = True

@@ -1,32 +1,44 @@
-"""When the live loop redraws: the live views' share of the loop's time, spent on purpose.
+"""When the live loop redraws: the live views' share of the time, spent on purpose.
 
-Pure Python (no streamlit), so the policy is tested with plain numbers. The price of the live
-views is everything the loop does besides the engine's own work: capturing attention and K/V
-after each step, building the chips and figures, and Streamlit sending them (on another thread
-of the same process, so it slows the forwards too). The loop measures that price directly, as
-its wall time minus the forwards' measured time, and draws only while it stays within ``share``
-of the wall time: the app then streams at >= (1 - share) of the engine's own speed.
+Pure Python (no streamlit), so the policy is tested with plain numbers. The live views have two
+prices, and the policy pays both (measured on the project's 2-core machine, SmolLM2, 200 tokens,
+Chromium on the same machine; docs/benchmarks.md):
 
-Within that budget:
+- **The server's**: everything the loop does besides the engine's own work: capturing attention
+  and K/V after each step, building the chips and figures, and Streamlit sending them. The loop
+  measures it directly, as its wall time minus the forwards' measured time, and draws only while
+  it stays within ``share`` of the wall time. A tenth: with the click's round trip, the script
+  run before the loop and the finished run's redraw (about 0.25 s together), the page then
+  streams at about 0.8x the engine's own speed.
+- **The browser's**, which the server cannot see: a chart frame (four Plotly figures) kept
+  Chromium's main thread busy 150-480 ms, a text redraw a few. Seven chart frames in a 4.4 s run
+  left the page 2.5 s behind the engine (the done marker shown 7.0 s after the click, the
+  loop over at 4.4 s); with text alone it kept up. So charts are redrawn at most once a second,
+  and not in the last ``tail`` seconds a run is expected to take (its end draws them anyway).
+
+Within that:
 - the first step's text is drawn at once (the prompt and the first token, as soon as they exist);
-- a chart frame (four Plotly figures: 0.1-0.3 s of Python on a small machine) is drawn only when
-  the budget can pay for it, judged by what the last frame cost in this process; a run too short
-  to afford one shows its charts when it ends;
-- the text at most every ``text_interval`` s (faster than the eye reads anyway);
-- the charts at most every ``chart_interval`` s;
-- both intervals ``load`` times longer with ``load`` runs live in the process, so a busy server
+- the text at most every ``text_interval`` s (ten times a second reads as a stream), the numbers
+  with it at most every ``numbers_interval`` s;
+- a chart frame only when the share can pay for it, judged by what the last frame cost in this
+  process; a run too short to afford one shows its charts when it ends;
+- every interval ``load`` times longer with ``load`` runs live in the process, so a busy server
   sends its browsers about what one run would;
-- whatever the budget says, the text at least every ``max_gap`` s, so a slow, capture-heavy
+- whatever the share says, the text at least every ``max_gap`` s, so a slow, capture-heavy
   model still shows signs of life;
-- presenting (a slowed-down run, ``every_token``) draws every token: the loop waits anyway.
+- presenting (a slowed-down run, ``every_token``) draws every token's text and numbers, and the
+  charts every ``PRESENT_CHART_INTERVAL_S``: the loop waits anyway, and the browser must keep up.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SHARE = 0.2  # the live views may take a fifth of the loop's time: the app streams at >= 0.8x the engine
-TEXT_INTERVAL_S = 0.05  # a tiny model makes 1,000 tokens/s; 20 redraws a second read as a stream
-CHART_INTERVAL_S = 0.15
+SHARE = 0.1  # the server's price: a tenth of the loop's time (the click and the last redraw take the rest of 0.8x)
+TEXT_INTERVAL_S = 0.1  # a tiny model makes 1,000 tokens/s; ten redraws a second read as a stream
+NUMBERS_INTERVAL_S = 0.5
+CHART_INTERVAL_S = 1.0  # the browser's price: a chart frame keeps Chromium busy 150-480 ms on a small machine
+PRESENT_CHART_INTERVAL_S = 0.5
+TAIL_S = 0.6  # no chart frame when the run should end sooner: the finished run's redraw draws them
 MAX_GAP_S = 0.5
 # What the last draws cost, process-wide: the first live run of a process starts from these guesses.
 _last_cost = {"text": 0.005, "charts": 0.1}
@@ -63,51 +75,73 @@ class LiveCost:
                 "chart_draws": self.chart_draws, "draw_s": round(self.draw_s, 4)}
 
 
+@dataclass(frozen=True)
+class Due:
+    """What to redraw after a step: the text always when anything is drawn."""
+
+    text: bool
+    numbers: bool
+    charts: bool
+
+
 class Pacer:
-    """Says, after each step, whether to redraw the text, and the charts; told what each draw cost."""
+    """Says, after each step, what to redraw (``Due``); told what each draw cost."""
 
     def __init__(self, t0: float, share: float = SHARE, text_interval: float = TEXT_INTERVAL_S,
                  chart_interval: float = CHART_INTERVAL_S, max_gap: float = MAX_GAP_S,
-                 every_token: bool = False) -> None:
+                 every_token: bool = False, numbers_interval: float = NUMBERS_INTERVAL_S,
+                 tail: float = TAIL_S) -> None:
         self.t0 = t0
         self.share = share
         self.text_interval = text_interval
-        self.chart_interval = chart_interval
+        self.numbers_interval = numbers_interval
+        self.chart_interval = PRESENT_CHART_INTERVAL_S if every_token else chart_interval
+        self.tail = tail
         self.max_gap = max_gap
         self.every_token = every_token
         self.cost = LiveCost()
-        self._last_text = self._last_chart = float("-inf")
+        self._steps = 0
+        self._last_text = self._last_numbers = self._last_chart = float("-inf")
         self._est_text, self._est_chart = _last_cost["text"], _last_cost["charts"]  # what a draw of each kind costs
 
     def _affordable(self, now: float, engine_s: float, est: float) -> bool:
         wall = now - self.t0
         return (wall - engine_s) + est <= self.share * (wall + est)
 
-    def due(self, now: float, engine_s: float, load: int = 1) -> tuple[bool, bool]:
-        """(text, charts) to draw after a step ending at ``now``, with ``engine_s`` of forwards so far
-        and ``load`` live runs in the process."""
+    def due(self, now: float, engine_s: float, load: int = 1, steps_left: int | None = None) -> Due:
+        """What to draw after a step ending at ``now``, with ``engine_s`` of forwards so far, ``load``
+        live runs in the process and at most ``steps_left`` steps to come (None: unknown)."""
+        self._steps += 1
         first = self.cost.text_draws == 0
         chart_gap, text_gap = self.chart_interval * load, self.text_interval * load
+        numbers = now - self._last_numbers >= self.numbers_interval * load
         if self.every_token:
-            return True, first or now - self._last_chart >= chart_gap
+            charts = first or now - self._last_chart >= chart_gap
+            return Due(True, True, charts)
         if first:
-            return True, False
-        charts = now - self._last_chart >= chart_gap and self._affordable(now, engine_s, self._est_chart + self._est_text)
+            return Due(True, True, False)
+        # The run's expected rest, at its pace so far: a chart frame the browser is still drawing
+        # when the run ends only delays the finished run's own, complete one.
+        ending = steps_left is not None and steps_left * (now - self.t0) / self._steps < self.tail
+        charts = (not ending and now - self._last_chart >= chart_gap
+                  and self._affordable(now, engine_s, self._est_chart + self._est_text))
         text = charts or (now - self._last_text >= text_gap and self._affordable(now, engine_s, self._est_text))
         if not text and now - self._last_text >= self.max_gap:
             text = True
-        return text, charts
+        return Due(text, text and (numbers or charts), charts)
 
-    def drew(self, start: float, end: float, charts: bool) -> None:
+    def drew(self, start: float, end: float, charts: bool, numbers: bool = False) -> None:
         took = max(0.0, end - start)
         self.cost.draw_s += took
         self.cost.text_draws += 1
         self._last_text = end
+        if numbers or charts:
+            self._last_numbers = end
         if charts:
             self.cost.chart_draws += 1
             self._last_chart = end
             self._est_chart = _last_cost["charts"] = max(0.0, took - self._est_text)
-        else:
+        elif not numbers:  # a text-only draw: what the next one will cost
             self._est_text = _last_cost["text"] = took
 
     def finish(self, now: float, engine_s: float) -> LiveCost:

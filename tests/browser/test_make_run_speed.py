@@ -43,7 +43,14 @@ DONE_TIMEOUT_MS = 600_000
 STARTUP_TIMEOUT_MS = 300_000  # the defaults before issue 19 took 68-123 s
 
 TIMER_JS = """() => {
-  const k = window.__kv = {};
+  const k = window.__kv = {long: []};
+  // The browser's price of the live views: every task over 50 ms between the click and done,
+  // [ms after the click, ms long] (a chart frame is one; a backlog of them delays the done marker).
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries())
+      if (k.click !== undefined && k.done === undefined)
+        k.long.push([Math.round(e.startTime - k.click), Math.round(e.duration)]);
+  }).observe({type: 'longtask'});
   const btn = [...document.querySelectorAll('.st-key-generate button')].find(b => b.offsetParent);
   btn.addEventListener('click', () => { k.click = performance.now(); }, {capture: true, once: true});
   new MutationObserver((_, obs) => {
@@ -56,6 +63,14 @@ TIMER_JS = """() => {
     if (document.querySelector('.st-key-run_done_1')) { k.done = now; obs.disconnect(); }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
+
+
+BUSY_METRICS = ("TaskDuration", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")
+
+
+def browser_busy(cdp) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Seconds the page's main thread has spent so far: all its tasks, and scripts, layout, style within."""
+    return {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"] if m["name"] in BUSY_METRICS}
 
 
 def select_model(page, prefix: str) -> None:  # type: ignore[no-untyped-def]
@@ -137,6 +152,9 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         threads = app_threads(page)
         load_before = os.getloadavg()
         page.evaluate(TIMER_JS)
+        cdp = context.new_cdp_session(page)  # Chromium's own count of its main thread's busy time
+        cdp.send("Performance.enable")
+        busy0 = browser_busy(cdp)
         t0 = time.monotonic()
         page.locator(".st-key-generate button:visible").click()
         marker = page.wait_for_selector(".st-key-run_done_1", timeout=DONE_TIMEOUT_MS)
@@ -145,6 +163,7 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         assert done, marker.inner_text()
         n_tokens = int(done.group(1))
         assert n_tokens == N_NEW or "EOS" in marker.inner_text(), marker.inner_text()
+        busy1 = browser_busy(cdp)
         page.wait_for_function("window.__kv.done !== undefined")
         kv = page.evaluate("window.__kv")
         shown = metrics(page)
@@ -168,6 +187,8 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         "first_token_to_done_s": round(click_to_done - first, 3), "python_side_wall_s": round(wall, 3),
         "app_tok_s": round(n_tokens / click_to_done, 1), "in_app_metrics": in_app, "done_marker": live_note,
         "engine_cli": engine, "engine_cli_torch_default_threads": engine_default, "ratio_app_vs_engine": round(n_tokens / click_to_done / engine["tok_s"], 3),
+        "browser_busy_s": {k: round(busy1[k] - busy0[k], 3) for k in BUSY_METRICS},
+        "browser_long_tasks_ms": kv["long"],
         "budget_s": round(budget, 2), "within_budget": click_to_done <= budget,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
