@@ -51,6 +51,10 @@ class SessionResult:
     unfinished: str = ""  # a session with no done marker: its script state and what its page showed
     reclicked: bool = False  # its first Generate click started nothing (idle, no run): clicked once more
     console_errors: list[str] = field(default_factory=list)
+    # The prompt box as the browser held it just before the Generate press (its first 40 characters):
+    # once, a session answered "the prompt is empty" with its default prompt untouched; this says
+    # next time whether the browser's box was empty or the server lost the value.
+    prompt_at_click: str = ""
 
 
 def free_port() -> int:
@@ -178,6 +182,8 @@ def run_load(url: str, sessions: int, tokens: int, deadline_s: float) -> dict[st
                 page.on("console", lambda m, r=r: r.console_errors.append(m.text[:200]) if m.type == "error" else None)
                 _prepare(page, url, tokens)
                 pages.append(page)
+            for r, page in zip(results, pages):
+                r.prompt_at_click = page.locator(".st-key-prompt textarea").input_value()[:40]
             t0 = time.monotonic()
             for page in pages:
                 page.locator(".st-key-generate button:visible").click()
