@@ -129,7 +129,9 @@ def test_the_step_hands_over_attention_weights_and_new_kv_norms(kind: str, dtype
     c = m.config
     idx = tokens(1, 12, seed=30)
     layers = frozenset(range(c.n_layer))
-    plain, _, _ = decode(m, idx, 4, layers)
+    plain, plain_cache, _ = decode(m, idx, 4, layers)
+    unasked: Any = step_for(m.fast.plan().rows.step_ops, plain_cache, c)
+    assert unasked.probs is None and unasked.norms is None  # a run without the request holds no buffers
     got, cache, caps = decode(m, idx, 4, layers, wants=True)
     assert calls == list(range(4, 12)) * 2
     assert torch.equal(got, plain)  # writing the weights out changes nothing computed

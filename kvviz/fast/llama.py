@@ -260,9 +260,9 @@ def _one_row(c: "LlamaConfig", rows: RowPlan, embed: torch.Tensor, idx: torch.Te
         step(x, int(input_pos[0]), slot, want_p, want_n)  # x: the last layer's residual stream now
         cache.bytes_copied += step.write_bytes  # what cache.update would have counted
         if capture is not None:
-            if want_p:
+            if want_p and step.probs is not None:
                 capture.probs = step.probs[:, :, :slot + 1].clone()  # (n_layer, nh, S): rewritten next step
-            if want_n:
+            if want_n and step.norms is not None:
                 capture.new_norms = step.norms.clone()  # (n_layer, 2, nkv)
             for i in capture.layers:  # what the per-layer path captures: post-RoPE q, the cache's K/V
                 capture.q_last[i] = step.q[i].view(1, nh, 1, hs).clone()  # step.q is rewritten next step

@@ -41,10 +41,11 @@ class LlamaStep:
         self.buffers = _buffers(cache)
         self.q = torch.empty(c.n_layer, nh * hs, dtype=torch.float32)  # (n_layer, nh hs)
         max_len = cache.k[0].shape[2]
-        # Filled only on request (a live run's captures): the weights C computes anyway for its one
-        # query row, which the capture would otherwise recompute in PyTorch, 30 small matmuls a token.
-        self.probs = torch.zeros(c.n_layer, nh, max_len, dtype=torch.float32)  # (n_layer, nh, max_len)
-        self.norms = torch.zeros(c.n_layer, 2, nkv, dtype=torch.float32)  # (n_layer, K|V, nkv)
+        # Made on the first request (a live run's captures), not per cache: SmolLM2's weights buffer
+        # is 8.8 MB at its 8,192 positions, which a run without captures should neither hold nor fill.
+        self._probs_shape, self._norms_shape = (c.n_layer, nh, max_len), (c.n_layer, 2, nkv)
+        self.probs: torch.Tensor | None = None  # (n_layer, nh, max_len): C's attention weights
+        self.norms: torch.Tensor | None = None  # (n_layer, K|V, nkv): the new K/V norms
         self._ops = (ctypes.c_void_p * len(addrs))(*addrs)
         self._kv = (ctypes.c_void_p * len(self.buffers))(*(t.data_ptr() for t in self.buffers))
         self.spec = StepSpec(ctypes.cast(self._ops, ctypes.POINTER(ctypes.c_void_p)),
@@ -68,8 +69,13 @@ class LlamaStep:
         ``probs``: leave every layer's attention weights in ``self.probs[:, :, :slot + 1]``;
         ``norms``: the L2 norms of the K and V written at ``slot`` in ``self.norms`` (as stored:
         rounded, in a bf16 cache). Both are rewritten by the next call."""
-        self.spec.attn_out = self.probs.data_ptr() if probs else None
-        self.spec.norm_out = self.norms.data_ptr() if norms else None
+        # C writes every entry that is read back (rows 0..slot of each head): no fill needed.
+        if probs and self.probs is None:
+            self.probs = torch.empty(self._probs_shape, dtype=torch.float32)
+        if norms and self.norms is None:
+            self.norms = torch.empty(self._norms_shape, dtype=torch.float32)
+        self.spec.attn_out = self.probs.data_ptr() if probs and self.probs is not None else None
+        self.spec.norm_out = self.norms.data_ptr() if norms and self.norms is not None else None
         if self._fn(self._addr, x.data_ptr(), pos, slot, self.threads):
             raise MemoryError("rowstep: no memory for the attention scores or a fused call's normalized rows")
 

@@ -6,9 +6,9 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
   the live views may take a tenth of the loop's time (text at most 10 times a second, numbers
   twice, charts once: what a small machine's browser can draw; all slower when several runs are
-  live), each chart with a key unique
-  to the run and the draw; the rerun after the loop draws the finished run in full. What the
-  views cost is kept in ``run.meta["live_cost"]`` and said under the finished run.
+  live), each chart with a key unique to the run and the draw; the rerun after the loop draws the
+  finished run in full. What the views cost is kept in ``run.meta["live_cost"]`` and said under
+  the finished run.
 - Any rerun during a live run (a Stop click, a changed control, or the browser reconnecting after
   its WebSocket dropped) interrupts it: with Streamlit's fast reruns the next script run starts
   at once on another thread, and this one raises at its next Streamlit call or session-state
@@ -278,7 +278,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
                 chart_due = due.charts and not paused
                 if due.text:
                     numbers = due.numbers or paused
-                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=numbers or chart_due)
+                    draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=numbers)
                     draws += chart_due
                     pacer.drew(now, time.perf_counter(), chart_due, numbers)
                 if settings.speed_tps:  # presentation speed: hold each token until its slot in time
