@@ -113,8 +113,32 @@ def browser() -> Iterator["sync_api.Browser"]:
             b.close()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:  # type: ignore[type-arg]
+    """Keep each phase's report on the test item, so ``page`` can tell whether its test failed."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+def _failure_record(pg: "sync_api.Page", name: str) -> str:
+    """What a failed browser test's page showed: its alerts and script state (in the report), and
+    a screenshot under SCREENSHOTS/failures, so a flake on a loaded CI box says what happened."""
+    try:
+        alerts = pg.locator("[data-testid='stAlert']").all_inner_texts()
+        state = pg.evaluate("document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")
+        box = pg.locator(".st-key-prompt textarea")
+        prompt = box.first.input_value(timeout=2_000)[:40] if box.count() else None
+        folder = SCREENSHOTS / "failures"
+        folder.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(folder / f"{name}.png"))
+        return f"page at failure: script {state}; alerts {[a[:300] for a in alerts]}; prompt box {prompt}"
+    except Exception as e:  # the page may be gone; the test's own error is what matters
+        return f"page at failure: not readable ({type(e).__name__}: {e})"
+
+
 @pytest.fixture
-def page(browser: "sync_api.Browser", app_url: str) -> Iterator["sync_api.Page"]:
+def page(browser: "sync_api.Browser", app_url: str, request: pytest.FixtureRequest) -> Iterator["sync_api.Page"]:
     context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
     pg = context.new_page()
     pg.set_default_timeout(60_000)
@@ -127,6 +151,9 @@ def page(browser: "sync_api.Browser", app_url: str) -> Iterator["sync_api.Page"]
     pg.on("dialog", on_dialog)
     try:
         yield pg
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            rep.sections.append(("browser", _failure_record(pg, request.node.name)))
     finally:
         context.close()
     assert not dialogs, f"the page opened a JavaScript dialog: {dialogs}"
