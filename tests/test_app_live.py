@@ -19,6 +19,7 @@ import kvviz.ui.live as live
 import kvviz.ui.replay as replay
 from kvviz import iter_generate
 from kvviz.ui.plain_text import unescape
+from kvviz.ui.settings import CACHE_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app.py"
@@ -104,6 +105,31 @@ def test_page_loads_with_its_controls(app: AppTest) -> None:
     assert app.radio(key="cache_mode").value == "static"
     assert len(app.get("plotly_chart")) == 4  # the empty notebook, attention, bars, latency
     assert not errors(app)
+
+
+def test_each_kept_control_defaults_to_its_current_value(app: AppTest) -> None:
+    """The default a widget carries is what Streamlit falls back to where its state goes missing
+    (a browser mounting it afresh): it must be the current value, never the widget's own default
+    (an empty prompt, 1 new token). Once in CI an untouched prompt reached Generate as empty."""
+    def defaults() -> dict[str, Any]:
+        return {"prompt": app.text_area(key="prompt").proto.default,
+                "max_new_tokens": app.number_input(key="max_new_tokens").proto.default,
+                "seed": app.number_input(key="seed").proto.default,
+                "cache_mode": list(CACHE_MODES)[app.radio(key="cache_mode").proto.default],
+                "temperature": list(app.slider(key="temperature").proto.default)}
+
+    assert defaults() == {"prompt": "ROMEO:\n", "max_new_tokens": 64, "seed": 0, "cache_mode": "static",
+                          "temperature": [0.8]}
+    app.text_area(key="prompt").set_value("To be")
+    app.number_input(key="max_new_tokens").set_value(9)
+    app.number_input(key="seed").set_value(7)
+    app.radio(key="cache_mode").set_value("concat")
+    app.radio(key="sampling").set_value("sample").run()  # enables the temperature slider
+    app.slider(key="temperature").set_value(1.25)
+    app.run()
+    assert_clean(app)
+    assert defaults() == {"prompt": "To be", "max_new_tokens": 9, "seed": 7, "cache_mode": "concat",
+                          "temperature": [1.25]}
 
 
 def test_generate_shows_text_metrics_and_charts(app: AppTest) -> None:

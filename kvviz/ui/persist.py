@@ -2,8 +2,17 @@
 
 Streamlit forgets a widget's value at the end of any run that does not render it (the sidebar
 is not drawn on the calculator page). So each kept widget is initialised from a shadow copy
-before it is created, and the shadow is refreshed after. Widgets created this way take their
-value from ``st.session_state`` only: never pass ``value=``/``index=`` as well.
+before it is created, and the shadow is refreshed after.
+
+The widget's value comes from ``st.session_state``, but pass what ``keep`` returns as its
+``value=``/``index=`` too. That argument is the widget's default, which Streamlit falls back to
+where its state goes missing on either side (a browser that mounts the widget without the value
+the server set, or a server that registers it afresh), and a fallback to the widget's own
+default is wrong for most of ours: an empty prompt, 1 new token, chat off. It was seen: under
+load in CI, a session whose prompt box nobody touched pressed Generate and got "the prompt is
+empty". A keyed widget's identity ignores its default, so passing the current value each run
+changes nothing else (``.streamlit/config.toml`` silences Streamlit's log line about a default
+given beside a session-state value).
 """
 from __future__ import annotations
 

