@@ -212,8 +212,9 @@ def run_load(url: str, sessions: int, tokens: int, deadline_s: float) -> dict[st
                 if i in pending:  # say why: never started, still running, or ended without its marker
                     state = page.evaluate("document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")
                     shown = page.locator("[data-testid='stMain']").inner_text()[:600]
-                    box = page.locator(".st-key-prompt textarea").first.input_value()[:40]
-                    results[i].unfinished = f"script {state}; prompt box now {box!r}; page: {shown}"
+                    box = page.locator(".st-key-prompt textarea")  # absent: the sidebar never came
+                    now = box.first.input_value()[:40] if box.count() else None
+                    results[i].unfinished = f"script {state}; prompt box now {now!r}; page: {shown}"
             wall = time.monotonic() - t0
         finally:
             browser.close()
