@@ -130,6 +130,12 @@ def test_each_kept_control_defaults_to_its_current_value(app: AppTest) -> None:
     assert_clean(app)
     assert defaults() == {"prompt": "To be", "max_new_tokens": 9, "seed": 7, "cache_mode": "concat",
                           "temperature": [1.25]}
+    # A picker's default is its kept choice's position: the newest run, not the oldest.
+    generate(app, "one", n=2)
+    generate(app, "two", n=2)
+    ids = [r.id for r in store(app)]
+    assert app.selectbox(key="run_pick").value == ids[-1]
+    assert app.selectbox(key="run_pick").proto.default == len(ids) - 1
 
 
 def test_generate_shows_text_metrics_and_charts(app: AppTest) -> None:

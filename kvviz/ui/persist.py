@@ -5,14 +5,15 @@ is not drawn on the calculator page). So each kept widget is initialised from a 
 before it is created, and the shadow is refreshed after.
 
 The widget's value comes from ``st.session_state``, but pass what ``keep`` returns as its
-``value=``/``index=`` too. That argument is the widget's default, which Streamlit falls back to
-where its state goes missing on either side (a browser that mounts the widget without the value
-the server set, or a server that registers it afresh), and a fallback to the widget's own
-default is wrong for most of ours: an empty prompt, 1 new token, chat off. It was seen: under
-load in CI, a session whose prompt box nobody touched pressed Generate and got "the prompt is
-empty". A keyed widget's identity ignores its default, so passing the current value each run
-changes nothing else (``.streamlit/config.toml`` silences Streamlit's log line about a default
-given beside a session-state value).
+``value=`` too (a selectbox or radio: ``keep_index``'s, as its ``index=``). That argument is the
+widget's default, which Streamlit falls back to where its state goes missing on either side (a
+browser that mounts the widget without the value the server set, or a server that registers it
+afresh), and a fallback to the widget's own default is wrong for most of ours: an empty prompt,
+1 new token, chat off, the oldest run. It was seen: under load in CI, a session whose prompt box
+nobody touched pressed Generate and got "the prompt is empty". A keyed widget's identity ignores
+its default, so passing the current value each run changes nothing else
+(``.streamlit/config.toml`` silences Streamlit's log line about a default given beside a
+session-state value).
 """
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ def keep(key: str, default: Any, options: Sequence[Any] | None = None,
     if value != ss[key]:
         ss[key] = value
     return value
+
+
+def keep_index(key: str, default: Any, options: Sequence[Any]) -> int:
+    """``keep`` for a widget that picks one of ``options`` (selectbox, radio): the kept value's
+    position, for the widget's ``index=``."""
+    return list(options).index(keep(key, default, options=options))
 
 
 def last(key: str, default: Any = None) -> Any:

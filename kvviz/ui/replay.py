@@ -43,7 +43,7 @@ def stored_view(store: RunStore, runs_slot: Any = None) -> None:
     show = store.take("show")
     if show in ids:
         st.session_state["run_pick"] = show
-    persist.keep("run_pick", ids[-1], options=ids)
+    pick = persist.keep_index("run_pick", ids[-1], ids)
     labels = {r.id: r.label for r in runs}  # a plain dict: format_func may run outside the script
     projecting = present.active() and runs_slot is not None
     if projecting:  # one button in the top row: the picker and the exports behind it
@@ -51,7 +51,7 @@ def stored_view(store: RunStore, runs_slot: Any = None) -> None:
                                               icon=":material/history:", width="stretch")
     else:
         c_pick, c_json, c_caps, c_csv = st.columns([4.2, 1, 1.4, 1], vertical_alignment="bottom")
-    chosen = c_pick.selectbox("Run", ids, key="run_pick", format_func=labels.get,
+    chosen = c_pick.selectbox("Run", ids, index=pick, key="run_pick", format_func=labels.get,
                               help="The last runs of this session (newest last). Pick one to replay or compare.")
     persist.remember("run_pick")
     entry = store.get(chosen)

