@@ -246,3 +246,52 @@ def test_heatmap_columns_are_gapped_only_while_there_are_few(runs: dict[str, Run
         assert [t.ygap for t in heatmaps(charts.cache_notebook(run))] == [1, 1]
     edge = dataclasses.replace(short, max_new_tokens=charts.COLUMN_GAP_MAX - 9 + 1)  # exactly 128
     assert charts.column_gap(charts.planned_columns(edge)) == 1
+
+
+# --- margins: Plotly lays a live chart out once ------------------------------------------------------
+
+def test_visible_len_counts_what_a_plotly_label_shows() -> None:
+    from kvviz.charts.tokens import MAX_LABEL, visible_len
+
+    assert visible_len(charts.short_label("<|im_start|>")) == MAX_LABEL  # "&lt;|im_st…"
+    assert visible_len("<b>K</b> (keys)") == len("K (keys)")
+    assert visible_len("a &amp; b<br>c") == len("a & bc")
+    assert visible_len("") == 0 and visible_len("Tom & Jerry") == len("Tom & Jerry")  # a lone '&' is text
+
+
+def test_token_axis_margin_grows_with_slanted_labels() -> None:
+    """The bottom margins automargin measured in Chromium: 49 px for level labels, 77 for six
+    characters slanted, 88 for eight (the presets add a few px)."""
+    from kvviz.charts.tokens import AXIS_MARGIN_FLAT, axis_margin
+
+    level = charts.token_axis(list("Hi there"), 8)
+    assert level["tickangle"] == 0 and axis_margin(level) == AXIS_MARGIN_FLAT >= 49
+    six = charts.token_axis(["·Romeo", "·loves"] * 4, 8)
+    eight = charts.token_axis(["<|im_start|>", "·assistant"] * 4, 8)
+    assert six["tickangle"] == eight["tickangle"] == -50
+    assert 77 <= axis_margin(six) <= 77 + 6 and 88 <= axis_margin(eight) <= 88 + 6
+
+
+def test_each_live_chart_presets_the_margins_its_labels_need(runs: dict[str, Run], make_model) -> None:  # type: ignore[no-untyped-def]
+    """Level byte labels (this run's 14 columns) need the flat bottom margin; colorbars a wide right
+    one; a GQA head label ("kv 0 ← q 0-1") a wider left one than "layer 1" (116 px measured for
+    "kv 0 ← q 0-2"). The browser tests check Plotly then grows none of them."""
+    from kvviz.charts.tokens import AXIS_MARGIN_FLAT
+
+    run = runs["static"]
+    notebook, attention = charts.cache_notebook(run), charts.attention_heatmap(run, (0, 0))
+    bars, latency = charts.attention_bars(run, 0, 0), charts.latency_chart(run)
+    for fig in (notebook, attention, bars, latency):
+        assert fig.layout.margin.b == AXIS_MARGIN_FLAT
+        assert fig.layout.template.layout.xaxis.ticklabeloverflow == "allow"  # no per-label overflow check
+    assert notebook.layout.margin.r == charts.COLORBAR_R and attention.layout.margin.r == charts.COLORBAR_TITLE_R
+    assert notebook.layout.margin.l == charts.MARGIN["l"]
+    gqa = generate(make_model(n_kv_head=2), prompt="Hi there", max_new_tokens=2, capture=CAPTURE)
+    heads = charts.cache_notebook(gqa, "head", 0)
+    assert list(heads.data[0].y) == ["kv 0 ← q 0-1", "kv 1 ← q 2-3"]
+    assert heads.layout.margin.l == 20 + 8 * len("kv 0 ← q 0-1") > charts.MARGIN["l"]
+    # The tokens/s axis's labels: "2,000" (71 px; "1,320" measured 69) needs more room than "20" (48 measured).
+    def at(ms: float) -> Run:
+        return dataclasses.replace(run, events=tuple(dataclasses.replace(e, latency_ms=ms) for e in run.events))
+    assert charts.latency_chart(at(0.5)).layout.margin.r == 71
+    assert charts.latency_chart(at(50.0)).layout.margin.r == 50

@@ -15,8 +15,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.charts.tokens import (  # noqa: F401 (visible, prompt_tokens, generated_text: the views' API too)
-    MAX_TICKS, generated_text, planned_columns, plotly_text, position_labels, prompt_tokens, short_label, token_axis,
-    visible,
+    AXIS_MARGIN_FLAT, MAX_TICKS, axis_margin, generated_text, planned_columns, plotly_text, position_labels, prompt_tokens, short_label,
+    token_axis, visible, visible_len,
 )
 from kvviz.engine.events import Run, StepEvent
 from kvviz.measure.stats import rolling_median
@@ -46,14 +46,35 @@ def column_gap(n_columns: int) -> int:
 
 # A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
 # big template is looked up and deep-copied every time), too slow for live redraws and replay.
+# ticklabeloverflow="allow": Plotly's default ("hide past div") measures every tick label's box
+# after drawing it, a forced layout per label; our labels stay inside the figure's margins, and
+# skipping that check cut what Chromium spends drawing the live charts by a third (measured on
+# the project's 2-core machine, docs/benchmarks.md).
 _GRID = "#e9ecef"
 TEMPLATE = go.layout.Template(layout=dict(
     paper_bgcolor="white", plot_bgcolor="white", colorway=[PROMPT_COLOR, GEN_COLOR, "#2b8a3e", "#862e9c"],
-    xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
-    yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True),
+    xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True,
+               ticklabeloverflow="allow"),
+    yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True,
+               ticklabeloverflow="allow"),
 ))
+# The margins a chart starts from. Each live chart presets its own to what automargin measured for
+# its labels (``Margins``), so automargin has nothing to push: a push makes Plotly lay the figure
+# out and draw it a second time, which doubled Chromium's cost of a chart. automargin stays on,
+# so a label wider than the estimate (another font, a longer label) costs that second pass, never a clip.
+MARGIN = dict(l=90, r=30, b=40)
+COLORBAR_R = 104  # a colorbar with its title above it ("length"); 100 px measured
+COLORBAR_TITLE_R = 116  # a colorbar with its title beside it ("weight"); 112 px measured
 
-def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure:
+
+def label_margin(labels: list[str], least: int = MARGIN["l"]) -> int:
+    """Left margin (px) for horizontal y tick labels and a y axis title: "kv 0 ← q 0-2" needed 116
+    at the charts' 15 px font (about 8 px a character and 20 for the title)."""
+    return max(least, 20 + 8 * max((visible_len(t) for t in labels), default=0))
+
+
+def _layout(fig: go.Figure, title: str, subtitle: str, height: int, margin: dict[str, int] | None = None
+            ) -> go.Figure:
     # Title and subtitle are anchored in pixels from the top of the figure, so a short chart
     # does not clip them (a fraction of the height would).
     fig.update_layout(
@@ -61,7 +82,7 @@ def _layout(fig: go.Figure, title: str, subtitle: str, height: int) -> go.Figure
                    y=1.0, yref="container", yanchor="top",
                    subtitle=dict(text=subtitle, font=dict(size=14, color="#495057"))),
         font=FONT, height=height, template=TEMPLATE,
-        margin=dict(l=90, r=30, t=96 if subtitle else 64, b=40), hoverlabel=dict(font_size=15),
+        margin=dict(MARGIN, t=96 if subtitle else 64, **(margin or {})), hoverlabel=dict(font_size=15),
     )
     fig.update_layout(title_pad_t=14)
     return fig
@@ -241,7 +262,7 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
         shapes=shapes, annotations=notes,
     )
     t, sub = _mode_story(run, ev)
-    return _layout(fig, t, sub, HEIGHTS["notebook"])
+    return _layout(fig, t, sub, HEIGHTS["notebook"], dict(l=label_margin(labels), r=COLORBAR_R, b=axis_margin(axis)))
 
 
 def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | None = None) -> go.Figure:
@@ -267,14 +288,16 @@ def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | Non
         hovertemplate=f"position %{{x}}<br>dimension %{{y}}<br>{kv} = %{{z:.3f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y")], z.shape[0])
     fig.update_layout(shapes=shapes, annotations=notes)
-    fig.update_xaxes(**token_axis(position_labels(run), X))
+    axis = token_axis(position_labels(run), X)
+    fig.update_xaxes(**axis)
     fig.update_yaxes(title_text="dimension of the head vector", autorange="reversed", showgrid=False)
     t, _ = _mode_story(run, ev)
     sub = (f"Layer {layer}, head {head}: one {run.head_dim}-number {kv} vector per position. "
            f"{'Red: written this step.' if run.use_cache else 'Red: recomputed this step.'}")
     if wanted_layer is not None and wanted_layer != layer:
         sub = f"This run recorded raw values of layer {layer} only: generate again to record layer {wanted_layer}."
-    return _layout(fig, f"Raw {kv} vectors, layer {layer} head {head}, after step {ev.step}", sub, HEIGHTS["values"])
+    return _layout(fig, f"Raw {kv} vectors, layer {layer} head {head}, after step {ev.step}", sub, HEIGHTS["values"],
+                   dict(r=COLORBAR_R, b=axis_margin(axis)))
 
 
 # --- attention ----------------------------------------------------------------------------------
@@ -341,7 +364,8 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
         shapes.append(dict(type="line", x0=N - 0.5, x1=N - 0.5, y0=0, y1=1, yref="paper",
                            line=dict(color="#495057", width=2, dash="dot")))
     fig.update_layout(shapes=shapes)
-    fig.update_xaxes(**token_axis(position_labels(run), X, "key position (token)"))
+    axis = token_axis(position_labels(run), X, "key position (token)")
+    fig.update_xaxes(**axis)
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
     if group > 1:  # short enough for one line beside the notebook: a clipped subtitle hides the point
@@ -349,7 +373,7 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
                f"{'cached' if run.use_cache else 'recomputed'} keys; rows sum to 1. GQA: {n_head} query heads share "
                f"{n_kv} K/V head{'s' if n_kv > 1 else ''} (dotted lines group them).")
     return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
-                   HEIGHTS["attention"])
+                   HEIGHTS["attention"], dict(r=COLORBAR_TITLE_R, b=axis_margin(axis)))
 
 
 def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
@@ -381,16 +405,19 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
              ax=50 * (i - 1) - (70 if p > 0.8 * X else 0), ay=-30 - 18 * (i % 2), font=dict(size=14, color="#212529"),
              bgcolor="rgba(255,255,255,0.85)")
         for i, p in enumerate(top)])
-    fig.update_xaxes(**token_axis(labels, X, "key position (token)"))
+    axis = token_axis(labels, X, "key position (token)")
+    fig.update_xaxes(**axis)
     fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.45)])
     sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
-    return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"])
+    return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"],
+                   dict(b=axis_margin(axis)))
 
 
 # --- time ---------------------------------------------------------------------------------------
 
 SPIKE_FACTOR = 3.0  # a bar taller than this x the 95th percentile of decode steps is cut, its time written on it
 TREND = 9  # steps in the running median of the tokens/s line
+LATENCY_R_BASE, LATENCY_R_PER_CHAR = 36, 7  # right margin: the tokens/s axis's title and labels
 
 
 def latency_chart(run: Run) -> go.Figure:
@@ -444,4 +471,7 @@ def latency_chart(run: Run) -> go.Figure:
     mode = "no cache: each step re-reads the whole sequence" if not run.use_cache else \
         f"{run.cache_kind} cache: each decode step feeds one token"
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
-    return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"])
+    # The right axis's widest label is about the fastest rate's ("63": 48 px measured, "1,320": 69).
+    widest = len(f"{float(tps.max()):,.0f}") if decode.size else 1
+    return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"],
+                   dict(r=LATENCY_R_BASE + LATENCY_R_PER_CHAR * widest, b=AXIS_MARGIN_FLAT))

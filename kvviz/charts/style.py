@@ -6,7 +6,11 @@ that already read well are left alone unless a projector needs more).
 """
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
+
+from kvviz.charts.tokens import visible_len
 
 INK = "#212529"  # axis titles, ticks and legends: Plotly's default blue-grey reads faint on a projector
 MIN_SIZE = 15  # px: the smallest base font a chart keeps
@@ -50,6 +54,7 @@ def legible(fig: go.Figure, projector: bool = False, height: int | None = None) 
         if wrapped != sub:
             kw["title_subtitle_text"] = wrapped
             kw["margin_t"] = (fig.layout.margin.t or 96) + LINE_PX
+        _grow_margins(fig, kw, PROJECTOR_SIZE / MIN_SIZE)
         _thin_token_axes(fig)
         _legend_below_axis_title(fig, kw)
         _short_y_titles(fig)
@@ -60,23 +65,10 @@ def legible(fig: go.Figure, projector: bool = False, height: int | None = None) 
     return fig
 
 
-def _visible_len(text: str) -> int:
-    """Characters shown: HTML tags (``<b>``) take no room."""
-    n, in_tag = 0, False
-    for ch in text:
-        if ch == "<":
-            in_tag = True
-        elif ch == ">" and in_tag:
-            in_tag = False
-        elif not in_tag:
-            n += 1
-    return n
-
-
 def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
     """``text`` split in two lines at the space nearest its middle (outside any tag) when it is longer
     than ``width`` visible characters; unchanged when it is short or already has a line break."""
-    if "<br" in text or _visible_len(text) <= width:
+    if "<br" in text or visible_len(text) <= width:
         return text
     depth, spaces = 0, []
     for i, ch in enumerate(text):
@@ -89,6 +81,16 @@ def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
     mid = len(text) / 2
     cut = min(spaces, key=lambda i: abs(i - mid))
     return text[:cut] + "<br>" + text[cut + 1:]
+
+
+def _grow_margins(fig: go.Figure, kw: dict, factor: float) -> None:
+    """Side and bottom margins a builder preset for its labels (charts/live.py), grown with the font,
+    so Plotly's automargin need not lay the chart out a second time (it still would for a longer label)."""
+    m = fig.layout.margin
+    for side in ("l", "r", "b"):
+        px = getattr(m, side)
+        if px is not None:
+            kw[f"margin_{side}"] = math.ceil(px * factor)
 
 
 def _thin_token_axes(fig: go.Figure) -> None:
@@ -123,5 +125,5 @@ def _short_y_titles(fig: go.Figure) -> None:
     """Long y-axis titles on two lines at Y_TITLE_SIZE px, so they stay beside the plot."""
     for ax in fig.select_yaxes():
         text = ax.title.text
-        if text and _visible_len(text) > Y_TITLE_CHARS and "<br" not in text:
+        if text and visible_len(text) > Y_TITLE_CHARS and "<br" not in text:
             ax.update(title_text=wrap_subtitle(text, Y_TITLE_CHARS), title_font_size=Y_TITLE_SIZE)

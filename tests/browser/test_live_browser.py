@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 
+from plotly_margins import grown_margins
+
+LIVE_TITLES = ("The KV cache after", "Where the newest token looks", "Layer ", "Time per step")
 XSS_PROMPT = "<img src=x onerror=alert(1)> <b>bold?</b> 😀 שלום עולם مرحبا\n"
 
 
@@ -82,6 +85,8 @@ def test_generate_shows_text_and_all_charts(page, app_url: str, screenshot) -> N
                      "Time per step"):
         assert expected in titles, titles
     assert "Run #1 finished: 60 tokens" in page.locator(".st-key-run_done_1").inner_text()
+    # Each chart's preset margins held its labels: Plotly laid it out once (charts/live.py).
+    assert not grown_margins(page, LIVE_TITLES), grown_margins(page, LIVE_TITLES)
     page.mouse.move(0, 0)  # no tooltip in the picture
     screenshot(page, "generate.png")
 

@@ -13,6 +13,7 @@ import re
 
 import pytest
 from make_run import ROOT
+from plotly_margins import grown_margins
 
 SCREENSHOTS = ROOT / os.environ.get("KVVIZ_SCREENSHOTS", "test-results/screenshots")  # as the conftest's
 
@@ -58,6 +59,9 @@ def test_make_run_answers_a_question_on_smollm2(browser, make_run_url: str, scre
         attention.scroll_into_view_if_needed()
         page.get_by_text(re.compile(r"9 query heads share 3 K/V heads")).first.wait_for()
         screenshot(page, "smollm2_gqa_attention.png")
+        # SmolLM2's subword labels ("<|im_st…") and GQA head labels fit the charts' preset margins.
+        titles = ("The KV cache after", "Where the newest token looks", "Layer ", "Time per step")
+        assert not grown_margins(page, titles), grown_margins(page, titles)
         metrics = page.locator(".st-key-view_metrics").inner_text()
         assert "GQA saves" in metrics or "query heads share" in metrics, metrics
     finally:
