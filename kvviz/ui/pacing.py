@@ -10,8 +10,10 @@ Chromium on the same machine; docs/benchmarks.md):
   it stays within ``share`` of the wall time. A tenth: with the click's round trip, the script
   run before the loop and the finished run's redraw (about 0.25 s together), the page then
   streams at about 0.8x the engine's own speed.
-- **The browser's**, which the server cannot see: a chart frame (four Plotly figures) kept
-  Chromium's main thread busy 150-480 ms, a text redraw a few. Seven chart frames in a 4.4 s run
+- **The browser's**, which the server cannot see: a chart frame (four Plotly figures, each
+  plotted twice by Streamlit) kept Chromium's main thread busy 0.6-1.0 s, in long tasks of
+  150-480 ms, until the charts were laid out once (12a47cd); about 0.5 s since. A text redraw
+  takes it about 30 ms. Seven chart frames in a 4.4 s run
   left the page 2.5 s behind the engine (the done marker shown 7.0 s after the click, the
   loop over at 4.4 s); with text alone it kept up. So charts are redrawn at most once a second,
   and not in the last ``tail`` seconds a run is expected to take (its end draws them anyway).
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 SHARE = 0.1  # the server's price: a tenth of the loop's time (the click and the last redraw take the rest of 0.8x)
 TEXT_INTERVAL_S = 0.1  # a tiny model makes 1,000 tokens/s; ten redraws a second read as a stream
 NUMBERS_INTERVAL_S = 0.5
-CHART_INTERVAL_S = 1.0  # the browser's price: a chart frame keeps Chromium busy 150-480 ms on a small machine
+CHART_INTERVAL_S = 1.0  # the browser's price: a chart frame keeps Chromium busy about 0.5 s on a small machine
 PRESENT_CHART_INTERVAL_S = 0.5
 TAIL_S = 0.6  # no chart frame when the run should end sooner: the finished run's redraw draws them
 MAX_GAP_S = 0.5
