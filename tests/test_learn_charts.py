@@ -51,12 +51,13 @@ def test_legible_makes_axis_text_dark_and_projector_text_larger() -> None:
 
 
 def test_projector_grows_preset_margins_with_the_font() -> None:
-    """18 px text needs 18/15 of the room a builder preset for 15 px labels (else Plotly's automargin
-    lays the chart out twice); a margin left to Plotly stays unset."""
+    """18 px labels beside the plot need 18/15 of the room a builder preset for 15 px ones (else
+    Plotly's automargin lays the chart out twice); below it only the axis title grows (token labels
+    keep 12 px); a margin left to Plotly stays unset."""
     fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]))
     fig.update_layout(font=dict(size=15), margin=dict(l=90, r=104, b=92))
     legible(fig, projector=True)
-    assert (fig.layout.margin.l, fig.layout.margin.r, fig.layout.margin.b) == (108, 125, 111)
+    assert (fig.layout.margin.l, fig.layout.margin.r, fig.layout.margin.b) == (108, 125, 98)
     bare = legible(go.Figure(go.Scatter(x=[1], y=[1])), projector=True)
     assert bare.layout.margin.l is None and bare.layout.margin.b is None
 

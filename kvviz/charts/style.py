@@ -21,6 +21,7 @@ PROJECTOR_SUBTITLE = 16
 # (at PROJECTOR_SUBTITLE px a half-width chart holds about 100 characters).
 WRAP_CHARS = 90
 LINE_PX = 20  # one more subtitle line: the top margin grows by this
+BOTTOM_GROWTH = 6  # px more below a projector chart's plot: its 18 px axis title (the time chart needed 5)
 # Token labels a half-width projector chart holds on one axis (tokens.MAX_TICKS is for 1,000 px).
 PROJECTOR_TICKS = 30
 # Room under a projector chart's plot for its tick labels, its x-axis title and a legend row or two:
@@ -84,13 +85,17 @@ def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
 
 
 def _grow_margins(fig: go.Figure, kw: dict, factor: float) -> None:
-    """Side and bottom margins a builder preset for its labels (charts/live.py), grown with the font,
-    so Plotly's automargin need not lay the chart out a second time (it still would for a longer label)."""
+    """Margins a builder preset for its labels (charts/live.py) grown with the font, so Plotly's
+    automargin need not lay the chart out a second time (it still would for a longer label). The
+    sides hold labels in the base font and grow with it; below the plot only the axis title grows
+    (token labels keep their own 12 px font): BOTTOM_GROWTH px, measured."""
     m = fig.layout.margin
-    for side in ("l", "r", "b"):
+    for side in ("l", "r"):
         px = getattr(m, side)
         if px is not None:
             kw[f"margin_{side}"] = math.ceil(px * factor)
+    if m.b is not None:
+        kw["margin_b"] = m.b + BOTTOM_GROWTH
 
 
 def _thin_token_axes(fig: go.Figure) -> None:
