@@ -3,6 +3,10 @@
 Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to a Run -> the view
 (``view.draw``) for the live loop, step mode and replay (``replay.py``, ``run.upto(step)``).
 
+- The run view (stored or live) sits in one of two places that follow each other on the page
+  (``_view_place``): a live run takes the one the stored view is not in and empties the other, so
+  no greyed copy of the last run shows in or under the new one; the rerun after it draws the
+  stored view over the live one, part by part (the live view is laid out as the stored view is).
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
   the live views may take a tenth of the loop's time (text at most 10 times a second, numbers
   twice, charts once: what a small machine's browser can draw; all slower when several runs are
@@ -42,7 +46,7 @@ from kvviz.ui.replay import stored_view
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import RunStore, get_model, live_runs, run_store
 from kvviz.ui.stepper import Stepper, close_iterator
-from kvviz.ui.view import draw, layout
+from kvviz.ui.view import Slots, ViewOptions, draw, layout
 
 # Redraw intervals (kvviz/ui/pacing.py) are for one live run; with N runs live in the process each
 # is N times longer, so the server sends the browsers about what one run would (see state.LiveRuns).
@@ -51,6 +55,7 @@ from kvviz.ui.view import draw, layout
 # reading their sockets for over 30 s, and the server's keepalive dropped them (docs/load-test.md).
 LIVE_CHARTS_MAX_RUNS = 3
 STEPPER_KEY = "_kvviz_stepper"
+VIEW_PLACE_KEY = "_kvviz_view_place"  # which of the run view's two places holds it (_view_place)
 # A run interrupted by a rerun with no click (a reconnect) resumes within this many seconds; past
 # it (the tab was closed, the page left and revisited much later) it ends, saying so.
 RESUME_WINDOW_S = 120.0  # Streamlit's disconnectedSessionTTL default: the session outlives a drop that long
@@ -119,21 +124,30 @@ def page() -> None:
     if stop and stepper is not None:
         _end_stepping(store, "stopped by the user")
     parked = _resolve_parked(store, settings, stop=stop, new_run=generate or step)
-    _show_notice(store)
+    msgs = Messages()
+    _show_notice(store, msgs)
+    model: LoadedModel | None = None
+    started = None  # (stream, meta) of a live run to begin
     if stop:
         pass  # never start anything on the Stop click, even if Generate's click is replayed with it
     elif parked is not None:
-        _live(settings, parked.stream.model, store, parked)  # a reconnect: the same run goes on
+        model = parked.stream.model  # a reconnect: the same run goes on
     elif generate:
         _end_stepping(store, "replaced by a new run")
-        model = _load(settings)
-        if model is not None:
-            _live(settings, model, store)  # reruns when it has drawn; returns after an input error
+        model = _load(settings, msgs)
+        started = _start(settings, model, msgs) if model is not None else None
     elif step:
-        model = _load(settings)
+        model = _load(settings, msgs)
         if model is not None:
-            _step(settings, model, store, stepper)
-    stored_view(store, runs_slot)
+            _step(settings, model, store, stepper, msgs)
+    live = model is not None and (parked is not None or started is not None)
+    place = _view_place(live)
+    if live:
+        assert model is not None
+        _live(settings, model, store, place, started, parked)  # reruns when it has drawn
+    else:
+        with place:
+            stored_view(store, runs_slot)
 
 
 def _resolve_parked(store: RunStore, settings: Settings, stop: bool, new_run: bool) -> Parked | None:
@@ -176,11 +190,48 @@ def _settings_line(s: Settings) -> str:
     return f"**{md_plain(s.model)}** · {s.cache_label} · {sampling} · {s.max_new_tokens} new tokens{speed}"
 
 
-def _show_notice(store: RunStore) -> None:
+class Messages:
+    """This script run's notices and input errors, in one place above the run view: always one
+    element (an empty placeholder until something is said), so the view below keeps its place."""
+
+    def __init__(self) -> None:
+        self._slot = st.empty()
+        self._box: Any = None
+
+    def say(self, kind: str, text: str) -> None:
+        """``kind``: "info", "warning" or "error" (a Streamlit alert)."""
+        if self._box is None:
+            self._box = self._slot.container()
+        getattr(self._box, kind)(text)
+
+
+def _view_place(live: bool) -> Any:
+    """The run view's container, in one of two places that follow each other on the page.
+
+    Streamlit keeps a block's children when another block takes its place, and greys them until the
+    script run ends: a live run drawn where the stored view was showed the last run's text, numbers
+    and charts inside and under the new one (and mounted its charts again as it began). So the
+    stored view stays where it is, and a live run takes the other place and puts an empty element
+    in this one, which drops the stored view at once; the rerun after a live run draws the stored
+    view where the live one is, over it, part by part. Each place gets one delta per script run
+    (two to one place, queued together, would go out as the second alone).
+    """
+    current = int(st.session_state.get(VIEW_PLACE_KEY, 0))
+    use = 1 - current if live else current
+    st.session_state[VIEW_PLACE_KEY] = use
+    place: Any = None
+    for i in (0, 1):
+        if i == use:
+            place = st.container(key=f"run_view_{i}")
+        else:
+            st.empty()
+    return place
+
+
+def _show_notice(store: RunStore, msgs: Messages) -> None:
     notice = store.take("notice")
     if notice:
-        kind, text = notice
-        getattr(st, kind)(text)
+        msgs.say(*notice)
 
 
 def _model_or_none(settings: Settings) -> LoadedModel | None:
@@ -191,11 +242,11 @@ def _model_or_none(settings: Settings) -> LoadedModel | None:
         return None
 
 
-def _load(settings: Settings) -> LoadedModel | None:
+def _load(settings: Settings, msgs: Messages) -> LoadedModel | None:
     try:
         return get_model(settings.model, settings.device, settings.dtype)
     except KVVizError as e:
-        st.error("The model cannot be loaded: " + md_plain(e))
+        msgs.say("error", "The model cannot be loaded: " + md_plain(e))
         return None
 
 
@@ -204,8 +255,8 @@ def _shape(model: LoadedModel) -> Shape:
     return Shape(c.n_layer, c.n_head, c.kv_heads, c.head_dim)
 
 
-def _start(settings: Settings, model: LoadedModel):  # type: ignore[no-untyped-def]
-    """A validated stream and its metadata, or None after showing why not (inputs stay as typed)."""
+def _start(settings: Settings, model: LoadedModel, msgs: Messages):  # type: ignore[no-untyped-def]
+    """A validated stream and its metadata, or None after saying why not (inputs stay as typed)."""
     kv_layer = min(max(int(persist.last("nb_layer", 0) or 0), 0), model.config.n_layer - 1)
     try:
         stream = iter_generate(model, **settings.generate_kwargs())  # tokenizes the prompt, once
@@ -213,7 +264,7 @@ def _start(settings: Settings, model: LoadedModel):  # type: ignore[no-untyped-d
         # Set before the first step: the loop reads the capture request once, when it starts.
         stream.capture, note = plan_capture(_shape(model), n_prompt, max(1, settings.max_new_tokens), kv_layer)
     except KVVizError as e:
-        st.error("Cannot generate: " + md_plain(e))
+        msgs.say("error", "Cannot generate: " + md_plain(e))
         return None
     meta: dict[str, Any] = {}
     if note:
@@ -227,15 +278,15 @@ def _with_meta(run: Run, meta: dict[str, Any]) -> Run:
 
 # --- live ----------------------------------------------------------------------------------------
 
-def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parked | None = None) -> None:
-    """Generate with live drawing, store the run (park it when interrupted), then rerun to show it.
+def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any, started: Any,
+          resume: Parked | None = None) -> None:
+    """Generate with live drawing in ``place``, store the run (park it when interrupted), then rerun
+    to show it.
 
-    ``resume``: a parked run to go on with (same stream, same run id) instead of starting one.
+    ``started``: the (stream, meta) ``_start`` made; ``resume``: a parked run to go on with instead
+    (same stream, same run id).
     """
     if resume is None:
-        started = _start(settings, model)
-        if started is None:
-            return
         stream, meta = started
         run_id, it = store.new_id(), iter(stream)
         status = f"**Run #{run_id}: generating…** Stop ends it at the next step."
@@ -243,10 +294,8 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
         stream, meta, run_id, it = resume.stream, resume.meta, resume.run_id, resume.it
         status = (f"**Run #{run_id}: generating…** (resumed at token {len(stream.events)} after the page "
                   "reconnected) Stop ends it at the next step.")
-    with st.container(key=f"run_live_{run_id}"):
-        st.markdown(status)
     shape = _shape(model)
-    slots, opts = layout((shape.n_layer, shape.n_head, shape.n_kv_head))
+    slots, opts = _live_view(place, run_id, status, shape)
     error: Exception | None = None
     finished = False
     draws = 0
@@ -317,6 +366,21 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, resume: Parke
     st.rerun()  # draw the stored run, with the replay controls (the layout above is already on screen)
 
 
+def _live_view(place: Any, run_id: int, status: str, shape: Shape) -> tuple[Slots, ViewOptions]:
+    """The live view in ``place``, laid out as the stored view is (``replay.stored_view``: the run
+    picker's row, then the replay fragment's container with the done marker and the view, the
+    replay row between the numbers and the charts), so the rerun after the run draws each part over
+    its live self, in place.
+    """
+    with place:
+        if not present.active():  # presenting, the picker sits in the top row
+            st.empty()  # the run picker's row
+        with st.container():  # the replay fragment's container
+            with st.container(key=f"run_live_{run_id}"):
+                st.markdown(status)
+            return layout((shape.n_layer, shape.n_head, shape.n_kv_head), replay=st.empty)
+
+
 def _pause(seconds: float) -> None:
     """Sleep in short slices, each ending at a point where a Stop click can interrupt the script."""
     end = time.perf_counter() + min(max(seconds, 0.0), 2.0)
@@ -331,10 +395,11 @@ def _signature(settings: Settings) -> tuple:
     return dataclasses.astuple(dataclasses.replace(settings, speed_tps=None))
 
 
-def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Stepper | None) -> None:
+def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Stepper | None,
+          msgs: Messages) -> None:
     if stepper is None or stepper.finished or stepper.signature != _signature(settings):
         _end_stepping(store)
-        started = _start(settings, model)
+        started = _start(settings, model, msgs)
         if started is None:
             return
         stream, meta = started
@@ -348,7 +413,7 @@ def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Step
     except (RuntimeError, KVVizError) as e:
         what = str(e) if isinstance(e, KVVizError) else f"the device failed: {e}"
         _end_stepping(store, what, reason="error")
-        st.error("Generation failed: " + md_plain(what) + ". The partial run is kept.")
+        msgs.say("error", "Generation failed: " + md_plain(what) + ". The partial run is kept.")
         return
     if stepper.finished:
         _end_stepping(store)
