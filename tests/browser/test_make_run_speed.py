@@ -6,7 +6,7 @@ its picker entry (the shipped Shakespeare model, 200 tokens of verse; and the de
 SmolLM2 in chat mode where installed, up to 200 tokens of an answer), generates with the live views
 on, and times click to done in the page itself (``performance.now()`` at the click and when the
 run's done marker appears). Then the engine alone generates the same request through the CLI, at
-the app's thread count (and at torch's default, for comparison). Everything is appended to
+the app's thread count (three times, the median taken) and at torch's default, for comparison. Everything is appended to
 ``test-results/make_run_speed.json`` and printed; ``docs/benchmarks.md`` says how to take the
 figures before and after (``KVVIZ_MAKE_RUN_SETTINGS=before``, make_run.py) and where they go.
 Only completion is asserted: a shared 2-core machine moves timings by 2x from minute to minute.
@@ -39,6 +39,7 @@ RESULTS = ROOT / "test-results" / "make_run_speed.json"
 # before the loop, and the stored run's final redraw.
 TARGET_RATIO = 0.8
 FIXED_ALLOWANCE_S = 1.0
+CLI_REPEATS = 3  # the engine's own figure: the median of this many CLI runs, taken right after the app's
 DONE_TIMEOUT_MS = 600_000
 STARTUP_TIMEOUT_MS = 300_000  # the defaults before issue 19 took 68-123 s
 
@@ -102,19 +103,25 @@ def app_threads(page) -> int | None:  # type: ignore[no-untyped-def]
     return int(m.group(1)) if m else None
 
 
-def cli_engine(threads: int | None, model: str, prompt: str, chat: bool) -> dict:
-    """The engine alone, through the CLI, on the same request: tokens/s over the forward passes."""
+def cli_engine(threads: int | None, model: str, prompt: str, chat: bool, repeats: int = CLI_REPEATS) -> dict:
+    """The engine alone, through the CLI, on the same request: tokens/s over the forward passes, the
+    median of ``repeats`` runs (one run's figure moved by 4% from run to run here)."""
     env = user_env()
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    out = subprocess.run([venv_python(), "-m", "kvviz", "generate", "--model", model, "--prompt", prompt,
-                          "--max-new-tokens", str(N_NEW), "--json", *(["--chat"] if chat else [])], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600, check=True)
-    steps = json.loads(out.stdout)["steps"]
-    lat = [s["latency_ms"] for s in steps]
-    return {"threads": threads or "torch default", "tokens": len(steps), "forward_ms": round(sum(lat), 1),
-            "tok_s": round(len(steps) / sum(lat) * 1000, 1),
-            "decode_tok_s": round(1000 / statistics.median(lat[1:]), 1)}
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run([venv_python(), "-m", "kvviz", "generate", "--model", model, "--prompt", prompt,
+                              "--max-new-tokens", str(N_NEW), "--json", *(["--chat"] if chat else [])], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600, check=True)
+        steps = json.loads(out.stdout)["steps"]
+        lat = [s["latency_ms"] for s in steps]
+        runs.append((len(steps), sum(lat), statistics.median(lat[1:])))
+    assert len({n for n, _, _ in runs}) == 1, runs  # greedy: every run the same tokens
+    n_steps, forward_ms, decode_ms = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run
+    return {"threads": threads or "torch default", "tokens": n_steps, "forward_ms": round(forward_ms, 1),
+            "tok_s": round(n_steps / forward_ms * 1000, 1), "decode_tok_s": round(1000 / decode_ms, 1),
+            "tok_s_runs": [round(n / f * 1000, 1) for n, f, _ in runs]}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -174,7 +181,7 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
     load_after = os.getloadavg()
     engine = cli_engine(threads, model, prompt, chat)
     assert engine["tokens"] == n_tokens, (engine, n_tokens)  # greedy: the same request, the same tokens
-    engine_default = cli_engine(None, model, prompt, chat) if threads else engine  # torch's own count
+    engine_default = cli_engine(None, model, prompt, chat, repeats=1) if threads else engine  # torch's own count
     click_to_done = (kv["done"] - kv["click"]) / 1000
     first = (kv.get("first", kv["done"]) - kv["click"]) / 1000
     budget = n_tokens / (TARGET_RATIO * engine["tok_s"]) + FIXED_ALLOWANCE_S
