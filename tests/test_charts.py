@@ -251,7 +251,8 @@ def test_heatmap_columns_are_gapped_only_while_there_are_few(runs: dict[str, Run
 # --- margins: Plotly lays a live chart out once ------------------------------------------------------
 
 def test_visible_len_counts_what_a_plotly_label_shows() -> None:
-    from kvviz.charts.tokens import MAX_LABEL, visible_len
+    from kvviz.charts.render_cost import visible_len
+    from kvviz.charts.tokens import MAX_LABEL
 
     assert visible_len(charts.short_label("<|im_start|>")) == MAX_LABEL  # "&lt;|im_st…"
     assert visible_len("<b>K</b> (keys)") == len("K (keys)")
@@ -262,7 +263,7 @@ def test_visible_len_counts_what_a_plotly_label_shows() -> None:
 def test_token_axis_margin_grows_with_slanted_labels() -> None:
     """The bottom margins automargin measured in Chromium: 49 px for level labels, 77 for six
     characters slanted, 88 for eight (the presets add a few px)."""
-    from kvviz.charts.tokens import AXIS_MARGIN_FLAT, axis_margin
+    from kvviz.charts.render_cost import AXIS_MARGIN_FLAT, axis_margin
 
     level = charts.token_axis(list("Hi there"), 8)
     assert level["tickangle"] == 0 and axis_margin(level) == AXIS_MARGIN_FLAT >= 49
@@ -276,7 +277,7 @@ def test_each_live_chart_presets_the_margins_its_labels_need(runs: dict[str, Run
     """Level byte labels (this run's 14 columns) need the flat bottom margin; colorbars a wide right
     one; a GQA head label ("kv 0 ← q 0-1") a wider left one than "layer 1" (116 px measured for
     "kv 0 ← q 0-2"). The browser tests check Plotly then grows none of them."""
-    from kvviz.charts.tokens import AXIS_MARGIN_FLAT
+    from kvviz.charts.render_cost import AXIS_MARGIN_FLAT
 
     run = runs["static"]
     notebook, attention = charts.cache_notebook(run), charts.attention_heatmap(run, (0, 0))

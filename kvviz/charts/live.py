@@ -14,9 +14,13 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from kvviz.charts.render_cost import (  # noqa: F401 (COLUMN_GAP_MAX: the tests read it here)
+    AXIS, AXIS_MARGIN_FLAT, COLORBAR_R, COLORBAR_TITLE_R, COLUMN_GAP_MAX, MARGIN, axis_margin, column_gap, label_margin,
+    rate_axis_margin,
+)
 from kvviz.charts.tokens import (  # noqa: F401 (visible, prompt_tokens, generated_text: the views' API too)
-    AXIS_MARGIN_FLAT, MAX_TICKS, axis_margin, generated_text, planned_columns, plotly_text, position_labels, prompt_tokens, short_label,
-    token_axis, visible, visible_len,
+    MAX_TICKS, generated_text, planned_columns, plotly_text, position_labels, prompt_tokens, short_label, token_axis,
+    visible,
 )
 from kvviz.engine.events import Run, StepEvent
 from kvviz.measure.stats import rolling_median
@@ -33,48 +37,18 @@ EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
 ATTENTION_SCALE = [[0.0, "#ffffff"], [0.01, "#deebf7"], [0.05, "#9ecae1"], [0.2, "#4292c6"], [0.5, "#2171b5"],
                    [1.0, "#08306b"]]
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
-# A white gap between columns draws each cell as its own brick, which doubled what Chromium spends
-# on a heatmap of SmolLM2's 240 positions (213 -> 107 ms for the notebook, 226 -> 112 for the
-# attention map, on the project's 2-core machine): columns are separated only while they are wide
-# enough for a gap to read as a grid, up to this many on a chart (about 8 px each at full width).
-COLUMN_GAP_MAX = 128
-
-
-def column_gap(n_columns: int) -> int:
-    """The white gap (px) between a heatmap's columns: 1 while there are few, else none."""
-    return 1 if n_columns <= COLUMN_GAP_MAX else 0
-
 # A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
 # big template is looked up and deep-copied every time), too slow for live redraws and replay.
-# ticklabeloverflow="allow": Plotly's default ("hide past div") measures every tick label's box
-# after drawing it, a forced layout per label; our labels stay inside the figure's margins, and
-# skipping that check cut what Chromium spends drawing the live charts by a third (measured on
-# the project's 2-core machine, docs/benchmarks.md).
+# Its axes take render_cost.AXIS: what keeps Plotly from laying a chart out twice.
 _GRID = "#e9ecef"
 TEMPLATE = go.layout.Template(layout=dict(
     paper_bgcolor="white", plot_bgcolor="white", colorway=[PROMPT_COLOR, GEN_COLOR, "#2b8a3e", "#862e9c"],
-    xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True,
-               ticklabeloverflow="allow"),
-    yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", automargin=True,
-               ticklabeloverflow="allow"),
+    xaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", **AXIS),
+    yaxis=dict(gridcolor=_GRID, linecolor=_GRID, zerolinecolor=_GRID, ticks="", **AXIS),
 ))
-# The margins a chart starts from. Each live chart presets its own to what automargin measured for
-# its labels (``Margins``), so automargin has nothing to push: a push makes Plotly lay the figure
-# out and draw it a second time, which doubled Chromium's cost of a chart. automargin stays on,
-# so a label wider than the estimate (another font, a longer label) costs that second pass, never a clip.
-MARGIN = dict(l=90, r=30, b=40)
-COLORBAR_R = 104  # a colorbar with its title above it ("length"); 100 px measured
-COLORBAR_TITLE_R = 116  # a colorbar with its title beside it ("weight"); 112 px measured
-
-
-def label_margin(labels: list[str], least: int = MARGIN["l"]) -> int:
-    """Left margin (px) for horizontal y tick labels and a y axis title: "kv 0 ← q 0-2" needed 116
-    at the charts' 15 px font (about 8 px a character and 20 for the title)."""
-    return max(least, 20 + 8 * max((visible_len(t) for t in labels), default=0))
-
-
 def _layout(fig: go.Figure, title: str, subtitle: str, height: int, margin: dict[str, int] | None = None
             ) -> go.Figure:
+    # ``margin``: what the chart's labels need (charts/render_cost.py), so Plotly lays it out once.
     # Title and subtitle are anchored in pixels from the top of the figure, so a short chart
     # does not clip them (a fraction of the height would).
     fig.update_layout(
@@ -417,7 +391,6 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
 
 SPIKE_FACTOR = 3.0  # a bar taller than this x the 95th percentile of decode steps is cut, its time written on it
 TREND = 9  # steps in the running median of the tokens/s line
-LATENCY_R_BASE, LATENCY_R_PER_CHAR = 36, 7  # right margin: the tokens/s axis's title and labels
 
 
 def latency_chart(run: Run) -> go.Figure:
@@ -471,7 +444,5 @@ def latency_chart(run: Run) -> go.Figure:
     mode = "no cache: each step re-reads the whole sequence" if not run.use_cache else \
         f"{run.cache_kind} cache: each decode step feeds one token"
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
-    # The right axis's widest label is about the fastest rate's ("63": 48 px measured, "1,320": 69).
-    widest = len(f"{float(tps.max()):,.0f}") if decode.size else 1
     return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"],
-                   dict(r=LATENCY_R_BASE + LATENCY_R_PER_CHAR * widest, b=AXIS_MARGIN_FLAT))
+                   dict(r=rate_axis_margin(float(tps.max()) if decode.size else None), b=AXIS_MARGIN_FLAT))

@@ -10,7 +10,7 @@ import math
 
 import plotly.graph_objects as go
 
-from kvviz.charts.tokens import visible_len
+from kvviz.charts.render_cost import visible_len
 
 INK = "#212529"  # axis titles, ticks and legends: Plotly's default blue-grey reads faint on a projector
 MIN_SIZE = 15  # px: the smallest base font a chart keeps
@@ -85,7 +85,7 @@ def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
 
 
 def _grow_margins(fig: go.Figure, kw: dict, factor: float) -> None:
-    """Margins a builder preset for its labels (charts/live.py) grown with the font, so Plotly's
+    """Margins a builder preset for its labels (charts/render_cost.py) grown with the font, so Plotly's
     automargin need not lay the chart out a second time (it still would for a longer label). The
     sides hold labels in the base font and grow with it; below the plot only the axis title grows
     (token labels keep their own 12 px font): BOTTOM_GROWTH px, measured."""

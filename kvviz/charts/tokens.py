@@ -117,36 +117,5 @@ def token_axis(labels: list[str], n: int, title: str = "position (token)") -> di
                 range=[-0.5, n - 0.5], showgrid=False, zeroline=False, title=dict(text=title, standoff=6))
 
 
-# Bottom margins (px) for a token axis, its labels and its title: preset to what Plotly's automargin
-# measured on the project's machine plus a few px, so it has nothing to push (charts/live.py says why).
-AXIS_MARGIN_FLAT = 52  # labels level (49 px measured)
-SLANTED_BASE, SLANTED_PER_CHAR = 48, 5.5  # labels slanted at -50°: 88 px measured for 8 characters, 77 for 6
-
-
-def axis_margin(axis: dict) -> int:
-    """The bottom margin a ``token_axis`` needs: more for slanted labels, by the longest one."""
-    if not axis.get("tickangle"):
-        return AXIS_MARGIN_FLAT
-    longest = max((visible_len(t) for t in axis.get("ticktext") or ()), default=0)
-    return max(AXIS_MARGIN_FLAT, round(SLANTED_BASE + SLANTED_PER_CHAR * longest))
-
-
-def visible_len(text: str) -> int:
-    """Characters a Plotly label shows: a tag (``<b>``, ``<br>``) takes no room, an entity
-    (``&lt;``, as ``plotly_text`` writes a "<") takes one."""
-    n, i = 0, 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "<" and (end := text.find(">", i)) != -1:
-            i = end + 1
-            continue
-        if ch == "&" and (end := text.find(";", i)) != -1 and end - i <= 6:
-            i = end + 1
-        else:
-            i += 1
-        n += 1
-    return n
-
-
 def _ordinal(k: int) -> str:
     return {2: "2nd", 3: "3rd"}.get(k, f"{k}th")

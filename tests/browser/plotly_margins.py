@@ -1,6 +1,6 @@
 """Which charts on a page Plotly had to lay out twice: their automargin grew a preset margin.
 
-The live charts preset their margins to what their labels need (kvviz/charts/live.py), because a
+The live charts preset their margins to what their labels need (kvviz/charts/render_cost.py), because a
 margin that automargin must grow makes Plotly draw the chart a second time, which doubled what
 Chromium spent on a chart frame. This reads back, from the browser, the margins each chart was
 given and the ones Plotly laid it out with.

@@ -85,7 +85,7 @@ def test_generate_shows_text_and_all_charts(page, app_url: str, screenshot) -> N
                      "Time per step"):
         assert expected in titles, titles
     assert "Run #1 finished: 60 tokens" in page.locator(".st-key-run_done_1").inner_text()
-    # Each chart's preset margins held its labels: Plotly laid it out once (charts/live.py).
+    # Each chart's preset margins held its labels: Plotly laid it out once (charts/render_cost.py).
     assert not grown_margins(page, LIVE_TITLES), grown_margins(page, LIVE_TITLES)
     page.mouse.move(0, 0)  # no tooltip in the picture
     screenshot(page, "generate.png")
