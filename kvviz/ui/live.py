@@ -127,7 +127,7 @@ def page() -> None:
     msgs = Messages()
     _show_notice(store, msgs)
     model: LoadedModel | None = None
-    started = None  # (stream, meta) of a live run to begin
+    started: tuple[GenerationStream, dict[str, Any]] | None = None  # a live run to begin: (stream, meta)
     if stop:
         pass  # never start anything on the Stop click, even if Generate's click is replayed with it
     elif parked is not None:
@@ -255,7 +255,8 @@ def _shape(model: LoadedModel) -> Shape:
     return Shape(c.n_layer, c.n_head, c.kv_heads, c.head_dim)
 
 
-def _start(settings: Settings, model: LoadedModel, msgs: Messages):  # type: ignore[no-untyped-def]
+def _start(settings: Settings, model: LoadedModel, msgs: Messages
+           ) -> tuple[GenerationStream, dict[str, Any]] | None:
     """A validated stream and its metadata, or None after saying why not (inputs stay as typed)."""
     kv_layer = min(max(int(persist.last("nb_layer", 0) or 0), 0), model.config.n_layer - 1)
     try:
@@ -278,8 +279,8 @@ def _with_meta(run: Run, meta: dict[str, Any]) -> Run:
 
 # --- live ----------------------------------------------------------------------------------------
 
-def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any, started: Any,
-          resume: Parked | None = None) -> None:
+def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
+          started: tuple[GenerationStream, dict[str, Any]] | None, resume: Parked | None = None) -> None:
     """Generate with live drawing in ``place``, store the run (park it when interrupted), then rerun
     to show it.
 
@@ -287,6 +288,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any, s
     (same stream, same run id).
     """
     if resume is None:
+        assert started is not None
         stream, meta = started
         run_id, it = store.new_id(), iter(stream)
         status = f"**Run #{run_id}: generating…** Stop ends it at the next step."

@@ -13,9 +13,8 @@ Chromium on the same machine; docs/benchmarks.md):
 - **The browser's**, which the server cannot see: a chart frame (four Plotly figures, each
   plotted twice by Streamlit) kept Chromium's main thread busy 0.6-1.0 s, in long tasks of
   150-480 ms, until the charts were laid out once (12a47cd); about 0.5 s since. A text redraw
-  takes it about 30 ms. Seven chart frames in a 4.4 s run
-  left the page 2.5 s behind the engine (the done marker shown 7.0 s after the click, the
-  loop over at 4.4 s); with text alone it kept up. So charts are redrawn at most once a second,
+  takes it about 30 ms. Seven chart frames in a 4.4 s run left the page 2.5 s behind the engine
+  (the done marker shown 7.0 s after the click, the loop over at 4.4 s); with text alone it kept up. So charts are redrawn at most once a second,
   and not in the last ``tail`` seconds a run is expected to take (its end draws them anyway).
 
 Within that:
