@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 PORT ?= 8501
 
-.PHONY: run test bench browser screenshots clean-venv
+.PHONY: run test test-fast bench browser screenshots clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,13 @@ browser:
 		|| echo "warning: could not install chromium; browser tests will skip"; \
 	else echo "warning: no /usr/bin/chromium and no root apt; browser tests will skip"; fi
 
+# Every test but the benchmarks (marked `bench`: reports, not checks; `make bench` runs them).
 test: $(DEV_STAMP) browser
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m "not bench"
+
+# The quick loop while editing: no browser, no SmolLM2, no benchmark (markers in tests/conftest.py).
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not bench"
 
 # The screenshots in docs/: the browser tests take theirs (into test-results/screenshots/), and the
 # ones the README and docs/app.md show are copied in under their published names. The Generate
@@ -55,8 +60,10 @@ screenshots: $(DEV_STAMP) browser
 	cp $(SHOTS)/compress_curves.png docs/screenshots/compress.png
 
 # The benchmark's baseline is transformers, a dev dependency.
-bench: $(DEV_STAMP)
+# and `make run`'s own speed report (tests/browser/test_make_run_speed.py, marked `bench`).
+bench: $(DEV_STAMP) browser
 	$(PY) -m kvviz bench
+	$(PY) -m pytest tests -q -m bench -s
 
 clean-venv:
 	rm -rf $(VENV)

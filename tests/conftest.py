@@ -27,6 +27,32 @@ torch.set_num_threads(1)
 # The app chooses its own thread count (kvviz.measure.threads); in-process AppTests keep this one.
 os.environ.setdefault("KVVIZ_THREADS", "1")
 
+# The suite's subsets (`make test-fast` runs everything but these three; `make test` runs all
+# but `bench`, which `make bench` runs beside `python -m kvviz bench`).
+MARKERS = {
+    "browser": "drives the app in Chromium (tests/browser/)",
+    "smollm2": "loads the real SmolLM2-135M model (seconds each, ~600 MB)",
+    "bench": "a benchmark report, not a pass/fail check (minutes)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark by what a test needs, so a new test lands in the right subset without remembering to:
+    everything under tests/browser/ is `browser`; a test that takes the `smollm2` fixture is
+    `smollm2` (a test that loads the model another way carries the mark itself)."""
+    browser_dir = Path(__file__).resolve().parent / "browser"
+    for item in items:
+        if browser_dir in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.browser)
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.smollm2)
+
+
 # Small enough that a forward pass costs microseconds, big enough for 4 heads and GQA.
 SMALL: dict[str, Any] = dict(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32)
 

@@ -26,6 +26,9 @@ import warnings
 import pytest
 from make_run import ROOT, settings, user_env, venv_python
 
+# A benchmark: `make bench` runs it, `make test` does not (minutes of a 2-core machine).
+pytestmark = pytest.mark.bench
+
 N_NEW = 200
 # (picker prefix, prompt, chat): the byte-level model the issue measured, and the default model as
 # `make run` opens it (an answer long enough to run to, or near, 200 tokens).
