@@ -43,13 +43,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark by what a test needs, so a new test lands in the right subset without remembering to:
-    everything under tests/browser/ is `browser`; a test that takes the `smollm2` fixture is
-    `smollm2` (a test that loads the model another way carries the mark itself)."""
+    everything under tests/browser/ is `browser`; a test that takes a SmolLM2 fixture (`smollm2`,
+    the tokenizer tests' `smol*`) or is named for the model (`test_smollm2.py`,
+    `test_smollm2_paged_...`) is `smollm2`."""
     browser_dir = Path(__file__).resolve().parent / "browser"
     for item in items:
         if browser_dir in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.browser)
-        if "smollm2" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "smollm2" in item.nodeid.lower() or any(name.startswith("smol") for name in fixtures):
             item.add_marker(pytest.mark.smollm2)
 
 
