@@ -1,0 +1,142 @@
+"""One entry to the three engines' sizings, for the CLI and the page: the settings in, the JSON
+``engine`` object and the text out. The available KV memory is either given (what vLLM logs; exact)
+or estimated from a GPU and the weights (each part shown, with its uncertainty).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvviz.memory.engine_llamacpp import llamacpp_sizing
+from kvviz.memory.engine_sglang import sglang_rest, sglang_sizing
+from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings, vllm_sizing
+from kvviz.memory.formulas import weight_bytes
+from kvviz.memory.spec import CalcError, ModelSpec
+from kvviz.units import GIB
+
+ENGINES = ("vllm", "llama.cpp", "sglang")
+KV_DTYPE_NAMES = {"fp16": "f16", "bf16": "bf16", "fp32": "f32", "int8": "q8_0", "int4": "q4_0"}  # -> llama.cpp's
+# The parts of vLLM's budget the config cannot give, with the spread seen in logs: (GiB, +- GiB).
+NON_TORCH_GIB = (0.5, 0.4)  # CUDA context, NCCL buffers: the "non_torch_memory" of vLLM's profiling line
+CUDA_GRAPHS_GIB = (0.5, 0.5)  # captured graphs; 0 with --enforce-eager
+ACTIVATION_FACTOR = (24, 12)  # peak activation bytes per batched token per hidden unit (bf16), +- that
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    engine: str
+    max_model_len: int
+    kv_dtype: str = "bf16"
+    kv_memory_gib: float | None = None  # vLLM: "Available KV cache memory"; SGLang: its rest memory
+    gpu_gib: float | None = None  # for the estimate when kv_memory_gib is None
+    weight_dtype: str = "bf16"
+    params: int | None = None
+    tp: int = 1
+    pp: int = 1
+    block_size: int = 16
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
+    gpu_memory_utilization: float = 0.9
+    hybrid: bool = True
+    n_seq: int = 1  # llama.cpp -np
+    type_k: str | None = None  # llama.cpp -ctk (default: from kv_dtype)
+    type_v: str | None = None
+    swa_full: bool = False
+    kv_unified: bool = False
+    mem_fraction_static: float = 0.9
+    page_size: int = 1  # SGLang
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """vLLM's available KV memory estimated from the GPU: each part, the total and its spread."""
+
+    parts: tuple[tuple[str, int, int], ...]  # (what, bytes, +- bytes)
+    available: int
+    spread: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parts": [{"what": w, "bytes": b, "uncertainty_bytes": u} for w, b, u in self.parts],
+                "available_bytes": self.available, "uncertainty_bytes": self.spread,
+                "kind": "estimate: only the tokens from a logged available memory are exact"}
+
+
+def vllm_estimate(spec: ModelSpec, r: EngineRequest) -> Estimate:
+    """GPU x utilization - weights - activation peak - non-torch - CUDA graphs, per GPU."""
+    if r.gpu_gib is None:
+        raise CalcError(["give --kv-memory-gib (vLLM's 'Available KV cache memory' line) or a GPU (--gpu-model or "
+                         "--gpu) to estimate it"])
+    params = r.params if r.params is not None else spec.params
+    if params is None:
+        raise CalcError(["the weights are unknown for this config: give --params to estimate the available memory"])
+    gpu = int(r.gpu_gib * GIB)
+    budget = int(gpu * r.gpu_memory_utilization)
+    weights = -(-weight_bytes(params, r.weight_dtype) // (r.tp * r.pp))
+    f, df = ACTIVATION_FACTOR
+    act = r.max_num_batched_tokens * spec.hidden * f // max(1, r.tp)
+    dact = r.max_num_batched_tokens * spec.hidden * df // max(1, r.tp)
+    nt, dnt = (int(x * GIB) for x in NON_TORCH_GIB)
+    cg, dcg = (int(x * GIB) for x in CUDA_GRAPHS_GIB)
+    parts = (("GPU memory x gpu_memory_utilization", budget, 0),
+             ("- weights (per GPU, split evenly)", -weights, 0),
+             (f"- activation peak for {r.max_num_batched_tokens:,} batched tokens", -act, dact),
+             ("- non-torch memory (CUDA context, NCCL)", -nt, dnt),
+             ("- CUDA graphs", -cg, dcg))
+    return Estimate(parts, sum(b for _, b, _ in parts), sum(u for _, _, u in parts))
+
+
+def engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
+    """(the JSON ``engine`` object, the text) for one engine."""
+    if r.engine == "vllm":
+        return _vllm(spec, r)
+    if r.engine == "llama.cpp":
+        tk = r.type_k or KV_DTYPE_NAMES.get(r.kv_dtype)
+        tv = r.type_v or KV_DTYPE_NAMES.get(r.kv_dtype)
+        if tk is None or tv is None:
+            raise CalcError([f"llama.cpp has no {r.kv_dtype} cache type: use -ctk/-ctv (--cache-type-k/v)"])
+        ll = llamacpp_sizing(spec, r.max_model_len, r.n_seq, tk, tv, r.swa_full, r.kv_unified)
+        text = [f"llama.cpp: -c {r.max_model_len:,} -np {r.n_seq}, K {tk}, V {tv}: {ll.total_bytes:,} B = "
+                f"{ll.total_bytes / GIB:,.2f} GiB", *ll.lines, *(f"note: {n}" for n in ll.notes)]
+        return ll.to_dict(), "\n".join(text)
+    if r.engine == "sglang":
+        if r.kv_memory_gib is not None:
+            rest, how, exact = int(r.kv_memory_gib * GIB), f"{r.kv_memory_gib:g} GiB (given)", True
+        else:
+            if r.gpu_gib is None:
+                raise CalcError(["give --kv-memory-gib (SGLang's rest memory) or a GPU to estimate it"])
+            params = r.params if r.params is not None else spec.params
+            if params is None:
+                raise CalcError(["the weights are unknown for this config: give --params"])
+            w = -(-weight_bytes(params, r.weight_dtype) // r.tp)
+            rest, how = sglang_rest(int(r.gpu_gib * GIB), w, r.mem_fraction_static)
+            exact = False
+        sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how)
+        d = sg.to_dict()
+        d["mem_fraction_static"] = r.mem_fraction_static
+        return d, "\n".join(["SGLang:", *sg.formula, sg.line])
+    raise CalcError([f"unknown engine {r.engine!r}; choose one of {', '.join(ENGINES)}"])
+
+
+def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
+    est = None
+    if r.kv_memory_gib is not None:
+        avail = int(r.kv_memory_gib * GIB)
+    else:
+        est = vllm_estimate(spec, r)
+        avail = est.available
+        if avail <= 0:
+            raise CalcError([f"the estimate leaves no memory for the KV cache ({avail / GIB:,.2f} GiB): vLLM would "
+                             "say 'No available memory for the cache blocks'"])
+    v = vllm_sizing(spec, VLLMSettings(avail, r.max_model_len, r.block_size, r.tp, r.pp, r.kv_dtype,
+                                       r.max_num_batched_tokens, r.hybrid))
+    d = v.to_dict()
+    d["available_kv_source"] = "given (exact)" if est is None else "estimated from the GPU"
+    d["estimate"] = None if est is None else est.to_dict()
+    text = [f"vLLM (block {r.block_size}, KV {r.kv_dtype}, tp {r.tp}, pp {r.pp}):"]
+    if est is not None:
+        text += [f"  {w}: {b / GIB:+,.2f} GiB" + (f" (+- {u / GIB:.2f})" if u else "") for w, b, u in est.parts]
+        text.append(f"  = available {avail / GIB:,.2f} GiB +- {est.spread / GIB:.2f} (an estimate; give "
+                    "--kv-memory-gib from the log for exact blocks)")
+    text += [f"  {ln}" for ln in v.formula]
+    text += v.lines
+    text += [f"note: {n}" for n in v.notes]
+    return d, "\n".join(text)
