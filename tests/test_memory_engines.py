@@ -1,0 +1,264 @@
+"""Engine sizing: vLLM V1's blocks, tokens, concurrency and too-long error; llama.cpp's and SGLang's
+allocations; each against hand-worked figures that follow the engines' own source, and against
+real startup logs from public issues (held out: the code was written from the sources, not fitted
+to these lines).
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvviz.memory import CalcError, load_presets, parse_config
+from kvviz.memory.engine_llamacpp import llamacpp_sizing, row_bytes
+from kvviz.memory.engine_log import gib_range, parse_vllm_log, reconcile
+from kvviz.memory.engine_sglang import sglang_sizing
+from kvviz.memory.engine_vllm import VLLMSettings, pp_partition, vllm_sizing
+from kvviz.units import GIB
+
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def presets():
+    return load_presets()
+
+
+# ----------------------------------------------------------------------------- held-out real logs
+# Each: the model's config fields the sizing needs (from its config.json), the flags, the log lines,
+# and where they were posted.
+LLAMA31_8B = {  # https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json
+    "model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_size": 4096, "max_position_embeddings": 131072}
+QWEN3_CODER_480B = {  # https://huggingface.co/Qwen/Qwen3-Coder-480B-A35B-Instruct/blob/main/config.json
+    "model_type": "qwen3_moe", "num_hidden_layers": 62, "num_attention_heads": 96, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_size": 6144, "max_position_embeddings": 262144}
+QWEN3_235B = {  # https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json
+    "model_type": "qwen3_moe", "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4,
+    "head_dim": 128, "hidden_size": 4096, "max_position_embeddings": 40960}
+
+REAL_LOGS = [
+    pytest.param(LLAMA31_8B, {"max_model_len": 20000}, """\
+Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB kv_cache_size=3.81GiB gpu_memory_utilization=0.90
+GPU blocks: 1952, # CPU blocks: 2048
+Maximum concurrency for 20000 tokens per request: 1.56x""",
+                 id="vllm#10517 Llama-3.1-8B RTX 3090 20k fits (dense, bf16, V0 lines)"),
+    pytest.param(LLAMA31_8B, {"max_model_len": 29000}, """\
+Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB peak_torch_memory=17.98GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB kv_cache_size=2.89GiB gpu_memory_utilization=0.90
+# GPU blocks: 1478, # CPU blocks: 2048
+Maximum concurrency for 29000 tokens per request: 0.82x
+The model's max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache (23648). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.""",
+                 id="vllm#10517 Llama-3.1-8B 29k too long (dense, V0 error)"),
+    pytest.param(QWEN3_CODER_480B, {"max_model_len": 262144}, """\
+ValueError: To serve at least one request with the models's max seq len (262144), (62.00 GiB KV cache is needed, which is larger than the available KV cache memory (48.66 GiB). Based on the available memory, the estimated maximum model length is 205728. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.""",
+                 id="vllm-project/recipes#12 Qwen3-Coder-480B-A35B-FP8 DP8 0.9 too long (MoE, V1 error)"),
+    pytest.param(QWEN3_CODER_480B, {"max_model_len": 262144}, """\
+ValueError: To serve at least one request with the models's max seq len (262144), (62.00 GiB KV cache is needed, which is larger than the available KV cache memory (55.65 GiB). Based on the available memory, the estimated maximum model length is 235296. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.""",
+                 id="vllm-project/recipes#12 Qwen3-Coder-480B-A35B-FP8 DP8 0.95 too long"),
+]
+
+
+@pytest.mark.parametrize(("config", "flags", "log"), REAL_LOGS)
+def test_real_vllm_logs_are_reproduced(config, flags, log):
+    """Posted at https://github.com/vllm-project/vllm/issues/10517 and
+    https://github.com/vllm-project/recipes/pull/12: every KV line agrees, tokens and blocks within
+    the rounding of the printed GiB, the concurrency to its two decimals, the too-long error's needed
+    GiB exactly and its estimated maximum model length within the rounding."""
+    spec = parse_config(config)
+    parsed = parse_vllm_log(log)
+    rows, _ = reconcile(spec, parsed, VLLMSettings(0, flags["max_model_len"]))
+    assert len(rows) >= 2
+    assert all(r.agrees for r in rows), [r.to_dict() for r in rows if not r.agrees]
+
+
+def test_real_log_with_tp_explains_the_smallest_gpu():
+    """vllm#21348 (Qwen3-235B-A22B-FP8, TP 4): 'Available KV cache memory: 8.11 GiB' but 178,880
+    tokens, fewer than 8.11 GiB holds (94 layers x 1 KV head per GPU x 128 x 2 x 2 B x 16 = 770,048 B
+    a block: 11,301-11,315 blocks). vLLM keeps the smallest block count over the GPUs and logs one
+    GPU's memory: the reconciler says so instead of agreeing."""
+    spec = parse_config(QWEN3_235B)
+    log = parse_vllm_log("Available KV cache memory: 8.11 GiB\nGPU KV cache size: 178,880 tokens\n")
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 40960, tp=4))
+    tok = next(r for r in rows if r.what == "GPU KV cache size")
+    assert not tok.agrees and tok.predicted == "180,816-181,040 tokens"
+    assert "smallest block count over all GPUs" in tok.why
+
+
+def test_real_sglang_line_k_size():
+    """vllm#21348's SGLang line for the same model at TP 4: '#tokens: 367404, K size: 8.23 GB, V size:
+    8.23 GB'. memory_pool.py allocates #tokens + page_size (1) slots of 1 KV head x 128 x 94 layers x 2 B
+    for K and for V, printed in 2^30-byte GB."""
+    spec = parse_config(QWEN3_235B)
+    cell = 1 * 128 * 94 * 2 * 2
+    sg = sglang_sizing(spec, 367404 * cell, tp=4)
+    assert sg.tokens == 367404
+    assert sg.line == "KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB"
+
+
+# ----------------------------------------------------------------------------- hand-worked vLLM
+def test_vllm_dense_hand_worked(presets):
+    """Llama-3-8B, bf16, block 16, 30 GiB available: page = 16 x 8 x 128 x 2 x 2 = 65,536 B
+    (AttentionSpec.page_size_bytes); blocks = 32,212,254,720 // 65,536 // 32 layers = 15,360
+    (get_num_blocks); tokens = 15,360 x 16 = 245,760; one 8,192 request = 512 blocks: 30.00x."""
+    v = vllm_sizing(presets["llama-3-8b"], VLLMSettings(30 * GIB, 8192))
+    assert (v.page_bytes, v.num_blocks, v.kv_cache_tokens) == (65_536, 15_360, 245_760)
+    assert v.lines[1:] == ("GPU KV cache size: 245,760 tokens", "Maximum concurrency for 8,192 tokens per request: 30.00x")
+    assert v.fits and v.needed_bytes == 32 * 512 * 65_536 and v.estimated_max_model_len is None
+
+
+def test_vllm_fp8_halves_the_page(presets):
+    """--kv-cache-dtype fp8 stores one byte a value (torch.uint8): the page halves, the blocks double."""
+    bf16 = vllm_sizing(presets["llama-3-8b"], VLLMSettings(30 * GIB, 8192))
+    fp8 = vllm_sizing(presets["llama-3-8b"], VLLMSettings(30 * GIB, 8192, kv_dtype="fp8"))
+    assert fp8.page_bytes * 2 == bf16.page_bytes and fp8.num_blocks == 2 * bf16.num_blocks == 30_720
+
+
+def test_vllm_too_long_error_and_estimate(presets):
+    """1 GiB holds exactly one 8,192-token Llama-3-8B request (32 x 512 x 65,536 B = 1 GiB: needed is not
+    larger, so it fits); 8,193 tokens need a 513th block per layer: vLLM's _check_enough_kv_cache_memory
+    error, with the binary search's estimate of 8,192."""
+    spec = presets["llama-3-8b"]
+    assert vllm_sizing(spec, VLLMSettings(GIB, 8192)).fits
+    v = vllm_sizing(spec, VLLMSettings(GIB, 8193))
+    assert not v.fits and v.needed_bytes == 32 * 513 * 65_536 and v.estimated_max_model_len == 8192
+    assert v.lines[1] == ("ValueError: To serve at least one request with the models's max seq len (8193), (1.00 GiB "
+                          "KV cache is needed, which is larger than the available KV cache memory (1.00 GiB). Based on "
+                          "the available memory, the estimated maximum model length is 8192. Try increasing "
+                          "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+
+
+def test_vllm_tp_splits_and_refuses(presets):
+    """Llama-3-70B (64 heads, 8 KV heads, 80 layers) at TP 4: 2 KV heads a GPU, page 16 x 2 x 128 x 2 x 2
+    = 16,384 B; 40 GiB: 42,949,672,960 // 16,384 // 80 = 32,768 blocks = 524,288 tokens. TP 16 > 8 KV heads:
+    1 head each (max(1, 8 // 16)), page 8,192 B. TP 3 does not divide the 64 heads: vLLM refuses."""
+    spec = presets["llama-3-70b"]
+    v = vllm_sizing(spec, VLLMSettings(40 * GIB, 8192, tp=4))
+    assert (v.kv_heads_per_gpu, v.page_bytes, v.num_blocks, v.kv_cache_tokens) == (2, 16_384, 32_768, 524_288)
+    assert vllm_sizing(spec, VLLMSettings(40 * GIB, 8192, tp=16)).page_bytes == 8_192
+    with pytest.raises(CalcError, match="must be divisible by tensor parallel size"):
+        vllm_sizing(spec, VLLMSettings(40 * GIB, 8192, tp=3))
+
+
+def test_vllm_pp_stages(presets):
+    """vllm/distributed/utils.py get_pp_indices: 32 layers over 3 stages = [11, 11, 10] (the remainder
+    to the stages before the last); each stage's blocks = available // page // its layers, and vLLM keeps
+    the smallest: 10 GiB // 65,536 // 11 = 14,894 blocks."""
+    assert pp_partition(32, 3) == [(0, 11), (11, 22), (22, 32)]
+    assert pp_partition(62, 4) == [(0, 15), (15, 31), (31, 47), (47, 62)]  # 15 each, +1 to stages 2 and 1
+    v = vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, pp=3))
+    assert v.num_blocks == 10 * GIB // 65_536 // 11 == 14_894
+    assert v.needed_bytes == 11 * 512 * 65_536
+
+
+def test_vllm_gpt_oss_hybrid_groups(presets):
+    """gpt-oss-20b: 24 layers, even ones sliding (window 128), 8 KV heads x 64. kv_cache_utils groups
+    12 sliding + 12 full as 2 groups of 12 (equal counts), page 16 x 8 x 64 x 2 x 2 = 32,768 B.
+    10 GiB: blocks = 10,737,418,240 // 32,768 // 12 = 27,306; GPU KV cache size = 27,306 // 2 x 16 =
+    218,448 tokens. One 131,072-token request: the sliding group holds ceil(min(127 + 2,048, L) / 16) + 1
+    = 137 blocks (SlidingWindowSpec.max_memory_usage_bytes), the full group 8,192: 8,329, so 3.28x."""
+    v = vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072))
+    assert [(g.kind, g.span, len(g.layers)) for g in v.groups] == [("sliding", 128, 12), ("full", None, 12)]
+    assert v.groups[0].layers == tuple(range(0, 24, 2))
+    assert (v.page_bytes, v.num_blocks, v.kv_cache_tokens) == (32_768, 27_306, 218_448)
+    assert [g.blocks_per_request for g in v.groups] == [137, 8192]
+    assert v.lines[2] == "Maximum concurrency for 131,072 tokens per request: 3.28x"
+    # --max-num-batched-tokens 8192 (H100-class default) widens the sliding group's share
+    assert vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072, max_num_batched_tokens=8192)) \
+        .groups[0].blocks_per_request == -(-(127 + 8192) // 16) + 1
+    # --disable-hybrid-kv-cache-manager: one group, every layer keeps every token
+    off = vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072, hybrid=False))
+    assert len(off.groups) == 1 and off.num_blocks == 10 * GIB // 32_768 // 24
+
+
+def test_vllm_gpt_oss_pp_projects_the_groups(presets):
+    """PP 2 splits gpt-oss's 24 layers 12/12; each stage holds 6 layers of each group, so its blocks =
+    available // page // 6 (_project_kv_cache_groups_to_worker, get_kv_cache_config_from_groups)."""
+    v = vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072, pp=2))
+    assert v.num_blocks == 10 * GIB // 32_768 // 6
+
+
+def test_vllm_gemma3_padding_groups(presets):
+    """Gemma-3-1B: 26 layers, every 6th global: 4 full, 22 sliding (window 512), 1 KV head x 256.
+    group size = 4 (22 >= 1.5 x 4); the sliding layers make ceil(22 / 4) = 6 groups, padded to 24: 7
+    groups. page 16 x 1 x 256 x 2 x 2 = 16,384 B; 10 GiB // 16,384 // 4 = 163,840 blocks; // 7 x 16 =
+    374,480 tokens; a 32,768 request: 6 x 161 + 2,048 = 3,014 blocks: 54.36x."""
+    v = vllm_sizing(presets["gemma-3-1b"], VLLMSettings(10 * GIB, 32768))
+    assert v.group_size == 4 and len(v.groups) == 7
+    assert sorted(len(g.layers) for g in v.groups) == [3, 3, 4, 4, 4, 4, 4]
+    assert (v.num_blocks, v.kv_cache_tokens) == (163_840, 374_480)
+    assert sum(g.blocks_per_request for g in v.groups) == 6 * 161 + 2048
+    assert v.lines[2] == "Maximum concurrency for 32,768 tokens per request: 54.36x"
+    assert any("2 padding layer(s)" in n for n in v.notes)
+
+
+def test_vllm_refuses_linear_layers_and_int8(presets):
+    with pytest.raises(CalcError, match="linear-attention / Mamba"):
+        vllm_sizing(presets["qwen3-next-80b-a3b"], VLLMSettings(10 * GIB, 8192))
+    with pytest.raises(CalcError, match="int8 is not one of them"):
+        vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, kv_dtype="int8"))
+
+
+def test_gib_range_brackets_the_print():
+    lo, hi = gib_range(10.55)
+    assert f"{lo / GIB:.2f}" == f"{hi / GIB:.2f}" == "10.55"
+    assert f"{(lo - 1) / GIB:.2f}" == "10.54" and f"{(hi + 1) / GIB:.2f}" == "10.56"
+
+
+# ----------------------------------------------------------------------------- llama.cpp
+def test_llamacpp_llama3_8b_line(presets):
+    """llama-kv-cache.cpp: each of 32 layers keeps 8,192 cells of a 1,024-value K row and V row in f16:
+    512 MiB each, the line llama.cpp prints for Llama-3-8B at -c 8192."""
+    ll = llamacpp_sizing(presets["llama-3-8b"], 8192)
+    assert ll.lines == ("llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), "
+                        "K (f16):  512.00 MiB, V (f16):  512.00 MiB",)
+
+
+def test_llamacpp_quantized_blocks(presets):
+    """ggml type sizes: q8_0 is 34 bytes per 32 values, q4_0 18 bytes per 32. A 1,024-value row: 1,088 B
+    and 576 B; K at -c 8192 over 32 layers: 272 MiB and 144 MiB."""
+    assert (row_bytes("q8_0", 1024), row_bytes("q4_0", 1024), row_bytes("f16", 1024)) == (1088, 576, 2048)
+    ll = llamacpp_sizing(presets["llama-3-8b"], 8192, type_k="q8_0", type_v="q4_0")
+    assert ll.caches[0].k_bytes == 272 * MIB and ll.caches[0].v_bytes == 144 * MIB
+    assert "K (q8_0):  272.00 MiB, V (q4_0):  144.00 MiB" in ll.lines[0]
+
+
+def test_llamacpp_padding_and_streams(presets):
+    """llama-context.cpp: n_ctx = pad(N, 256); without --kv-unified each of S sequences gets
+    pad(n_ctx / S, 256) cells: -c 10000 -np 3 -> 10,240 / 3 = 3,413 -> 3,584 cells, 3 streams."""
+    spec = presets["llama-3-8b"]
+    assert llamacpp_sizing(spec, 35000).caches[0].cells == 35072
+    ll = llamacpp_sizing(spec, 10000, n_seq=3)
+    c = ll.caches[0]
+    assert (c.cells, c.streams, ll.n_ctx_padded) == (3584, 3, 10752)
+    assert c.k_bytes == 32 * 2048 * 3584 * 3 and " 3/3 seqs" in ll.lines[0]
+    u = llamacpp_sizing(spec, 10000, n_seq=3, unified=True).caches[0]
+    assert (u.cells, u.streams) == (10240, 1)
+
+
+def test_llamacpp_gemma3_swa(presets):
+    """llama-kv-cache-iswa.cpp: Gemma-3-4B's 29 sliding layers (window 1,024) keep min(n_ctx_seq,
+    1,024 + n_ubatch 512) = 1,536 cells; the 5 global layers all 32,768. Rows are 4 x 256 = 1,024 values.
+    --swa-full gives the sliding layers all 32,768 cells too."""
+    spec = presets["gemma-3-4b"]
+    ll = llamacpp_sizing(spec, 32768)
+    full, swa = ll.caches
+    assert (full.cells, full.layers, swa.cells, swa.layers) == (32768, 5, 1536, 29)
+    assert full.k_bytes == 5 * 2048 * 32768 and swa.k_bytes == 29 * 2048 * 1536
+    assert llamacpp_sizing(spec, 32768, swa_full=True).caches[1].cells == 32768
+    assert llamacpp_sizing(spec, 32768, n_seq=2, unified=True).caches[1].cells == 2 * 1024 + 512
+
+
+# ----------------------------------------------------------------------------- SGLang
+def test_sglang_pool(presets):
+    """model_runner.py profile_max_num_token: cell = 8 KV heads x 128 x 32 layers x 2 x 2 B = 131,072 B;
+    10 GiB of rest memory holds 81,920 tokens; the pool's 81,921 slots of K are 5.00 GB (2^30)."""
+    sg = sglang_sizing(presets["llama-3-8b"], 10 * GIB)
+    assert (sg.cell_bytes, sg.tokens) == (131_072, 81_920)
+    assert sg.line == "KV Cache is allocated. #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB"
+    assert sglang_sizing(presets["llama-3-8b"], 10 * GIB, kv_dtype="fp8").tokens == 163_840
+    assert sglang_sizing(presets["llama-3-8b"], 10 * GIB, page_size=64).tokens == 81_920 // 64 * 64
+
+
+def test_sglang_mla(presets):
+    """MLATokenToKVPool: one (kv_lora_rank + qk_rope_head_dim) = 576 latent a layer, no V buffer."""
+    spec = presets["deepseek-v3"]
+    sg = sglang_sizing(spec, GIB, tp=8)
+    assert sg.cell_bytes == 576 * 61 * 2 and sg.v_bytes == 0
