@@ -297,7 +297,9 @@ def _too_long_rows(spec: ModelSpec, s: VLLMSettings, err: tuple[int, float, floa
         rows.append(Row("fits?", "does not fit", "fits", False, "kvviz's request fits in this memory: the needed "
                         "bytes differ (see above)"))
     elif est is not None:
-        e_lo, e_hi = sorted((a.estimated_max_model_len or 0, b.estimated_max_model_len or 0))
+        # the top of the printed range may just fit: then the longest that fits there is L itself
+        top = L if b.fits else (b.estimated_max_model_len or 0)
+        e_lo, e_hi = sorted((a.estimated_max_model_len or 0, top))
         ok = e_lo <= est <= e_hi
         rows.append(Row("estimated maximum model length", f"{est:,}", _span(e_lo, e_hi), ok,
                         "agrees within the rounding of the printed GiB" if ok else

@@ -1,0 +1,129 @@
+"""`memory --engine` and `memory --reconcile`: the JSON engine object, the reconciler's rows, and
+garbage, truncated or hostile logs answered with a sentence, never a traceback (fuzzed)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvviz.cli import main
+from kvviz.memory import CalcError, load_presets
+from kvviz.memory.engine_log import parse_vllm_log, reconcile
+from kvviz.memory.engine_vllm import VLLMSettings
+
+REAL = """\
+(EngineCore_DP0 pid=1) INFO 09-21 [gpu_worker.py:276] Available KV cache memory: 30.00 GiB
+(EngineCore_DP0 pid=1) INFO 09-21 [kv_cache_utils.py:849] GPU KV cache size: 245,760 tokens
+(EngineCore_DP0 pid=1) INFO 09-21 [kv_cache_utils.py:853] Maximum concurrency for 8,192 tokens per request: 30.00x
+ValueError: To serve at least one request with the models's max seq len (8193), (1.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.00 GiB). Based on the available memory, the estimated maximum model length is 8192. Try
+"""
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main(["memory", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def run_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(["memory", *argv])
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_engine_json_object(capsys):
+    d = run_json(capsys, "--preset", "gpt-oss-20b", "--engine", "vllm", "--kv-memory-gib", "10",
+                 "--max-model-len", "131072")
+    e = d["engine"]
+    assert e["name"] == "vllm" and e["block_size"] == 16
+    assert (e["num_blocks"], e["kv_cache_tokens"], e["fits"]) == (27_306, 218_448, True)
+    assert round(e["max_concurrency"], 2) == 3.28 and e["estimated_max_model_len"] is None
+    assert [(g["kind"], g["n_layers"], g["page_size_bytes"]) for g in e["groups"]] == [
+        ("sliding", 12, 32_768), ("full", 12, 32_768)]
+    assert e["needed_bytes"] == 12 * 32_768 * (137 + 8192)
+    assert e["available_kv_source"] == "given (exact)" and e["estimate"] is None
+    assert run_json(capsys, "--preset", "gpt2", "--seq-len", "8")["engine"] is None
+
+
+def test_engine_too_long_and_fp8(capsys):
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--kv-memory-gib", "1", "--max-model-len",
+                 "16384", "--kv-cache-dtype", "fp8")
+    assert d["engine"]["fits"] and d["engine"]["kv_cache_tokens"] == 16384
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--kv-memory-gib", "1", "--max-model-len", "16384")
+    assert not d["engine"]["fits"] and d["engine"]["estimated_max_model_len"] == 8192
+
+
+def test_engine_estimate_states_its_parts(capsys):
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--seq-len", "8192", "--gpu-model", "h100-sxm")
+    est = d["engine"]["estimate"]
+    assert d["engine"]["available_kv_source"] == "estimated from the GPU"
+    assert est["available_bytes"] == sum(p["bytes"] for p in est["parts"]) and est["uncertainty_bytes"] > 0
+    assert "weights" in est["parts"][1]["what"]
+
+
+def test_engine_refusals(capsys):
+    assert "tp 3 does not divide the 64 attention heads" in run_error(
+        capsys, "--preset", "llama-3-70b", "--engine", "vllm", "--kv-memory-gib", "10", "--seq-len", "8", "--tp", "3")
+    assert "give --kv-memory-gib" in run_error(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--seq-len", "8")
+
+
+def test_llamacpp_and_sglang_cli(capsys):
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "llama.cpp", "--max-model-len", "8192")
+    assert d["engine"]["kv_bytes"] == 1024 * 1024**2 and d["engine"]["log_lines"][0].startswith("llama_kv_cache: size")
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "llama.cpp", "--max-model-len", "8192", "-ctk", "q8_0")
+    assert d["engine"]["caches"][0]["k_bytes"] == 272 * 1024**2
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "sglang", "--seq-len", "8192", "--kv-memory-gib", "10")
+    assert d["engine"]["max_total_num_tokens"] == 81_920 and d["engine"]["exact"]
+
+
+def test_reconcile_cli(tmp_path, capsys):
+    f = tmp_path / "log.txt"
+    f.write_text(REAL)
+    d = run_json(capsys, "--preset", "llama-3-8b", "--reconcile", str(f))
+    assert d["agrees"], d["rows"]
+    assert [r["line"] for r in d["rows"]][:3] == ["Available KV cache memory", "GPU KV cache size",
+                                                  "Maximum concurrency for 8,192 tokens"]
+    f.write_text(REAL.replace("245,760", "491,520").replace("30.00x", "60.00x"))
+    d = run_json(capsys, "--preset", "llama-3-8b", "--reconcile", str(f))
+    tok = d["rows"][1]
+    assert not tok["agrees"] and "fp8" in tok["why"]
+    f.write_text("hello\nworld\n")
+    assert "no vLLM KV-cache line found" in run_error(capsys, "--preset", "llama-3-8b", "--reconcile", str(f))
+    assert "error:" in run_error(capsys, "--preset", "llama-3-8b", "--reconcile", str(tmp_path / "missing.txt"))
+
+
+_SPEC = load_presets()["gpt-oss-20b"]
+_LINES = REAL.splitlines() + [
+    "GPU blocks: 1952, # CPU blocks: 2048", "kv_cache_size=3.81GiB", "max_seq_len=4096, tensor_parallel_size=2",
+    "The model's max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache (23648).",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.sampled_from(_LINES), st.text(max_size=200),
+                          st.sampled_from(_LINES).flatmap(lambda s: st.integers(0, len(s)).map(lambda n: s[:n]))),
+                max_size=12),
+       st.integers(1, 1 << 20), st.sampled_from([1, 2, 8]))
+def test_reconciler_fuzzed(parts, max_len, tp):
+    """Garbage, truncated lines and real lines mixed: the parser and the reconciler return rows or raise
+    CalcError with a sentence; nothing else escapes."""
+    log = parse_vllm_log("\n".join(parts))
+    try:
+        rows, notes = reconcile(_SPEC, log, VLLMSettings(0, max_len, tp=tp))
+    except CalcError as e:
+        assert e.problems and all(isinstance(p, str) and p for p in e.problems)
+        return
+    assert all(isinstance(r.agrees, bool) and r.why for r in rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=400))
+def test_reconciler_cli_never_tracebacks(tmp_path_factory, data):
+    f = tmp_path_factory.mktemp("fuzz") / "log.txt"
+    f.write_bytes(data)
+    try:
+        main(["memory", "--preset", "llama-3-8b", "--reconcile", str(f), "--max-model-len", "8192", "--json"])
+    except SystemExit as e:
+        assert e.code == 2
