@@ -186,9 +186,11 @@ def _list(presets: dict[str, ModelSpec]) -> tuple[dict[str, Any], str]:
 
 
 def _list_gpus() -> tuple[dict[str, Any], str]:
-    rows = [{"key": g.key, "name": g.name, "memory_gib": g.memory_gib, "bandwidth_gbs": g.bandwidth_gbs,
+    rows = [{"key": g.key, "name": g.name, "memory_gib": g.memory_gib, "usable_mib": g.usable_mib,
+             "bandwidth_gbs": g.bandwidth_gbs,
              "price_per_hour": g.price_per_hour, "source": g.source} for g in load_gpus().values()]
-    text = "\n".join(f"{r['key']:10} {r['memory_gib']:>4} GiB {r['bandwidth_gbs']:>6,.0f} GB/s "
+    text = "\n".join(f"{r['key']:10} {r['memory_gib']:>4} GiB ({format(r['usable_mib'], ',') if r['usable_mib'] else '?':>7} MiB usable) "
+                     f"{r['bandwidth_gbs']:>6,.0f} GB/s "
                      f"${r['price_per_hour']:<5g} {r['name']}  <{r['source']}>" for r in rows)
     return {"gpus": rows}, text
 
@@ -249,6 +251,8 @@ def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def _engine_request(args: argparse.Namespace, params: int | None) -> EngineRequest:
     gpu = _gpu_settings(args)["gpu_gib"]
+    if args.gpu is None and args.gpu_model is not None:
+        gpu = load_gpus()[args.gpu_model].usable_gib  # an engine sizes against what nvidia-smi reports
     return EngineRequest(
         engine=args.engine, max_model_len=args.max_model_len or args.seq_len, kv_dtype=args.kv_cache_dtype or args.dtype,
         kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=args.weight_dtype, params=params, tp=args.tp,

@@ -262,3 +262,25 @@ def test_sglang_mla(presets):
     spec = presets["deepseek-v3"]
     sg = sglang_sizing(spec, GIB, tp=8)
     assert sg.cell_bytes == 576 * 61 * 2 and sg.v_bytes == 0
+
+
+# ----------------------------------------------------------------------------- presets
+def test_gpu_presets_carry_usable_memory():
+    """What nvidia-smi reports as total: L4 23,034 MiB, L40S 46,068, H100 SXM 81,559, H200 143,771,
+    A100 80 GB 81,920; the nominal size stays beside it."""
+    from kvviz.memory import load_gpus
+
+    g = load_gpus()
+    assert {k: g[k].usable_mib for k in ("l4", "l40s", "h100-sxm", "h200", "a100-80gb")} == {
+        "l4": 23_034, "l40s": 46_068, "h100-sxm": 81_559, "h200": 143_771, "a100-80gb": 81_920}
+    assert g["l4"].memory_gib == 24 and g["l4"].usable_gib == 23_034 / 1024
+    assert g["rtx-4090"].usable_mib is None and g["rtx-4090"].usable_gib == 24.0
+
+
+def test_preset_fixes(presets):
+    """Llama-4-Scout-17B-16E (the base model's config) has max_position_embeddings 262,144; Qwen3-Next's
+    parameter count says its MTP layer is not counted, as DeepSeek-V3's does."""
+    scout = presets["llama-4-scout"]
+    assert scout.max_positions == 262_144 and "(base)" in scout.name
+    for key in ("qwen3-next-80b-a3b", "deepseek-v3"):
+        assert "MTP layer not counted" in presets[key].params_note

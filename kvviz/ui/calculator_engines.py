@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from kvviz.memory import GIB, CalcError, MemoryRequest, ModelSpec
+from kvviz.memory import GIB, CalcError, MemoryRequest, ModelSpec, load_gpus
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, reconcile, settings_from_log
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
@@ -40,11 +40,21 @@ def _controls() -> None:
     st.checkbox("llama.cpp --swa-full", key="mem_eng_swa_full")
 
 
+def usable_gpu(req: MemoryRequest) -> tuple[float | None, str]:
+    """The GPU memory an engine sizes against: nvidia-smi's total for a preset GPU left at its nominal size
+    (with the words to say so), else the sidebar's figure."""
+    g = load_gpus().get(st.session_state.get("mem_gpu_kind", ""))
+    if g is not None and g.usable_mib and req.gpu_gib == float(g.memory_gib):
+        return g.usable_gib, (f"{g.name}: {g.usable_mib:,} MiB usable (what nvidia-smi reports), "
+                              f"{g.memory_gib} GiB nominal")
+    return req.gpu_gib, "" if req.gpu_gib is None else f"GPU {req.gpu_gib:g} GiB (as entered)"
+
+
 def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineRequest:
     ss = st.session_state
     gib = float(ss["mem_eng_kv_gib"]) or None
     return EngineRequest(
-        engine=engine, max_model_len=req.seq_len, kv_dtype=req.kv_dtype, kv_memory_gib=gib, gpu_gib=req.gpu_gib,
+        engine=engine, max_model_len=req.seq_len, kv_dtype=req.kv_dtype, kv_memory_gib=gib, gpu_gib=usable_gpu(req)[0],
         weight_dtype=req.weight_dtype, params=params, tp=req.tp, pp=int(ss["mem_eng_pp"]), block_size=req.block_size,
         max_num_batched_tokens=int(ss["mem_eng_batched"]), gpu_memory_utilization=float(ss["mem_eng_util"]),
         hybrid=req.use_windows, n_seq=int(ss["mem_eng_np"]), type_k=ss["mem_eng_ctk"], type_v=ss["mem_eng_ctv"],
@@ -80,6 +90,9 @@ def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
     st.caption("The context is the engines' max_model_len / -c; TP, the KV dtype, the block size and the GPU come "
                "from the sidebar. Only vLLM's tokens from a logged available memory are exact; an estimate says so.")
     _controls()
+    words = usable_gpu(req)[1]
+    if words:
+        st.caption(md_plain(words))
     cols = st.columns(3)
     for col, (engine, title) in zip(cols, (("vllm", "vLLM V1"), ("llama.cpp", "llama.cpp"), ("sglang", "SGLang"))):
         _column(col, title, spec, _request(engine, req, params))
