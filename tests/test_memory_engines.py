@@ -284,3 +284,23 @@ def test_preset_fixes(presets):
     assert scout.max_positions == 262_144 and "(base)" in scout.name
     for key in ("qwen3-next-80b-a3b", "deepseek-v3"):
         assert "MTP layer not counted" in presets[key].params_note
+
+
+def test_provenance_names_fields_and_class_defaults(presets, capsys):
+    """Each shape figure says where it came from: the field read, the class default filled in for a
+    nested text_config (Gemma 3 leaves num_key_value_heads out), or the rule (head_dim = hidden / heads)."""
+    import json
+
+    from kvviz.cli import main
+
+    gemma = dict(presets["gemma-3-4b"].provenance)
+    assert gemma["n_kv_heads"].startswith("gemma3_text config class default num_key_value_heads=4")
+    assert gemma["sliding_window"] == "config.json sliding_window = 1024"
+    gpt2 = dict(presets["gpt2"].provenance)
+    assert gpt2["head_dim"] == "hidden_size / num_attention_heads = 768 / 12"
+    assert gpt2["n_kv_heads"].startswith("absent: every query head")
+    assert dict(presets["llama-4-scout"].provenance)["max_position_embeddings"] == \
+        "config.json max_position_embeddings = 262144"
+    assert main(["memory", "--preset", "gemma-3-4b", "--seq-len", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["provenance"]["n_layers"] == "config.json num_hidden_layers = 34"

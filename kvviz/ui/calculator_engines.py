@@ -96,6 +96,10 @@ def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
     cols = st.columns(3)
     for col, (engine, title) in zip(cols, (("vllm", "vLLM V1"), ("llama.cpp", "llama.cpp"), ("sglang", "SGLang"))):
         _column(col, title, spec, _request(engine, req, params))
+    if spec.provenance:
+        with st.expander("Where each figure comes from (provenance)"):
+            st.dataframe(pd.DataFrame(list(spec.provenance), columns=["figure", "from"]), hide_index=True,
+                         key="mem_eng_provenance")
     _reconciler(spec, req)
 
 
