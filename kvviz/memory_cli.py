@@ -13,6 +13,7 @@ from typing import Any
 from kvviz.argtypes import positive_int
 from kvviz.errors import KVVizError
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
+from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
 from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, reconcile, reconcile_text, settings_from_log
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
 from kvviz.memory.engines import ENGINES, EngineRequest, engine_report
@@ -168,6 +169,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
                    help="vLLM --disable-hybrid-kv-cache-manager: sliding layers keep every token")
     g.add_argument("--reconcile", metavar="LOG", help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
+    g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
+                   "'prompt_tokens' + 'output_tokens' column): how many such requests the blocks hold at once")
+    g.add_argument("--length-percentiles", metavar="P:T,...", help="vLLM: lengths as percentiles, e.g. 50:2000,90:8000")
     g.add_argument("--parallel", "-np", type=positive_int, default=1, metavar="S", help="llama.cpp -np (default 1)")
     g.add_argument("--cache-type-k", "-ctk", choices=tuple(CACHE_TYPES), help="llama.cpp -ctk (default from --dtype)")
     g.add_argument("--cache-type-v", "-ctv", choices=tuple(CACHE_TYPES), help="llama.cpp -ctv (default from --dtype)")
@@ -260,7 +264,20 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
         gpu_memory_utilization=args.gpu_memory_utilization, hybrid=not args.no_hybrid_kv_cache_manager,
         n_seq=args.parallel, type_k=args.cache_type_k, type_v=args.cache_type_v, swa_full=args.swa_full,
-        kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static)
+        kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static, lengths=_lengths(args))
+
+
+def _lengths(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.lengths is not None and args.length_percentiles is not None:
+        raise CalcError(["give --lengths or --length-percentiles, not both"])
+    if args.lengths is not None:
+        from kvviz.safeio import read_bounded
+
+        return tuple(parse_lengths_csv(read_bounded(args.lengths, 50_000_000, "the lengths file")
+                                       .decode("utf-8", errors="replace")))
+    if args.length_percentiles is not None:
+        return tuple(lengths_from_percentiles(parse_percentiles(args.length_percentiles)))
+    return ()
 
 
 def _engine(args: argparse.Namespace, spec: ModelSpec, params: int | None) -> tuple[dict[str, Any], str]:

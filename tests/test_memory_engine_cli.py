@@ -127,3 +127,16 @@ def test_reconciler_cli_never_tracebacks(tmp_path_factory, data):
         main(["memory", "--preset", "llama-3-8b", "--reconcile", str(f), "--max-model-len", "8192", "--json"])
     except SystemExit as e:
         assert e.code == 2
+
+
+def test_length_mix_cli(tmp_path, capsys):
+    f = tmp_path / "lengths.csv"
+    f.write_text("length\n1024\n3500\n112\n")
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--kv-memory-gib", "30", "--max-model-len",
+                 "32768", "--lengths", str(f))
+    mix = d["engine"]["length_mix"]
+    assert mix["requests"] == 3 and round(mix["concurrent_requests"], 1) == 158.9
+    assert round(mix["ratio_to_max_len_sizing"], 1) == 21.2
+    f.write_text("length\nabc\n")
+    assert "row 2" in run_error(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--kv-memory-gib", "30",
+                                "--seq-len", "8", "--lengths", str(f))

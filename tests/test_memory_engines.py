@@ -304,3 +304,34 @@ def test_provenance_names_fields_and_class_defaults(presets, capsys):
     assert main(["memory", "--preset", "gemma-3-4b", "--seq-len", "8", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["provenance"]["n_layers"] == "config.json num_hidden_layers = 34"
+
+
+# ----------------------------------------------------------------------------- length distribution
+def test_length_mix_by_hand(presets):
+    """Llama-3-8B, 30 GiB, block 16: 15,360 blocks. Requests of 1,024, 3,500 and 112 tokens take 64, 219
+    and 7 blocks (96.67 on average): 15,360 / 96.67 = 158.9 at once, against 15,360 / 2,048 = 7.5 at
+    max_model_len 32,768. Of the 290 x 16 = 4,640 slots held, 4 are empty (the 3,500-token request's last block)."""
+    from kvviz.memory.engine_mix import length_mix, parse_lengths_csv
+
+    v = vllm_sizing(presets["llama-3-8b"], VLLMSettings(30 * GIB, 32768))
+    lengths = parse_lengths_csv("prompt_tokens,output_tokens\n1000,24\n3000,500\n100,12\n")
+    assert lengths == [1024, 3500, 112]
+    mix = length_mix(v, lengths)
+    assert mix.mean_blocks == pytest.approx(290 / 3) and mix.concurrent_requests == pytest.approx(15_360 * 3 / 290)
+    assert mix.max_len_concurrency == 7.5 and mix.waste_share == pytest.approx(4 / 4640)
+    assert length_mix(v, [40_000]).too_long == 1
+
+
+def test_length_percentiles_and_bad_input():
+    from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
+
+    pts = parse_percentiles("50:2000, 90:8000,99:16000")
+    assert pts == [(50.0, 2000), (90.0, 8000), (99.0, 16000)]
+    xs = lengths_from_percentiles(pts, 100)
+    assert len(xs) == 100 and xs == sorted(xs) and xs[49] <= 2000 <= xs[50] and xs[-1] == 16000
+    for bad in ("", "90", "50:10,90:5", "150:3", "50:x"):
+        with pytest.raises(CalcError):
+            parse_percentiles(bad)
+    for bad in ("", "length\n", "foo,bar\n1,2", "12\nabc", "0"):
+        with pytest.raises(CalcError):
+            parse_lengths_csv(bad)

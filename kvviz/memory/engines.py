@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvviz.memory.engine_llamacpp import llamacpp_sizing
+from kvviz.memory.engine_mix import length_mix
 from kvviz.memory.engine_sglang import sglang_rest, sglang_sizing
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings, vllm_sizing
 from kvviz.memory.formulas import weight_bytes
@@ -44,6 +45,7 @@ class EngineRequest:
     kv_unified: bool = False
     mem_fraction_static: float = 0.9
     page_size: int = 1  # SGLang
+    lengths: tuple[int, ...] = ()  # vLLM: real requests' prompt + output lengths, to size from the mix
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     v = vllm_sizing(spec, VLLMSettings(avail, r.max_model_len, r.block_size, r.tp, r.pp, r.kv_dtype,
                                        r.max_num_batched_tokens, r.hybrid))
     d = v.to_dict()
+    mix = length_mix(v, r.lengths) if r.lengths else None
+    d["length_mix"] = None if mix is None else mix.to_dict()
     d["available_kv_source"] = "given (exact)" if est is None else "estimated from the GPU"
     d["estimate"] = None if est is None else est.to_dict()
     text = [f"vLLM (block {r.block_size}, KV {r.kv_dtype}, tp {r.tp}, pp {r.pp}):"]
@@ -138,5 +142,7 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
                     "--kv-memory-gib from the log for exact blocks)")
     text += [f"  {ln}" for ln in v.formula]
     text += v.lines
+    if mix is not None:
+        text.append(mix.text())
     text += [f"note: {n}" for n in v.notes]
     return d, "\n".join(text)
