@@ -335,3 +335,12 @@ def test_length_percentiles_and_bad_input():
     for bad in ("", "length\n", "foo,bar\n1,2", "12\nabc", "0"):
         with pytest.raises(CalcError):
             parse_lengths_csv(bad)
+
+
+def test_profiling_rest_line_is_the_available_memory():
+    """vLLM's later V0 worker logs 'the rest of the memory reserved for KV Cache is 1.57GiB' (posted in
+    vllm#14447); the reconciler takes it as the available memory, like V1's 'Available KV cache memory'."""
+    log = parse_vllm_log("INFO [worker.py:267] model weights take 21.21GiB; non_torch_memory takes 0.20GiB; "
+                         "PyTorch activation peak memory takes 0.37GiB; the rest of the memory reserved for KV Cache "
+                         "is 1.57GiB.")
+    assert log.available_gib == 1.57 and log.found

@@ -22,6 +22,7 @@ _FLOAT = r"(\d{1,9}(?:\.\d{1,6})?)"
 _PATTERNS: dict[str, re.Pattern[str]] = {
     "available_gib": re.compile(r"Available KV cache memory:\s*" + _FLOAT + r"\s*GiB"),
     "kv_cache_size_gib": re.compile(r"kv_cache_size=" + _FLOAT + r"\s*GiB"),  # V0's "Memory profiling results"
+    "rest_gib": re.compile(r"the rest of the memory reserved for KV Cache is\s*" + _FLOAT + r"\s*GiB"),  # later V0
     "tokens": re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens"),
     "concurrency": re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*" + _FLOAT + "x"),
     "gpu_blocks": re.compile(r"#?\s*GPU blocks:\s*" + _NUM),
@@ -97,7 +98,7 @@ def parse_vllm_log(text: str) -> ParsedLog:
             m = pat.search(line)
             if not m:
                 continue
-            if key in ("available_gib", "kv_cache_size_gib"):
+            if key in ("available_gib", "kv_cache_size_gib", "rest_gib"):
                 got["available_gib"] = _float(m.group(1))
             elif key == "tokens":
                 got["tokens"] = _int(m.group(1))
