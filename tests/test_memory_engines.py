@@ -205,7 +205,7 @@ def test_gib_range_brackets_the_print():
 # ----------------------------------------------------------------------------- llama.cpp
 def test_llamacpp_llama3_8b_line(presets):
     """llama-kv-cache.cpp: each of 32 layers keeps 8,192 cells of a 1,024-value K row and V row in f16:
-    512 MiB each, the line llama.cpp prints for Llama-3-8B at -c 8192."""
+    512 MiB each (hand-worked; the format string is llama_kv_cache's own)."""
     ll = llamacpp_sizing(presets["llama-3-8b"], 8192)
     assert ll.lines == ("llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), "
                         "K (f16):  512.00 MiB, V (f16):  512.00 MiB",)

@@ -278,6 +278,9 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     if len(groups) > 1 and sum(len(idx) for _, idx in raw) < len(groups) * group_size:
         pad = len(groups) * group_size - spec.kv_layers
         notes.append(f"{pad} padding layer(s): vLLM pads every group to {group_size} layers")
+    if spec.mla is not None and bs != 64:
+        notes.append("vLLM's MLA backends (FlashMLA, CUTLASS MLA) use 64-token (or larger) blocks: pass the "
+                     "server's --block-size")
     if spec.max_positions is not None and L > spec.max_positions:
         notes.append(f"max_model_len {L:,} is beyond max_position_embeddings {spec.max_positions:,}: vLLM refuses it "
                      "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
