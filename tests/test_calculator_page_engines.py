@@ -33,3 +33,14 @@ def test_engines_side_by_side_and_reconciler() -> None:
     at.text_area(key="mem_eng_log").input("<b>not a log</b>").run()
     assert not at.exception
     assert "no vLLM KV-cache line found" in unescape(at.error[0].value)
+
+
+def test_length_mix_box() -> None:
+    at = AppTest.from_function(_script, default_timeout=60).run()
+    at.number_input(key="mem_eng_kv_gib").set_value(30.0).run()
+    at.text_input(key="mem_eng_pcts").input("0:1000,100:1000").run()
+    m = {x.label: x.value for x in at.metric}
+    # every request 1,000 tokens = 63 blocks: 15,360 / 63 = 243.8 at once
+    assert m["vLLM: requests of this length mix at once"] == "243.8"
+    at.text_input(key="mem_eng_pcts").input("90:5,50:x").run()
+    assert not at.exception and "is not PERCENTILE:TOKENS" in at.warning[-1].value.replace("\\", "")

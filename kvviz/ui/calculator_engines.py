@@ -12,6 +12,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from kvviz.memory import GIB, CalcError, MemoryRequest, ModelSpec, load_gpus
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
+from kvviz.memory.engine_mix import lengths_from_percentiles, parse_percentiles
 from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, reconcile, settings_from_log
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
 from kvviz.memory.engines import EngineRequest, engine_report
@@ -19,7 +20,7 @@ from kvviz.ui.plain_text import md_plain
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": DEFAULT_BATCHED_TOKENS, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
-            "mem_eng_frac": 0.9, "mem_eng_log": ""}
+            "mem_eng_frac": 0.9, "mem_eng_log": "", "mem_eng_pcts": ""}
 
 
 def _controls() -> None:
@@ -37,7 +38,11 @@ def _controls() -> None:
     c[1].selectbox("llama.cpp -ctk", tuple(CACHE_TYPES), key="mem_eng_ctk")
     c[2].selectbox("llama.cpp -ctv", tuple(CACHE_TYPES), key="mem_eng_ctv")
     c[3].slider("SGLang mem_fraction_static", 0.05, 0.99, step=0.01, key="mem_eng_frac")
-    st.checkbox("llama.cpp --swa-full", key="mem_eng_swa_full")
+    c = st.columns([1, 3])
+    c[0].checkbox("llama.cpp --swa-full", key="mem_eng_swa_full")
+    c[1].text_input("Request lengths as percentiles (vLLM), e.g. 50:2000,90:8000,99:16000", key="mem_eng_pcts",
+                    max_chars=400, help="Prompt + output tokens of real requests: how many of them vLLM's blocks "
+                                        "hold at once, against everyone at max_model_len.")
 
 
 def usable_gpu(req: MemoryRequest) -> tuple[float | None, str]:
@@ -58,7 +63,13 @@ def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineReque
         weight_dtype=req.weight_dtype, params=params, tp=req.tp, pp=int(ss["mem_eng_pp"]), block_size=req.block_size,
         max_num_batched_tokens=int(ss["mem_eng_batched"]), gpu_memory_utilization=float(ss["mem_eng_util"]),
         hybrid=req.use_windows, n_seq=int(ss["mem_eng_np"]), type_k=ss["mem_eng_ctk"], type_v=ss["mem_eng_ctv"],
-        swa_full=bool(ss["mem_eng_swa_full"]), mem_fraction_static=float(ss["mem_eng_frac"]))
+        swa_full=bool(ss["mem_eng_swa_full"]), mem_fraction_static=float(ss["mem_eng_frac"]),
+        lengths=_lengths() if engine == "vllm" else ())
+
+
+def _lengths() -> tuple[int, ...]:
+    text = str(st.session_state.get("mem_eng_pcts", "")).strip()
+    return tuple(lengths_from_percentiles(parse_percentiles(text))) if text else ()
 
 
 def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest) -> None:
@@ -70,6 +81,9 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
         return
     if er.engine == "vllm":
         col.metric("vLLM: GPU KV cache size", f"{d['kv_cache_tokens']:,} tokens" if d["fits"] else "does not fit")
+        if d.get("length_mix"):
+            mix = d["length_mix"]
+            col.metric("vLLM: requests of this length mix at once", f"{mix['concurrent_requests']:,.1f}")
         col.caption(f"{d['num_blocks']:,} blocks of {d['block_size']}; "
                     f"max concurrency at {er.max_model_len:,} tokens {d['max_concurrency']:.2f}x; "
                     f"available {d['available_kv_bytes'] / GIB:,.2f} GiB ({d['available_kv_source']})")
@@ -95,7 +109,13 @@ def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
         st.caption(md_plain(words))
     cols = st.columns(3)
     for col, (engine, title) in zip(cols, (("vllm", "vLLM V1"), ("llama.cpp", "llama.cpp"), ("sglang", "SGLang"))):
-        _column(col, title, spec, _request(engine, req, params))
+        try:
+            er = _request(engine, req, params)
+        except CalcError as e:  # the percentiles box
+            col.markdown(f"**{title}**")
+            col.warning("\n".join(f"- {md_plain(p)}" for p in e.problems))
+            continue
+        _column(col, title, spec, er)
     if spec.provenance:
         with st.expander("Where each figure comes from (provenance)"):
             st.dataframe(pd.DataFrame(list(spec.provenance), columns=["figure", "from"]), hide_index=True,
