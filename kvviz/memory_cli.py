@@ -168,14 +168,16 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
                    help="vLLM --disable-hybrid-kv-cache-manager: sliding layers keep every token")
-    g.add_argument("--reconcile", metavar="LOG", help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
+    g.add_argument("--reconcile", metavar="LOG",
+                   help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
                    "'prompt_tokens' + 'output_tokens' column): how many such requests the blocks hold at once")
     g.add_argument("--length-percentiles", metavar="P:T,...", help="vLLM: lengths as percentiles, e.g. 50:2000,90:8000")
     g.add_argument("--parallel", "-np", type=positive_int, default=1, metavar="S", help="llama.cpp -np (default 1)")
     g.add_argument("--cache-type-k", "-ctk", choices=tuple(CACHE_TYPES), help="llama.cpp -ctk (default from --dtype)")
     g.add_argument("--cache-type-v", "-ctv", choices=tuple(CACHE_TYPES), help="llama.cpp -ctv (default from --dtype)")
-    g.add_argument("--swa-full", action="store_true", help="llama.cpp --swa-full: sliding layers keep the whole context")
+    g.add_argument("--swa-full", action="store_true",
+                   help="llama.cpp --swa-full: sliding layers keep the whole context")
     g.add_argument("--kv-unified", action="store_true", help="llama.cpp --kv-unified: one cache shared by the -np seqs")
     g.add_argument("--mem-fraction-static", type=_efficiency, default=0.9, metavar="F",
                    help="SGLang --mem-fraction-static (default 0.9)")
@@ -193,7 +195,8 @@ def _list_gpus() -> tuple[dict[str, Any], str]:
     rows = [{"key": g.key, "name": g.name, "memory_gib": g.memory_gib, "usable_mib": g.usable_mib,
              "bandwidth_gbs": g.bandwidth_gbs,
              "price_per_hour": g.price_per_hour, "source": g.source} for g in load_gpus().values()]
-    text = "\n".join(f"{r['key']:10} {r['memory_gib']:>4} GiB ({format(r['usable_mib'], ',') if r['usable_mib'] else '?':>7} MiB usable) "
+    text = "\n".join(f"{r['key']:10} {r['memory_gib']:>4} GiB "
+                     f"({format(r['usable_mib'], ',') if r['usable_mib'] else '?':>7} MiB usable) "
                      f"{r['bandwidth_gbs']:>6,.0f} GB/s "
                      f"${r['price_per_hour']:<5g} {r['name']}  <{r['source']}>" for r in rows)
     return {"gpus": rows}, text
@@ -258,7 +261,8 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
     if args.gpu is None and args.gpu_model is not None:
         gpu = load_gpus()[args.gpu_model].usable_gib  # an engine sizes against what nvidia-smi reports
     return EngineRequest(
-        engine=args.engine, max_model_len=args.max_model_len or args.seq_len, kv_dtype=args.kv_cache_dtype or args.dtype,
+        engine=args.engine, max_model_len=args.max_model_len or args.seq_len,
+        kv_dtype=args.kv_cache_dtype or args.dtype,
         kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=args.weight_dtype, params=params, tp=args.tp,
         pp=args.pp or 1, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,

@@ -26,7 +26,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "tokens": re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens"),
     "concurrency": re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*" + _FLOAT + "x"),
     "gpu_blocks": re.compile(r"#?\s*GPU blocks:\s*" + _NUM),
-    "too_long": re.compile(r"max seq len \(" + _NUM + r"\),\s*\(" + _FLOAT + r" GiB KV cache is needed, which is larger "
+    "too_long": re.compile(r"max seq len \(" + _NUM + r"\),\s*\(" + _FLOAT
+                           + r" GiB KV cache is needed, which is larger "
                            r"than the available KV cache memory \(" + _FLOAT + r" GiB\)\.(?:\s*Based on the available "
                            r"memory, the estimated maximum model length is " + _NUM + r")?"),
     "too_long_v0": re.compile(r"max seq len \(" + _NUM + r"\) is larger than the maximum number of tokens that can be "

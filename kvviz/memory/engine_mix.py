@@ -42,7 +42,8 @@ class LengthMix:
     def text(self) -> str:
         return (f"length mix ({self.requests:,} requests, mean {self.mean_tokens:,.0f} tokens): "
                 f"{self.mean_blocks:,.1f} blocks a request -> {self.concurrent_requests:,.1f} requests at once vs "
-                f"{self.max_len_concurrency:,.2f} at max_model_len ({self.concurrent_requests / self.max_len_concurrency:,.1f}x); "
+                f"{self.max_len_concurrency:,.2f} at max_model_len "
+                f"({self.concurrent_requests / self.max_len_concurrency:,.1f}x); "
                 f"last-block waste {self.waste_share:.2%} of the blocks held"
                 + (f"; {self.too_long:,} longer than max_model_len (rejected)" if self.too_long else ""))
 
@@ -145,7 +146,8 @@ def length_mix(v: VLLMSizing, lengths: Sequence[int]) -> LengthMix:
             b = _request_blocks(k, s, t)
             total_blocks += b
             # tokens resident: all of them in a full group; the window (+ a step's batch) in a sliding one
-            filled += t if k[0] in ("full", "mla") else min(t, (k[1] or 0) - (k[0] == "sliding") + s.max_num_batched_tokens)
+            kept = (k[1] or 0) - (k[0] == "sliding") + s.max_num_batched_tokens
+            filled += t if k[0] in ("full", "mla") else min(t, kept)
     n = len(lengths)
     mean_blocks = total_blocks / n
     waste = 1 - filled / (total_blocks * bs) if total_blocks else 0.0
