@@ -162,7 +162,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=positive_int, metavar="L",
                    help="vLLM --max-model-len / llama.cpp -c (default: --seq-len)")
     g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
-                   help=f"vLLM: tokens per scheduler step (sliding groups; default {DEFAULT_BATCHED_TOKENS})")
+                   help="vLLM: tokens per scheduler step (the sliding groups' share; default `vllm serve`'s: "
+                        "8192 on >= 70 GiB GPUs but the A100, else 2048)")
     g.add_argument("--pp", type=_tp, default=None, metavar="N", help="vLLM pipeline-parallel stages (default 1)")
     g.add_argument("--gpu-memory-utilization", type=_efficiency, default=0.9, metavar="F",
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
@@ -265,7 +266,8 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         kv_dtype=args.kv_cache_dtype or args.dtype,
         kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=args.weight_dtype, params=params, tp=args.tp,
         pp=args.pp or 1, block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_name=load_gpus()[args.gpu_model].name if args.gpu_model else "",
         gpu_memory_utilization=args.gpu_memory_utilization, hybrid=not args.no_hybrid_kv_cache_manager,
         n_seq=args.parallel, type_k=args.cache_type_k, type_v=args.cache_type_v, swa_full=args.swa_full,
         kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static, lengths=_lengths(args))

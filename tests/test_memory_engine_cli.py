@@ -140,3 +140,16 @@ def test_length_mix_cli(tmp_path, capsys):
     f.write_text("length\nabc\n")
     assert "row 2" in run_error(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--kv-memory-gib", "30",
                                 "--seq-len", "8", "--lengths", str(f))
+
+
+def test_engine_provenance(capsys):
+    """The engine object says where its inputs came from: gpt-oss's KV heads from num_key_value_heads,
+    the window from sliding_window, the block size from the flag (vLLM's default named)."""
+    e = run_json(capsys, "--preset", "gpt-oss-20b", "--engine", "vllm", "--kv-memory-gib", "10", "--seq-len", "1000",
+                 "--tp", "2")["engine"]
+    prov = e["provenance"]
+    assert prov["kv_heads_per_gpu"] == "max(1, n_kv_heads // tp 2); n_kv_heads: config.json num_key_value_heads = 8"
+    assert prov["sliding_window"] == "config.json sliding_window = 128"
+    assert prov["block_size"].startswith("16: --block-size") and "Available KV cache memory" in prov["available_kv_bytes"]
+    d = run_json(capsys, "--preset", "gpt-oss-20b", "--engine", "sglang", "--kv-memory-gib", "10", "--seq-len", "8")
+    assert "hybrid SWA pool" in d["engine"]["notes"][0]

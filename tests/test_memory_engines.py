@@ -357,3 +357,18 @@ def test_estimate_brackets_a_real_profile(presets):
                                             max_num_batched_tokens=20000))
     assert abs(est.available - 3.81 * GIB) <= est.spread
     assert est.spread < 2 * GIB and "estimate" in est.to_dict()["kind"]
+
+
+def test_vllm_serve_default_batched_tokens(presets):
+    """vllm/engine/arg_utils.py get_batch_defaults: `vllm serve` batches 8,192 tokens on a GPU of >= 70 GiB
+    that is not an A100, 2,048 otherwise; gpt-oss's sliding group then holds ceil((127 + 8,192) / 16) + 1 =
+    521 blocks a request on an H100."""
+    from kvviz.memory.engine_vllm import default_batched_tokens
+    from kvviz.memory.engines import EngineRequest, engine_report
+
+    assert default_batched_tokens(79.6, "H100 SXM (80 GB)") == 8192
+    assert default_batched_tokens(80.0, "A100 80GB SXM") == 2048 and default_batched_tokens(22.5, "L4") == 2048
+    assert default_batched_tokens(None) == 2048
+    d, _ = engine_report(presets["gpt-oss-20b"], EngineRequest("vllm", 131072, kv_memory_gib=10, gpu_gib=79.6,
+                                                               gpu_name="H100 SXM (80 GB)"))
+    assert d["groups"][0]["blocks_per_request"] == 521 and d["max_num_batched_tokens"] == 8192

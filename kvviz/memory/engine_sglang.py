@@ -36,12 +36,13 @@ class SGLangSizing:
     line: str
     formula: tuple[str, ...]
     exact: bool  # True when the rest memory was given, not estimated
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": "sglang", "rest_bytes": self.rest_bytes, "cell_bytes": self.cell_bytes,
                 "max_total_num_tokens": self.tokens, "page_size": self.page_size, "k_bytes": self.k_bytes,
                 "v_bytes": self.v_bytes, "log_line": self.line, "formula": list(self.formula),
-                "exact": self.exact, "sources": list(SOURCES)}
+                "exact": self.exact, "notes": list(self.notes), "sources": list(SOURCES)}
 
 
 def sglang_sizing(spec: ModelSpec, rest_bytes: int, tp: int = 1, kv_dtype: str = "bf16", page_size: int = 1,
@@ -80,7 +81,12 @@ def sglang_sizing(spec: ModelSpec, rest_bytes: int, tp: int = 1, kv_dtype: str =
                f"rest = {how or f'{rest_bytes:,} B'}",
                f"#tokens = {rest_bytes:,} // {cell:,}" + (f" // {page_size} x {page_size}" if page_size > 1 else "")
                + f" = {tokens:,}")
-    return SGLangSizing(rest_bytes, cell, tokens, page_size, k, v, line, formula, exact)
+    notes = ()
+    if spec.has_windows:
+        notes = ("this model has sliding-window or chunked layers: SGLang's hybrid SWA pool "
+                 "(--swa-full-tokens-ratio) gives them a smaller pool of their own, which kvviz does not model; "
+                 "the figure counts every layer at full size (as with --disable-hybrid-swa-memory)",)
+    return SGLangSizing(rest_bytes, cell, tokens, page_size, k, v, line, formula, exact, notes)
 
 
 def sglang_rest(gpu_bytes: int, weights_per_gpu: int, mem_fraction_static: float) -> tuple[int, str]:

@@ -36,6 +36,12 @@ from kvviz.units import GIB
 
 VLLM_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}  # torch.uint8 holds fp8 in vLLM's cache
 DEFAULT_BATCHED_TOKENS = 2048  # `vllm serve`'s max_num_batched_tokens on most GPUs (8192 on >= 70 GiB ones)
+
+
+def default_batched_tokens(gpu_gib: float | None, gpu_name: str = "") -> int:
+    """`vllm serve`'s default max_num_batched_tokens (vllm/engine/arg_utils.py get_batch_defaults):
+    8,192 on a GPU of >= 70 GiB that is not an A100, else 2,048."""
+    return 8192 if gpu_gib is not None and gpu_gib >= 70 and "a100" not in gpu_name.lower() else DEFAULT_BATCHED_TOKENS
 SOURCES = ("vllm/v1/kv_cache_interface.py", "vllm/v1/core/kv_cache_utils.py", "vllm/distributed/utils.py")
 
 

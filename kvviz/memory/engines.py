@@ -10,7 +10,7 @@ from typing import Any
 from kvviz.memory.engine_llamacpp import llamacpp_sizing
 from kvviz.memory.engine_mix import length_mix
 from kvviz.memory.engine_sglang import sglang_rest, sglang_sizing
-from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings, vllm_sizing
+from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens, vllm_sizing
 from kvviz.memory.formulas import weight_bytes
 from kvviz.memory.spec import CalcError, ModelSpec
 from kvviz.units import GIB
@@ -37,7 +37,8 @@ class EngineRequest:
     tp: int = 1
     pp: int = 1
     block_size: int = 16
-    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
+    max_num_batched_tokens: int | None = None  # None: `vllm serve`'s default for the GPU
+    gpu_name: str = ""  # the preset's name, for vLLM's A100 exception
     gpu_memory_utilization: float = 0.9
     hybrid: bool = True
     n_seq: int = 1  # llama.cpp -np
@@ -64,6 +65,10 @@ class Estimate:
                 "kind": "estimate: only the tokens from a logged available memory are exact"}
 
 
+def batched_tokens(r: EngineRequest) -> int:
+    return r.max_num_batched_tokens or default_batched_tokens(r.gpu_gib, r.gpu_name)
+
+
 def vllm_estimate(spec: ModelSpec, r: EngineRequest) -> Estimate:
     """GPU x utilization - weights - activation peak - non-torch - CUDA graphs, per GPU."""
     if r.gpu_gib is None:
@@ -76,20 +81,52 @@ def vllm_estimate(spec: ModelSpec, r: EngineRequest) -> Estimate:
     budget = int(gpu * r.gpu_memory_utilization)
     weights = -(-weight_bytes(params, r.weight_dtype) // (r.tp * r.pp))
     f, df = ACTIVATION_FACTOR
-    act = r.max_num_batched_tokens * spec.hidden * f // max(1, r.tp)
-    dact = r.max_num_batched_tokens * spec.hidden * df // max(1, r.tp)
+    act = batched_tokens(r) * spec.hidden * f // max(1, r.tp)
+    dact = batched_tokens(r) * spec.hidden * df // max(1, r.tp)
     nt, dnt = (int(x * GIB) for x in NON_TORCH_GIB)
     cg, dcg = (int(x * GIB) for x in CUDA_GRAPHS_GIB)
     parts = (("GPU memory x gpu_memory_utilization", budget, 0),
              ("- weights (per GPU, split evenly)", -weights, 0),
-             (f"- activation peak for {r.max_num_batched_tokens:,} batched tokens", -act, dact),
+             (f"- activation peak for {batched_tokens(r):,} batched tokens", -act, dact),
              ("- non-torch memory (CUDA context, NCCL)", -nt, dnt),
              ("- CUDA graphs", -cg, dcg))
     return Estimate(parts, sum(b for _, b, _ in parts), sum(u for _, _, u in parts))
 
 
+def engine_provenance(spec: ModelSpec, r: EngineRequest) -> dict[str, str]:
+    """Where each input of the engine's figures came from: the config (via the model's own provenance)
+    or the flag, with the engine's default named."""
+    p = dict(spec.provenance)
+    out = {"layers": p.get("n_layers", "config"), "head_dim": p.get("head_dim", "config"),
+           "max_model_len": f"{r.max_model_len:,}: --max-model-len (or --seq-len)",
+           "kv_dtype": f"{r.kv_dtype}: --kv-cache-dtype (or --dtype)",
+           "tp": f"{r.tp}: --tp"}
+    if spec.mla is None:
+        out["kv_heads_per_gpu"] = f"max(1, n_kv_heads // tp {r.tp}); n_kv_heads: {p.get('n_kv_heads', 'config')}"
+    else:
+        out["latent"] = f"kv_lora_rank: {p.get('kv_lora_rank')}; qk_rope_head_dim: {p.get('qk_rope_head_dim')}"
+    for key in ("sliding_window", "attention_chunk_size", "layer kinds"):
+        if key in p:
+            out[key] = p[key]
+    if r.engine == "vllm":
+        out["block_size"] = f"{r.block_size}: --block-size (vLLM's default 16)"
+        out["max_num_batched_tokens"] = (f"{batched_tokens(r):,}: --max-num-batched-tokens" if r.max_num_batched_tokens
+                                         else f"{batched_tokens(r):,}: `vllm serve`'s default for this GPU (8,192 on "
+                                              ">= 70 GiB GPUs but the A100, 2,048 on others and without a GPU)")
+        out["available_kv_bytes"] = ("--kv-memory-gib: vLLM's 'Available KV cache memory' line"
+                                     if r.kv_memory_gib is not None else
+                                     "estimated: GPU x --gpu-memory-utilization - weights - activations - overheads")
+    return out
+
+
 def engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
-    """(the JSON ``engine`` object, the text) for one engine."""
+    """(the JSON ``engine`` object, the text) for one engine, with where its inputs came from."""
+    d, text = _engine_report(spec, r)
+    d["provenance"] = engine_provenance(spec, r)
+    return d, text
+
+
+def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     if r.engine == "vllm":
         return _vllm(spec, r)
     if r.engine == "llama.cpp":
@@ -116,7 +153,7 @@ def engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], st
         sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how)
         d = sg.to_dict()
         d["mem_fraction_static"] = r.mem_fraction_static
-        return d, "\n".join(["SGLang:", *sg.formula, sg.line])
+        return d, "\n".join(["SGLang:", *sg.formula, sg.line, *(f"note: {n}" for n in sg.notes)])
     raise CalcError([f"unknown engine {r.engine!r}; choose one of {', '.join(ENGINES)}"])
 
 
@@ -131,7 +168,7 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
             raise CalcError([f"the estimate leaves no memory for the KV cache ({avail / GIB:,.2f} GiB): vLLM would "
                              "say 'No available memory for the cache blocks'"])
     v = vllm_sizing(spec, VLLMSettings(avail, r.max_model_len, r.block_size, r.tp, r.pp, r.kv_dtype,
-                                       r.max_num_batched_tokens, r.hybrid))
+                                       batched_tokens(r), r.hybrid))
     d = v.to_dict()
     mix = length_mix(v, r.lengths) if r.lengths else None
     d["length_mix"] = None if mix is None else mix.to_dict()

@@ -14,11 +14,11 @@ from kvviz.memory import GIB, CalcError, MemoryRequest, ModelSpec, load_gpus
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_mix import lengths_from_percentiles, parse_percentiles
 from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, reconcile, settings_from_log
-from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
+from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens
 from kvviz.memory.engines import EngineRequest, engine_report
 from kvviz.ui.plain_text import md_plain
 
-DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": DEFAULT_BATCHED_TOKENS, "mem_eng_pp": 1, "mem_eng_util": 0.9,
+DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
             "mem_eng_frac": 0.9, "mem_eng_log": "", "mem_eng_pcts": ""}
 
@@ -29,8 +29,10 @@ def _controls() -> None:
                       key="mem_eng_kv_gib",
                       help="vLLM's 'Available KV cache memory' line: with it the blocks are exact. 0 estimates it "
                            "from the GPU, the weights and typical overheads (each part shown, with its spread).")
-    c[1].number_input("max_num_batched_tokens", min_value=1, max_value=1 << 22, step=1024, key="mem_eng_batched",
-                      help="vLLM: how many tokens a sliding-window group holds beyond its window per request.")
+    c[1].number_input("max_num_batched_tokens (0 = default)", min_value=0, max_value=1 << 22, step=1024,
+                      key="mem_eng_batched",
+                      help="vLLM: how many tokens a sliding-window group holds beyond its window per request. "
+                           "0: `vllm serve`'s default for the GPU (8,192 on >= 70 GiB GPUs but the A100, else 2,048).")
     c[2].number_input("Pipeline stages (vLLM)", min_value=1, max_value=1024, step=1, key="mem_eng_pp")
     c[3].slider("gpu_memory_utilization", 0.05, 1.0, step=0.01, key="mem_eng_util")
     c = st.columns(4)
@@ -61,10 +63,16 @@ def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineReque
     return EngineRequest(
         engine=engine, max_model_len=req.seq_len, kv_dtype=req.kv_dtype, kv_memory_gib=gib, gpu_gib=usable_gpu(req)[0],
         weight_dtype=req.weight_dtype, params=params, tp=req.tp, pp=int(ss["mem_eng_pp"]), block_size=req.block_size,
-        max_num_batched_tokens=int(ss["mem_eng_batched"]), gpu_memory_utilization=float(ss["mem_eng_util"]),
+        max_num_batched_tokens=int(ss["mem_eng_batched"]) or None, gpu_name=_gpu_name(),
+        gpu_memory_utilization=float(ss["mem_eng_util"]),
         hybrid=req.use_windows, n_seq=int(ss["mem_eng_np"]), type_k=ss["mem_eng_ctk"], type_v=ss["mem_eng_ctv"],
         swa_full=bool(ss["mem_eng_swa_full"]), mem_fraction_static=float(ss["mem_eng_frac"]),
         lengths=_lengths() if engine == "vllm" else ())
+
+
+def _gpu_name() -> str:
+    g = load_gpus().get(st.session_state.get("mem_gpu_kind", ""))
+    return g.name if g is not None else ""
 
 
 def _lengths() -> tuple[int, ...]:
@@ -140,7 +148,8 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
         s = VLLMSettings(0, flags.get("max_model_len") or req.seq_len, flags.get("block_size") or req.block_size,
                          flags.get("tp") or req.tp, flags.get("pp") or int(st.session_state["mem_eng_pp"]),
                          flags.get("kv_dtype") or req.kv_dtype,
-                         flags.get("max_num_batched_tokens") or int(st.session_state["mem_eng_batched"]),
+                         flags.get("max_num_batched_tokens") or int(st.session_state["mem_eng_batched"])
+                         or default_batched_tokens(usable_gpu(req)[0], _gpu_name()),
                          req.use_windows)
         rows, notes = reconcile(spec, log, s)
     except CalcError as e:
