@@ -31,6 +31,9 @@ LLAMA31_8B = {  # https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/m
 QWEN3_CODER_480B = {  # https://huggingface.co/Qwen/Qwen3-Coder-480B-A35B-Instruct/blob/main/config.json
     "model_type": "qwen3_moe", "num_hidden_layers": 62, "num_attention_heads": 96, "num_key_value_heads": 8,
     "head_dim": 128, "hidden_size": 6144, "max_position_embeddings": 262144}
+QWEN3_14B = {  # https://huggingface.co/Qwen/Qwen3-14B/blob/main/config.json
+    "model_type": "qwen3", "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_size": 5120, "max_position_embeddings": 40960}
 QWEN3_235B = {  # https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json
     "model_type": "qwen3_moe", "num_hidden_layers": 94, "num_attention_heads": 64, "num_key_value_heads": 4,
     "head_dim": 128, "hidden_size": 4096, "max_position_embeddings": 40960}
@@ -47,6 +50,11 @@ Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34Gi
 Maximum concurrency for 29000 tokens per request: 0.82x
 The model's max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache (23648). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.""",
                  id="vllm#10517 Llama-3.1-8B 29k too long (dense, V0 error)"),
+    pytest.param(QWEN3_14B, {"max_model_len": 32768}, """\
+(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [gpu_worker.py:298] Available KV cache memory: 6.51 GiB
+(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [kv_cache_utils.py:864] GPU KV cache size: 42,656 tokens
+(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [kv_cache_utils.py:868] Maximum concurrency for 32,768 tokens per request: 1.30x""",
+                 id="LMCache#1739 Qwen3-14B one GPU fits (dense, bf16, V1 lines)"),
     pytest.param(QWEN3_CODER_480B, {"max_model_len": 262144}, """\
 ValueError: To serve at least one request with the models's max seq len (262144), (62.00 GiB KV cache is needed, which is larger than the available KV cache memory (48.66 GiB). Based on the available memory, the estimated maximum model length is 205728. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.""",
                  id="vllm-project/recipes#12 Qwen3-Coder-480B-A35B-FP8 DP8 0.9 too long (MoE, V1 error)"),
@@ -58,8 +66,8 @@ ValueError: To serve at least one request with the models's max seq len (262144)
 
 @pytest.mark.parametrize(("config", "flags", "log"), REAL_LOGS)
 def test_real_vllm_logs_are_reproduced(config, flags, log):
-    """Posted at https://github.com/vllm-project/vllm/issues/10517 and
-    https://github.com/vllm-project/recipes/pull/12: every KV line agrees, tokens and blocks within
+    """Posted at https://github.com/vllm-project/vllm/issues/10517, https://github.com/LMCache/LMCache/issues/1739
+    and https://github.com/vllm-project/recipes/pull/12: every KV line agrees, tokens and blocks within
     the rounding of the printed GiB, the concurrency to its two decimals, the too-long error's needed
     GiB exactly and its estimated maximum model length within the rounding."""
     spec = parse_config(config)
