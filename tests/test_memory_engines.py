@@ -380,3 +380,46 @@ def test_vllm_serve_default_batched_tokens(presets):
     d, _ = engine_report(presets["gpt-oss-20b"], EngineRequest("vllm", 131072, kv_memory_gib=10, gpu_gib=79.6,
                                                                gpu_name="H100 SXM (80 GB)"))
     assert d["groups"][0]["blocks_per_request"] == 521 and d["max_num_batched_tokens"] == 8192
+
+
+GPT_OSS_120B = {  # https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json (layer_types alternate)
+    "model_type": "gpt_oss", "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "hidden_size": 2880, "sliding_window": 128, "max_position_embeddings": 131072,
+    "layer_types": ["sliding_attention", "full_attention"] * 18}
+QWEN3_CODER_30B = {  # https://huggingface.co/Qwen/Qwen3-Coder-30B-A3B-Instruct/blob/main/config.json
+    "model_type": "qwen3_moe", "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "hidden_size": 2048, "max_position_embeddings": 262144}
+
+
+def test_real_hybrid_error_gpt_oss_120b():
+    """vllm#27508: `vllm serve openai/gpt-oss-120b --max-num-batched-tokens 1024` on an H100 logged
+    '(4.54 GiB KV cache is needed, ... available KV cache memory (1.71 GiB)'. Two groups of 18 layers,
+    page 16 x 8 x 64 x 2 x 2 = 32,768 B; a 131,072 request: 8,192 full blocks + ceil((127 + 1,024) / 16) + 1
+    = 73 sliding ones: 18 x 32,768 x 8,265 = 4,874,895,360 B = 4.54 GiB. At the 2,048 default it would be
+    4.58: the reconciler names the flag."""
+    spec = parse_config(GPT_OSS_120B)
+    log = parse_vllm_log("ValueError: To serve at least one request with the models's max seq len (131072), (4.54 GiB "
+                         "KV cache is needed, which is larger than the available KV cache memory (1.71 GiB). Based on "
+                         "the available memory, the estimated maximum model lengt")
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 131072, max_num_batched_tokens=1024))
+    need = next(r for r in rows if r.what.startswith("KV needed"))
+    assert need.agrees and "(4,874,895,360 B)" in need.predicted
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 131072, max_num_batched_tokens=2048))
+    need = next(r for r in rows if r.what.startswith("KV needed"))
+    assert not need.agrees and "--max-num-batched-tokens 1024" in need.why
+
+
+def test_real_pp_error_explained():
+    """vllm#34076 (Qwen3-Coder-30B-A3B-Instruct-FP8, PP 2): '(24.0 GiB KV cache is needed ... (3.18 GiB) ...
+    estimated maximum model length is 34736' is the whole model's 48 layers x 2,048 B x 262,144 tokens = 24 GiB
+    against one GPU: the version the issue reports did not project the check onto each stage. At pp 1 every
+    figure reproduces; at pp 2 the reconciler says why the stage's own 12 GiB differs."""
+    spec = parse_config(QWEN3_CODER_30B)
+    log = parse_vllm_log("ValueError: To serve at least one request with the models's max seq len (262144), (24.0 GiB "
+                         "KV cache is needed, which is larger than the available KV cache memory (3.18 GiB). Based on "
+                         "the available memory, the estimated maximum model length is 34736. Try increasing")
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 262144))
+    assert all(r.agrees for r in rows) and len(rows) == 3
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 262144, pp=2))
+    need = next(r for r in rows if r.what.startswith("KV needed"))
+    assert not need.agrees and "vllm#34076" in need.why

@@ -286,15 +286,40 @@ def _concurrency_row(spec: ModelSpec, s: VLLMSettings, log: ParsedLog, a: VLLMSi
                     "(max_model_len, max_num_batched_tokens for sliding groups)")
 
 
+def _explain_needed(spec: ModelSpec, s: VLLMSettings, need_gib: float) -> str:
+    """Why the error's needed GiB differs: the first alternative setting that reproduces it."""
+    trials: list[tuple[str, VLLMSettings]] = []
+    if s.pp > 1:
+        trials.append(("the whole model's layers checked against one GPU, as vLLM did before it projected the check "
+                       "onto each pipeline stage (vllm#34076)", replace(s, pp=1)))
+    for n in (1024, 2048, 4096, 8192, 16384):
+        if n != s.max_num_batched_tokens and spec.has_windows:
+            trials.append((f"--max-num-batched-tokens {n} (the sliding groups hold window + that)",
+                           replace(s, max_num_batched_tokens=n)))
+    for dt in ("fp8", "bf16", "fp32"):
+        if dt != s.kv_dtype:
+            trials.append((f"a {dt} KV cache: pass --kv-cache-dtype {dt}", replace(s, kv_dtype=dt)))
+    for bs in (16, 32, 64, 128):
+        if bs != s.block_size:
+            trials.append((f"a block size of {bs}: pass --block-size {bs}", replace(s, block_size=bs)))
+    for why, alt in trials:
+        try:
+            if format_gib(vllm_sizing(spec, replace(alt, kv_memory_bytes=0)).needed_bytes) == f"{need_gib:.2f}":
+                return f"reproduced with {why}"
+        except CalcError:
+            continue
+    return "differs: check the KV dtype, TP/PP, the block size and max_num_batched_tokens"
+
+
 def _too_long_rows(spec: ModelSpec, s: VLLMSettings, err: tuple[int, float, float, int | None]) -> list[Row]:
     L, need_gib, avail_gib, est = err
     s = replace(s, max_model_len=L)
     lo, hi = gib_range(avail_gib)
     a, b = _sizes(spec, s, lo, hi)
+    ok = f"{need_gib:.2f}" == format_gib(a.needed_bytes)
     rows = [Row(f"KV needed for one {L:,}-token request", f"{need_gib:.2f} GiB", f"{format_gib(a.needed_bytes)} GiB "
-                f"({a.needed_bytes:,} B)", f"{need_gib:.2f}" == format_gib(a.needed_bytes),
-                "exact: it does not depend on the available memory" if f"{need_gib:.2f}" == format_gib(a.needed_bytes)
-                else "differs: check the KV dtype, TP/PP and the block size")]
+                f"({a.needed_bytes:,} B)", ok, "exact: it does not depend on the available memory" if ok
+                else _explain_needed(spec, s, need_gib))]
     if a.fits:
         rows.append(Row("fits?", "does not fit", "fits", False, "kvviz's request fits in this memory: the needed "
                         "bytes differ (see above)"))
