@@ -14,9 +14,12 @@ from kvviz.argtypes import positive_int
 from kvviz.errors import KVVizError
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
-from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, reconcile, reconcile_text, settings_from_log
+from kvviz.memory.engine_log import (
+    MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, reconcile_text, settings_from_log,
+)
+from kvviz.memory.formulas import weight_bytes
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
-from kvviz.memory.engines import ENGINES, EngineRequest, engine_report
+from kvviz.memory.engines import ENGINES, EngineRequest, engine_report, estimate_parts
 from kvviz.memory import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_TP,
     SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs, cache_window_problems,
@@ -318,6 +321,10 @@ def _reconcile(args: argparse.Namespace, spec: ModelSpec) -> tuple[dict[str, Any
                      flags.get("pp") or 1, flags.get("kv_dtype") or "bf16",
                      flags.get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS, not args.no_hybrid_kv_cache_manager)
     rows, notes = reconcile(spec, log, s)
+    params = args.params if args.params is not None else spec.params
+    weights = None if params is None else -(-weight_bytes(params, args.weight_dtype) // (s.tp * s.pp))
+    rows += profile_rows(log, weights, estimate_parts(spec, EngineRequest(
+        "vllm", s.max_model_len, tp=s.tp, max_num_batched_tokens=s.max_num_batched_tokens)))
     notes = said + notes
     out = {"model": spec.name, "engine": "vllm", "settings": {"max_model_len": s.max_model_len,
            "block_size": s.block_size, "tp": s.tp, "pp": s.pp, "kv_dtype": s.kv_dtype,

@@ -153,3 +153,19 @@ def test_engine_provenance(capsys):
     assert prov["block_size"].startswith("16: --block-size") and "Available KV cache memory" in prov["available_kv_bytes"]
     d = run_json(capsys, "--preset", "gpt-oss-20b", "--engine", "sglang", "--kv-memory-gib", "10", "--seq-len", "8")
     assert "hybrid SWA pool" in d["engine"]["notes"][0]
+
+
+def test_reconcile_profiling_parts(tmp_path, capsys):
+    """vllm#10517's V0 lines: 'Loading model weights took 14.9888 GB' (V0's GB is 2^30 bytes) beside
+    Llama-3.1-8B's 8,030,261,248 bf16 parameters (14.96 GiB: within 2%), and non_torch_memory=0.35GiB
+    inside the estimate's 0.50 +- 0.40 GiB."""
+    f = tmp_path / "log.txt"
+    f.write_text("Loading model weights took 14.9888 GB\n"
+                 "Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB "
+                 "peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB "
+                 "kv_cache_size=3.81GiB gpu_memory_utilization=0.90\n"
+                 "GPU blocks: 1952, # CPU blocks: 2048\nMaximum concurrency for 20000 tokens per request: 1.56x\n")
+    d = run_json(capsys, "--preset", "llama-3-8b", "--reconcile", str(f), "--weight-dtype", "bf16")
+    rows = {r["line"]: r for r in d["rows"]}
+    assert rows["model weights (profiling)"]["agrees"] and rows["model weights (profiling)"]["predicted"] == "14.96 GiB"
+    assert rows["non-torch memory (profiling)"]["agrees"] and d["agrees"]

@@ -30,6 +30,11 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
                            + r" GiB KV cache is needed, which is larger "
                            r"than the available KV cache memory \(" + _FLOAT + r" GiB\)\.(?:\s*Based on the available "
                            r"memory, the estimated maximum model length is " + _NUM + r")?"),
+    # V0 printed "Loading model weights took X GB" with X in GiB (it divided by 2^30); V1 "Model loading took X GiB"
+    "weights_gib": re.compile(r"(?:model weights take|[Mm]odel weights took|Model loading took)\s*" + _FLOAT
+                              + r"\s*Gi?B"),
+    "non_torch_gib": re.compile(r"non_torch_memory(?:=| takes\s*)" + _FLOAT + r"\s*GiB"),
+    "activation_gib": re.compile(r"activation peak memory takes\s*" + _FLOAT + r"\s*GiB"),
     "too_long_v0": re.compile(r"max seq len \(" + _NUM + r"\) is larger than the maximum number of tokens that can be "
                               r"stored in KV cache \(" + _NUM + r"\)"),
 }
@@ -54,6 +59,9 @@ class ParsedLog:
     gpu_blocks: int | None = None
     too_long: tuple[int, float, float, int | None] | None = None  # (max_model_len, needed GiB, available GiB, estimate)
     too_long_v0: tuple[int, int] | None = None  # (max_model_len, tokens that fit)
+    weights_gib: float | None = None  # the memory-profiling line's parts (V0 and early V1)
+    non_torch_gib: float | None = None
+    activation_gib: float | None = None
     settings: tuple[tuple[str, Any], ...] = ()
     lines_read: int = 0
 
@@ -101,6 +109,8 @@ def parse_vllm_log(text: str) -> ParsedLog:
                 continue
             if key in ("available_gib", "kv_cache_size_gib", "rest_gib"):
                 got["available_gib"] = _float(m.group(1))
+            elif key in ("weights_gib", "non_torch_gib", "activation_gib"):
+                got[key] = _float(m.group(1))
             elif key == "tokens":
                 got["tokens"] = _int(m.group(1))
             elif key == "gpu_blocks":
@@ -203,6 +213,28 @@ def _explain_tokens(spec: ModelSpec, s: VLLMSettings, lo: int, hi: int, logged: 
     per_token = (b.kv_cache_tokens and hi / b.kv_cache_tokens) or 0
     return (f"not explained: the log implies {implied:,.0f} B of KV per token, kvviz computes {per_token:,.0f} B; "
             "check the config (layers, KV heads, head_dim), the KV dtype, TP and the block size")
+
+
+def profile_rows(log: ParsedLog, weights_per_gpu: int | None, estimate: dict[str, tuple[int, int]]) -> list[Row]:
+    """The profiling line's measured parts beside kvviz's: the weights (params x dtype, split over the GPUs)
+    and the estimate's activation and non-torch parts, each with its stated spread."""
+    rows = []
+    if log.weights_gib is not None and weights_per_gpu is not None:
+        ratio = log.weights_gib * GIB / weights_per_gpu if weights_per_gpu else 0.0
+        ok = abs(ratio - 1) <= 0.02
+        rows.append(Row("model weights (profiling)", f"{log.weights_gib:.2f} GiB", f"{weights_per_gpu / GIB:.2f} GiB",
+                        ok, "params x weight dtype per GPU, within 2% (vLLM also counts buffers)" if ok else
+                        f"{ratio:.2f}x kvviz's: a quantized checkpoint (set --weight-dtype / --params) or a "
+                        "different TP/PP split"))
+    for label, got, key in (("activation peak (profiling)", log.activation_gib, "activation"),
+                            ("non-torch memory (profiling)", log.non_torch_gib, "non_torch")):
+        if got is not None and key in estimate:
+            mid, spread = estimate[key]
+            ok = abs(got * GIB - mid) <= spread
+            rows.append(Row(label, f"{got:.2f} GiB", f"{mid / GIB:.2f} +- {spread / GIB:.2f} GiB (estimate)", ok,
+                            "within the estimate's stated spread" if ok else
+                            "outside the estimate's spread: the estimate is a rule of thumb, the log is measured"))
+    return rows
 
 
 def reconcile(spec: ModelSpec, log: ParsedLog, settings: VLLMSettings) -> tuple[list[Row], list[str]]:

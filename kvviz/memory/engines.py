@@ -65,6 +65,15 @@ class Estimate:
                 "kind": "estimate: only the tokens from a logged available memory are exact"}
 
 
+def estimate_parts(spec: ModelSpec, r: EngineRequest) -> dict[str, tuple[int, int]]:
+    """The estimate's parts the profiling line measures: (bytes, +- bytes) for the activation peak and
+    the non-torch memory, per GPU."""
+    f, df = ACTIVATION_FACTOR
+    n = batched_tokens(r) * spec.hidden // max(1, r.tp)
+    nt, dnt = (int(x * GIB) for x in NON_TORCH_GIB)
+    return {"activation": (n * f, n * df), "non_torch": (nt, dnt)}
+
+
 def batched_tokens(r: EngineRequest) -> int:
     return r.max_num_batched_tokens or default_batched_tokens(r.gpu_gib, r.gpu_name)
 

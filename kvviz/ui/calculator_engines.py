@@ -13,9 +13,10 @@ from streamlit.delta_generator import DeltaGenerator
 from kvviz.memory import GIB, CalcError, MemoryRequest, ModelSpec, load_gpus
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_mix import lengths_from_percentiles, parse_percentiles
-from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, reconcile, settings_from_log
+from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, settings_from_log
 from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens
-from kvviz.memory.engines import EngineRequest, engine_report
+from kvviz.memory.engines import EngineRequest, engine_report, estimate_parts
+from kvviz.memory.formulas import weight_bytes
 from kvviz.ui.plain_text import md_plain
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
@@ -152,6 +153,10 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
                          or default_batched_tokens(usable_gpu(req)[0], _gpu_name()),
                          req.use_windows)
         rows, notes = reconcile(spec, log, s)
+        params = req.params if req.params is not None else spec.params
+        weights = None if params is None else -(-weight_bytes(params, req.weight_dtype) // (s.tp * s.pp))
+        rows += profile_rows(log, weights, estimate_parts(spec, EngineRequest(
+            "vllm", s.max_model_len, tp=s.tp, max_num_batched_tokens=s.max_num_batched_tokens)))
     except CalcError as e:
         st.error("Cannot reconcile:\n\n" + "\n".join(f"- {md_plain(p)}" for p in e.problems))
         return
