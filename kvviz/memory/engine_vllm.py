@@ -284,6 +284,10 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     if len(groups) > 1 and sum(len(idx) for _, idx in raw) < len(groups) * group_size:
         pad = len(groups) * group_size - spec.kv_layers
         notes.append(f"{pad} padding layer(s): vLLM pads every group to {group_size} layers")
+    if s.hybrid and any(k[0] == "chunked" for k, _ in raw):
+        notes.append("vLLM turns its hybrid KV-cache manager off for chunked local attention unless "
+                     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (off by default in most releases): "
+                     "without the variable, pass --no-hybrid-kv-cache-manager")
     if spec.mla is not None and bs != 64:
         notes.append("vLLM's MLA backends (FlashMLA, CUTLASS MLA) use 64-token (or larger) blocks: pass the "
                      "server's --block-size")
