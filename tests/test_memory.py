@@ -226,7 +226,7 @@ def test_published_layouts_of_the_new_presets() -> None:
     assert shape["gemma-3-1b"] == (26, 4, 1, 256, 1152, 32_768)
     assert shape["gemma-3-4b"] == (34, 8, 4, 256, 2560, 131_072)
     assert shape["gpt-oss-20b"] == (24, 64, 8, 64, 2880, 131_072)
-    assert shape["llama-4-scout"] == (48, 40, 8, 128, 5120, 10_485_760)
+    assert shape["llama-4-scout"] == (48, 40, 8, 128, 5120, 262_144)  # the base model; 10,485,760 is the Instruct's
     assert shape["qwen3-next-80b-a3b"] == (48, 16, 2, 256, 2048, 262_144)
     summary = {k: PRESETS[k].window_summary() for k in ("gemma-3-1b", "gemma-3-4b", "gpt-oss-20b", "llama-4-scout",
                                                           "qwen3-next-80b-a3b")}

@@ -16,7 +16,11 @@ Modules:
 - ``presets``: the shipped presets and kvviz's own models;
 - ``report``: the formula text and the human-readable summary;
 - ``compressed``: the bytes of kvviz's own quantized and windowed caches, step by step;
-- ``cache_window``: a run-time cache window (S sinks + the last W) applied to any model.
+- ``cache_window``: a run-time cache window (S sinks + the last W) applied to any model;
+- ``hf_provenance``: where each shape figure came from (config field, class default, rule);
+- ``engine_vllm``, ``engine_llamacpp``, ``engine_sglang``: what each engine allocates, in its own log
+  lines; ``engine_log``: a vLLM startup log reconciled; ``engine_mix``: a real length mix on vLLM's
+  blocks; ``engines``: the one entry the CLI and the page call (imported from there, not re-exported).
 """
 from kvviz.memory.cache_window import MAX_SINKS, cache_window_problems, with_cache_window
 from kvviz.memory.calculate import calculate, layer_groups

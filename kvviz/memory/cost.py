@@ -34,13 +34,19 @@ class GPUPreset:
     bandwidth_gbs: float  # peak memory bandwidth, GB/s (decimal, as spec sheets state it)
     price_per_hour: float  # an example on-demand $/GPU-hour: edit it to yours
     source: str  # the spec sheet the memory and bandwidth come from
+    usable_mib: int | None = None  # the total nvidia-smi reports (what an engine sizes against); None: unknown
+
+    @property
+    def usable_gib(self) -> float:
+        """The memory an engine can size against: nvidia-smi's total when known, else the nominal size."""
+        return self.usable_mib / 1024 if self.usable_mib else float(self.memory_gib)
 
 
 @lru_cache(maxsize=4)
 def load_gpus(path: Path = PRESETS_PATH) -> dict[str, GPUPreset]:
     data = json.loads(path.read_text(encoding="utf-8"))
     return {g["key"]: GPUPreset(g["key"], g["name"], int(g["memory_gib"]), float(g["bandwidth_gbs"]),
-                                float(g["price_per_hour"]), g["source"]) for g in data["gpus"]}
+                                float(g["price_per_hour"]), g["source"], g.get("usable_mib")) for g in data["gpus"]}
 
 
 def decode_cost(weights_bytes_per_gpu: int, bytes_per_sequence_per_gpu: int, sequences: int, bandwidth_gbs: float,

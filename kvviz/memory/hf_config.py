@@ -15,6 +15,7 @@ from kvviz.memory.hf_fields import (
     Shape, short,
 )
 from kvviz.memory.hf_params import count_params
+from kvviz.memory.hf_provenance import provenance
 from kvviz.memory.layouts import read_layout
 from kvviz.memory.spec import MAX_LAYERS, MAX_SEQ_LEN, MLA, ConfigError, ModelSpec
 
@@ -24,7 +25,9 @@ def parse_config(raw: Any, where: str = "config.json", name: str | None = None, 
     if not isinstance(raw, dict):
         raise ConfigError([f"must hold a JSON object, got {type(raw).__name__}"], where)
     notes: list[str] = []
+    given = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     raw, mtype = _language_model(raw, notes)
+    filled = {k for k in raw if k not in given}  # class defaults _language_model filled in
     rd = Reader(raw)
     if mtype == "falcon":
         shape, more = _falcon_shape(rd, notes)
@@ -53,7 +56,8 @@ def parse_config(raw: Any, where: str = "config.json", name: str | None = None, 
         notes.append(f"the checkpoint's weights are quantized ({quant['quant_method'][:40]}): choose the weight "
                      "dtype to match (int4 for 4-bit formats) rather than the fp16 default")
     params, active, pnote = count_params(raw, mtype, spec, notes)
-    return replace(spec, params=params, active_params=active, params_note=pnote, notes=tuple(notes))
+    spec = replace(spec, params=params, active_params=active, params_note=pnote, notes=tuple(notes))
+    return replace(spec, provenance=provenance(raw, filled, spec))
 
 
 def _language_model(raw: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], str]:

@@ -41,10 +41,14 @@ def count_params(raw: Mapping[str, Any], mtype: str, s: ModelSpec, notes: list[s
         notes.append(f"parameter count not computed ({missing})")
         return None, None, f"not computed ({missing}): enter a parameter count"
     total, active = out
-    if mtype == "deepseek_v3" and raw.get("num_nextn_predict_layers"):
-        notes.append("the multi-token-prediction module (num_nextn_predict_layers) is not counted: "
+    how = f"computed from the config ({mtype} layout)"
+    if (mtype == "deepseek_v3" and raw.get("num_nextn_predict_layers")) or mtype == "qwen3_next":
+        # Both checkpoints ship a multi-token-prediction layer (DeepSeek-V3's num_nextn_predict_layers,
+        # Qwen3-Next's mtp.* weights) that transformers does not load; servers load it for speculation.
+        notes.append("the multi-token-prediction (MTP) layer shipped with the checkpoint is not counted: "
                      "transformers does not load it")
-    return total, active, f"computed from the config ({mtype} layout)"
+        how += "; MTP layer not counted"
+    return total, active, how
 
 
 def _tied(rd: Reader, mtype: str) -> bool:

@@ -129,5 +129,5 @@ class MemoryResult:
             "gpu": None if self.fit is None else {"gib": r.gpu_gib, "reserve": r.reserve, **self.fit.to_dict()},
             "cost": None if self.cost is None else self.cost.to_dict(),
             "formula": list(self.formula), "counted": list(self.counted), "not_counted": list(self.not_counted),
-            "notes": list(s.notes), "warnings": list(self.warnings),
+            "notes": list(s.notes), "warnings": list(self.warnings), "provenance": dict(s.provenance),
         }

@@ -158,6 +158,7 @@ class ModelSpec:
     source: str = ""  # URL of the config.json it came from
     key: str = ""  # preset key, when it is a preset
     notes: tuple[str, ...] = ()  # what the parser decided and why
+    provenance: tuple[tuple[str, str], ...] = ()  # (figure, the config field or class default it came from)
 
     @property
     def attention(self) -> str:

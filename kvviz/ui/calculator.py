@@ -18,6 +18,7 @@ from kvviz.memory import (
     MAX_SINKS, ConfigError, MemoryRequest, MemoryResult, ModelSpec, builtin_specs, cache_window_problems, calculate, load_gpus,
     parse_config_text, with_builtins, with_cache_window,
 )
+from kvviz.ui import calculator_engines as engines
 from kvviz.ui import calculator_panels as panels
 from kvviz.engine.load import builtin_shapes
 from kvviz.ui.calculator_engine import SHAPES_SOURCE
@@ -323,6 +324,7 @@ def page() -> None:
     panels.memory_charts(spec, req, res, side_by_side, presets)
     panels.cost(spec, req, res)
     panels.gap(spec, req, res)
+    engines.section(spec, req, res.params)
     _table(side_by_side)
     if st.session_state["mem_source"] == "import":
         st.caption("The link in the address bar carries these settings, not the imported config.json.")
