@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.engine.cache import KVCache
+from typing import Any
+
+from kvviz.engine.cache import Checkpoint, KVCache
 from kvviz.engine.config import GPTConfig
 from kvviz.engine.kvspec import KVSpec
 from kvviz.engine.kvstore import ErrorLog, FloatStore, QuantStore
@@ -89,6 +91,14 @@ class QuantizedKVCache(_StoreCache):
 
     def _truncate(self, n: int) -> None:
         self.store.clear(n, self.pos)
+
+    def _save(self, keep: int) -> Any:
+        return self.store.save(keep, self.pos)
+
+    def _load(self, cp: Checkpoint) -> None:
+        # Rows a failed forward wrote past pos too (pos + T <= the slots; T is at most a prompt).
+        self.store.clear(cp.keep, self.store.slots)
+        self.store.load(cp.state)
 
 
 class WindowKVCache(_StoreCache):
@@ -163,6 +173,15 @@ class WindowKVCache(_StoreCache):
         ang = torch.cat([self.inv_freq, self.inv_freq]) * e  # (hs,): the half-split layout
         cos, sin = ang.cos().to(k.dtype), ang.sin().to(k.dtype)
         return apply_rope(k, cos.to(k.device), sin.to(k.device))
+
+    def _save(self, keep: int) -> Any:
+        # The ring overwrites the oldest window row on every step once full, whatever keep says:
+        # the whole store (S + W slots) is the undo data.
+        return self.store.save(0, self.capacity)
+
+    def _load(self, cp: Checkpoint) -> None:
+        self.store.clear(0, self.capacity)
+        self.store.load(cp.state)
 
     def _truncate(self, n: int) -> None:
         if self.pos > self.capacity:
