@@ -269,10 +269,15 @@ def test_a_turn_on_another_thread_waits_for_the_running_step(chat_llama: LoadedM
         return orig(self, layer_idx, k, v)
 
     errors: list[BaseException] = []
+    new_done = threading.Event()
 
-    def old() -> None:
+    def old() -> None:  # a script run: a step, then drawing (here: waiting) while the new turn runs
+        it = conv.iter_send(CUT)
         try:
-            conv.send(CUT)
+            next(it)
+            new_done.wait(10)
+            next(it)
+            errors.append(AssertionError("the old turn went on"))
         except TurnInterrupted:
             pass
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -289,11 +294,27 @@ def test_a_turn_on_another_thread_waits_for_the_running_step(chat_llama: LoadedM
         t2.join(0.3)
         assert t2.is_alive()  # waiting for the old step, not writing beside it
         release.set()
-        t.join(10)
         t2.join(10)
+        new_done.set()
+        t.join(10)
     finally:
         PagedKVCache.update = orig  # type: ignore[method-assign]
     assert not errors
     assert list(got[0].generated_ids) == want
     assert [i.reason for i in conv.interrupted] == ["replaced by a newer turn"]
     refs_equal_tables(conv)
+
+
+def test_interrupt_rolls_back_a_turn_left_running(chat_llama: LoadedModel) -> None:
+    """What the Chat page does as a script run begins: a turn an older (stopped) run left open goes."""
+    conv = make_conv(chat_llama, "static", True)
+    conv.send(ASKED[0])
+    before = state(conv)
+    assert conv.interrupt() is False  # nothing running
+    it = conv.iter_send(CUT)
+    next(it)
+    assert conv.running and conv.interrupt("interrupted by a rerun") is True and not conv.running
+    assert_same(before, state(conv))
+    assert [(i.reason, i.generated_tokens) for i in conv.interrupted] == [("interrupted by a rerun", 1)]
+    with pytest.raises(TurnInterrupted):
+        next(it)

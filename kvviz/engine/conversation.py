@@ -292,6 +292,23 @@ class Conversation:
         cache.truncate(reuse)
         return reuse, 0
 
+    def interrupt(self, reason: str = "stopped") -> bool:
+        """Roll back the running turn, if any (after its running step: the lock waits for it).
+        The Chat page calls it as a script run begins: a turn still running then belongs to an
+        older run that Streamlit has stopped, and the page must draw the conversation without it."""
+        with self._lock:
+            tx = self._active
+            if tx is None:
+                return False
+            self._abort(tx, reason)
+            return True
+
+    def drop(self, text: str, reason: str) -> None:
+        """A message that never began its turn (the page's run was stopped first): kept to show,
+        as an interrupted turn with no answer; the conversation does not change."""
+        with self._lock:
+            self.interrupted = [*self.interrupted, InterruptedTurn(len(self.turns), text, "", 0, reason)]
+
     def _supersede(self) -> None:
         """Roll back the turn another iterator left running (abandoned, or on another thread)."""
         if self._active is not None:

@@ -7,7 +7,8 @@ one-click scenario (kvviz/ui/chat_scenario.py) runs parallel samples, a hit and 
 """
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Iterator
 
 import streamlit as st
 
@@ -89,8 +90,25 @@ def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: in
 
 
 def _chat(conv: Conversation) -> None:
+    # Read the message first: a rerun that stops this run while it draws must not lose it.
+    text = st.chat_input("Say something", key="chat_input")
+    sent = False
+    try:
+        _conversation_view(conv)
+        if text is not None:
+            sent = True
+            _send(conv, text)
+    finally:
+        if text is not None and not sent:
+            conv.drop(text, "interrupted by a rerun")
+    _controls(conv)
+
+
+def _conversation_view(conv: Conversation) -> None:
     checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
-    tok = conv.model.tokenizer
+    # A turn still running belongs to an older script run that this rerun stopped (Streamlit's fast
+    # reruns start a new thread at once): roll it back now, so what is drawn below is current.
+    conv.interrupt("interrupted by a rerun")
     turns, cut = conv.turns, conv.interrupted  # read once: a turn on another script thread replaces them
     for i, t in enumerate(turns):
         _interrupted(cut, i)
@@ -104,9 +122,11 @@ def _chat(conv: Conversation) -> None:
     err = st.session_state.pop("chat_error", None)
     if err:
         st.error(md_plain(err))
-    text = st.chat_input("Say something", key="chat_input")
-    if text is not None:
-        _send(conv, text)
+
+
+def _controls(conv: Conversation) -> None:
+    checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
+    tok = conv.model.tokenizer
     b0, b1, b2, b3, b4 = st.columns([1.2, 2, 1.6, 1, 1])
     # Any earlier message: the cache is kept up to the first token that changes (in the chips).
     which = b0.selectbox("Message to edit", range(len(conv.turns)) or [0], key="chat_edit_turn",
@@ -166,7 +186,7 @@ def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerat
     starts a newer turn (a new message, Regenerate, an edit) on the next script thread waits for
     this turn's running step, then replaces it. Either way the conversation is as before the turn,
     and the page shows the interrupted turn, labelled."""
-    it = None
+    it: Iterator[dict[str, Any]] | None = None
     try:
         if regenerate:
             it = conv.iter_regenerate(conv.params.seed + 1)
@@ -188,5 +208,8 @@ def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerat
     except KVVizError as e:
         st.session_state["chat_error"] = str(e)
     finally:
+        if it is not None and inspect.getgeneratorstate(it) == inspect.GEN_CREATED and edit_turn is None \
+                and not regenerate:  # stopped before the turn began: keep the message, unanswered
+            conv.drop(text, "interrupted by a rerun")
         close_iterator(it)  # interrupted while drawing: roll the turn back now, not when collected
     st.rerun()

@@ -65,7 +65,8 @@ def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | 
 def interrupted_line(c: InterruptedTurn) -> str:
     """The label of an interrupted turn (plain text; the reason may quote an error)."""
     why = {"replaced by a newer turn": "a newer turn replaced it",
-           "stopped": "stopped before it ended"}.get(c.reason, c.reason)
+           "stopped": "stopped before it ended",
+           "interrupted by a rerun": "a click or a new message interrupted it"}.get(c.reason, c.reason)
     return (f"Interrupted after {c.generated_tokens} generated tokens ({why}). Not part of the conversation: "
             "the cache, its blocks and the messages are as they were before this message.")
 
