@@ -318,3 +318,51 @@ def test_interrupt_rolls_back_a_turn_left_running(chat_llama: LoadedModel) -> No
     assert [(i.reason, i.generated_tokens) for i in conv.interrupted] == [("interrupted by a rerun", 1)]
     with pytest.raises(TurnInterrupted):
         next(it)
+
+
+def test_abandoned_parallel_samples_give_their_blocks_back(chat_llama: LoadedModel) -> None:
+    from kvviz.engine.paged import PagedPool
+    from kvviz.engine.parallel import ParallelSamples
+
+    m = chat_llama
+    pool = PagedPool(m.config, 32, 4, m.device, m.dtype)
+    ps = ParallelSamples(m, list(b"a prompt of some bytes"), n=3, max_new_tokens=8, kv_block_size=4, pool=pool)
+    it = iter(ps)
+    for _ in range(3):
+        next(it)
+    assert sum(pool.blocks.ref_count) > 0
+    it.close()  # abandoned: a rerun or Stop while drawing
+    pool.blocks.check()
+    assert sum(pool.blocks.ref_count) == 0 and len(pool.blocks.free) + len(pool.blocks.lru) == 32
+
+
+def test_a_stepper_advanced_from_two_threads_takes_turns() -> None:
+    """Two script threads stepping one parked stream: the second waits (a bare generator raises
+    "generator already executing")."""
+    import time
+
+    from kvviz.ui.stepper import Stepper
+
+    class Slow:
+        def __iter__(self) -> Iterator[int]:
+            for i in range(4):
+                time.sleep(0.05)
+                yield i
+
+    s = Stepper(0, Slow())  # type: ignore[arg-type]
+    got: list[Any] = []
+    errors: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            got.append(s.advance())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=step) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert not errors and sorted(got) == [0, 1]
+    s.close()

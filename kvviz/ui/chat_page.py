@@ -90,11 +90,14 @@ def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: in
 
 
 def _chat(conv: Conversation) -> None:
-    # Read the message first: a rerun that stops this run while it draws must not lose it.
+    # Read the message before drawing the conversation (into a container placed above the input): a
+    # rerun that stops this run while it draws must not lose the message.
+    view = st.container()
     text = st.chat_input("Say something", key="chat_input")
     sent = False
     try:
-        _conversation_view(conv)
+        with view:
+            _conversation_view(conv)
         if text is not None:
             sent = True
             _send(conv, text)
