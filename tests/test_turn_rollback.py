@@ -366,3 +366,20 @@ def test_a_stepper_advanced_from_two_threads_takes_turns() -> None:
         t.join(5)
     assert not errors and sorted(got) == [0, 1]
     s.close()
+
+
+def test_smollm2_turn_failing_mid_decode_rolls_back(smollm2: LoadedModel) -> None:
+    """The issue's model and cache (SmolLM2, paged, the accelerator): a turn failing inside layer 15
+    of its third forward leaves the conversation as it was; the next turn equals a fresh run."""
+    conv = Conversation(smollm2, cache_kind="paged", max_new_tokens=8)
+    conv.send("What is the capital of France?")
+    before = state(conv)
+    with Failing(conv.cache, 2, 15) as f:
+        with pytest.raises(Boom):
+            conv.send("And of Italy?")
+    assert f.fired
+    assert_same(before, state(conv))
+    refs_equal_tables(conv)
+    t = conv.send("And of Spain?")
+    assert conv.matches_scratch(1) and t.reused_tokens == t.cached_before > 0
+    refs_equal_tables(conv)

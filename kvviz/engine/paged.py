@@ -16,8 +16,12 @@ Correctness is the point here: the gathered tensor equals the static cache's, bi
 Sharing is by reference: ``reorder`` (n samples from one prompt, beam parents) copies block
 tables and bumps ref counts; nothing moves. A write into a shared or hashed (immutable) block
 copies that one block first (copy-on-write). Full blocks are hashed on (parent hash, tokens)
-when the loop tells the cache its token ids (``note_tokens``), so a later request with the same
+when the loop tells the cache its token ids (``plan_step``), so a later request with the same
 prefix can take them back (``match_prefix`` + ``adopt_prefix``) instead of recomputing.
+
+A step's blocks are claimed by ``plan_step`` before the forward (never by a layer), committed by
+``advance`` and undone by ``abort_step``; a chat turn's ``checkpoint``/``restore`` copies the
+pool's bookkeeping and journals each live block before its first write (docs/paged.md).
 """
 from __future__ import annotations
 
