@@ -197,11 +197,11 @@ class StaticKVCache(KVCache):
         kc, vc = self.k[layer_idx], self.v[layer_idx]
         # Copies into the preallocated buffer: no allocation per step. narrow + copy_ rather
         # than slice assignment: two dispatcher calls instead of Python's indexing machinery.
+        if start + T > self._hi:  # before the copies: one may fail halfway
+            self._hi = start + T
         kc.narrow(2, start, T).copy_(k)
         vc.narrow(2, start, T).copy_(v)
         self.bytes_copied += 2 * k.nbytes
-        if start + T > self._hi:
-            self._hi = start + T
         return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
     def _save(self, keep: int) -> Any:

@@ -84,7 +84,10 @@ class QuantizedKVCache(_StoreCache):
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.store.read(i, self.pos)
 
+    _hi = 0  # one past the highest slot any update wrote (what a restore must clear)
+
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._hi = max(self._hi, self.pos + k.shape[2])  # before the write: it may fail halfway
         self.store.write(layer_idx, self.pos, k, v)
         self.bytes_copied += 2 * k.nbytes
         return self.store.read(layer_idx, self.pos + k.shape[2])  # (B, nkv, pos+T, hs), dequantized
@@ -96,9 +99,10 @@ class QuantizedKVCache(_StoreCache):
         return self.store.save(keep, self.pos)
 
     def _load(self, cp: Checkpoint) -> None:
-        # Rows a failed forward wrote past pos too (pos + T <= the slots; T is at most a prompt).
-        self.store.clear(cp.keep, self.store.slots)
+        # Rows a failed forward wrote past pos too.
+        self.store.clear(cp.keep, max(self._hi, self.pos))
         self.store.load(cp.state)
+        self._hi = cp.pos
 
 
 class WindowKVCache(_StoreCache):

@@ -67,7 +67,8 @@ def interrupted_line(c: InterruptedTurn) -> str:
     why = {"replaced by a newer turn": "a newer turn replaced it",
            "stopped": "stopped before it ended",
            "interrupted by a rerun": "a click or a new message interrupted it"}.get(c.reason, c.reason)
-    return (f"Interrupted after {c.generated_tokens} generated tokens ({why}). Not part of the conversation: "
+    n = c.generated_tokens
+    return (f"Interrupted after {n} generated token{'' if n == 1 else 's'} ({why}). Not part of the conversation: "
             "the cache, its blocks and the messages are as they were before this message.")
 
 
