@@ -117,3 +117,15 @@ def test_chat_shows_an_interrupted_turn_and_goes_on() -> None:
     _ok(at)
     assert sum("equals a from-scratch generation ✓" in c.value for c in at.caption) == 2
     assert "cut me short" in [t.value for t in at.text]  # still shown, between the two turns
+    # Regenerate clicked twice while answering: the same message interrupted twice shows once.
+    first = conv.iter_regenerate()
+    next(first)
+    second = conv.iter_regenerate()
+    next(second)
+    second.close()
+    assert [i.user for i in conv.interrupted] == ["cut me short", "and more", "and more"]
+    at.run()
+    _ok(at)
+    labels = [unescape(c.value) for c in at.caption if "Interrupted after" in c.value]
+    assert len(labels) == 2 and "interrupted 2 times in a row" in labels[1]
+    assert [t.value for t in at.text].count("and more") == 2  # the finished turn and the grouped cut

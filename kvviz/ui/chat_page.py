@@ -171,15 +171,23 @@ LIVE_EVERY = 4  # redraw the live pool every this many steps (each draw is a new
 
 def _interrupted(cut: list[InterruptedTurn], after: int) -> None:
     """The turns interrupted after finished turn ``after``: the message and the partial answer,
-    labelled; neither is part of the conversation (its cache rolled back to before them)."""
-    for c in cut:
-        if c.after != after:
-            continue
+    labelled; neither is part of the conversation (its cache rolled back to before them). Repeats
+    of one message in a row (Regenerate clicked again and again) show once, with their count."""
+    here = [c for c in cut if c.after == after]
+    for i, c in enumerate(here):
+        if i + 1 < len(here) and here[i + 1].user == c.user:
+            continue  # the next one is the same message, tried again
+        n = 1
+        while i - n >= 0 and here[i - n].user == c.user:
+            n += 1
         with st.chat_message("user"):
             st.text(c.user)
         with st.chat_message("assistant"):
             st.text(c.text or "(no answer yet)")
-            st.caption(md_plain(chat_views.interrupted_line(c)))
+            line = chat_views.interrupted_line(c)
+            if n > 1:
+                line += f" The same message was interrupted {n} times in a row; this is the last."
+            st.caption(md_plain(line))
 
 
 def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerate: bool = False) -> None:
