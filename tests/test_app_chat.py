@@ -84,3 +84,48 @@ def test_chat_one_click_scenario() -> None:
     _ok(at)
     assert any("found by prefix hash" in t.value for t in at.text)
     assert {"Physical pool", "Block tables"} <= set(_titles(at))
+
+
+def test_chat_shows_an_interrupted_turn_and_goes_on() -> None:
+    """A turn cut short (here: its iterator closed after two steps, as a rerun or Stop does) is shown
+    labelled with its partial text; the next message continues from the conversation before it."""
+    at = AppTest.from_function(_chat, default_timeout=120)
+    at.run()
+    at.number_input(key="chat_max_new").set_value(6).run()
+    at.chat_input(key="chat_input").set_value("hello").run()
+    _ok(at)
+    conv = at.session_state["chat_conv"]
+    it = conv.iter_send("cut me short")
+    next(it)
+    next(it)
+    it.close()
+    (cut,) = conv.interrupted
+    assert cut.generated_tokens == 2 and len(conv.turns) == 1 and not conv.running
+    at.run()
+    _ok(at)
+    texts = [t.value for t in at.text]
+    assert texts[2] == "cut me short" and texts[3].strip() == (cut.text or "(no answer yet)").strip()  # after turn 1
+    assert any("Interrupted after 2 generated tokens (stopped before it ended)" in unescape(c.value)
+               for c in at.caption)
+    at.chat_input(key="chat_input").set_value("and more").run()
+    _ok(at)
+    conv = at.session_state["chat_conv"]
+    assert [t.user for t in conv.turns] == ["hello", "and more"]
+    assert [m["content"] for m in conv.messages][::2] == ["hello", "and more"]
+    assert conv.turns[1].reused_tokens > conv.turns[0].prompt_tokens  # turn 1 kept whole in the cache
+    at.button(key="chat_check").click().run()
+    _ok(at)
+    assert sum("equals a from-scratch generation ✓" in c.value for c in at.caption) == 2
+    assert "cut me short" in [t.value for t in at.text]  # still shown, between the two turns
+    # Regenerate clicked twice while answering: the same message interrupted twice shows once.
+    first = conv.iter_regenerate()
+    next(first)
+    second = conv.iter_regenerate()
+    next(second)
+    second.close()
+    assert [i.user for i in conv.interrupted] == ["cut me short", "and more", "and more"]
+    at.run()
+    _ok(at)
+    labels = [unescape(c.value) for c in at.caption if "Interrupted after" in c.value]
+    assert len(labels) == 2 and "interrupted 2 times in a row" in labels[1]
+    assert [t.value for t in at.text].count("and more") == 2  # the finished turn and the grouped cut

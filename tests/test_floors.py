@@ -31,7 +31,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.paged": 2, "kvviz.engine.caches": 2,
     "kvviz.engine.kvquant": 1, "kvviz.engine.kvspec": 1, "kvviz.engine.stops": 1,  # quantize/dequantize tensors; the compressed-cache request
     "kvviz.engine.kvstore": 2, "kvviz.engine.kvcaches": 2,  # slot stores; quantized and window caches
-    "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5,  # loops over a cache, beside generate
+    "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5, "kvviz.engine.turn": 2,  # loops over a cache, beside generate
     "kvviz.chat_cli": 8,
     "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
     "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills

@@ -110,6 +110,17 @@ class BlockPool:
             del self.by_hash[h]
             self.hash_of[b] = None
 
+    # ------------------------------------------------------------------ transactions
+    def save(self) -> tuple:
+        """Every field, copied (a transaction's undo data; ``load`` puts them back exactly)."""
+        return (list(self.ref_count), deque(self.free), list(self.hash_of), dict(self.by_hash),
+                OrderedDict(self.lru), self.cow_copies, self.evictions, self.hits)
+
+    def load(self, saved: tuple) -> None:
+        ref, free, hash_of, by_hash, lru, self.cow_copies, self.evictions, self.hits = saved
+        self.ref_count, self.free, self.hash_of = list(ref), deque(free), list(hash_of)
+        self.by_hash, self.lru = dict(by_hash), OrderedDict(lru)
+
     # ------------------------------------------------------------------ accounting
     @property
     def used(self) -> list[int]:

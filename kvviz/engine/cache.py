@@ -6,6 +6,13 @@ Both share one small API (nanochat's engine): ``pos``, ``advance(n)``, ``reset()
 (beam search picks each row's parent). Attention layers only call ``update``; the
 generator alone moves ``pos`` forward, so a layer can never silently advance the cache.
 
+A step is planned, run, then committed: ``plan_step(ids)`` before the forward (the paged cache
+claims the step's blocks there, not inside a layer), the forward's ``update`` calls, then
+``advance(T)``; ``abort_step()`` drops a plan whose forward raised. A chat turn is a transaction
+over many steps: ``checkpoint(keep)`` before it, ``restore(cp)`` undoes everything since (the
+accelerator's direct writes included, since they land in the same buffers), ``commit(cp)``
+forgets the undo data.
+
 Byte accounting is exact (it is what the app and the memory calculator compare against):
 ``bytes_allocated`` is the storage the tensors hold; ``bytes_used`` is what the ``pos``
 filled positions occupy.
@@ -13,11 +20,24 @@ filled positions occupy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kvviz.engine.config import GPTConfig
 from kvviz.units import kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What ``KVCache.restore`` needs: the position, the batch, and the kind's own undo data."""
+
+    pos: int
+    keep: int  # nothing below this position is written before the restore
+    batch: int
+    bytes_copied: int
+    state: Any
 
 
 class KVCache(ABC):
@@ -73,9 +93,47 @@ class KVCache(ABC):
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hs) at positions pos..pos+T; return all K, V up to pos+T."""
 
+    def plan_step(self, idx: torch.Tensor) -> None:
+        """Before a forward: the ids (B, T) of the positions it writes. The paged cache claims
+        the step's blocks here (copy-on-write first) and keeps the ids for its prefix hashes;
+        the others need no plan. ``advance`` commits the step, ``abort_step`` drops it."""
+
     def note_tokens(self, idx: torch.Tensor) -> None:
-        """The ids (B, T) of the positions the next forward writes. Only a cache that hashes its
-        contents (the paged one's prefix cache) keeps them; the loop tells every cache."""
+        """The older name of ``plan_step``."""
+        self.plan_step(idx)
+
+    def abort_step(self) -> None:
+        """Drop the planned step (its forward raised): ``pos`` never moved, and the rows the forward
+        wrote past it are never read; the paged cache gives back the blocks the plan claimed."""
+
+    # ------------------------------------------------------------------ transactions
+    def checkpoint(self, keep: int) -> Checkpoint:
+        """Undo data for everything from now until ``restore``, given that until then nothing below
+        position ``keep`` is written or truncated away (a chat turn: keep = the prefix it reuses).
+        A static or quantized cache copies positions keep..pos, a window its slots, a concat cache
+        only its tensor references (it never writes in place), a paged cache its bookkeeping (and
+        journals each live block before the first write into it)."""
+        if not 0 <= keep <= self.pos:
+            raise ValueError(f"cannot checkpoint a cache of {self.pos} positions from {keep}")
+        self.abort_step()
+        return Checkpoint(self.pos, keep, self.batch, self.bytes_copied, self._save(keep))
+
+    def restore(self, cp: Checkpoint) -> None:
+        """Put the cache back exactly as it was at ``checkpoint`` (positions, contents, tables,
+        ref counts): a turn interrupted anywhere, even inside a layer's forward, leaves no trace."""
+        if cp.batch != self.batch:
+            raise ValueError("a checkpoint cannot undo a reorder to another batch size")
+        self._load(cp)
+        self.pos, self.bytes_copied = cp.pos, cp.bytes_copied
+
+    def commit(self, cp: Checkpoint) -> None:
+        """The transaction ended well: forget the undo data (the paged pool stops journaling)."""
+
+    def _save(self, keep: int) -> Any:
+        raise NotImplementedError(f"a {self.kind} cache cannot checkpoint")
+
+    def _load(self, cp: Checkpoint) -> None:
+        raise NotImplementedError(f"a {self.kind} cache cannot restore")
 
     def truncate(self, n: int) -> None:
         """Forget every position from n on: the cache then equals one that only ever held 0..n."""
@@ -120,6 +178,7 @@ class StaticKVCache(KVCache):
         self.k = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
         self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)  # never changes
+        self._hi = 0  # one past the highest position any update wrote (what a restore must clear)
 
     @property
     def bytes_allocated(self) -> int:
@@ -138,16 +197,32 @@ class StaticKVCache(KVCache):
         kc, vc = self.k[layer_idx], self.v[layer_idx]
         # Copies into the preallocated buffer: no allocation per step. narrow + copy_ rather
         # than slice assignment: two dispatcher calls instead of Python's indexing machinery.
+        if start + T > self._hi:  # before the copies: one may fail halfway
+            self._hi = start + T
         kc.narrow(2, start, T).copy_(k)
         vc.narrow(2, start, T).copy_(v)
         self.bytes_copied += 2 * k.nbytes
         return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
+    def _save(self, keep: int) -> Any:
+        # (B, nkv, pos-keep, hs) per layer: what a truncation to keep and the writes after it lose
+        return [t[:, :, keep: self.pos].clone() for t in (*self.k, *self.v)]
+
+    def _load(self, cp: Checkpoint) -> None:
+        # The accelerator's one-row step writes slot pos in C (no update call): pos + 1 covers it.
+        hi = min(max(self._hi, self.pos + 1), self.config.block_size)
+        for t, old in zip((*self.k, *self.v), cp.state):
+            t[:, :, cp.keep: hi].zero_()  # as a cache that never saw the turn (truncate's convention)
+            t[:, :, cp.keep: cp.pos].copy_(old)
+        self._hi = cp.pos
+
     def _truncate(self, n: int) -> None:
         # Zero the forgotten positions: nothing reads past pos, but a rolled-back cache should
         # hold exactly what a cache that never saw them holds, so a test can compare the buffers.
+        hi = min(max(self._hi, self.pos), self.config.block_size)
         for t in (*self.k, *self.v):
-            t[:, :, n: self.pos].zero_()
+            t[:, :, n: hi].zero_()
+        self._hi = n
 
     def _reorder(self, index: torch.Tensor) -> None:
         # Only the filled positions move. The same batch reorders in place (index_select copies
@@ -205,6 +280,14 @@ class ConcatKVCache(KVCache):
     def _truncate(self, n: int) -> None:
         self.k = [t[:, :, :n] for t in self.k]  # views; the next update's cat copies them anyway
         self.v = [t[:, :, :n] for t in self.v]
+
+    def _save(self, keep: int) -> Any:
+        # Nothing here is written in place (update cats, truncate slices, reorder selects): the
+        # tensors of now are the checkpoint.
+        return list(self.k), list(self.v)
+
+    def _load(self, cp: Checkpoint) -> None:
+        self.k, self.v = list(cp.state[0]), list(cp.state[1])
 
     def _reorder(self, index: torch.Tensor) -> None:
         self.k = [t[:, :, : self.pos].index_select(0, index) for t in self.k]  # (B', nkv, pos, hs)

@@ -17,24 +17,41 @@ blocks of an earlier prompt released to the pool are taken back when the same pr
     t1 = conv.send("What is the capital of France?")
     t2 = conv.send("And of Italy?")    # t2.reused_tokens == t1's prompt + answer tokens
     conv.matches_scratch(1)            # the answer equals a from-scratch greedy generation
+
+A turn is a transaction on the conversation and its cache. The cache is checkpointed before the
+turn touches it; every step plans its blocks, runs the forward and commits; the turn commits at
+its end (the messages and the TurnRecord land then). Interrupted anywhere (an exception inside
+any layer's forward, ``GeneratorExit`` from an abandoned or closed iterator, a newer turn
+started while this one is suspended) it rolls back: the messages, ``held``, the cache's
+positions and contents, and a paged cache's tables, ref counts, hashes and LRU are exactly as
+before the turn, and an ``InterruptedTurn`` keeps what it had said. The steps run under a lock,
+so a turn started on another thread (a Streamlit rerun starts a fresh script thread while the
+old one is still inside a forward) waits for the running step, then replaces that turn.
 """
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Callable, Iterator
 
 import torch
 
+from kvviz.engine.cache import KVCache
 from kvviz.engine.caches import make_cache
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.generate import generate
 from kvviz.engine.requests import check_pool, sampling_params
+from kvviz.engine.kvspec import KVSpec
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.sampling import make_generator, sample
+from kvviz.engine.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
+
+__all__ = ["Conversation", "InterruptedTurn", "TurnInterrupted", "TurnRecord", "common_prefix",
+           "with_chat_template", "forward_fn", "MAX_MESSAGE_CHARS", "CHATML"]
 
 MAX_MESSAGE_CHARS = 20_000
 
@@ -46,49 +63,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-@dataclass(frozen=True)
-class TurnRecord:
-    """One turn, measured."""
-
-    user: str
-    text: str  # the answer, without the end token
-    prompt_ids: tuple[int, ...]  # the whole conversation as the template rendered it
-    generated_ids: tuple[int, ...]  # every sampled token, the end token included
-    cached_before: int  # tokens the cache held when the turn began
-    reused_tokens: int  # positions kept (common prefix or prefix-cache hit): not recomputed
-    prefilled_tokens: int  # positions this turn's prefill computed
-    ttft_ms: float  # the prefill forward + sampling of the first token
-    decode_ms: float  # the rest of the answer
-    cache_bytes_before: int  # bytes_used when the turn began
-    cache_bytes_used: int  # bytes_used after the answer
-    cache_bytes_allocated: int
-    blocks_used: int | None  # paged only
-    blocks_shared: int | None
-    prefix_hit_blocks: int | None  # blocks taken back by hash this turn (paged only)
-    stop_reason: str  # "eos" or "max_new_tokens"
-    snapshots: tuple[dict[str, Any], ...] = field(default=(), compare=False)  # the pool after each step (paged)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def generated_tokens(self) -> int:
-        return len(self.generated_ids)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "user": self.user, "text": self.text, "prompt_tokens": self.prompt_tokens,
-            "reused_tokens": self.reused_tokens, "prefilled_tokens": self.prefilled_tokens,
-            "generated_tokens": self.generated_tokens, "cached_before": self.cached_before,
-            "ttft_ms": self.ttft_ms, "decode_ms": self.decode_ms, "cache_bytes_before": self.cache_bytes_before,
-            "cache_bytes_used": self.cache_bytes_used, "cache_bytes_allocated": self.cache_bytes_allocated,
-            "blocks_used": self.blocks_used, "blocks_shared": self.blocks_shared,
-            "prefix_hit_blocks": self.prefix_hit_blocks, "stop_reason": self.stop_reason,
-            "prompt_ids": list(self.prompt_ids), "generated_ids": list(self.generated_ids),
-        }
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -131,7 +105,7 @@ class Conversation:
                  kv_blocks: int | None = None, system: str | None = None, timestamp: bool = False,
                  max_new_tokens: int = 64, greedy: bool | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, fast: bool = True,
-                 pool: PagedPool | None = None) -> None:
+                 pool: PagedPool | None = None, kv: KVSpec | None = None) -> None:
         if not getattr(model.tokenizer, "chat_template", None):
             raise KVVizError(f"model {model.name!r} has no chat template: a conversation needs an instruct model")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -148,11 +122,16 @@ class Conversation:
             with torch.inference_mode():
                 self.cache = PagedKVCache(cfg, 1, model.device, model.dtype, kv_block_size, kv_blocks, pool)
         else:
-            with torch.inference_mode():
-                self.cache = make_cache(cache_kind, cfg, 1, model.device, model.dtype)
+            with torch.inference_mode():  # an active kv spec (resolved) makes it quantized or windowed
+                self.cache: KVCache = make_cache(cache_kind, cfg, 1, model.device, model.dtype, kv=kv)
+        # Committed state, replaced (never mutated in place) when a turn commits: another thread
+        # may be reading it to draw the page.
         self.messages: list[dict[str, str]] = []  # user and assistant turns (the system prompt apart)
         self.held: list[int] = []  # the ids whose K/V the cache holds, position by position
         self.turns: list[TurnRecord] = []
+        self.interrupted: list[InterruptedTurn] = []
+        self._lock = threading.RLock()  # reentrant: a rollback run by the garbage collector inside a step
+        self._active: _Txn | None = None
 
     # ------------------------------------------------------------------ the conversation
     def render(self, messages: list[dict[str, str]]) -> list[int]:
@@ -164,41 +143,49 @@ class Conversation:
 
     def send(self, text: str) -> TurnRecord:
         """Ask ``text`` after the conversation so far; run the turn to its end."""
-        for _ in self.iter_send(text):
-            pass
-        return self.turns[-1]
+        return self._drain(self.iter_send(text))
 
     def edit(self, turn: int, text: str) -> TurnRecord:
         """Replace user message ``turn`` (0-based), drop what followed, answer again."""
-        if not 0 <= turn < len(self.turns):
-            raise KVVizError(f"there is no turn {turn + 1} to edit (the conversation has {len(self.turns)})")
-        kept_msgs, kept_turns = self.messages[: 2 * turn], self.turns[:turn]
-        msgs, turns = self.messages, self.turns
-        self.messages, self.turns = kept_msgs, kept_turns
-        try:
-            return self.send(text)
-        except KVVizError:
-            self.messages, self.turns = msgs, turns  # nothing is lost on bad input
-            raise
+        return self._drain(self.iter_edit(turn, text))
 
     def regenerate(self, seed: int | None = None) -> TurnRecord:
         """Answer the last message again (with ``seed`` when sampling). The cache keeps the prompt
         but its last position; on a paged cache a block the old answer filled is hashed, so the
         new answer's first write copies it (copy-on-write) and the old answer stays findable."""
-        if not self.turns:
+        return self._drain(self.iter_regenerate(seed))
+
+    def _drain(self, it: Iterator[dict[str, Any]]) -> TurnRecord:
+        for _ in it:
+            pass
+        return self.turns[-1]
+
+    def iter_edit(self, turn: int, text: str) -> Iterator[dict[str, Any]]:
+        """``edit`` one step at a time (as ``iter_send``); nothing changes until the turn ends."""
+        if isinstance(turn, bool) or not isinstance(turn, int) or not 0 <= turn < len(self.turns):
+            raise KVVizError(f"there is no turn {turn + 1 if isinstance(turn, int) else turn} to edit "
+                             f"(the conversation has {len(self.turns)})")
+        return self.iter_send(text, base=turn)
+
+    def iter_regenerate(self, seed: int | None = None) -> Iterator[dict[str, Any]]:
+        turns = self.turns
+        if not turns:
             raise KVVizError("there is no answer to regenerate yet")
         if seed is not None:
             self.params = replace(self.params, seed=seed)
-        return self.edit(len(self.turns) - 1, self.turns[-1].user)
+        return self.iter_send(turns[-1].user, base=len(turns) - 1)
 
-    def iter_send(self, text: str) -> Iterator[dict[str, Any]]:
-        """Run one turn, yielding after the prefill and after every decode step (the pool's state
-        for a paged cache, else {}); the TurnRecord lands in ``self.turns`` at the end."""
+    def iter_send(self, text: str, base: int | None = None) -> Iterator[dict[str, Any]]:
+        """Run one turn after the first ``base`` finished turns (all of them by default), yielding
+        after the prefill and after every decode step (the pool's state for a paged cache, else
+        {}); the TurnRecord lands in ``self.turns`` when the turn ends. Closing the iterator early,
+        or starting another turn before it ends, rolls it back (see the module's docstring)."""
         if not isinstance(text, str) or not text.strip():
             raise KVVizError("the message is empty: type something to say")
         if len(text) > MAX_MESSAGE_CHARS:
             raise KVVizError(f"the message is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}")
-        msgs = [*self.messages, {"role": "user", "content": text}]
+        base = len(self.turns) if base is None else base
+        msgs = [*self.messages[: 2 * base], {"role": "user", "content": text}]
         ids = self.render(msgs)
         ctx = self.model.config.block_size
         if len(ids) + self.max_new_tokens > ctx:
@@ -209,71 +196,165 @@ class Conversation:
             if need > have:
                 raise KVVizError(f"the KV pool has {have} blocks of {self.cache.block_size} tokens; this turn needs "
                                  f"{need} ({len(ids)} prompt + {self.max_new_tokens} new tokens): give it more blocks")
-        return self._turn(text, msgs, ids)
+        return self._turn(text, base, msgs, ids)
 
-    def _turn(self, text: str, msgs: list[dict[str, str]], ids: list[int]) -> Iterator[dict[str, Any]]:
+    # ------------------------------------------------------------------ the transaction
+    @property
+    def running(self) -> bool:
+        """A turn has begun and neither ended nor rolled back."""
+        return self._active is not None
+
+    def _begin(self, tx: _Txn, ids: list[int]) -> tuple[int, int]:
+        """Checkpoint the cache, then keep what the turn reuses: (positions reused, prefix-hit blocks)."""
+        cache = self.cache
+        reuse = min(common_prefix(self.held, ids), len(ids) - 1)
+        found: list[int] = []
+        if isinstance(cache, PagedKVCache):
+            found = cache.match_prefix(ids[: len(ids) - 1])
+        adopt = len(found) * getattr(cache, "block_size", 1) > reuse  # the pool knows more of this prefix
+        evicted = cache.held < cache.pos  # a full window cannot roll back to a prefix: start again
+        keep = 0 if adopt or evicted else reuse
+        tx.cp = cache.checkpoint(keep)
+        if adopt:
+            assert isinstance(cache, PagedKVCache)
+            cache.truncate(0)
+            cache.adopt_prefix(ids, found)
+            return cache.pos, len(found)
+        if evicted:
+            cache.reset()
+            return 0, 0
+        cache.truncate(reuse)
+        return reuse, 0
+
+    def interrupt(self, reason: str = "stopped") -> bool:
+        """Roll back the running turn, if any (after its running step: the lock waits for it).
+        The Chat page calls it as a script run begins: a turn still running then belongs to an
+        older run that Streamlit has stopped, and the page must draw the conversation without it."""
+        with self._lock:
+            tx = self._active
+            if tx is None:
+                return False
+            self._abort(tx, reason)
+            return True
+
+    def drop(self, text: str, reason: str) -> None:
+        """A message that never began its turn (the page's run was stopped first): kept to show,
+        as an interrupted turn with no answer; the conversation does not change."""
+        with self._lock:
+            self.interrupted = [*self.interrupted, InterruptedTurn(len(self.turns), text, "", 0, reason)]
+
+    def _supersede(self) -> None:
+        """Roll back the turn another iterator left running (abandoned, or on another thread)."""
+        if self._active is not None:
+            self._abort(self._active, "replaced by a newer turn")
+
+    def _abort(self, tx: _Txn, reason: str) -> None:
+        """Roll ``tx`` back, once, and keep what it said as an InterruptedTurn."""
+        with self._lock:
+            if tx.done:
+                return
+            tx.done = True
+            if self._active is tx:
+                if tx.cp is not None:
+                    with torch.inference_mode():
+                        self.cache.restore(tx.cp)
+                self.held = tx.held
+                self._active = None
+            toks = tx.out[:-1] if tx.out and tx.out[-1] == self.model.tokenizer.eos_token_id else tx.out
+            self.interrupted = [*self.interrupted, InterruptedTurn(
+                after=tx.base, user=tx.user, text=self.model.tokenizer.decode(toks),
+                generated_tokens=len(tx.out), reason=reason)]
+
+    def _check(self, tx: _Txn) -> None:
+        if tx.done or self._active is not tx:
+            raise TurnInterrupted("this turn was replaced by a newer one before it ended")
+
+    def _feed(self, forward: Callable[..., torch.Tensor], inp: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Plan, forward, commit the new positions (1, T): in pieces where a full window takes one
+        token per forward. The last piece's logits (1, 1, V)."""
+        cache, fed, T = self.cache, 0, inp.shape[1]
+        while True:
+            n = min(T - fed, cache.max_feed())
+            piece = inp.narrow(1, fed, n)
+            cache.plan_step(piece)
+            logits = forward(piece, positions.narrow(0, cache.pos, n), cache, None, last_only=True)
+            cache.advance(n)
+            fed += n
+            if fed == T:
+                return logits
+
+    def _turn(self, text: str, base: int, msgs: list[dict[str, str]], ids: list[int]) -> Iterator[dict[str, Any]]:
         m, cache, dev = self.model, self.cache, self.model.device
         forward = forward_fn(m, self.fast)
         paged = isinstance(cache, PagedKVCache)
-        before, cached_before = cache.bytes_used, len(self.held)
-        # Reuse at most len-1 positions: the last prompt token must run to give the first logits.
-        reuse = min(common_prefix(self.held, ids), len(ids) - 1)
-        hits = 0
-        with torch.inference_mode():
-            if paged:
-                assert isinstance(cache, PagedKVCache)
-                found = cache.match_prefix(ids[: len(ids) - 1])
-                if len(found) * cache.block_size > reuse:  # the pool knows more of this prefix than the row
-                    cache.truncate(0)
-                    cache.adopt_prefix(ids, found)
-                    reuse, hits = cache.pos, len(found)
+        tx = _Txn(text, base, [])
+        reason = "stopped"
+        try:
+            with self._lock:
+                self._supersede()
+                self._active, tx.held = tx, self.held
+                before, cached_before = cache.bytes_used, len(self.held)
+                with torch.inference_mode():
+                    reuse, hits = self._begin(tx, ids)
+                self.held = ids[:reuse]
+            gen = None if self.params.greedy else make_generator(self.params, dev)
+            eos = m.tokenizer.eos_token_id
+            positions = torch.arange(m.config.block_size, device=dev)
+            snaps: list[dict[str, Any]] = []
+            ttft = decode = 0.0
+            inp = torch.tensor([ids[reuse:]], dtype=torch.long, device=dev)  # (1, T): what is new
+            stop = "max_new_tokens"
+            for step in range(self.max_new_tokens):
+                with self._lock:
+                    self._check(tx)
+                    with torch.inference_mode():
+                        t0 = time.perf_counter()
+                        logits = self._feed(forward, inp, positions)
+                        nxt = sample(logits.select(1, -1).float(), self.params, gen)  # (1,)
+                        tok = int(nxt[0])
+                        dt = (time.perf_counter() - t0) * 1000.0
+                    self.held = [*self.held, *inp[0].tolist()]
+                    tx.out.append(tok)
+                    if paged:
+                        snaps.append(cache.snapshot())  # type: ignore[union-attr]
+                if step == 0:
+                    ttft = dt
                 else:
-                    cache.truncate(reuse)
-            else:
-                cache.truncate(reuse)
-        self.held = ids[:reuse]
-        gen = None if self.params.greedy else make_generator(self.params, dev)
-        eos = m.tokenizer.eos_token_id
-        positions = torch.arange(m.config.block_size, device=dev)
-        out: list[int] = []
-        snaps: list[dict[str, Any]] = []
-        ttft = decode = 0.0
-        inp = torch.tensor([ids[reuse:]], dtype=torch.long, device=dev)  # (1, T): what is new
-        stop = "max_new_tokens"
-        for step in range(self.max_new_tokens):
-            start = cache.pos
-            with torch.inference_mode():
-                cache.note_tokens(inp)
-                t0 = time.perf_counter()
-                logits = forward(inp, positions.narrow(0, start, inp.shape[1]), cache, None, last_only=True)
-                nxt = sample(logits.select(1, -1).float(), self.params, gen)  # (1,)
-                tok = int(nxt[0])
-                dt = (time.perf_counter() - t0) * 1000.0
-                cache.advance(inp.shape[1])
-            self.held.extend(inp[0].tolist())
-            if step == 0:
-                ttft = dt
-            else:
-                decode += dt
-            out.append(tok)
-            if paged:
-                snaps.append(cache.snapshot())  # type: ignore[union-attr]
-            yield snaps[-1] if paged else {}
-            if eos is not None and tok == eos:
-                stop = "eos"
-                break
-            inp = nxt.view(1, 1)
-        answer = out[:-1] if stop == "eos" else out
-        reply = m.tokenizer.decode(answer)
-        st = cache.stats() if paged else None  # type: ignore[union-attr]
-        self.messages = [*msgs, {"role": "assistant", "content": reply}]
-        self.turns.append(TurnRecord(
-            user=text, text=reply, prompt_ids=tuple(ids), generated_ids=tuple(out), cached_before=cached_before,
-            reused_tokens=reuse, prefilled_tokens=len(ids) - reuse, ttft_ms=ttft, decode_ms=decode,
-            cache_bytes_before=before, cache_bytes_used=cache.bytes_used, cache_bytes_allocated=cache.bytes_allocated,
-            blocks_used=st.blocks_used if st else None, blocks_shared=st.blocks_shared if st else None,
-            prefix_hit_blocks=hits if paged else None, stop_reason=stop, snapshots=tuple(snaps),
-        ))
+                    decode += dt
+                yield snaps[-1] if paged else {}
+                if eos is not None and tok == eos:
+                    stop = "eos"
+                    break
+                inp = nxt.view(1, 1)
+            with self._lock:
+                self._check(tx)
+                out = tx.out
+                answer = out[:-1] if stop == "eos" else out
+                reply = m.tokenizer.decode(answer)
+                st = cache.stats() if paged else None  # type: ignore[union-attr]
+                record = TurnRecord(
+                    user=text, text=reply, prompt_ids=tuple(ids), generated_ids=tuple(out), cached_before=cached_before,
+                    reused_tokens=reuse, prefilled_tokens=len(ids) - reuse, ttft_ms=ttft, decode_ms=decode,
+                    cache_bytes_before=before, cache_bytes_used=cache.bytes_used,
+                    cache_bytes_allocated=cache.bytes_allocated,
+                    blocks_used=st.blocks_used if st else None, blocks_shared=st.blocks_shared if st else None,
+                    prefix_hit_blocks=hits if paged else None, stop_reason=stop, snapshots=tuple(snaps),
+                )
+                assert tx.cp is not None
+                cache.commit(tx.cp)
+                tx.done, self._active = True, None
+                self.messages = [*msgs, {"role": "assistant", "content": reply}]
+                self.turns = [*self.turns[:base], record]
+                # what was interrupted after a turn this one replaced no longer has a place
+                self.interrupted = [i for i in self.interrupted if i.after <= base]
+        except TurnInterrupted:
+            raise  # rolled back by the turn that replaced it
+        except GeneratorExit:
+            self._abort(tx, reason)
+            raise
+        except BaseException as e:  # inside a forward, the sampler, a KeyboardInterrupt...
+            self._abort(tx, f"failed: {e}" if str(e) else f"failed: {type(e).__name__}")
+            raise
 
     def warm_up(self) -> None:
         """One throwaway prefill and decode step on a scratch cache, so turn 1's TTFT times the

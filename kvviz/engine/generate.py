@@ -171,7 +171,7 @@ class GenerationStream:
                 fc = ForwardCapture(ref_layers, want_attn=want_attn, want_norms=self.capture.kv_norms) \
                     if ref_layers else None
                 if cache is not None:
-                    cache.note_tokens(inp)  # only the paged cache keeps them (its prefix hashes)
+                    cache.plan_step(inp)  # the paged cache claims the step's blocks (and keeps the ids for its hashes)
 
                 if on_cuda:
                     torch.cuda.synchronize(dev)

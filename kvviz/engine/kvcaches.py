@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from kvviz.engine.cache import KVCache
+from typing import Any
+
+from kvviz.engine.cache import Checkpoint, KVCache
 from kvviz.engine.config import GPTConfig
 from kvviz.engine.kvspec import KVSpec
 from kvviz.engine.kvstore import ErrorLog, FloatStore, QuantStore
@@ -82,13 +84,25 @@ class QuantizedKVCache(_StoreCache):
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.store.read(i, self.pos)
 
+    _hi = 0  # one past the highest slot any update wrote (what a restore must clear)
+
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._hi = max(self._hi, self.pos + k.shape[2])  # before the write: it may fail halfway
         self.store.write(layer_idx, self.pos, k, v)
         self.bytes_copied += 2 * k.nbytes
         return self.store.read(layer_idx, self.pos + k.shape[2])  # (B, nkv, pos+T, hs), dequantized
 
     def _truncate(self, n: int) -> None:
         self.store.clear(n, self.pos)
+
+    def _save(self, keep: int) -> Any:
+        return self.store.save(keep, self.pos)
+
+    def _load(self, cp: Checkpoint) -> None:
+        # Rows a failed forward wrote past pos too.
+        self.store.clear(cp.keep, max(self._hi, self.pos))
+        self.store.load(cp.state)
+        self._hi = cp.pos
 
 
 class WindowKVCache(_StoreCache):
@@ -163,6 +177,15 @@ class WindowKVCache(_StoreCache):
         ang = torch.cat([self.inv_freq, self.inv_freq]) * e  # (hs,): the half-split layout
         cos, sin = ang.cos().to(k.dtype), ang.sin().to(k.dtype)
         return apply_rope(k, cos.to(k.device), sin.to(k.device))
+
+    def _save(self, keep: int) -> Any:
+        # The ring overwrites the oldest window row on every step once full, whatever keep says:
+        # the whole store (S + W slots) is the undo data.
+        return self.store.save(0, self.capacity)
+
+    def _load(self, cp: Checkpoint) -> None:
+        self.store.clear(0, self.capacity)
+        self.store.load(cp.state)
 
     def _truncate(self, n: int) -> None:
         if self.pos > self.capacity:

@@ -11,7 +11,9 @@ positions (fp8's per-tensor or per-head scales).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -129,6 +131,15 @@ class FloatStore:
         self.k = [t.index_select(0, index) for t in self.k]
         self.v = [t.index_select(0, index) for t in self.v]
 
+    def save(self, a: int, b: int) -> dict[str, Any]:
+        """Copies of slots a..b (a transaction's undo data; ``load`` writes them back)."""
+        return {"a": a, "rows": [t[:, :, a:b].clone() for t in (*self.k, *self.v)]}
+
+    def load(self, saved: dict[str, Any]) -> None:
+        a = saved["a"]
+        for t, old in zip((*self.k, *self.v), saved["rows"]):
+            t[:, :, a: a + old.shape[2]].copy_(old)
+
 
 class QuantStore:
     """Rows stored quantized (int8, int4 or fp8) and dequantized on every read, for attention."""
@@ -238,6 +249,31 @@ class QuantStore:
             for ts in self.scale.values():
                 for t in ts:
                     t[:, :, a:b].zero_()
+
+    def _slotted(self) -> list[torch.Tensor]:
+        """Every tensor with a slot dimension (dim 2): payloads, int scales and zero points."""
+        ds = (self.payload, self.zero) + (() if self.kv_dtype == "fp8" else (self.scale,))
+        return [t for d in ds for ts in d.values() for t in ts]
+
+    def save(self, a: int, b: int) -> dict[str, Any]:
+        """Copies of slots a..b plus what is not per slot (fp8's scales, whether each is set, the
+        error log): a transaction's undo data; ``load`` writes them back."""
+        out: dict[str, Any] = {"a": a, "rows": [t[:, :, a:b].clone() for t in self._slotted()],
+                               "errors": copy.deepcopy(self.errors)}
+        if self.kv_dtype == "fp8":
+            out["scale"] = [t.clone() for ts in self.scale.values() for t in ts]
+            out["scale_set"] = list(self._scale_set)
+        return out
+
+    def load(self, saved: dict[str, Any]) -> None:
+        a = saved["a"]
+        for t, old in zip(self._slotted(), saved["rows"]):
+            t[:, :, a: a + old.shape[2]].copy_(old)
+        self.errors = saved["errors"]
+        if self.kv_dtype == "fp8":
+            for t, old in zip([t for ts in self.scale.values() for t in ts], saved["scale"]):
+                t.copy_(old)
+            self._scale_set = list(saved["scale_set"])
 
     def reorder(self, index: torch.Tensor) -> None:
         for d in (self.payload, self.zero) + (() if self.kv_dtype == "fp8" else (self.scale,)):

@@ -16,8 +16,12 @@ Correctness is the point here: the gathered tensor equals the static cache's, bi
 Sharing is by reference: ``reorder`` (n samples from one prompt, beam parents) copies block
 tables and bumps ref counts; nothing moves. A write into a shared or hashed (immutable) block
 copies that one block first (copy-on-write). Full blocks are hashed on (parent hash, tokens)
-when the loop tells the cache its token ids (``note_tokens``), so a later request with the same
+when the loop tells the cache its token ids (``plan_step``), so a later request with the same
 prefix can take them back (``match_prefix`` + ``adopt_prefix``) instead of recomputing.
+
+A step's blocks are claimed by ``plan_step`` before the forward (never by a layer), committed by
+``advance`` and undone by ``abort_step``; a chat turn's ``checkpoint``/``restore`` copies the
+pool's bookkeeping and journals each live block before its first write (docs/paged.md).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from typing import Any
 import torch
 
 from kvviz.engine.block_pool import ROOT_HASH, BlockPool, block_hash
-from kvviz.engine.cache import KVCache
+from kvviz.engine.cache import Checkpoint, KVCache
 from kvviz.engine.config import GPTConfig
 from kvviz.errors import KVVizError
 
@@ -60,6 +64,28 @@ class PagedPool:
     def copy_block(self, src: int, dst: int) -> None:
         for t in (*self.k, *self.v):
             t[dst].copy_(t[src])  # (nkv, bs, hs) of every layer
+
+    # A transaction's journal: the blocks live (in a table or cached) when it began, and a copy of
+    # each one taken before its first write since; restoring writes the copies back.
+    journal: dict[int, list[torch.Tensor]] | None = None
+    _live: frozenset[int] = frozenset()
+
+    def begin_journal(self) -> None:
+        bp = self.blocks
+        self.journal = {}
+        self._live = frozenset(b for b in range(bp.num_blocks) if bp.ref_count[b] > 0 or b in bp.lru)
+
+    def before_write(self, b: int) -> None:
+        """Block b is about to be written: journal it first if a transaction needs its contents."""
+        if self.journal is not None and b in self._live and b not in self.journal:
+            self.journal[b] = [t[b].clone() for t in (*self.k, *self.v)]  # (nkv, bs, hs) each
+
+    def end_journal(self, restore: bool) -> None:
+        if restore and self.journal:
+            for b, saved in self.journal.items():
+                for t, old in zip((*self.k, *self.v), saved):
+                    t[b].copy_(old)
+        self.journal, self._live = None, frozenset()
 
 
 @dataclass(frozen=True)
@@ -112,6 +138,8 @@ class PagedKVCache(KVCache):
         self.hashes: list[list[bytes]] = [[] for _ in range(batch)]  # one per full block
         self.new_slots: list[tuple[int, int, int]] = []  # (row, block, slot) the last step wrote
         self._pending: torch.Tensor | None = None
+        self._planned: tuple[int, int] | None = None  # (pos, T) of the step whose blocks are claimed
+        self._claimed: list[tuple[int, int, int | None, bool]] = []
         self._gather: torch.Tensor | None = None
         self._slot_blk: torch.Tensor | None = None
         self._slot_off: torch.Tensor | None = None
@@ -125,39 +153,78 @@ class PagedKVCache(KVCache):
         return self.pool.bytes_allocated
 
     # ------------------------------------------------------------------ writing
-    def note_tokens(self, idx: torch.Tensor) -> None:
-        self._pending = idx  # (B, T): the ids of the positions the next update writes
+    def plan_step(self, idx: torch.Tensor) -> None:
+        """The step plan, before the forward: keep the ids (B, T) for the prefix hashes and claim
+        the blocks positions pos..pos+T need, so no layer allocates."""
+        self._plan(idx.shape[-1])
+        self._pending = idx
 
-    def _prepare(self, T: int) -> None:
-        """Claim the blocks positions pos..pos+T need (copy-on-write first) and index their slots."""
+    def _plan(self, T: int) -> None:
+        """Claim the blocks positions pos..pos+T need (copy-on-write first) and index their slots.
+        ``abort_step`` puts every table back. A copied block another table still holds is let go
+        at once (so the last of n rows sharing it finds ref 1 and writes in place, as vLLM does);
+        one this table alone held (hashed, so immutable) keeps its reference until ``advance``
+        commits, so no allocation of this plan can evict it before an abort needs it back."""
+        self.abort_step()  # a plan whose forward raised
         bs, blocks, start = self.block_size, self.pool.blocks, self.pos
         need = blocks_for(start + T, bs)
+        claimed: list[tuple[int, int, int | None, bool]] = []  # (row, index, block replaced, its unref deferred)
+        # Recorded as it goes: a full pool raising halfway is undone by the next abort_step.
+        self._planned, self._claimed = (start, -1), claimed
         for r, table in enumerate(self.tables):
-            if len(table) > need:  # blocks a failed step claimed beyond what this one needs (never read)
-                self._release(r, need)
             j = start // bs
             if start % bs and blocks.needs_copy(table[j]):  # appending into a shared/immutable block
-                new = blocks.allocate()
-                self.pool.copy_block(table[j], new)
-                blocks.unref(table[j])
+                old, new = table[j], blocks.allocate()
+                self.pool.before_write(new)
+                self.pool.copy_block(old, new)
+                deferred = blocks.ref_count[old] == 1
+                if not deferred:
+                    blocks.unref(old)
+                claimed.append((r, j, old, deferred))
                 table[j] = new
                 blocks.cow_copies += 1
                 self.bytes_copied += self.pool.block_bytes
             while len(table) < need:
+                claimed.append((r, len(table), None, False))
                 table.append(blocks.allocate())
         pos = torch.arange(start, start + T)
         off = pos % bs  # (T,)
         tab = torch.tensor(self.tables, dtype=torch.long)  # (B, need)
         blk = tab[:, pos // bs]  # (B, T)
+        for b in set(blk.reshape(-1).tolist()):  # a block live when a checkpoint was taken is copied first
+            self.pool.before_write(b)
         self.new_slots = [(r, int(b), int(o)) for r in range(self.batch) for b, o in zip(blk[r], off)]
         self._slot_blk = blk.reshape(-1).to(self.device)  # (B*T,)
         self._slot_off = off.repeat(self.batch).to(self.device)  # (B*T,)
         self._gather = tab.reshape(-1).to(self.device)  # (B*need,)
+        self._planned = (start, T)
+
+    def abort_step(self) -> None:
+        """Undo the plan (its forward raised): every table as before it, the claimed blocks freed."""
+        if self._planned is None:
+            return
+        blocks = self.pool.blocks
+        for r, j, old, deferred in reversed(self._claimed):
+            table = self.tables[r]
+            blocks.unref(table[j])
+            if old is None:
+                del table[j]
+            else:
+                table[j] = old
+                if not deferred:
+                    blocks.ref(old)
+                blocks.cow_copies -= 1
+                self.bytes_copied -= self.pool.block_bytes
+        self._planned, self._claimed, self._pending = None, [], None
+        self.new_slots = []
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, nkv, T, hs = k.shape
-        if layer_idx == 0:  # the first layer of a forward claims the step's blocks for every layer
-            self._prepare(T)
+        if self._planned != (self.pos, T):
+            if layer_idx != 0:  # two forwards on one cache at once, or a layer writing twice
+                raise RuntimeError(f"layer {layer_idx} writes {T} positions at {self.pos}, but the step "
+                                   f"planned {self._planned}: one forward at a time per cache")
+            self._plan(T)  # a caller that drives the forward itself (tests, beam search) plans here
         assert self._gather is not None and self._slot_blk is not None and self._slot_off is not None
         end, bs = self.pos + T, self.block_size
         out = []
@@ -172,7 +239,13 @@ class PagedKVCache(KVCache):
         return out[0], out[1]
 
     def advance(self, n: int) -> None:
+        """Commit the step: the position moves, the blocks a copy replaced are let go, full blocks hashed."""
         super().advance(n)
+        for _, _, old, deferred in self._claimed:
+            if deferred:
+                assert old is not None
+                self.pool.blocks.unref(old)
+        self._planned, self._claimed = None, []
         ids, self._pending = self._pending, None
         rows = ids.tolist() if ids is not None and ids.shape[-1] == n else None
         for r in range(self.batch):
@@ -207,6 +280,7 @@ class PagedKVCache(KVCache):
 
     # ------------------------------------------------------------------ moves
     def reset(self) -> None:
+        self.abort_step()
         for r in range(self.batch):
             self._release(r, 0)
         self.tokens = [[] for _ in range(self.batch)]
@@ -225,6 +299,7 @@ class PagedKVCache(KVCache):
         del self.tables[r][keep:]
 
     def _truncate(self, n: int) -> None:
+        self.abort_step()
         keep = blocks_for(n, self.block_size)
         for r in range(self.batch):
             self._release(r, keep)
@@ -235,6 +310,7 @@ class PagedKVCache(KVCache):
         self.new_slots = []
 
     def _reorder(self, index: torch.Tensor) -> None:
+        self.abort_step()
         picks = index.tolist()
         tables = [list(self.tables[i]) for i in picks]
         for t in tables:  # ref the new tables before dropping the old: a block never passes through 0
@@ -246,6 +322,31 @@ class PagedKVCache(KVCache):
         self.tables = tables
         self.tokens = [None if self.tokens[i] is None else list(self.tokens[i]) for i in picks]  # type: ignore[arg-type]
         self.hashes = [list(self.hashes[i]) for i in picks]
+
+    # ------------------------------------------------------------------ transactions
+    def _save(self, keep: int) -> Any:
+        # The whole pool's bookkeeping, exactly (free-list and LRU order included), and from now on
+        # a copy of each live block before its first write: a truncation may release a block to the
+        # free list and a later claim reuse it, an eviction overwrites a cached one, and the tail
+        # block is written from a truncated position. A restore is exact only while this cache is
+        # the pool's one writer until then (a conversation's turn runs under its lock).
+        self.pool.begin_journal()
+        return {"tables": [list(t) for t in self.tables], "hashes": [list(h) for h in self.hashes],
+                "tokens": [None if t is None else list(t) for t in self.tokens],
+                "new_slots": list(self.new_slots), "blocks": self.pool.blocks.save()}
+
+    def _load(self, cp: Checkpoint) -> None:
+        st = cp.state
+        self._planned, self._claimed, self._pending = None, [], None  # the saved bookkeeping replaces it
+        self.pool.end_journal(restore=True)
+        self.pool.blocks.load(st["blocks"])
+        self.tables = [list(t) for t in st["tables"]]
+        self.hashes = [list(h) for h in st["hashes"]]
+        self.tokens = [None if t is None else list(t) for t in st["tokens"]]
+        self.new_slots = list(st["new_slots"])
+
+    def commit(self, cp: Checkpoint) -> None:
+        self.pool.end_journal(restore=False)
 
     # ------------------------------------------------------------------ prefix cache
     def match_prefix(self, ids: list[int]) -> list[int]:
@@ -266,6 +367,7 @@ class PagedKVCache(KVCache):
         n = len(blocks) * self.block_size
         if len(ids) < n:
             raise ValueError("fewer ids than the adopted blocks hold")
+        self.abort_step()
         for b in blocks:
             self.pool.blocks.ref(b)
         self.pool.blocks.hits += len(blocks)

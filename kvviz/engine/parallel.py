@@ -70,21 +70,29 @@ class ParallelSamples:
         positions = torch.arange(m.config.block_size, device=dev)
         inp = torch.tensor([self.prompt_ids], dtype=torch.long, device=dev)  # (1, N)
         self.rows = [[] for _ in range(n)]
-        for step in range(self.max_new_tokens):
-            start = cache.pos
+        try:
+            for step in range(self.max_new_tokens):
+                start = cache.pos
+                with torch.inference_mode():
+                    cache.plan_step(inp)
+                    logits = forward(inp, positions.narrow(0, start, inp.shape[1]), cache, None, last_only=True)
+                    cache.advance(inp.shape[1])
+                    last = logits.select(1, -1).float()  # (B, V)
+                    if step == 0:  # one prompt row fans out to n: the rows share it from here
+                        self.reorder_bytes = cache.reorder(torch.zeros(n, dtype=torch.long))
+                        last = last.expand(n, -1)  # (n, V): the same distribution, n draws
+                    nxt = sample(last, self.params, gen)  # (n,)
+                for r, t in enumerate(nxt.tolist()):
+                    self.rows[r].append(t)
+                yield cache.snapshot() if isinstance(cache, PagedKVCache) else {}
+                inp = nxt.view(n, 1)
+        except BaseException:
+            # Abandoned (GeneratorExit), stopped or failed inside a layer: on a shared pool the rows'
+            # blocks go back (full ones stay findable by hash), so its ref counts equal the tables
+            # of the caches still running.
             with torch.inference_mode():
-                cache.note_tokens(inp)
-                logits = forward(inp, positions.narrow(0, start, inp.shape[1]), cache, None, last_only=True)
-                cache.advance(inp.shape[1])
-                last = logits.select(1, -1).float()  # (B, V)
-                if step == 0:  # one prompt row fans out to n: the rows share it from here
-                    self.reorder_bytes = cache.reorder(torch.zeros(n, dtype=torch.long))
-                    last = last.expand(n, -1)  # (n, V): the same distribution, n draws
-                nxt = sample(last, self.params, gen)  # (n,)
-            for r, t in enumerate(nxt.tolist()):
-                self.rows[r].append(t)
-            yield cache.snapshot() if isinstance(cache, PagedKVCache) else {}
-            inp = nxt.view(n, 1)
+                cache.reset()
+            raise
 
     def run(self) -> "ParallelSamples":
         for _ in self:

@@ -10,7 +10,7 @@ keeps the longest prefix of drafts equal to the model's argmax, plus the model's
 so the text is token-identical to plain greedy decoding (up to the float rounding of a batched
 forward against a one-row one, which can only matter on an exact near-tie). The positions of
 rejected drafts are then dropped with ``cache.truncate``: the rollback. The ids fed are not told to
-the cache (``note_tokens``): a paged cache would hash the blocks that drafts filled before the
+the cache (no ``plan_step``: the paged cache plans the verify forward itself): a paged cache would hash the blocks that drafts filled before the
 rollback drops them, so a speculative run's blocks are not offered for prefix reuse.
 
 Sampling uses the standard rejection rule (Leviathan et al. 2023, Chen et al. 2023) with a point-

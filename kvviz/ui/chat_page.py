@@ -7,12 +7,13 @@ one-click scenario (kvviz/ui/chat_scenario.py) runs parallel samples, a hit and 
 """
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Iterator
 
 import streamlit as st
 
 from kvviz.charts import paged as pc
-from kvviz.engine.conversation import Conversation, with_chat_template
+from kvviz.engine.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
 from kvviz.engine.load import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.ui import chat_scenario, chat_views
@@ -20,6 +21,7 @@ from kvviz.ui.figs import show
 from kvviz.ui.perf_common import busy_note, page_model, where
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES
+from kvviz.ui.stepper import close_iterator
 
 INTRO = (
     "Serving engines keep the KV cache **between requests**. A chat's second turn then computes only its new "
@@ -88,21 +90,46 @@ def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: in
 
 
 def _chat(conv: Conversation) -> None:
+    # Read the message before drawing the conversation (into a container placed above the input): a
+    # rerun that stops this run while it draws must not lose the message.
+    view = st.container()
+    text = st.chat_input("Say something", key="chat_input")
+    sent = False
+    try:
+        with view:
+            _conversation_view(conv)
+        if text is not None:
+            sent = True
+            _send(conv, text)
+    finally:
+        if text is not None and not sent:
+            conv.drop(text, "interrupted by a rerun")
+    _controls(conv)
+
+
+def _conversation_view(conv: Conversation) -> None:
     checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
-    tok = conv.model.tokenizer
-    for i, t in enumerate(conv.turns):
+    # A turn still running belongs to an older script run that this rerun stopped (Streamlit's fast
+    # reruns start a new thread at once): roll it back now, so what is drawn below is current.
+    conv.interrupt("interrupted by a rerun")
+    turns, cut = conv.turns, conv.interrupted  # read once: a turn on another script thread replaces them
+    for i, t in enumerate(turns):
+        _interrupted(cut, i)
         with st.chat_message("user"):
             st.text(t.user)
         with st.chat_message("assistant"):
             st.text(t.text)
             got = checks.get(i)
             st.caption(chat_views.turn_line(t, got[1] if got else None, got[0] if got else None))
+    _interrupted(cut, len(turns))
     err = st.session_state.pop("chat_error", None)
     if err:
         st.error(md_plain(err))
-    text = st.chat_input("Say something", key="chat_input")
-    if text is not None:
-        _send(conv, text)
+
+
+def _controls(conv: Conversation) -> None:
+    checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
+    tok = conv.model.tokenizer
     b0, b1, b2, b3, b4 = st.columns([1.2, 2, 1.6, 1, 1])
     # Any earlier message: the cache is kept up to the first token that changes (in the chips).
     which = b0.selectbox("Message to edit", range(len(conv.turns)) or [0], key="chat_edit_turn",
@@ -142,26 +169,58 @@ def _chat(conv: Conversation) -> None:
 LIVE_EVERY = 4  # redraw the live pool every this many steps (each draw is a new chart in the browser)
 
 
+def _interrupted(cut: list[InterruptedTurn], after: int) -> None:
+    """The turns interrupted after finished turn ``after``: the message and the partial answer,
+    labelled; neither is part of the conversation (its cache rolled back to before them). Repeats
+    of one message in a row (Regenerate clicked again and again) show once, with their count."""
+    here = [c for c in cut if c.after == after]
+    for i, c in enumerate(here):
+        if i + 1 < len(here) and here[i + 1].user == c.user:
+            continue  # the next one is the same message, tried again
+        n = 1
+        while i - n >= 0 and here[i - n].user == c.user:
+            n += 1
+        with st.chat_message("user"):
+            st.text(c.user)
+        with st.chat_message("assistant"):
+            st.text(c.text or "(no answer yet)")
+            line = chat_views.interrupted_line(c)
+            if n > 1:
+                line += f" The same message was interrupted {n} times in a row; this is the last."
+            st.caption(md_plain(line))
+
+
 def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerate: bool = False) -> None:
     """Run one turn, the pool redrawn live as it decodes (paged); a bad message is shown and
-    nothing is lost. A click that interrupts the turn drops it: the conversation stays as it was
-    (``Conversation`` records a turn only when it ends), and the next turn's common prefix trims
-    whatever the cache took from the dropped one."""
+    nothing is lost. A turn is a transaction (engine/conversation.py): a Stop or a rerun raises
+    here while drawing, and closing the iterator rolls the turn back on this thread; a click that
+    starts a newer turn (a new message, Regenerate, an edit) on the next script thread waits for
+    this turn's running step, then replaces it. Either way the conversation is as before the turn,
+    and the page shows the interrupted turn, labelled."""
+    it: Iterator[dict[str, Any]] | None = None
     try:
-        if edit_turn is not None or regenerate:
-            with st.spinner("Answering again…"):
-                if regenerate:
-                    conv.regenerate(conv.params.seed + 1)
-                else:
-                    conv.edit(edit_turn, text)
-            st.session_state["chat_checks"] = {}
+        if regenerate:
+            it = conv.iter_regenerate(conv.params.seed + 1)
+        elif edit_turn is not None:
+            it = conv.iter_edit(edit_turn, text)
         else:
-            live = st.empty()
-            for i, snap in enumerate(conv.iter_send(text)):
-                if snap and i % LIVE_EVERY == 0:
-                    with live.container():
-                        st.caption(f"Answering on the same cache: step {i + 1}")
+            it = conv.iter_send(text)
+        live = st.empty()
+        for i, snap in enumerate(it):
+            if i % LIVE_EVERY == 0:
+                with live.container():
+                    st.caption(f"Answering on the same cache: step {i + 1}")
+                    if snap:
                         show(st, pc.pool_grid(snap, ["conversation"]), key=f"chat_live_{len(conv.turns)}_{i}")
+        if edit_turn is not None or regenerate:
+            st.session_state["chat_checks"] = {}
+    except TurnInterrupted:
+        return  # a newer turn replaced this one: the script run that started it draws the page
     except KVVizError as e:
         st.session_state["chat_error"] = str(e)
+    finally:
+        if it is not None and inspect.getgeneratorstate(it) == inspect.GEN_CREATED and edit_turn is None \
+                and not regenerate:  # stopped before the turn began: keep the message, unanswered
+            conv.drop(text, "interrupted by a rerun")
+        close_iterator(it)  # interrupted while drawing: roll the turn back now, not when collected
     st.rerun()

@@ -9,7 +9,7 @@ import streamlit as st
 
 from kvviz.charts import paged as pc
 from kvviz.charts.tokens import visible
-from kvviz.engine.conversation import TurnRecord
+from kvviz.engine.conversation import InterruptedTurn, TurnRecord
 from kvviz.ui.figs import show
 from kvviz.units import fmt_bytes
 
@@ -60,6 +60,16 @@ def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | 
     if scratch is not None:
         s += " · equals a from-scratch generation ✓" if scratch else " · DIFFERS from a from-scratch generation ✗"
     return s
+
+
+def interrupted_line(c: InterruptedTurn) -> str:
+    """The label of an interrupted turn (plain text; the reason may quote an error)."""
+    why = {"replaced by a newer turn": "a newer turn replaced it",
+           "stopped": "stopped before it ended",
+           "interrupted by a rerun": "a click or a new message interrupted it"}.get(c.reason, c.reason)
+    n = c.generated_tokens
+    return (f"Interrupted after {n} generated token{'' if n == 1 else 's'} ({why}). Not part of the conversation: "
+            "the cache, its blocks and the messages are as they were before this message.")
 
 
 def pool_stats_line(stats: dict[str, int]) -> str:

