@@ -30,7 +30,7 @@ import torch
 from kvviz.engine.caches import make_cache
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.generate import generate
-from kvviz.engine.requests import check_pool, sampling_params
+from kvviz.engine.requests import check_pool, check_pool_memory, sampling_params
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.sampling import make_generator, sample
@@ -145,6 +145,8 @@ class Conversation:
             if pool is None and kv_blocks is None:
                 # The context of one sequence plus as much again for blocks kept by prefix hash.
                 kv_blocks = 2 * blocks_for(cfg.block_size, kv_block_size)
+            if pool is None:
+                check_pool_memory(model, kv_block_size, kv_blocks)
             with torch.inference_mode():
                 self.cache = PagedKVCache(cfg, 1, model.device, model.dtype, kv_block_size, kv_blocks, pool)
         else:

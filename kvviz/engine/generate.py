@@ -31,7 +31,7 @@ from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.speculative import SpeculativeStream
 from kvviz.engine.strategies import strategy_stream
 from kvviz.engine.requests import (
-    check_budget, check_pool, kv_spec, resolve_chat, resolve_prompt, sampling_params,
+    check_budget, check_pool, check_pool_memory, kv_spec, resolve_chat, resolve_prompt, sampling_params,
 )
 from kvviz.engine.stops import first_stop
 from kvviz.errors import KVVizError
@@ -319,6 +319,8 @@ def iter_generate(
         raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {cache_kind!r})")
     if cache_kind == "paged" and use_cache:
         check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens)
+        if kv_blocks is not None:
+            check_pool_memory(model, kv_block_size, kv_blocks)
     kv = kv_spec(model, kv_dtype, window, sinks, kv_group_size, kv_zero_point, kv_fp8_scale, kv_positions,
                  track_kv_error)
     if kv.active:

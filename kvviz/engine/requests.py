@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from kvviz.engine.beam import MEMORY_SHARE, available_memory
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.kvspec import KVSpec, resolve
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import blocks_for
 from kvviz.engine.sampling import SamplingParams
 from kvviz.errors import KVVizError
+from kvviz.limits import MAX_KV_BLOCK_SIZE  # shared with the CLI's --block-size
+from kvviz.units import fmt_bytes, kv_bytes_per_token
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
 
@@ -40,9 +43,6 @@ def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None 
     family = getattr(c, "model_type", "gpt2")
     return resolve(KVSpec(kv_dtype, group_size, bool(zero_point), fp8_scale, window, sinks, positions,
                           bool(track_errors)), family, c.head_dim, c.block_size)
-
-
-MAX_KV_BLOCK_SIZE = 4096
 
 
 def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
@@ -111,6 +111,18 @@ def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
         raise KVVizError(f"model {model.name!r} has no chat template: turn chat off and give a plain prompt")
     got = chat_prompt(tok, messages)  # type: ignore[arg-type]
     return [list(got.ids)], got.text
+
+
+def check_pool_memory(model: LoadedModel, block_size: int, num_blocks: int, rows: int = 1) -> None:
+    """A pool of ``num_blocks`` blocks is allocated whole up front: refuse one the memory cannot hold
+    (a million blocks of 4,096 tokens asked torch for 4 TB and died in the allocator)."""
+    c = model.config
+    need = num_blocks * block_size * kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
+    free = available_memory(model.device)
+    if free is not None and need > MEMORY_SHARE * free:
+        raise KVVizError(f"a pool of {num_blocks:,} blocks of {block_size:,} tokens needs {fmt_bytes(need)} of KV "
+                         f"cache, more than {MEMORY_SHARE:.0%} of the {fmt_bytes(free)} free on {model.device.type}: "
+                         "use fewer blocks")
 
 
 def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
