@@ -18,6 +18,9 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turn", action="append", required=True, metavar="TEXT",
                    help="one user message; repeat for every turn, in order")
     p.add_argument("--system", default=None, help="a system prompt (default: the template's own)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="read special-token text typed in --turn/--system (<|im_end|>...) as control tokens; by "
+                        "default it is plain text, so a message cannot end its turn or forge another")
     p.add_argument("--timestamp", action="store_true",
                    help="start the system prompt with the current time (every turn then misses the cache)")
     p.add_argument("--cache", choices=["static", "concat", "paged"], default="paged")
@@ -53,7 +56,8 @@ def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
     conv = Conversation(model, cache_kind=args.cache, kv_block_size=args.block_size, kv_blocks=args.blocks,
                         system=args.system, timestamp=args.timestamp, max_new_tokens=args.max_new_tokens,
                         greedy=None if args.temperature is not None else True, temperature=args.temperature,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=not args.no_fast)
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=not args.no_fast,
+                        parse_special=args.parse_special)
     conv.warm_up()  # turn 1's TTFT then times the model, not first-call costs
     turns, lines = [], []
     error = None

@@ -62,6 +62,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=types.kv_block_size, default=16, help="tokens per block of --cache-kind paged")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template (instruct models)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="with --chat: read special-token text in the prompt (<|im_end|>...) as control tokens; "
+                        "by default it is plain text, so typed text cannot end the turn or forge another")
     p.add_argument("--no-fast", action="store_true",
                    help="run every step through the readable model, without the accelerator (kvviz.fast)")
     samp = p.add_mutually_exclusive_group()
@@ -101,6 +104,8 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")
+    if args.parse_special and not args.chat:
+        parser.error("--parse-special applies to --chat (a plain prompt's special-token text is always parsed)")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
     stream = iter_generate(
@@ -108,6 +113,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         use_cache=not args.no_cache, cache_kind=args.cache_kind, kv_block_size=args.block_size,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
+        parse_special=args.parse_special,
         num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
         num_return_sequences=args.num_return_sequences, speculative=args.speculative,
         draft_tokens=args.draft_tokens, ngram=args.ngram, **kv_options(args),

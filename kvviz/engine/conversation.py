@@ -104,8 +104,8 @@ class _Templated:
         self.chat_template = CHATML
         self.special_tokens: dict[str, str] = {}
 
-    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
-        return self._tok.encode(text)
+    def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        return self._tok.encode(text) if parse_special else self._tok.encode(text, parse_special=False)
 
     def __getattr__(self, name: str) -> Any:  # decode, token_display, eos_token_id, ...
         return getattr(self._tok, name)
@@ -131,7 +131,7 @@ class Conversation:
                  kv_blocks: int | None = None, system: str | None = None, timestamp: bool = False,
                  max_new_tokens: int = 64, greedy: bool | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, fast: bool = True,
-                 pool: PagedPool | None = None) -> None:
+                 pool: PagedPool | None = None, parse_special: bool = False) -> None:
         if not getattr(model.tokenizer, "chat_template", None):
             raise KVVizError(f"model {model.name!r} has no chat template: a conversation needs an instruct model")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -139,6 +139,9 @@ class Conversation:
         self.params = sampling_params(greedy, temperature, top_k, top_p, seed)
         self.model, self.fast, self.max_new_tokens = model, bool(fast), max_new_tokens
         self.system, self.timestamp = system, timestamp
+        # False: control-token text typed in a message is text (engine/chat.py); True reads it as
+        # control tokens, so a message can end its turn and forge the next one.
+        self.parse_special = bool(parse_special)
         cfg = model.config
         if cache_kind == "paged":
             check_pool(kv_block_size, kv_blocks, 1)
@@ -162,7 +165,7 @@ class Conversation:
         if self.timestamp:  # what some deployments do, and why their prefix cache never hits
             system = f"Current time: {datetime.now().isoformat(timespec='microseconds')}. {system or ''}".strip()
         msgs = ([{"role": "system", "content": system}] if system else []) + messages
-        return list(chat_prompt(self.model.tokenizer, msgs).ids)
+        return list(chat_prompt(self.model.tokenizer, msgs, parse_special=self.parse_special).ids)
 
     def send(self, text: str) -> TurnRecord:
         """Ask ``text`` after the conversation so far; run the turn to its end."""

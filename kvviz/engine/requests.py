@@ -92,8 +92,10 @@ def resolve_prompt(model: LoadedModel, prompt: str | None,
 
 
 def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
-                 messages: Sequence[Mapping[str, str]] | None) -> tuple[list[list[int]], str]:
-    """One token row and its text: the conversation laid out by the model's chat template."""
+                 messages: Sequence[Mapping[str, str]] | None,
+                 parse_special: bool = False) -> tuple[list[list[int]], str]:
+    """One token row and its text: the conversation laid out by the model's chat template
+    (control-token text typed in a message stays text unless ``parse_special``: engine/chat.py)."""
     if prompt_ids is not None:
         raise KVVizError("a chat is given as text (prompt= or messages=), not as prompt_ids")
     if messages is None:
@@ -109,7 +111,7 @@ def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
     tok = model.tokenizer
     if not getattr(tok, "chat_template", None):
         raise KVVizError(f"model {model.name!r} has no chat template: turn chat off and give a plain prompt")
-    got = chat_prompt(tok, messages)  # type: ignore[arg-type]
+    got = chat_prompt(tok, messages, parse_special=bool(parse_special))  # type: ignore[arg-type]
     return [list(got.ids)], got.text
 
 
