@@ -90,9 +90,13 @@ def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: in
 def _chat(conv: Conversation) -> None:
     checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
     tok = conv.model.tokenizer
+    controls = getattr(tok, "control_tokens", None) or {}
     for i, t in enumerate(conv.turns):
         with st.chat_message("user"):
             st.text(t.user)
+            note = chat_views.typed_note(t.user, controls, conv.parse_special)
+            if note:
+                st.caption(md_plain(note))
         with st.chat_message("assistant"):
             st.text(t.text)
             got = checks.get(i)
