@@ -88,7 +88,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--speculative", choices=["prompt_lookup"],
                       help="draft from the context itself and verify the drafts in one forward")
-    spec.add_argument("--draft-tokens", type=types.draft_tokens, default=10, metavar="K", help="tokens drafted per step")
+    spec.add_argument("--draft-tokens", type=types.draft_tokens, default=10, metavar="K",
+                      help="tokens drafted per step")
     spec.add_argument("--ngram", type=types.ngram, default=2, metavar="N",
                       help="longest n-gram matched against the context (then shorter ones)")
     add_kv_arguments(p)

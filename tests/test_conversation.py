@@ -153,7 +153,7 @@ def test_cli_bad_input(chat_llama: LoadedModel, monkeypatch: pytest.MonkeyPatch,
     for args, msg in ((["--turn", "hi", "--turn", " "], "turn 2 is empty"),
                       (["--turn", "hi", "--blocks", "2", "--block-size", "4"], "pool has 2 blocks"),
                       (["--turn", "y" * 300], "turn 1: the conversation is"),
-                      (["--turn", "hi", "--block-size", "0"], "positive"),
+                      (["--turn", "hi", "--block-size", "0"], "--block-size: expected an integer from 1 to 4,096"),
                       (["--turn", "hi", "--cache", "static", "--blocks", "9"], "--blocks applies")):
         with pytest.raises(SystemExit) as e:
             cli.main(["chat", *args, "--json"])

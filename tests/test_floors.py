@@ -49,8 +49,8 @@ FLOORS: dict[str, int] = {
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio", "kvviz.limits",
-            "kvviz.argtypes")
+NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio",
+            "kvviz.limits", "kvviz.argtypes")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:

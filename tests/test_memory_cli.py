@@ -135,7 +135,8 @@ def test_tp_per_gpu_and_replication(capsys: pytest.CaptureFixture[str]) -> None:
     assert d["kv_bytes_per_gpu"] == d["kv_bytes"] and d["kv_heads_per_gpu"] is None
     err = run_error(capsys, "--preset", "llama-3-8b", "--seq-len", "1", "--tp", "3")
     assert "tp 3 neither divides nor is a multiple of the 8 KV heads" in err
-    assert "--tp: expected an integer from 1 to 1,024 (GPUs)" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--tp", "5000")
+    assert "--tp: expected an integer from 1 to 1,024 (GPUs)" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1",
+                                                                           "--tp", "5000")
 
 
 def test_gpu_model_bandwidth_price_and_cost(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,9 +2,9 @@
 
 Both expose ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``token_bytes(id)`` and
 ``token_display(id)``, and ``control_tokens`` ({text: id} of the special tokens ``encode`` matches
-whole in text; ``literal_backend`` makes the encoder that does not, for typed chat text). Display text is for token chips: a token whose bytes are not valid UTF-8
-on their own (half of an emoji, say) shows as ``<0xE2>`` while ``decode`` of the whole sequence
-stays exact.
+whole in text; ``literal_backend`` makes the encoder that does not, for typed chat text). Display
+text is for token chips: a token whose bytes are not valid UTF-8 on their own (half of an emoji,
+say) shows as ``<0xE2>`` while ``decode`` of the whole sequence stays exact.
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
+        # No token is special here, so parse_special changes nothing.
         # surrogatepass: lone surrogates (possible from pasted text) still encode, never crash.
         return list(text.encode("utf-8", errors="surrogatepass"))
 
