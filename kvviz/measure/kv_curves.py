@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from kvviz.engine.requests import kv_spec
