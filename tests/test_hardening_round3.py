@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -80,11 +79,10 @@ BOUNDS = [
 @pytest.mark.parametrize("base, bad, needle", BOUNDS, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
 def test_every_numeric_option_is_bounded_by_the_parser(capsys: pytest.CaptureFixture[str], base: list[str],
                                                        bad: list[str], needle: str) -> None:
-    t0 = time.perf_counter()
     code, out, err = cli(capsys, *base, "--model" if base[0] not in ("memory", "bench", "train") else "--json",
                          *(["random:tiny"] if base[0] not in ("memory", "bench", "train") else []), *bad)
     assert_one_error(code, out, err, needle)
-    assert time.perf_counter() - t0 < 5  # refused by the parser: no model was loaded
+    assert f"error: argument {bad[0].split('=')[0]}" in err  # the parser refused it: nothing ran
 
 
 def test_every_subcommand_s_numeric_options_use_the_shared_types() -> None:
@@ -130,10 +128,9 @@ def test_every_out_is_refused_before_any_work(tmp_path: Path, capsys: pytest.Cap
             "dev_null": Path("/dev/null")}[where]
     if where == "fifo":
         os.mkfifo(path)
-    t0 = time.perf_counter()
     code, out, err = cli(capsys, *cmd, "--out", str(path))
-    assert_one_error(code, out, err, f"argument --out: cannot write the results to {path}")
-    assert time.perf_counter() - t0 < 5 and not (tmp_path / "a").exists()
+    assert_one_error(code, out, err, f"argument --out: cannot write the results to {path}")  # by the parser
+    assert not (tmp_path / "a").exists()
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -200,10 +197,9 @@ def test_issue_cases_end_in_one_error_line_in_a_real_process(tmp_path: Path, cas
     argv, needle = PROCESS_CASES[case]
     argv = [a.replace("{tmp}", str(tmp_path)).replace("{fifo}", _fifo(tmp_path) if a == "{fifo}" else "")
             if "{" in a else a for a in argv]
-    t0 = time.perf_counter()
-    code, out, err, rss_mb = cli_subprocess(*argv)
+    code, out, err, rss_mb = cli_subprocess(*argv)  # time-bounded: a hang fails on its timeout
     assert_one_error(code, out, err, needle)
-    assert time.perf_counter() - t0 < 30 and rss_mb < MAX_RSS_MB, rss_mb
+    assert rss_mb < MAX_RSS_MB, rss_mb
 
 
 BEAM = ["generate", "--model", "random:tiny", "--prompt", "The cat", "--num-beams", "2", "--max-new-tokens", "4",
