@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvviz.argtypes import finite_float, nonneg_int, positive_int
+from kvviz import argtypes as types
+from kvviz.argtypes import finite_float
 from kvviz.errors import KVVizError
 
 
@@ -17,19 +18,22 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turn", action="append", required=True, metavar="TEXT",
                    help="one user message; repeat for every turn, in order")
     p.add_argument("--system", default=None, help="a system prompt (default: the template's own)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="read special-token text typed in --turn/--system (<|im_end|>...) as control tokens; by "
+                        "default it is plain text, so a message cannot end its turn or forge another")
     p.add_argument("--timestamp", action="store_true",
                    help="start the system prompt with the current time (every turn then misses the cache)")
     p.add_argument("--cache", choices=["static", "concat", "paged"], default="paged")
-    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per block of the paged cache")
-    p.add_argument("--blocks", type=positive_int, default=None,
+    p.add_argument("--block-size", type=types.kv_block_size, default=16, help="tokens per block of the paged cache")
+    p.add_argument("--blocks", type=types.kv_blocks, default=None,
                    help="blocks in the paged pool (default: two contexts' worth)")
     samp = p.add_mutually_exclusive_group()
     samp.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
     samp.add_argument("--temperature", type=finite_float, help="sample at this temperature")
-    p.add_argument("--top-k", type=positive_int)
+    p.add_argument("--top-k", type=types.top_k)
     p.add_argument("--top-p", type=finite_float)
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--seed", type=types.seed, default=0)
+    p.add_argument("--max-new-tokens", type=types.token_count, default=64)
     p.add_argument("--check", action="store_true",
                    help="also generate every turn from scratch and measure the TTFT of recomputing it all")
     p.add_argument("--no-fast", action="store_true", help="run the readable model, without kvviz.fast")
@@ -52,7 +56,8 @@ def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
     conv = Conversation(model, cache_kind=args.cache, kv_block_size=args.block_size, kv_blocks=args.blocks,
                         system=args.system, timestamp=args.timestamp, max_new_tokens=args.max_new_tokens,
                         greedy=None if args.temperature is not None else True, temperature=args.temperature,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=not args.no_fast)
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=not args.no_fast,
+                        parse_special=args.parse_special)
     conv.warm_up()  # turn 1's TTFT then times the model, not first-call costs
     turns, lines = [], []
     error = None

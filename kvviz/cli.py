@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kvviz import argtypes as types
 from kvviz.argtypes import finite_float as _float
 from kvviz.argtypes import nonneg_int as _nonneg_int
 from kvviz.argtypes import positive_int as _positive_int
@@ -22,9 +23,9 @@ from kvviz.kv_cli import add_kv_arguments
 
 def _id_list(s: str) -> list[int]:
     try:
-        ids = [int(x) for x in s.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 1,2,3, got {s!r}") from None
+        ids = [types.token_id(x) for x in s.replace(" ", "").split(",") if x != ""]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"comma-separated token ids like 1,2,3: {e}") from None
     if not ids:
         raise argparse.ArgumentTypeError("expected at least one token id")
     return ids
@@ -55,37 +56,41 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", type=_id_list, help="comma-separated token ids, e.g. 1,2,3")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=types.token_count, default=64)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
     p.add_argument("--cache-kind", choices=["static", "concat", "paged"], default="static")
-    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per block of --cache-kind paged")
+    p.add_argument("--block-size", type=types.kv_block_size, default=16, help="tokens per block of --cache-kind paged")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user message through the model's chat template (instruct models)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="with --chat: read special-token text in the prompt (<|im_end|>...) as control tokens; "
+                        "by default it is plain text, so typed text cannot end the turn or forge another")
     p.add_argument("--no-fast", action="store_true",
                    help="run every step through the readable model, without the accelerator (kvviz.fast)")
     samp = p.add_mutually_exclusive_group()
     samp.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
     samp.add_argument("--temperature", type=_float, help="sample at this temperature")
-    p.add_argument("--top-k", type=_positive_int)
+    p.add_argument("--top-k", type=types.top_k)
     p.add_argument("--top-p", type=_float)
-    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--seed", type=types.seed, default=0)
     p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     beam = p.add_argument_group("beam search (transformers' generate(num_beams=K, do_sample=False))")
-    beam.add_argument("--num-beams", type=_positive_int, default=1, metavar="K", help="beams (1: no beam search)")
+    beam.add_argument("--num-beams", type=types.beams, default=1, metavar="K", help="beams (1: no beam search)")
     beam.add_argument("--length-penalty", type=_float, default=1.0, metavar="X",
                       help="a finished beam scores sum(log p) / length ** X (default 1.0)")
     beam.add_argument("--early-stopping", choices=["true", "false", "never"], default="false",
                       help="true: stop when K beams finished; false: when none can improve; never: as false, but "
                            "assume a running beam may reach the maximum length (default false)")
-    beam.add_argument("--num-return-sequences", type=_positive_int, default=1, metavar="N",
+    beam.add_argument("--num-return-sequences", type=types.beams, default=1, metavar="N",
                       help="how many of the best finished beams to return (<= K)")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--speculative", choices=["prompt_lookup"],
                       help="draft from the context itself and verify the drafts in one forward")
-    spec.add_argument("--draft-tokens", type=_positive_int, default=10, metavar="K", help="tokens drafted per step")
-    spec.add_argument("--ngram", type=_positive_int, default=2, metavar="N",
+    spec.add_argument("--draft-tokens", type=types.draft_tokens, default=10, metavar="K",
+                      help="tokens drafted per step")
+    spec.add_argument("--ngram", type=types.ngram, default=2, metavar="N",
                       help="longest n-gram matched against the context (then shorter ones)")
     add_kv_arguments(p)
     p.add_argument("--json", action="store_true")
@@ -100,6 +105,8 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")
+    if args.parse_special and not args.chat:
+        parser.error("--parse-special applies to --chat (a plain prompt's special-token text is always parsed)")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
     stream = iter_generate(
@@ -107,6 +114,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         use_cache=not args.no_cache, cache_kind=args.cache_kind, kv_block_size=args.block_size,
         greedy=None if args.temperature is not None else True, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
+        parse_special=args.parse_special,
         num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
         num_return_sequences=args.num_return_sequences, speculative=args.speculative,
         draft_tokens=args.draft_tokens, ngram=args.ngram, **kv_options(args),
@@ -145,9 +153,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--last-fraction", type=_float, default=1.0, help="score only the last fraction of the bytes")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_kv_arguments(p)
-    p.add_argument("--max-tokens", type=_positive_int, default=512,
+    p.add_argument("--max-tokens", type=types.token_count, default=512,
                    help="with a compressed cache: score the first N tokens of the text through it")
-    p.add_argument("--chunk", type=_positive_int, default=64,
+    p.add_argument("--chunk", type=types.token_count, default=64,
                    help="with a compressed cache: tokens per teacher-forced forward (1: decode on the true tokens)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_eval)
@@ -202,7 +210,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                        default=getattr(d, name))
     for name in ("dropout", "lr", "min_lr", "weight_decay", "grad_clip"):
         p.add_argument("--" + name.replace("_", "-"), type=_float, default=getattr(d, name))
-    p.add_argument("--threads", type=_nonneg_int, default=0)
+    p.add_argument("--threads", type=types.threads_or_default, default=0)
     p.add_argument("--amp", choices=["bf16", "off"], default=d.amp, help="bf16 autocast (fp32 master weights) or off")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvviz.argtypes import nonneg_int, positive_int
+from kvviz import argtypes as types
 from kvviz.units import fmt_bytes
 
 
@@ -17,14 +17,14 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("compressed KV cache (engine/kvcaches.py)")
     g.add_argument("--kv-dtype", choices=["int8", "int4", "fp8"], default=None,
                    help="store K/V quantized, dequantized on every read (default: the model's dtype)")
-    g.add_argument("--kv-group-size", type=positive_int, default=None, metavar="G",
+    g.add_argument("--kv-group-size", type=types.group_size, default=None, metavar="G",
                    help="int8/int4: values per fp16 scale along head_dim (default: the whole head vector)")
     g.add_argument("--kv-zero-point", action="store_true", help="int8/int4: asymmetric, with an fp16 zero point")
     g.add_argument("--fp8-scale", choices=["tensor", "head"], default="tensor",
                    help="fp8: one scale per layer, or per layer and KV head (set from the prefill)")
-    g.add_argument("--window", type=positive_int, default=None, metavar="W",
+    g.add_argument("--window", type=types.token_count, default=None, metavar="W",
                    help="keep only the last W positions (a ring buffer)")
-    g.add_argument("--sinks", type=nonneg_int, default=0, metavar="S",
+    g.add_argument("--sinks", type=types.sinks, default=0, metavar="S",
                    help="with --window: also keep the first S positions forever (StreamingLLM)")
     g.add_argument("--kv-positions", choices=["cache", "original"], default=None,
                    help="RoPE positions once positions are evicted: within the cache (StreamingLLM, the "

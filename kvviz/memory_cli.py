@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from kvviz.argtypes import positive_int
+from kvviz import argtypes as types
+from kvviz.argtypes import float_in, int_in
 from kvviz.errors import KVVizError
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
@@ -21,10 +22,12 @@ from kvviz.memory.formulas import weight_bytes
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
 from kvviz.memory.engines import ENGINES, EngineRequest, engine_report, estimate_parts
 from kvviz.memory import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_TP,
-    SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs, cache_window_problems,
-    calculate, find_preset, load_config_file, load_gpus, summary_text, with_builtins, with_cache_window,
+    DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH,
+    MAX_SEQ_LEN, MAX_TP, SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs,
+    cache_window_problems, calculate, find_preset, load_config_file, load_gpus, summary_text, with_builtins,
+    with_cache_window,
 )
+from kvviz.memory.spec import MAX_BEAMS, MAX_BLOCK_SIZE, MAX_GROUP_SIZE
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
@@ -52,60 +55,21 @@ def parse_count(s: str) -> int:
     return int(round(v))
 
 
-def _gib(s: str) -> float:
-    try:
-        v = float(s.lower().removesuffix("gib").removesuffix("gb").strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU memory in GiB such as 80, got {s!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive amount of GiB, got {s!r}")
-    return v
+def _unit(*suffixes: str) -> Callable[[str], str]:
+    def strip(s: str) -> str:
+        t = s.strip().lower()
+        for suffix in suffixes:
+            t = t.removeprefix(suffix) if suffix == "$" else t.removesuffix(suffix)
+        return t.strip()
+    return strip
 
 
-def _fraction(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {s!r}") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {s!r}")
-    return v
-
-
-def _positive_float(what: str, example: str) -> Any:
-    def parse(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what} such as {example}, got {s!r}") from None
-        if not math.isfinite(v) or v <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {what}, got {s!r}")
-        return v
-    return parse
-
-
-def _price(s: str) -> float:
-    try:
-        v = float(s.removeprefix("$"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected dollars per GPU-hour such as 2.5, got {s!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a price >= 0, got {s!r}")
-    return v
-
-
-def _efficiency(s: str) -> float:
-    v = _positive_float("fraction", "0.7")(s)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {s!r}")
-    return v
-
-
-def _tp(s: str) -> int:
-    v = positive_int(s)
-    if v > MAX_TP:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_TP:,} GPUs, got {s!r}")
-    return v
+_gib = float_in(0, math.inf, "amount of GiB", "80", low_open=True, strip=_unit("gib", "gb"))
+_fraction = float_in(0, 1, "a fraction", "0.1", high_open=True)
+_bandwidth = float_in(0, math.inf, "GB/s", "3350", low_open=True)
+_price = float_in(0, math.inf, "a price in dollars per GPU-hour", "2.5", strip=_unit("$"))
+_efficiency = float_in(0, 1, "a fraction", "0.7", low_open=True)
+_tp = int_in(1, MAX_TP, "GPUs")
 
 
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
@@ -114,23 +78,25 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--config", type=Path, metavar="config.json", help="a Hugging Face or kvviz config.json")
     src.add_argument("--list-presets", action="store_true", help="list the presets with their sources")
     src.add_argument("--list-gpus", action="store_true", help="list the GPU presets with their sources")
-    p.add_argument("--seq-len", type=positive_int, metavar="N", help="tokens per sequence: prompt + output (required)")
-    p.add_argument("--batch", type=positive_int, default=1, help="concurrent requests (default 1)")
-    p.add_argument("--beams", type=positive_int, default=1, help="parallel samples / beams per request (default 1)")
+    p.add_argument("--seq-len", type=int_in(1, MAX_SEQ_LEN), metavar="N",
+                   help="tokens per sequence: prompt + output (required)")
+    p.add_argument("--batch", type=int_in(1, MAX_BATCH), default=1, help="concurrent requests (default 1)")
+    p.add_argument("--beams", type=int_in(1, MAX_BEAMS), default=1,
+                   help="parallel samples / beams per request (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default="fp16", help="KV-cache dtype (default fp16)")
     p.add_argument("--weight-dtype", choices=DTYPES, default="fp16", help="weight dtype (default fp16)")
-    p.add_argument("--group-size", type=positive_int, default=DEFAULT_GROUP_SIZE,
+    p.add_argument("--group-size", type=int_in(1, MAX_GROUP_SIZE), default=DEFAULT_GROUP_SIZE,
                    help=f"int8/int4: values per scale (default {DEFAULT_GROUP_SIZE})")
     p.add_argument("--scale-dtype", choices=tuple(SCALE_DTYPE_BYTES), default="fp16",
                    help="int8/int4: scale dtype (default fp16)")
     p.add_argument("--zero-point", action="store_true", help="int8/int4: count a zero point per group too")
     p.add_argument("--paged", action="store_true", help="vLLM-style paging: round tokens up to whole blocks")
-    p.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
+    p.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=DEFAULT_BLOCK_SIZE,
                    help=f"paging block size in tokens (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--no-windows", action="store_true", help="ignore sliding windows: every layer keeps every token")
-    p.add_argument("--window", type=positive_int, metavar="W",
+    p.add_argument("--window", type=int_in(1, MAX_SEQ_LEN), metavar="W",
                    help="a run-time cache window on every layer: keep the last W positions (kvviz's --window)")
-    p.add_argument("--sinks", type=int, default=0, metavar="S",
+    p.add_argument("--sinks", type=types.sinks, default=0, metavar="S",
                    help="with --window: also keep the first S positions forever (StreamingLLM keeps 4; default 0)")
     p.add_argument("--params", type=parse_count, metavar="COUNT",
                    help="parameter count (e.g. 6.7B); overrides the config's, needed when it is unknown")
@@ -144,7 +110,7 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear-attention / Mamba state dtype (default auto: the weight dtype when it is a float)")
     p.add_argument("--gpu-model", choices=tuple(load_gpus()), metavar="GPU",
                    help=f"a GPU preset ({', '.join(load_gpus())}): its memory (unless --gpu), bandwidth and price")
-    p.add_argument("--bandwidth", type=_positive_float("GB/s", "3350"), metavar="GB/S",
+    p.add_argument("--bandwidth", type=_bandwidth, metavar="GB/S",
                    help="peak memory bandwidth of one GPU in GB/s: adds the decode roofline's tokens/s")
     p.add_argument("--price", type=_price, metavar="USD",
                    help="dollars per GPU-hour: adds the cost per 1M output tokens")

@@ -1,4 +1,4 @@
-"""Reading files a user names, without trusting them: bounded, regular files only, precise messages.
+"""Reading and writing files a user names, without trusting them: regular files only, precise messages.
 
 Every path a user gives (a config.json, a text file to score, a corpus) goes through here, so one
 place decides:
@@ -8,6 +8,9 @@ place decides:
   for ``/dev/zero``, so a size check on it proves nothing): only regular files are read;
 - that at most ``limit`` bytes are read, whatever the file grows to meanwhile.
 
+Results go out through ``write_atomic`` (checked up front with ``check_out_file``, the CLI's
+``--out`` type): a temp file in the same folder and a rename, so a full disk never leaves half a file.
+
 JSON from users goes through ``parse_json``: a nesting depth and integer-length bound checked before
 Python's parser recurses or converts, every failure a ``KVVizError`` naming the file.
 
@@ -15,11 +18,13 @@ Pure Python (no torch): the memory calculator may use it too.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import stat
+import tempfile
 import zlib
 from itertools import accumulate
 from pathlib import Path
@@ -165,3 +170,75 @@ def read_maybe_gzip(path: Path | str, limit: int, label: str = "") -> bytes:
     if not d.eof:
         raise KVVizError(f"{label} is a truncated gzip file")
     return out
+
+
+# ----------------------------------------------------------------------------- writing results
+def out_file_problem(path: Path | str) -> str:
+    """'' when ``path`` can become a result file, else why not (no side effects: nothing is created).
+
+    A result file is a regular file (new, or one to replace) in a folder that exists and that this
+    process may write: not a folder, not a device (``/dev/full`` takes the open and fails the write),
+    not a FIFO (its open blocks until a reader comes), not in a missing folder.
+    """
+    if str(path) == "":
+        return "the path is empty"
+    p = Path(path)
+    mode, problem = describe_path(p)
+    if mode is not None and not stat.S_ISREG(mode):
+        return f"it is {kind_of(mode)}, not a regular file"
+    if mode is None and not problem.endswith("does not exist"):
+        return problem
+    folder = p.parent
+    fmode, problem = describe_path(folder)
+    if fmode is None:
+        return f"its folder {problem}"
+    if not stat.S_ISDIR(fmode):
+        return f"its folder {folder} is {kind_of(fmode)}, not a folder"
+    # W_OK | X_OK on the folder: the new file and the rename happen there (access() also reports
+    # a read-only file system).
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"its folder {folder} is not writable"
+    return ""
+
+
+def check_out_file(path: Path | str, label: str = "the results") -> Path:
+    """``path`` as a Path, or a KVVizError 'cannot write <label> to <path>: <why>' (see out_file_problem)."""
+    problem = out_file_problem(path)
+    if problem:
+        raise KVVizError(f"cannot write {label} to {path}: {problem}")
+    return Path(path)
+
+
+def prepare_out(out: Path, default: Path | None = None, label: str = "the results") -> Path:
+    """``check_out_file`` at the start of a command, so a bad path fails before the work, not after;
+    the ``default`` result file's folder is created first (it is kvviz's own, and gitignored)."""
+    if default is not None and Path(out) == Path(default):
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise KVVizError(f"cannot write {label} to {out}: {e.strerror or e}") from None
+    return check_out_file(out, label)
+
+
+def write_atomic(path: Path | str, data: str | bytes, label: str = "the results") -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temp file in the same folder, flushed to disk,
+    then renamed over ``path`` (``os.replace`` is atomic within a file system). A full disk or any
+    other failure leaves the old file (or none) and no temp file, and is one KVVizError line."""
+    p = check_out_file(path, label)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        mode = stat.S_IMODE(os.stat(p).st_mode) if p.exists() else 0o644
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as e:
+        raise KVVizError(f"cannot write {label} to {p}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # mkstemp makes it 0600; keep the old file's mode, or a plain file's
+        os.replace(tmp, p)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise KVVizError(f"cannot write {label} to {p}: {e.strerror or e}") from None

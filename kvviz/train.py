@@ -28,7 +28,7 @@ from kvviz.evaluate import bits_per_byte
 from kvviz.measure.machine import available_memory_bytes, cpu_name
 from kvviz.engine.config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
-from kvviz.safeio import describe_path, kind_of, read_maybe_gzip
+from kvviz.safeio import describe_path, kind_of, read_maybe_gzip, write_atomic
 from kvviz.units import fmt_bytes
 
 VAL_FRACTION = 0.1
@@ -123,7 +123,7 @@ def _save_state(path: Path, model: GPT, opt: torch.optim.Optimizer, step: int, g
     tensors["torch_rng"] = torch.get_rng_state()  # dropout draws from the global generator
     save_file(tensors, str(path / "state.safetensors"))
     meta = {"step": step, "elapsed": elapsed, "tokens": tokens, "history": history, "commands": commands}
-    (path / "state.json").write_text(json.dumps(meta), encoding="utf-8")
+    write_atomic(path / "state.json", json.dumps(meta), "the training state")
 
 
 def _load_state(path: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
@@ -322,7 +322,7 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
         res = bits_per_byte(lm, text)
         summary["val_bits_per_byte"] = round(res.bits_per_byte, 4)
         summary["val_nats_per_byte"] = round(res.bits_per_byte * math.log(2), 4)
-    (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "the training summary")
     return summary
 
 

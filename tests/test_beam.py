@@ -8,6 +8,7 @@ num_return_sequences.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,11 @@ CASES = [  # (k, length_penalty, early_stopping, num_return_sequences)
     (4, 2.0, "never", 4),
     (3, -1.0, "never", 1),
     (5, 1.0, False, 3),
+    # Large penalties: 12 ** 30 stays inside float32, so the scores are tiny but ranked; from 3 ** 100
+    # on float32 saturates (every score -0.0, ties ranked by candidate order, as there).
+    (3, 30.0, "never", 3),
+    (3, 100.0, False, 3),
+    (4, 100.0, "never", 2),
 ]
 
 
@@ -169,3 +175,28 @@ def test_beams_over_memory_are_refused(small_model: LoadedModel, monkeypatch: py
     with pytest.raises(KVVizError, match=r"64 beams x 64 positions need .* of KV cache \(static\), more than 80%"):
         generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, num_beams=64)
     generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, num_beams=2)  # 2 x 64 x 512 B fits
+
+
+@pytest.mark.parametrize("lp", [2000.0, 1e308, -1e308])
+@pytest.mark.parametrize("es", [False, "never"])
+def test_penalties_past_a_double_do_not_overflow(pairs: dict[str, tuple[Any, LoadedModel]], lp: float,
+                                                 es: bool | str) -> None:
+    """transformers computes ``length ** penalty`` in Python floats: 2 ** 2000 raises OverflowError
+    there. kvviz saturates it to inf (the -0.0 score float32 already gives from 3.4e38 on)."""
+    hf, kv = pairs["llama"]
+    if lp > 0:
+        with pytest.raises(OverflowError):
+            _hf_beams(hf, 3, lp, es, 2, None)
+    run = generate(kv, prompt_ids=PROMPT, max_new_tokens=N_NEW, num_beams=3, length_penalty=lp, early_stopping=es,
+                   num_return_sequences=2)
+    assert len(run.beams.scores) == 2 and not any(math.isnan(s) for s in run.beams.scores)
+    if lp > 0:  # every beam ran to the length limit; every score saturated to -0.0
+        assert run.beams.scores == (0.0, 0.0) and all(len(s) == N_NEW for s in run.beams.sequences)
+
+
+def test_length_norm_saturates() -> None:
+    from kvviz.engine.beam import length_norm
+
+    assert length_norm(12, 30.0) == 12.0 ** 30.0  # transformers' own Python float, to the bit
+    assert length_norm(2, 2000.0) == math.inf and length_norm(1, 1e308) == 1.0
+    assert length_norm(2, -2000.0) == 0.0 and length_norm(3, -1e308) == 0.0

@@ -223,7 +223,8 @@ def test_cache_sweep_reports_medians_side_by_side(tmp_path: Path, capsys: pytest
     assert "cache vs no cache on" in text and "2-5x:" in text
 
 
-@pytest.mark.parametrize("ns, message", [("a,b", "comma-separated"), ("0,4", "at least 1"), (",", "at least 1")])
+@pytest.mark.parametrize("ns, message", [("a,b", "comma-separated"), ("0,4", "at least 1"), (",", "at least 1"),
+                                         ("4,1000000000", "at most 32 counts"), (",".join(map(str, range(1, 40))), "got 39")])
 def test_cache_sweep_rejects_bad_counts(ns: str, message: str, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):

@@ -97,9 +97,9 @@ def _main_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--prompt", "hi", "--max-new-tokens", "0"], "expected a positive integer, got 0"),
-    (["--prompt", "hi", "--max-new-tokens", "-4"], "expected a positive integer"),
-    (["--prompt", "hi", "--max-new-tokens", "many"], "expected a positive integer"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "expected an integer from 1 to 1,048,576, got 0"),
+    (["--prompt", "hi", "--max-new-tokens", "-4"], "expected an integer from 1 to"),
+    (["--prompt", "hi", "--max-new-tokens", "many"], "expected an integer from 1 to"),
     (["--prompt", ""], "the prompt is empty"),
     (["--prompt-ids", "1,x"], "comma-separated token ids"),
     (["--prompt-ids", "999"], r"[0, 256)"),
@@ -109,7 +109,7 @@ def _main_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     (["--prompt", "hi", "--temperature", "nan"], "finite number"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--temperature", "1", "--top-p", "2"], "top_p"),
-    (["--prompt", "hi", "--seed", "-1"], "integer >= 0"),
+    (["--prompt", "hi", "--seed", "-1"], "expected an integer from 0 to"),
     (["--prompt", "hi", "--device", "tpu"], "invalid choice"),
 ])
 def test_generate_bad_arguments(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:

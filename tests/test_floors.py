@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: dict[str, int] = {
     "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.measure.machine": 0,
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON: pure Python
+    "kvviz.limits": 0,  # the bounds the CLI's types and the engine's checks share: constants
     "kvviz.memory": 1,  # the calculator: pure Python
     "kvviz.engine.config": 1, "kvviz.engine.capture": 1, "kvviz.engine.events": 1,
     "kvviz.engine.sampling": 1, "kvviz.engine.tokenizers": 1, "kvviz.engine.flops": 1,
@@ -48,7 +49,8 @@ FLOORS: dict[str, int] = {
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio")
+NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio",
+            "kvviz.limits", "kvviz.argtypes")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:

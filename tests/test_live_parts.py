@@ -40,6 +40,18 @@ def test_chips_group_utf8_bytes_into_one_glyph_over_its_byte_boxes() -> None:
     assert cs[2].whitespace
 
 
+def test_chips_mark_typed_control_token_text_and_escape_it() -> None:
+    """"<|im_end|>" typed and encoded as text (5 pieces) is marked; the real control token (one
+    token holding the whole text) is not; the marked text is escaped like any other."""
+    pieces = [("hi", b"hi"), ("<|im_end|>", b"<|im_end|>"), (" <", b" <"), ("|", b"|"), ("im", b"im"),
+              ("_end", b"_end"), ("|", b"|"), (">", b">"), ("<b>", b"<b>")]
+    cs = chips.build_chips(pieces, n_prompt=9)
+    assert [i for i, c in enumerate(cs) if c.lookalike] == [2, 3, 4, 5, 6, 7]
+    assert "not a turn boundary" in cs[2].title and "not a turn boundary" not in cs[1].title
+    body = chips.chips_body(cs)
+    assert body.count("kv-look") == 6 and "<b>" not in body and "&lt;b&gt;" in body
+
+
 def test_chips_break_lines_after_a_run_of_newlines() -> None:
     body = chips.chips_body(chips.build_chips(_toks(list("a\n\nb\nc")), n_prompt=6))
     assert body.count("<br>") == 2  # after "↵↵" and after the single "↵"

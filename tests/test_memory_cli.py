@@ -85,7 +85,7 @@ def test_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert "--seq-len" in run_error(capsys, "--preset", "gpt2")
     assert "unknown preset" in run_error(capsys, "--preset", "gpt-5", "--seq-len", "1")
     assert "one of the arguments" in run_error(capsys, "--seq-len", "1")
-    assert "positive integer" in run_error(capsys, "--preset", "gpt2", "--seq-len", "0")
+    assert "--seq-len: expected an integer from 1 to" in run_error(capsys, "--preset", "gpt2", "--seq-len", "0")
     assert "invalid choice" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--dtype", "fp64")
     assert "parameter count" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--params", "lots")
     assert "no such file" in run_error(capsys, "--config", str(tmp_path / "nope.json"), "--seq-len", "1")
@@ -135,7 +135,8 @@ def test_tp_per_gpu_and_replication(capsys: pytest.CaptureFixture[str]) -> None:
     assert d["kv_bytes_per_gpu"] == d["kv_bytes"] and d["kv_heads_per_gpu"] is None
     err = run_error(capsys, "--preset", "llama-3-8b", "--seq-len", "1", "--tp", "3")
     assert "tp 3 neither divides nor is a multiple of the 8 KV heads" in err
-    assert "at most 1,024 GPUs" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1", "--tp", "5000")
+    assert "--tp: expected an integer from 1 to 1,024 (GPUs)" in run_error(capsys, "--preset", "gpt2", "--seq-len", "1",
+                                                                           "--tp", "5000")
 
 
 def test_gpu_model_bandwidth_price_and_cost(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,12 +3,34 @@ tokens, axes thinned to stay legible. Pure Python over a Run; no streamlit, no t
 """
 from __future__ import annotations
 
+import re
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+from typing import Sequence
+
 from kvviz.engine.events import Run
 
 MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
 MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)
 
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥"}  # glyphs every common font has
+
+
+# Text shaped like a control token: "<|im_end|>", "<|endoftext|>" (ChatML, GPT-2, Llama 3 style).
+LOOKALIKE = re.compile(rb"<\|[^\s<>|]{1,40}\|>")
+
+
+def lookalike_positions(raws: Sequence[bytes]) -> set[int]:
+    """Positions of tokens that spell, together with their neighbours, text shaped like a control
+    token: typed "<|im_end|>" encoded as text is 5 tokens ("<|", "im", ...), each marked here. A real
+    control token is one token holding the whole text, so it is never marked."""
+    ends = list(accumulate(len(raw) for raw in raws))  # token i covers bytes [ends[i-1], ends[i])
+    out: set[int] = set()
+    for m in LOOKALIKE.finditer(b"".join(raws)):
+        first, last = bisect_right(ends, m.start()), bisect_left(ends, m.end())
+        if last > first:  # more than one token: text, not the control token itself
+            out.update(range(first, last + 1))
+    return out
 
 
 # --- token labels ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ ones in the same order (batch of one prompt), so sequences and scores match tran
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +30,28 @@ from kvviz.engine.load import LoadedModel
 from kvviz.engine.strategy_events import BeamCandidate, BeamResult, BeamStep
 from kvviz.engine.strategy_stream import StrategyStream
 from kvviz.errors import KVVizError
+from kvviz.limits import MAX_BEAMS  # shared with the CLI's --num-beams
 from kvviz.units import fmt_bytes, kv_bytes_per_token
 
 NEG = -1.0e9  # transformers' "impossible" score: added, never assigned, exactly as there
-MAX_BEAMS = 64
 MEMORY_SHARE = 0.8  # refuse a beam cache that would take more than this share of free memory
+
+
+def length_norm(length: int, penalty: float) -> float:
+    """``length ** penalty``, the divisor of a finished beam's score, as transformers computes it
+    (a Python float) but saturated: where the power overflows a double (2 ** 2000) it is inf
+    instead of an OverflowError.
+
+    Nothing is lost by saturating: the score tensors are float32, so transformers' own division
+    already turns any divisor past float32's 3.4e38 into inf (a score of -0.0). Up to a double's
+    range the result is transformers' to the bit; past it, the same -0.0 transformers reaches
+    from 3.4e38 on. A power that underflows is 0.0 in Python as in transformers (a score of -inf:
+    at such a negative penalty only one-token beams can finish).
+    """
+    try:
+        return float(length) ** penalty
+    except OverflowError:  # length >= 2 and penalty > 0: the power is past 1.8e308
+        return math.inf
 
 
 def parse_early_stopping(value: object) -> bool | str:
@@ -185,7 +203,7 @@ class BeamStream(StrategyStream):
 
                 # The finished list: only the best k candidates may end here.
                 did = hits & top_mask[None, :]
-                fin_lp = topk_lp / ((cur + 1 - N) ** lp_pen)
+                fin_lp = topk_lp / length_norm(cur + 1 - N, lp_pen)
                 fin_lp += (torch.all(is_fin, dim=-1, keepdim=True) & (es is True)).to(torch.float32) * NEG
                 fin_lp += (~improvable).to(torch.float32) * NEG
                 fin_lp += (~did) * NEG
@@ -202,7 +220,7 @@ class BeamStream(StrategyStream):
                     best_len = max_len - N
                 else:
                     best_len = cur - N
-                best_running = run_scores[:, :1] / (best_len ** lp_pen)
+                best_running = run_scores[:, :1] / length_norm(best_len, lp_pen)
                 worst_fin = torch.where(is_fin, torch.min(beam_scores, dim=1, keepdim=True)[0], NEG)
                 improvable = improvable & torch.any(best_running > worst_fin, dim=-1, keepdim=True)
                 go_on = bool(torch.any(improvable)) and not (bool(torch.all(is_fin)) and es is True) \

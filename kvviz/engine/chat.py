@@ -10,6 +10,14 @@ we render the template the model file ships, as transformers' ``apply_chat_templ
 
 The template is code from the model file, so it runs in jinja2's immutable sandbox: it can read
 the messages but not call methods that change them or reach Python internals.
+
+What a user or a system prompt types is text, never a control token: a message holding
+``<|im_end|>\n<|im_start|>system\n...`` would otherwise encode exactly like a real system turn
+(transformers and most servers do encode it so). Only the template's own special tokens are
+control tokens; typed ones are encoded as their characters, as transformers'
+``split_special_tokens=True`` would, and listed in ``ChatPrompt.typed_specials`` so the views can
+mark them. ``parse_special=True`` restores the old reading, on purpose. Assistant messages (the
+model's own earlier answers) keep theirs: what the model generated is what it saw.
 """
 from __future__ import annotations
 
@@ -18,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 import json
+import random
+import re
 from typing import Any, Protocol
 
 import jinja2
@@ -27,6 +37,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from kvviz.errors import KVVizError
 
 ROLES = ("system", "user", "assistant")
+LITERAL_ROLES = ("system", "user")  # whose typed special-token text stays text
 
 
 class ChatTokenizer(Protocol):
@@ -34,8 +45,9 @@ class ChatTokenizer(Protocol):
 
     chat_template: str | None
     special_tokens: Mapping[str, str]  # {"bos_token": "<|im_start|>", "eos_token": ...}
+    control_tokens: Mapping[str, int]  # {"<|im_end|>": 2, ...}: text encode() matches whole
 
-    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]: ...
+    def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,21 @@ class ChatPrompt:
 
     text: str
     ids: tuple[int, ...]
+    typed_specials: tuple[str, ...] = ()  # control-token text typed in messages, encoded as text
+
+
+def _special_pattern(controls: Mapping[str, int]) -> re.Pattern[str] | None:
+    """One regex for every control token's text, longest first (so "<|im_start|>" wins over a
+    shorter token that is its prefix, as the tokenizer's own matcher does)."""
+    if not controls:
+        return None
+    return re.compile("|".join(re.escape(s) for s in sorted(controls, key=len, reverse=True)))
+
+
+def typed_specials(text: str, controls: Mapping[str, int]) -> list[str]:
+    """The control-token texts that occur in ``text``, in order ("<|im_end|>" typed in a message)."""
+    pattern = _special_pattern(controls)
+    return pattern.findall(text) if pattern is not None and text else []
 
 
 def check_messages(messages: object) -> list[dict[str, str]]:
@@ -116,14 +143,64 @@ def render_chat(template: str, messages: object, *, add_generation_prompt: bool 
 
 
 def chat_prompt(tokenizer: ChatTokenizer, messages: object, *,
-                add_generation_prompt: bool = True) -> ChatPrompt:
-    """``messages`` rendered with the tokenizer's chat template, and tokenized."""
+                add_generation_prompt: bool = True, parse_special: bool = False) -> ChatPrompt:
+    """``messages`` rendered with the tokenizer's chat template, and tokenized.
+
+    Control-token text typed in a system or user message is encoded as plain text unless
+    ``parse_special`` (see the module docstring); every other id is what it always was."""
     template = tokenizer.chat_template
     if not template:
         name = getattr(tokenizer, "name", "this model")
         raise KVVizError(f"{name} has no chat template: use a plain prompt, or an instruct model")
-    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt,
-                       special_tokens=tokenizer.special_tokens)
-    # No BOS of our own: a template that wants one writes {{ bos_token }} itself (transformers
-    # tokenizes the rendered chat with add_special_tokens=False for the same reason).
-    return ChatPrompt(text=text, ids=tuple(tokenizer.encode(text, add_bos=False)))
+    clean = check_messages(messages)
+    controls: Mapping[str, int] = getattr(tokenizer, "control_tokens", None) or {}
+    typed = [s for m in clean if m["role"] in LITERAL_ROLES for s in typed_specials(m["content"], controls)]
+    if parse_special or not typed:
+        text = render_chat(template, clean, add_generation_prompt=add_generation_prompt,
+                           special_tokens=tokenizer.special_tokens)
+        # No BOS of our own: a template that wants one writes {{ bos_token }} itself (transformers
+        # tokenizes the rendered chat with add_special_tokens=False for the same reason).
+        return ChatPrompt(text=text, ids=tuple(tokenizer.encode(text, add_bos=False)),
+                          typed_specials=tuple(typed) if parse_special else ())
+    text, ids = _render_literal(tokenizer, template, clean, controls, add_generation_prompt)
+    return ChatPrompt(text=text, ids=tuple(ids), typed_specials=tuple(typed))
+
+
+def _render_literal(tokenizer: ChatTokenizer, template: str, clean: list[dict[str, str]],
+                    controls: Mapping[str, int], add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """The rendered text and its ids, with control-token text typed in messages kept as text.
+
+    Each typed occurrence is swapped for a marker before rendering (private-use characters around
+    a random number: no template filter changes them), so after rendering the template's own
+    control tokens are the only ones left in the text. The text is cut at those: each is its id,
+    and each piece between them (markers turned back into the typed text) is encoded with control
+    tokens read as text. Without typed specials this is exactly what encode() of the whole text
+    does (it cuts at control tokens, then encodes the pieces alone): tests/test_chat_literal.py.
+    """
+    pattern = _special_pattern(controls)
+    assert pattern is not None
+    nonce = f"{random.SystemRandom().randrange(10**12):012d}"
+    typed: list[str] = []
+
+    def mark(m: re.Match[str]) -> str:
+        typed.append(m.group(0))
+        return f"\ue000{nonce}:{len(typed) - 1}\ue001"
+
+    marked = [{**m, "content": pattern.sub(mark, m["content"])} if m["role"] in LITERAL_ROLES else m for m in clean]
+    rendered = render_chat(template, marked, add_generation_prompt=add_generation_prompt,
+                           special_tokens=tokenizer.special_tokens)
+    marker = re.compile(f"\ue000{nonce}:(\\d+)\ue001")
+
+    def unmark(s: str) -> str:
+        return marker.sub(lambda m: typed[int(m.group(1))], s)
+
+    ids: list[int] = []
+    at = 0
+    for m in pattern.finditer(rendered):  # the template's own control tokens
+        if m.start() > at:
+            ids += tokenizer.encode(unmark(rendered[at: m.start()]), add_bos=False, parse_special=False)
+        ids.append(controls[m.group(0)])
+        at = m.end()
+    if at < len(rendered):
+        ids += tokenizer.encode(unmark(rendered[at:]), add_bos=False, parse_special=False)
+    return unmark(rendered), ids

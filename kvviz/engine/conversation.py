@@ -42,7 +42,7 @@ from kvviz.engine.cache import KVCache
 from kvviz.engine.caches import make_cache
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.generate import generate
-from kvviz.engine.requests import check_pool, sampling_params
+from kvviz.engine.requests import check_pool, check_pool_memory, sampling_params
 from kvviz.engine.kvspec import KVSpec
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
@@ -78,8 +78,8 @@ class _Templated:
         self.chat_template = CHATML
         self.special_tokens: dict[str, str] = {}
 
-    def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
-        return self._tok.encode(text)
+    def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        return self._tok.encode(text) if parse_special else self._tok.encode(text, parse_special=False)
 
     def __getattr__(self, name: str) -> Any:  # decode, token_display, eos_token_id, ...
         return getattr(self._tok, name)
@@ -105,7 +105,7 @@ class Conversation:
                  kv_blocks: int | None = None, system: str | None = None, timestamp: bool = False,
                  max_new_tokens: int = 64, greedy: bool | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, fast: bool = True,
-                 pool: PagedPool | None = None, kv: KVSpec | None = None) -> None:
+                 pool: PagedPool | None = None, kv: KVSpec | None = None, parse_special: bool = False) -> None:
         if not getattr(model.tokenizer, "chat_template", None):
             raise KVVizError(f"model {model.name!r} has no chat template: a conversation needs an instruct model")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -113,12 +113,17 @@ class Conversation:
         self.params = sampling_params(greedy, temperature, top_k, top_p, seed)
         self.model, self.fast, self.max_new_tokens = model, bool(fast), max_new_tokens
         self.system, self.timestamp = system, timestamp
+        # False: control-token text typed in a message is text (engine/chat.py); True reads it as
+        # control tokens, so a message can end its turn and forge the next one.
+        self.parse_special = bool(parse_special)
         cfg = model.config
         if cache_kind == "paged":
             check_pool(kv_block_size, kv_blocks, 1)
             if pool is None and kv_blocks is None:
                 # The context of one sequence plus as much again for blocks kept by prefix hash.
                 kv_blocks = 2 * blocks_for(cfg.block_size, kv_block_size)
+            if pool is None:
+                check_pool_memory(model, kv_block_size, kv_blocks)
             with torch.inference_mode():
                 self.cache = PagedKVCache(cfg, 1, model.device, model.dtype, kv_block_size, kv_blocks, pool)
         else:
@@ -139,7 +144,7 @@ class Conversation:
         if self.timestamp:  # what some deployments do, and why their prefix cache never hits
             system = f"Current time: {datetime.now().isoformat(timespec='microseconds')}. {system or ''}".strip()
         msgs = ([{"role": "system", "content": system}] if system else []) + messages
-        return list(chat_prompt(self.model.tokenizer, msgs).ids)
+        return list(chat_prompt(self.model.tokenizer, msgs, parse_special=self.parse_special).ids)
 
     def send(self, text: str) -> TurnRecord:
         """Ask ``text`` after the conversation so far; run the turn to its end."""

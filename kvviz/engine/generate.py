@@ -31,7 +31,7 @@ from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.speculative import SpeculativeStream
 from kvviz.engine.strategies import strategy_stream
 from kvviz.engine.requests import (
-    check_budget, check_pool, kv_spec, resolve_chat, resolve_prompt, sampling_params,
+    check_budget, check_pool, check_pool_memory, kv_spec, resolve_chat, resolve_prompt, sampling_params,
 )
 from kvviz.engine.stops import first_stop
 from kvviz.errors import KVVizError
@@ -271,6 +271,7 @@ def iter_generate(
     fast: bool = True,
     chat: bool = False,
     messages: Sequence[Mapping[str, str]] | None = None,
+    parse_special: bool = False,
     kv_block_size: int = DEFAULT_BLOCK_SIZE,
     kv_blocks: int | None = None,
     num_beams: int = 1,
@@ -293,7 +294,8 @@ def iter_generate(
 
     ``chat=True`` wraps ``prompt`` as one user message; ``messages`` gives a whole conversation.
     Either is rendered with the model's own chat template (an instruct model answers, and stops
-    at its end-of-turn token, which is its EOS). ``cache_kind="paged"`` takes ``kv_block_size``
+    at its end-of-turn token, which is its EOS); control-token text typed in a message is encoded
+    as text unless ``parse_special=True`` (engine/chat.py). ``cache_kind="paged"`` takes ``kv_block_size``
     tokens per block and a pool of ``kv_blocks`` blocks (default: enough for every row).
 
     ``num_beams > 1`` runs beam search (engine/beam.py; transformers' defaults and meanings for
@@ -303,7 +305,7 @@ def iter_generate(
     """
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
     if chat or messages is not None:
-        rows, text = resolve_chat(model, prompt, prompt_ids, messages)
+        rows, text = resolve_chat(model, prompt, prompt_ids, messages, parse_special)
     else:
         rows, text = resolve_prompt(model, prompt, prompt_ids)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
@@ -319,6 +321,8 @@ def iter_generate(
         raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {cache_kind!r})")
     if cache_kind == "paged" and use_cache:
         check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens)
+        if kv_blocks is not None:
+            check_pool_memory(model, kv_block_size, kv_blocks)
     kv = kv_spec(model, kv_dtype, window, sinks, kv_group_size, kv_zero_point, kv_fp8_scale, kv_positions,
                  track_kv_error)
     if kv.active:

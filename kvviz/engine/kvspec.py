@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvviz.errors import KVVizError
+from kvviz.limits import MAX_SINKS  # shared with the CLI's --sinks
 
 KV_DTYPES = ("int8", "int4", "fp8")
 FP8_SCALES = ("tensor", "head")
 POSITIONS = ("cache", "original")
-MAX_SINKS = 1024
 
 
 @dataclass(frozen=True)

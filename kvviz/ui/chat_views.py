@@ -1,5 +1,7 @@
 """The Chat page's views: token chips with the reuse boundary, per-turn numbers, and the paged
-pool (grid, block tables) with a replay slider over a turn's steps. Text is escaped (st.html)."""
+pool (grid, block tables) with a replay slider over a turn's steps. Text is escaped (st.html).
+Typed text shaped like a control token ("<|im_end|>" in a message, encoded as text) is marked in
+the chips and named under the message."""
 from __future__ import annotations
 
 from html import escape
@@ -8,7 +10,8 @@ from typing import Any, Sequence
 import streamlit as st
 
 from kvviz.charts import paged as pc
-from kvviz.charts.tokens import visible
+from kvviz.charts.tokens import lookalike_positions, visible
+from kvviz.engine.chat import typed_specials
 from kvviz.engine.conversation import InterruptedTurn, TurnRecord
 from kvviz.ui.figs import show
 from kvviz.units import fmt_bytes
@@ -20,6 +23,7 @@ CSS = """<style>
 .kv-cc .r{background:#ebfbee;border-color:#8ce99a;color:#1b4d24}
 .kv-cc .p{background:#e7f5ff;border-color:#74c0fc;color:#0b3d66}
 .kv-cc .g{background:#fff4e6;border-color:#ffc078;color:#5c3200}
+.kv-cc .look{border-style:dashed;border-color:#e03131}
 .kv-cc .cut{border:none;background:#e03131;padding:0;width:4px;margin:0 .25em;height:1.6em;vertical-align:middle}
 .kv-cc-legend{font-size:.95rem;color:#495057}
 </style>"""
@@ -32,6 +36,8 @@ def chips(tok: Any, turn: TurnRecord) -> None:
     gen = list(turn.generated_ids)
     parts: list[str] = []
     start = max(0, len(ids) + len(gen) - MAX_CHIPS)
+    token_bytes = getattr(tok, "token_bytes", None)
+    marked = lookalike_positions([token_bytes(t) for t in ids + gen]) if token_bytes is not None else set()
     for pos, t in enumerate(ids + gen):
         if pos < start:
             continue
@@ -39,11 +45,28 @@ def chips(tok: Any, turn: TurnRecord) -> None:
             parts.append('<span class="cut" title="the cache ends here: everything after is computed"></span>')
         cls = "r" if pos < turn.reused_tokens else ("p" if pos < len(ids) else "g")
         text = visible(tok.token_display(t))
-        parts.append(f'<span class="{cls}" title="position {pos}: token {t}">{escape(text)}</span>')
+        title = f"position {pos}: token {t}"
+        if pos in marked:
+            cls += " look"
+            title += " (typed text shaped like a control token: the model reads its characters)"
+        parts.append(f'<span class="{cls}" title="{escape(title)}">{escape(text)}</span>')
     legend = (f'<div class="kv-cc kv-cc-legend"><span class="r">reused</span> {turn.reused_tokens} from the cache · '
               f'<span class="p">prefilled</span> {turn.prefilled_tokens} · <span class="g">generated</span> '
-              f'{turn.generated_tokens}' + (f" · first {start} tokens not drawn" if start else "") + "</div>")
+              f'{turn.generated_tokens}' + (f" · first {start} tokens not drawn" if start else "")
+              + (' · <span class="p look">&lt;|</span> typed, not a control token' if marked else "") + "</div>")
     st.html(CSS + legend + f'<div class="kv-cc">{"".join(parts)}</div>')
+
+
+def typed_note(text: str, controls: dict[str, int], parsed: bool) -> str:
+    """One plain-text line naming the control-token text typed in a message ('' when there is none)."""
+    found = typed_specials(text, controls)
+    if not found:
+        return ""
+    names = ", ".join(dict.fromkeys(found))  # each once, in order
+    if parsed:
+        return f"Typed control tokens ({names}) were read as control tokens: this message can end its turn."
+    return (f"Typed as text, not as control tokens: {names} ({len(found)} in all). The model reads their "
+            "characters, so they cannot end this turn or start another.")
 
 
 def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | None = None) -> str:

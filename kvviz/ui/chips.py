@@ -5,6 +5,8 @@ shown with ``st.html`` (sanitised by DOMPurify, scripts off); ``unsafe_allow_htm
 Whitespace is made visible (a space is '·', a newline '↵' followed by a real line break), and
 byte tokens that only make a character together (an emoji is 4 byte tokens) are drawn as one
 glyph over their byte boxes, so token boundaries stay visible and the text stays readable.
+Typed text shaped like a control token ("<|im_end|>" in a chat message, encoded as text) gets a
+dashed red border: it reads like a turn boundary but the model sees its characters.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from html import escape
 import streamlit as st
 
 from kvviz import Run
-from kvviz.charts.tokens import generated_text, prompt_tokens, visible
+from kvviz.charts.tokens import generated_text, lookalike_positions, prompt_tokens, visible
 
 CSS = """<style>
 .kv-chips{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:1.2rem;line-height:2.35;
@@ -26,6 +28,7 @@ CSS = """<style>
 .kv-g{background:#fff4e6;border-color:#ffc078;color:#5c3200}
 .kv-new{outline:3px solid #e03131;outline-offset:1px}
 .kv-ws{color:#868e96}
+.kv-look{border-style:dashed;border-color:#e03131}
 .kv-multi{display:inline-flex;flex-direction:column;align-items:center;line-height:1.1;padding:.1em .22em}
 .kv-glyph{font-size:1.1em}
 .kv-bytes{font-size:.55em;color:#868e96;letter-spacing:.02em}
@@ -49,6 +52,10 @@ class Chip:
     newest: bool = False
     byte_labels: tuple[str, ...] = ()  # for a glyph assembled from byte tokens
     whitespace: bool = False
+    lookalike: bool = False  # part of typed text shaped like a control token (charts/tokens.py)
+
+
+LOOKALIKE_TITLE = " (typed text shaped like a control token: the model reads its characters, not a turn boundary)"
 
 
 def _partial(raw: bytes) -> bool:
@@ -62,8 +69,10 @@ def _partial(raw: bytes) -> bool:
 
 def build_chips(tokens: list[tuple[str, bytes]], n_prompt: int) -> list[Chip]:
     """Chips for (display text, bytes) of each token, prompt first. Tokens whose bytes are only
-    part of a character are grouped until they make one."""
+    part of a character are grouped until they make one. Tokens that spell typed text shaped like
+    a control token are marked (``lookalike``)."""
     chips: list[Chip] = []
+    marked = lookalike_positions([raw for _, raw in tokens])
     pending: list[tuple[int, str, bytes]] = []  # (position, display, bytes) not yet a whole character
 
     def single(pos: int, disp: str, raw: bytes) -> Chip:
@@ -73,8 +82,9 @@ def build_chips(tokens: list[tuple[str, bytes]], n_prompt: int) -> list[Chip]:
         if not _partial(raw_tok):
             chips.extend(single(*x) for x in pending)  # an unfinished character stays bytes
             pending.clear()
-            chips.append(Chip(visible(disp), f"position {pos}: {disp!r}", pos >= n_prompt,
-                              whitespace=disp != "" and disp.strip() == ""))
+            look = pos in marked
+            chips.append(Chip(visible(disp), f"position {pos}: {disp!r}" + (LOOKALIKE_TITLE if look else ""),
+                              pos >= n_prompt, whitespace=disp != "" and disp.strip() == "", lookalike=look))
             continue
         pending.append((pos, disp, raw_tok))
         while pending:
@@ -96,12 +106,14 @@ def build_chips(tokens: list[tuple[str, bytes]], n_prompt: int) -> list[Chip]:
     chips.extend(single(*x) for x in pending)
     if chips:
         last = chips[-1]
-        chips[-1] = Chip(last.text, last.title, last.generated, last.generated, last.byte_labels, last.whitespace)
+        chips[-1] = Chip(last.text, last.title, last.generated, last.generated, last.byte_labels, last.whitespace,
+                         last.lookalike)
     return chips
 
 
 def chip_html(c: Chip, break_after: bool = False) -> str:
-    cls = "kv-chip " + ("kv-g" if c.generated else "kv-p") + (" kv-new" if c.newest else "")
+    cls = ("kv-chip " + ("kv-g" if c.generated else "kv-p") + (" kv-new" if c.newest else "")
+           + (" kv-look" if c.lookalike else ""))
     title = escape(c.title, quote=True)
     if c.byte_labels:
         inner = (f'<span class="kv-glyph">{escape(c.text)}</span>'
@@ -125,11 +137,13 @@ def run_html(run: Run) -> str:
     p_bytes = run.prompt_bytes if len(run.prompt_bytes) == len(p_tokens) else (b"",) * len(p_tokens)
     gen = [(e.token_text, e.token_bytes) for e in run.events]
     chips = build_chips(list(zip(p_tokens, p_bytes)) + gen, len(p_tokens))
+    look = (' &nbsp; <span class="kv-chip kv-p kv-look">&lt;|</span>&nbsp;=&nbsp;typed, not a control token'
+            if any(c.lookalike for c in chips) else "")
     legend = (f'<div class="kv-legend"><span class="kv-chip kv-p">prompt</span> {len(p_tokens):,} tokens · '
               f'<span class="kv-chip kv-g">generated</span> {len(gen):,} of {run.max_new_tokens:,} · '
               f'<span class="kv-chip kv-g kv-new">newest</span> &nbsp; '
               f'<span class="kv-ws">·</span>&nbsp;=&nbsp;space &nbsp; '
-              f'<span class="kv-ws">↵</span>&nbsp;=&nbsp;newline</div>')
+              f'<span class="kv-ws">↵</span>&nbsp;=&nbsp;newline{look}</div>')
     body = chips_body(chips)
     # The inner div sits in a column-reverse box, so the box stays scrolled to the newest text.
     plain = (f'<div class="kv-plain"><div class="kv-plain-scroll"><div dir="auto">{escape(run.prompt_text)}'
