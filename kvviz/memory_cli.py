@@ -128,9 +128,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="the engine's KV dtype (vLLM's --kv-cache-dtype; default --dtype; fp8 = 1 byte a value)")
     g.add_argument("--kv-memory-gib", type=_gib, metavar="GIB",
                    help="vLLM: its 'Available KV cache memory' (exact blocks); SGLang: the memory left for the pool")
-    g.add_argument("--max-model-len", type=positive_int, metavar="L",
+    g.add_argument("--max-model-len", type=int_in(1, MAX_SEQ_LEN), metavar="L",
                    help="vLLM --max-model-len / llama.cpp -c (default: --seq-len)")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
+    g.add_argument("--max-num-batched-tokens", type=int_in(1, MAX_SEQ_LEN), metavar="N",
                    help="vLLM: tokens per scheduler step (the sliding groups' share; default `vllm serve`'s: "
                         "8192 on >= 70 GiB GPUs but the A100, else 2048)")
     g.add_argument("--pp", type=_tp, default=None, metavar="N", help="vLLM pipeline-parallel stages (default 1)")
@@ -143,7 +143,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
                    "'prompt_tokens' + 'output_tokens' column): how many such requests the blocks hold at once")
     g.add_argument("--length-percentiles", metavar="P:T,...", help="vLLM: lengths as percentiles, e.g. 50:2000,90:8000")
-    g.add_argument("--parallel", "-np", type=positive_int, default=1, metavar="S", help="llama.cpp -np (default 1)")
+    g.add_argument("--parallel", "-np", type=int_in(1, MAX_BATCH, "sequences"), default=1, metavar="S", help="llama.cpp -np (default 1)")
     g.add_argument("--cache-type-k", "-ctk", choices=tuple(CACHE_TYPES), help="llama.cpp -ctk (default from --dtype)")
     g.add_argument("--cache-type-v", "-ctv", choices=tuple(CACHE_TYPES), help="llama.cpp -ctv (default from --dtype)")
     g.add_argument("--swa-full", action="store_true",
