@@ -42,6 +42,13 @@ def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None 
                           bool(track_errors)), family, c.head_dim, c.block_size)
 
 
+def check_flag(name: str, value: object) -> bool:
+    """A yes/no option is a real bool: ``ignore_eos="no"`` would otherwise read as True."""
+    if not isinstance(value, bool):
+        raise KVVizError(f"{name} must be True or False (got {value!r})")
+    return value
+
+
 MAX_KV_BLOCK_SIZE = 4096
 
 
