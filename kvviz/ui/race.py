@@ -16,9 +16,10 @@ from kvviz.measure.sweeps import start as start_stream
 from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, prompt_ids, results_key,
-    where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
+    results_key, where,
 )
+from kvviz.measure.sizing import about, pick_ns
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
@@ -80,7 +81,11 @@ def _sampling_text(s: Settings) -> str:
 
 def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     st.subheader("The race")
-    st.caption(f"{s.max_new_tokens} new tokens · {_sampling_text(s)} · {where(model)} · engine: "
+    est = estimator(model, s.engine == "fast")
+    n_prompt = len(prompt_ids(s, model)[0])
+    cost = f" · {about(est.race_s(n_prompt, s.max_new_tokens))} here" if est is not None and n_prompt else ""
+    st.caption(f"{s.max_new_tokens} new tokens per mode, EOS ignored so every run generates {s.max_new_tokens} "
+               f"tokens{cost} · {_sampling_text(s)} · {where(model)} · engine: "
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
                "settings come from the sidebar")
     with st.container(horizontal=True):
@@ -108,7 +113,10 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
         st.info("Stopping: the race is finishing its current step…")
         st.rerun()
     if not stored or not stored["runs"]:
-        st.info("Press **Start the race**. Tip: 200+ new tokens make the no-cache slope obvious.")
+        tip = "Tip: 200+ new tokens (the sidebar's *Max new tokens*) make the no-cache slope obvious"
+        if est is not None and n_prompt:
+            tip += f" ({about(est.race_s(n_prompt, 200))} here for 200)"
+        st.info(f"Press **Start the race**. {tip}.")
         return
     if not start:
         for mode, run in stored["runs"].items():
@@ -259,13 +267,20 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if not ids or not options:
         st.warning("The sweep needs a prompt that leaves room for at least 32 new tokens in the context.")
         return
+    est = estimator(model, s.engine == "fast")
+    # Sized to this machine: the most Ns (smallest first) and repeats that finish in about a minute.
+    default_ns, default_repeats = pick_ns(est, len(ids), options) if est is not None else (options[:3], 1)
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        ns = st.multiselect("New tokens N", options, default=options, key="race_sweep_ns", width=420,
-                            help="Bounded by the context: prompt + N must fit")
-        repeats = st.number_input("Repeats", 1, 10, 3, key="race_sweep_repeats", width=140,
+        ns = st.multiselect("New tokens N", options, default=default_ns, key="race_sweep_ns", width=420,
+                            help="Bounded by the context: prompt + N must fit. The default is what finishes in "
+                                 "about a minute on this machine; add larger N for a clearer slope")
+        repeats = st.number_input("Repeats", 1, 10, default_repeats, key="race_sweep_repeats", width=140,
                                   help="Each point is the median of this many runs; bars show min–max")
         run_it = st.button("Run the sweep", key="race_sweep", type="primary")
         st.button("Stop", key="race_sweep_stop", help="Stop the sweep; the points measured so far are kept")
+    if est is not None and ns:
+        st.caption(f"EOS ignored so every run generates its N tokens · {len(ns)} values of N × {int(repeats)} "
+                   f"repeats × 2 modes: {about(est.total_time_sweep_s(len(ids), sorted(ns), int(repeats)))} here")
 
     key = results_key("race_sweep", model)
     charts = st.empty()
