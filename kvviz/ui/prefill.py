@@ -13,7 +13,7 @@ from kvviz.units import kv_bytes_per_token
 from kvviz.engine.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.measure import doubts
-from kvviz.measure.sizing import Estimator, about, pick_context
+from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_context
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.engine.requests import resolve_chat
 from kvviz.errors import KVVizError
@@ -51,7 +51,7 @@ def page() -> None:
     st.caption(f"Engine: {ENGINES[s.engine]}. EOS ignored so every run generates the tokens it asks for.")
     _sweeps(model, results, sweep_state, ctx, repeats, fast, est)
     st.divider()
-    _example(model, results, example_state, prompt_ids(s, model)[0], ctx, fast, est)
+    _example(model, results, example_state, prompt_ids(s, model)[0], _example_context(model, est, ctx), fast, est)
 
 
 def _context_limit(model: LoadedModel, est: Estimator | None) -> tuple[int, int]:
@@ -66,6 +66,15 @@ def _context_limit(model: LoadedModel, est: Estimator | None) -> tuple[int, int]
                                     "The default finishes in about a minute on this machine; the model's own "
                                     "context is the right-most value."))
     return got, repeats
+
+
+def _example_context(model: LoadedModel, est: Estimator | None, ctx: int) -> int:
+    """The example's context: the slider's, or longer where the example (two runs, not a sweep) still
+    finishes in about a minute here, so the document is long enough to make its point."""
+    block = model.config.block_size
+    fits = [c for c in (256, 512, 1024, 2048, 4096, 8192) if c <= block and est is not None
+            and est.example_s(48, c - 32, 32, 3) <= BUDGET_S]
+    return max([ctx, *fits])
 
 
 def _base_ids(model: LoadedModel) -> list[int]:
@@ -232,8 +241,8 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
     long_len = ctx - n_new
     how = " in the model's chat template, as Generate sends it" if templated else ""
     cost = f" · {about(est.example_s(len(short), long_len, n_new, 3))} here" if est is not None else ""
-    st.caption(f"Question: “{SHORT_QUESTION}”{how} ({len(short)} tokens) vs a document that fills the context "
-               f"({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every run generates "
+    st.caption(f"Question: “{SHORT_QUESTION}”{how} ({len(short)} tokens) vs a document that fills a "
+               f"{ctx:,}-token context ({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every run generates "
                f"{n_new} tokens; 3 repeats{cost} · {where(model)}")
     if run_it:
         lock = acquire_or_warn()

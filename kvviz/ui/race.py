@@ -19,7 +19,7 @@ from kvviz.ui.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
     results_key, where,
 )
-from kvviz.measure.sizing import about, pick_ns
+from kvviz.measure.sizing import BUDGET_S, about, pick_ns
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
@@ -83,7 +83,10 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     st.subheader("The race")
     est = estimator(model, s.engine == "fast")
     n_prompt = len(prompt_ids(s, model)[0])
-    cost = f" · {about(est.race_s(n_prompt, s.max_new_tokens))} here" if est is not None and n_prompt else ""
+    secs = est.race_s(n_prompt, s.max_new_tokens) if est is not None and n_prompt else None
+    cost = f" · {about(secs)} here" if secs is not None else ""
+    if secs is not None and secs > BUDGET_S:  # the sidebar's N is shared with Generate: say what it costs here
+        cost += " (fewer *Max new tokens* in the sidebar make it quicker)"
     st.caption(f"{s.max_new_tokens} new tokens per mode, EOS ignored so every run generates {s.max_new_tokens} "
                f"tokens{cost} · {_sampling_text(s)} · {where(model)} · engine: "
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
