@@ -48,6 +48,9 @@ def test_choosers_fit_the_budget(random_models: dict[str, LoadedModel]) -> None:
     got, reps = pick_ns(est, 10, ns, budget_s=est.total_time_sweep_s(10, ns[:4], 2) * 1.01)
     assert est.total_time_sweep_s(10, got, reps) <= est.total_time_sweep_s(10, ns[:4], 2) * 1.01
     assert len(got) >= 4 and got == ns[: len(got)]
+    # Too slow for four points even once: the Ns that fit once, at least two.
+    slow, reps = pick_ns(est, 10, ns, budget_s=est.total_time_sweep_s(10, ns[:2], 1) * 1.01)
+    assert (slow, reps) == (ns[:2], 1)
     sizes, reps = pick_batch(est, [1, 2, 4], 8, 8, budget_s=est.batch_s([1, 2, 4], 8, 8, 2) * 1.01)
     assert (sizes, reps) == ([1, 2, 4], 2)
 

@@ -128,7 +128,9 @@ def pick_ns(est: Estimator, prompt: int, ns: Sequence[int], budget_s: float = BU
         best = [n for k, n in enumerate(ns) if est.total_time_sweep_s(prompt, ns[: k + 1], repeats) <= budget_s]
         if len(best) >= min(min_points, len(ns)):
             return best, repeats
-    return ns[: min(min_points, len(ns))], 1
+    # A slow machine: the Ns that fit once each, at least two (a slope needs two points).
+    best = [n for k, n in enumerate(ns) if est.total_time_sweep_s(prompt, ns[: k + 1], 1) <= budget_s]
+    return (best if len(best) >= 2 else ns[:2]), 1
 
 
 def pick_batch(est: Estimator, sizes: Sequence[int], prompt: int, n_new: int,
