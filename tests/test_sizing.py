@@ -31,6 +31,10 @@ def test_estimates_scale_the_calibration_by_flops_and_bytes(random_models: dict[
     # Without a cache every step is a prefill of the whole sequence.
     assert est.run_ms(64, 3, "none") == pytest.approx(sum(est.prefill_ms(64 + t) for t in range(3)))
     assert est.run_ms(64, 3) == pytest.approx(est.prefill_ms(64) + est.decode_ms(65) + est.decode_ms(66))
+    # A race's progress by estimated time: static then concat then none.
+    total = sum(est.run_ms(10, 8, m) for m in ("static", "concat", "none"))
+    assert est.race_fraction(10, 8, "concat", 4) == pytest.approx((est.run_ms(10, 8) + est.run_ms(10, 4, "concat")) / total)
+    assert est.race_fraction(10, 8, "none", 8) == pytest.approx(1.0)
     lengths = prompt_lengths(128)
     want = sum(est.prefill_ms(n) for n in lengths) + est.prefill_ms(16) + sum(est.decode_ms(t) for t in range(17, 128))
     assert est.prefill_decode_s(128, 2) == pytest.approx(MARGIN * 2 * want / 1000)

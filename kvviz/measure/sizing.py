@@ -83,6 +83,14 @@ class Estimator:
         steps = sum(self.decode_ms(prompt + t, batch) for t in range(1, n_new))
         return self.prefill_ms(prompt, batch) + steps * (1.2 if mode == "concat" else 1.0)
 
+    def race_fraction(self, prompt: int, n_new: int, mode: str, made: int,
+                      modes: Sequence[str] = ("static", "concat", "none")) -> float:
+        """How much of a race (modes run in order) is done once ``mode`` has made ``made`` tokens,
+        by estimated time: the no-cache mode's tokens cost more and more, so counting tokens would lie."""
+        total = sum(self.run_ms(prompt, n_new, m) for m in modes)
+        before = sum(self.run_ms(prompt, n_new, m) for m in modes[: list(modes).index(mode)])
+        return min(1.0, (before + self.run_ms(prompt, made, mode)) / total) if total > 0 else 0.0
+
     # --- whole measurements (seconds, with the margin) ---
     def race_s(self, prompt: int, n_new: int, modes: Sequence[str] = ("static", "concat", "none")) -> float:
         return MARGIN * sum(self.run_ms(prompt, n_new, m) for m in modes) / 1000.0

@@ -16,7 +16,8 @@ from kvviz.engine.generate import iter_generate
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.figs import show
-from kvviz.ui.perf_common import acquire_or_warn, busy_note, page_model, results_key, where
+from kvviz.measure.sizing import about
+from kvviz.ui.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
@@ -159,11 +160,14 @@ def _run_spec(s: Settings, model: LoadedModel, which: str, k: int, ngram: int, n
               store_key: str) -> None:
     prompt = s.prompt if which == "sidebar" else PROMPTS[which]
     chat = s.chat if which == "sidebar" else bool(getattr(model.tokenizer, "chat_template", None))
+    est = estimator(model, s.engine == "fast")  # before the lock: calibrating (once) takes it itself
+    n_prompt = len(model.tokenizer.encode(prompt)) if model.has_tokenizer else 0
+    cost = f" ({about(est.spec_s(n_prompt, n, repeats))} here)" if est is not None and n_prompt else ""
     lock = acquire_or_warn()
     if lock is None:
         return
     try:
-        with st.spinner(f"Timing plain and speculative greedy, {repeats + 1} runs each…"):
+        with st.spinner(f"Timing plain and speculative greedy, {repeats + 1} runs each{cost}…"):
             # Timing: EOS ignored, so both generate all n tokens and tokens/s compare like with like.
             cmp, plain, spec = compare_runs(model, prompt, n, repeats, k, ngram, chat, ignore_eos=True)
     except KVVizError as e:

@@ -17,9 +17,9 @@ from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
-    results_key, where,
+    results_key, time_left, where,
 )
-from kvviz.measure.sizing import BUDGET_S, about, pick_ns
+from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_ns
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
@@ -105,10 +105,11 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
         with col:
             st.markdown(f"**{MODE_LABELS[mode]}**")
             slots[mode] = (st.empty(), st.container(key=f"race_out_{mode}").empty())
+    progress = st.empty()  # the race's progress bar while it runs (always one element: the layout stays put)
     live_chart = st.empty()
 
     if start:
-        _run_race(s, model, key, slots, live_chart, state)
+        _run_race(s, model, key, slots, (progress, live_chart), state, est)
     stored = st.session_state.get(key)
     if stored and not stored["settled"].wait(SETTLE_WAIT_S):
         # A Stop click started this script run on a new thread while the race's thread is still
@@ -142,8 +143,9 @@ def _status_line(run: Run, running: bool = False) -> str:
             + (f" · {tpot:.2f} ms/token (median)" if tpot else ""))
 
 
-def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[Any, Any]], live_chart: Any,
-              state: SweepState) -> None:
+def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[Any, Any]], places: tuple[Any, Any],
+              state: SweepState, est: Estimator | None) -> None:
+    progress, live_chart = places
     req = _request(s, model)
     try:
         start_stream(model, req, "static")  # validates prompt and budget before any compute
@@ -166,6 +168,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     last_draw, draws = 0.0, 0
     state.begin()
     window = BusyWindow()
+    t0 = time.monotonic()
     try:
         for tick in iter_race(model, req):
             status, text = slots[tick.mode]
@@ -182,6 +185,10 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
                 so_far = {m: st_.run for m, st_ in streams.items()}
                 draws += 1
                 show(live_chart, pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
+                if est is not None:  # by estimated time: the no-cache tokens cost more and more
+                    frac = est.race_fraction(req.prompt_len, req.max_new_tokens, tick.mode, len(tick.stream.events))
+                    progress.progress(frac, text=f"Racing: {MODE_LABELS[tick.mode]}, {len(tick.stream.events)} of "
+                                                 f"{req.max_new_tokens} tokens{time_left(now - t0, frac)}")
                 last_draw = now
         state.end()
     finally:
@@ -194,6 +201,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
         finally:
             record["settled"].set()  # never leave the next script run waiting
     live_chart.empty()
+    progress.empty()
     machine_probe(model)  # for the explanation below; measured once per session
 
 
