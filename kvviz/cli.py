@@ -71,7 +71,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=0)
     p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
     p.add_argument("--ignore-eos", action="store_true",
-                   help="generate exactly --max-new-tokens, treating EOS as an ordinary token (vLLM's name; for timing)")
+                   help="generate exactly --max-new-tokens, treating EOS as an ordinary token "
+                        "(vLLM's name; for timing)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     beam = p.add_argument_group("beam search (transformers' generate(num_beams=K, do_sample=False))")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import median
-from typing import Sequence
+from typing import Any, Sequence
 
 from kvviz.engine.flops import forward_flops, weight_bytes
 from kvviz.engine.load import LoadedModel
@@ -67,7 +67,8 @@ class Estimator:
     def prefill_ms(self, tokens: int, batch: int = 1) -> float:
         """A prefill of ``tokens``: the calibrated one scaled by FLOPs (never below the calibrated rate)."""
         c = self.cal
-        ratio = forward_flops(self.cfg, tokens, 0, 1, batch) / forward_flops(self.cfg, c.prompt, 0)  # type: ignore[arg-type]
+        cfg: Any = self.cfg
+        ratio = forward_flops(cfg, tokens, 0, 1, batch) / forward_flops(cfg, c.prompt, 0)
         return c.prefill_ms * max(ratio, batch * tokens / c.prompt)
 
     def decode_ms(self, context: int, batch: int = 1) -> float:

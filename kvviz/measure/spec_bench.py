@@ -7,9 +7,9 @@ drafting and the event bookkeeping. The tokens must be identical (greedy): the J
 
 Four prompts: three where speculation should win (copying a pasted paragraph, whose answer is
 the prompt again; repeating pasted code with one edit, whose answer copies long runs of the
-context; counting, whose ", " n-gram drafts the next numbers) and one where it should not (a free-form explanation: short n-grams such as "the" still match, the
-drafts that follow them are wrong, and each verify forward feeds several tokens for one token of
-output).
+context; counting, whose ", " n-gram drafts the next numbers) and one where it should not (a
+free-form explanation: short n-grams such as "the" still match, the drafts that follow them are
+wrong, and each verify forward feeds several tokens for one token of output).
 """
 from __future__ import annotations
 

@@ -189,7 +189,8 @@ def measured_caption(ttft: list[Sample], decode: list[Sample]) -> str:
                      f"{_n(len({x.repeat for x in ttft}), 'repeat')})")
     if decode:
         xs = sorted({int(x.x) for x in decode})
-        parts.append(f"decode steps at contexts of {xs[0]:,}–{xs[-1]:,} tokens ({_n(len({x.repeat for x in decode}), 'run')})")
+        runs = _n(len({x.repeat for x in decode}), "run")
+        parts.append(f"decode steps at contexts of {xs[0]:,}–{xs[-1]:,} tokens ({runs})")
     return "Measured: " + "; ".join(parts) + "." if parts else ""
 
 
@@ -242,8 +243,8 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
     how = " in the model's chat template, as Generate sends it" if templated else ""
     cost = f" · {about(est.example_s(len(short), long_len, n_new, 3))} here" if est is not None else ""
     st.caption(f"Question: “{SHORT_QUESTION}”{how} ({len(short)} tokens) vs a document that fills a "
-               f"{ctx:,}-token context ({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every run generates "
-               f"{n_new} tokens; 3 repeats{cost} · {where(model)}")
+               f"{ctx:,}-token context ({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every "
+               f"run generates {n_new} tokens; 3 repeats{cost} · {where(model)}")
     if run_it:
         lock = acquire_or_warn()
         if lock is None:

@@ -290,8 +290,9 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
         run_it = st.button("Run the sweep", key="race_sweep", type="primary")
         st.button("Stop", key="race_sweep_stop", help="Stop the sweep; the points measured so far are kept")
     if est is not None and ns:
+        secs = est.total_time_sweep_s(len(ids), sorted(ns), int(repeats))
         st.caption(f"EOS ignored so every run generates its N tokens · {len(ns)} values of N × {int(repeats)} "
-                   f"repeat{'s' if int(repeats) != 1 else ''} × 2 modes: {about(est.total_time_sweep_s(len(ids), sorted(ns), int(repeats)))} here")
+                   f"repeat{'s' if int(repeats) != 1 else ''} × 2 modes: {about(secs)} here")
 
     key = results_key("race_sweep", model)
     charts = st.empty()
