@@ -74,6 +74,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=_float)
     p.add_argument("--seed", type=types.seed, default=0)
     p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly --max-new-tokens, treating EOS as an ordinary token "
+                        "(vLLM's name; for timing)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     beam = p.add_argument_group("beam search (transformers' generate(num_beams=K, do_sample=False))")
@@ -117,7 +120,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parse_special=args.parse_special,
         num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
         num_return_sequences=args.num_return_sequences, speculative=args.speculative,
-        draft_tokens=args.draft_tokens, ngram=args.ngram, **kv_options(args),
+        draft_tokens=args.draft_tokens, ngram=args.ngram, ignore_eos=args.ignore_eos, **kv_options(args),
     )
     for _ in stream:
         pass
@@ -127,7 +130,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         "prompt_ids": list(run.prompt_ids), "generated_ids": run.generated_ids, "text": run.text,
         "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
     }
-    text = run.text
+    text = run.answer_text  # the answer a reader wants; JSON keeps the EOS id and stop_reason
     if asked(args):
         obj["cache"] = cache_report(stream)
         text += "\n" + cache_text(obj["cache"])

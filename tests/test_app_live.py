@@ -148,7 +148,7 @@ def test_generate_shows_text_metrics_and_charts(app: AppTest) -> None:
     titles = [s["layout"]["title"]["text"] for s in specs]
     assert titles[0].startswith("The KV cache after step 5") and "attention" in titles[2].lower()
     assert [t["type"] for t in specs[0]["data"]] == ["heatmap", "heatmap"]
-    assert {m.label for m in app.metric} >= {"TTFT", "Mean TPOT", "Tokens/s", "Cache length", "Cache bytes",
+    assert {m.label for m in app.metric} >= {"TTFT", "Mean TPOT", "Decode tokens/s", "Cache length", "Cache bytes",
                                              "FLOPs this step"}
     (entry,) = store(app)
     assert len(entry.run.events) == 6 and entry.run.stop_reason == "max_new_tokens"

@@ -170,6 +170,10 @@ def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyP
     assert any(x.startswith("Roofline of this machine") for x in t)
     verdicts = " ".join(m.value for m in at.markdown)
     assert "Prefill at a 63-token prompt: **" in verdicts and "-token context: **memory-bound**" in verdicts
+    # The caption says what was measured: EOS ignored, the decode run reached the 64-token context.
+    caps = " ".join(c.value for c in at.caption)
+    assert "decode steps at contexts of 17–63 tokens (EOS ignored" in caps  # promised before the run ...
+    assert "decode steps at contexts of 17–63 tokens (1 run)" in caps  # ... and measured
     roof = next(f for f in figures(at) if f["layout"]["title"]["text"].startswith("Roofline"))
     assert {d.get("name") for d in roof["data"]} >= {"prefill (measured)", "decode (measured)"}
 

@@ -164,6 +164,35 @@ def test_eos_stops_greedy_generation(random_models: dict[str, LoadedModel]) -> N
         assert run.text == with_eos.tokenizer.decode(ref[: k + 1])
 
 
+def test_ignore_eos_runs_to_max_new_tokens(random_models: dict[str, LoadedModel]) -> None:
+    """ignore_eos=True (vLLM's name): the EOS token is emitted and generation goes on, the same
+    tokens as a model with no EOS at all, in every mode and strategy; the default still stops."""
+    m = random_models["tiny"]
+    ref = kvviz.generate(m, prompt="Hello, world", max_new_tokens=20).generated_ids
+    k = _first_new_token_index(ref, 1)
+    with_eos = dataclasses.replace(m, tokenizer=ByteTokenizer(256, eos_token_id=ref[k]))
+    for use_cache in (True, False):
+        run = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, use_cache=use_cache,
+                             ignore_eos=True)
+        assert (run.generated_ids, run.stop_reason) == (ref, "max_new_tokens")
+        assert run.answer_text == run.text  # only a run that stopped at EOS loses its marker
+    stopped = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20)
+    assert stopped.stop_reason == "eos" and stopped.answer_text == with_eos.tokenizer.decode(ref[:k])
+    spec = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, speculative="prompt_lookup",
+                          ignore_eos=True)
+    assert (spec.generated_ids, spec.stop_reason) == (ref, "max_new_tokens")
+    assert kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20,
+                          speculative="prompt_lookup").stop_reason == "eos"
+    beam = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, num_beams=2, ignore_eos=True)
+    assert len(beam.generated_ids) == 20 and beam.stop_reason == "max_new_tokens"
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_ignore_eos_must_be_a_bool(random_models: dict[str, LoadedModel], value: object) -> None:
+    with pytest.raises(kvviz.KVVizError, match="ignore_eos must be True or False"):
+        kvviz.iter_generate(random_models["tiny"], prompt="hi", ignore_eos=value)
+
+
 def test_eos_from_config_stops_sampling(make_model: Callable[..., LoadedModel]) -> None:
     kw = dict(prompt="xyz", max_new_tokens=30, temperature=1.0, seed=2)
     ref = kvviz.generate(make_model(seed=3), **kw).generated_ids

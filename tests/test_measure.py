@@ -86,9 +86,9 @@ def test_prompt_building() -> None:
         cycle_to([], 3)
     assert prompt_lengths(1024) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1023]
     assert prompt_lengths(64) == [16, 24, 32, 48, 63]
-    assert sweep_ns(8, 1024) == [32, 64, 128, 256, 512]
-    assert sweep_ns(600, 1024) == [32, 64, 128, 256]
-    assert sweep_ns(8, 64) == [32]
+    assert sweep_ns(8, 1024) == [8, 16, 32, 64, 128, 256, 512]
+    assert sweep_ns(600, 1024) == [8, 16, 32, 64, 128, 256]
+    assert sweep_ns(8, 64) == [8, 16, 32]
 
 
 def test_document_and_batch_rows(small_model) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ same file. Few tests on purpose: one kvviz model and one transformers model for 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,24 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     out = json.loads(capsys.readouterr().out)
     assert out["generated_ids"] == ref and out["stop_reason"] == "eos"
     assert out["text"] == "The capital of France is Paris.<|im_end|>"
+
+
+def test_smollm2_cli_ignore_eos_generates_64_and_text_drops_the_marker(
+        smollm2: LoadedModel, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2 answers "...Paris.<|im_end|>" in 8 tokens; --ignore-eos runs on to all 64 (the same 8
+    first), and the plain-text output shows the answer without the end marker (JSON keeps it)."""
+    from kvviz import cli
+    import kvviz.engine.load as load
+
+    cli.build_parser()
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: smollm2)
+    q = ["generate", "--model", "smollm2", "--chat", "--prompt", "What is the capital of France?", "--greedy"]
+    assert cli.main([*q, "--max-new-tokens", "64", "--ignore-eos", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["generated_ids"]) == len(out["steps"]) == 64 and out["stop_reason"] == "max_new_tokens"
+    assert out["generated_ids"][:8] == CAPITAL + [PARIS, DOT, IM_END]
+    assert cli.main([*q, "--max-new-tokens", "64"]) == 0
+    assert capsys.readouterr().out == "The capital of France is Paris.\n"
 
 
 def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:

@@ -145,6 +145,35 @@ def test_smollm2_speculative_greedy_on_repetitive_text(smollm2: LoadedModel) -> 
     assert run.speculation.accepted >= 4 and run.speculation.forwards_saved >= 4
 
 
+def test_smollm2_page_default_prompt_is_one_speculation_wins(smollm2: LoadedModel) -> None:
+    """The Decoding page opens on copy_text: with EOS ignored both runs make all 48 tokens, the same
+    ones, and nearly every draft is accepted (48 tokens in at most 8 forwards instead of 48)."""
+    from kvviz.measure.spec_bench import PROMPTS, compare_runs
+    from kvviz.ui.decoding import SPEC_PROMPTS
+
+    assert next(iter(SPEC_PROMPTS)) == "copy_text"
+    cmp, plain, spec = compare_runs(smollm2, PROMPTS["copy_text"], 48, 1, 10, 2, None, ignore_eos=True)
+    assert cmp.same_tokens and cmp.tokens == len(plain.generated_ids) == 48
+    assert plain.text.startswith("The KV cache keeps the keys and values of every token")
+    assert cmp.forwards <= 8 and cmp.accepted >= 0.9 * cmp.drafted, cmp
+
+
+def test_compare_runs_ignore_eos_runs_both_to_n(make_llama: Callable[..., LoadedModel]) -> None:
+    """With an EOS the model emits early, ignore_eos makes plain and speculative both run all N."""
+    import dataclasses
+
+    from kvviz.engine.tokenizers import ByteTokenizer
+    from kvviz.measure.spec_bench import compare_runs
+
+    m = make_llama()
+    ref = generate(m, prompt="abcabcabc", max_new_tokens=12).generated_ids
+    eos = dataclasses.replace(m, tokenizer=ByteTokenizer(256, eos_token_id=ref[2]))
+    cmp, plain, spec = compare_runs(eos, "abcabcabc", 12, 1, chat=False, ignore_eos=True)
+    assert plain.generated_ids == spec.generated_ids == ref and cmp.tokens == 12
+    cmp, plain, _ = compare_runs(eos, "abcabcabc", 12, 1, chat=False)
+    assert plain.stop_reason == "eos" and len(plain.generated_ids) <= 3
+
+
 def test_cli_json_carries_beams_and_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

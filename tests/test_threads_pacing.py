@@ -96,4 +96,4 @@ def test_live_cost_round_trips_through_run_meta() -> None:
     c = LiveCost(wall_s=2.0, engine_s=1.6, text_draws=40, chart_draws=9, draw_s=0.3)
     assert LiveCost(**c.as_dict()) == c
     assert c.share == pytest.approx(0.2)
-    assert "charts 9×" in c.sentence(200) and "100 tokens/s" in c.sentence(200)
+    assert "charts 9×" in c.sentence(200) and "100 end-to-end tokens/s" in c.sentence(200)

@@ -167,6 +167,19 @@ class Run:
         return self.stop_reason is not None
 
     @property
+    def answer_text(self) -> str:
+        """``text`` without the EOS marker that ended it (``<|im_end|>``): what a reader calls the answer.
+
+        Only a run that stopped at EOS loses its last token's text; the ids and ``stop_reason``
+        still say it was there.
+        """
+        if self.stop_reason != "eos" or not self.events or self.beams is not None:
+            return self.text
+        last = self.events[-1]
+        piece = last.token_bytes.decode("utf-8", errors="replace") if last.token_bytes else last.token_text
+        return self.text[: -len(piece)] if piece and self.text.endswith(piece) else self.text
+
+    @property
     def ttft_ms(self) -> float | None:
         return self.events[0].latency_ms if self.events else None
 

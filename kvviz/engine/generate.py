@@ -31,7 +31,7 @@ from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.speculative import SpeculativeStream
 from kvviz.engine.strategies import strategy_stream
 from kvviz.engine.requests import (
-    check_budget, check_pool, check_pool_memory, kv_spec, resolve_chat, resolve_prompt, sampling_params,
+    check_budget, check_flag, check_pool, check_pool_memory, kv_spec, resolve_chat, resolve_prompt, sampling_params,
 )
 from kvviz.engine.stops import first_stop
 from kvviz.errors import KVVizError
@@ -74,6 +74,7 @@ class GenerationStream:
     kv_block_size: int = DEFAULT_BLOCK_SIZE  # tokens per block of a paged cache
     kv_blocks: int | None = None  # a paged cache's pool (None: every row can reach the context)
     kv: KVSpec | None = None  # a quantized or windowed cache (resolved), replacing the static one
+    ignore_eos: bool = False  # run to max_new_tokens through EOS (vLLM's name): timing lessons need N tokens
     events: list[StepEvent] = field(default_factory=list)
     stop_reason: str | None = None
     stop_string: str | None = None
@@ -147,7 +148,8 @@ class GenerationStream:
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
         want_attn = bool(self.capture.attention_layers(cfg.n_layer))
-        eos = tok.eos_token_id if B == 1 else None  # batch rows run to max_new_tokens together
+        # Batch rows run to max_new_tokens together; ignore_eos makes every run the length it asked for.
+        eos = tok.eos_token_id if B == 1 and not self.ignore_eos else None
         gen = None if self.params.greedy else make_generator(self.params, dev)
         t_start = time.perf_counter()
         # Inference mode is entered per step, never held across `yield`: a generator suspended
@@ -289,6 +291,7 @@ def iter_generate(
     kv_fp8_scale: str = "tensor",
     kv_positions: str | None = None,
     track_kv_error: bool = False,
+    ignore_eos: bool = False,
 ) -> GenerationStream | BeamStream | SpeculativeStream:
     """Validate the request (before any compute) and return a stream of StepEvents.
 
@@ -302,8 +305,13 @@ def iter_generate(
     length_penalty, early_stopping and num_return_sequences); ``speculative="prompt_lookup"``
     runs speculative decoding with ``draft_tokens`` drafted after an ``ngram`` match
     (engine/speculative.py). Either one is a different stream with the same interface.
+
+    ``ignore_eos=True`` (vLLM's name) treats the EOS token as any other: the run generates exactly
+    ``max_new_tokens`` unless a stop string ends it. Timing lessons use it so a run is the length
+    they promise; answers (Generate, Chat) keep stopping at EOS.
     """
     params = sampling_params(greedy, temperature, top_k, top_p, seed)
+    ignore_eos = check_flag("ignore_eos", ignore_eos)
     if chat or messages is not None:
         rows, text = resolve_chat(model, prompt, prompt_ids, messages, parse_special)
     else:
@@ -338,9 +346,10 @@ def iter_generate(
                                batch_size, bool(fast), dict(num_beams=num_beams, length_penalty=length_penalty,
                                early_stopping=early_stopping, num_return_sequences=num_return_sequences,
                                speculative=speculative, draft_tokens=draft_tokens, ngram=ngram,
-                               kv_block_size=kv_block_size, kv_blocks=kv_blocks))
+                               kv_block_size=kv_block_size, kv_blocks=kv_blocks, ignore_eos=ignore_eos))
     return GenerationStream(model, rows, text, max_new_tokens, use_cache, cache_kind, params, stops,
-                            capture or Capture(), batch_size, bool(fast), kv_block_size, kv_blocks, kv)
+                            capture or Capture(), batch_size, bool(fast), kv_block_size, kv_blocks, kv,
+                            ignore_eos)
 
 
 def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]

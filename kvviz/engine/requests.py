@@ -45,6 +45,13 @@ def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None 
                           bool(track_errors)), family, c.head_dim, c.block_size)
 
 
+def check_flag(name: str, value: object) -> bool:
+    """A yes/no option is a real bool: ``ignore_eos="no"`` would otherwise read as True."""
+    if not isinstance(value, bool):
+        raise KVVizError(f"{name} must be True or False (got {value!r})")
+    return value
+
+
 def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
     """A paged pool's shape is sane and can hold at least one sequence of ``tokens``."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_KV_BLOCK_SIZE:

@@ -105,6 +105,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 class SpeculativeStream(StrategyStream):
     draft_tokens: int = 10
     ngram: int = 2
+    ignore_eos: bool = False  # EOS is an ordinary token: drafted, accepted and run through
     spec_steps: list[SpecStep] = field(default_factory=list)
     cache: KVCache | None = None  # kept after the run: tests compare it with a never-speculated one
 
@@ -114,7 +115,7 @@ class SpeculativeStream(StrategyStream):
     def _loop(self) -> Iterator[StepEvent]:
         m = self.model
         cfg, dev, tok = m.config, m.device, m.tokenizer
-        eos_ids = () if tok.eos_token_id is None else (tok.eos_token_id,)
+        eos_ids = () if tok.eos_token_id is None or self.ignore_eos else (tok.eos_token_id,)
         gen = None if self.params.greedy else make_generator(self.params, dev)
         ids = list(self.prompt_ids)
         N, made, step = len(ids), 0, 0

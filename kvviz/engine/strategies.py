@@ -29,10 +29,10 @@ def strategy_stream(model: LoadedModel, rows: list[list[int]], text: str, max_ne
     if opts["speculative"] is not None:
         k, n = check_speculative_request(opts["speculative"], opts["draft_tokens"], opts["ngram"], use_cache,
                                          batch_size)
-        return SpeculativeStream(**common, draft_tokens=k, ngram=n)  # type: ignore[arg-type]
+        return SpeculativeStream(**common, draft_tokens=k, ngram=n, ignore_eos=opts["ignore_eos"])  # type: ignore[arg-type]
     k, lp, es, nrs = check_beam_request(model, opts["num_beams"], opts["length_penalty"], opts["early_stopping"],
                                         opts["num_return_sequences"], len(rows[0]) + max_new_tokens, use_cache,
                                         cache_kind, params.greedy, stops, batch_size)
-    eos = model.tokenizer.eos_token_id
+    eos = None if opts["ignore_eos"] else model.tokenizer.eos_token_id  # ignored: no beam ends at EOS
     return BeamStream(**common, num_beams=k, length_penalty=lp, early_stopping=es,  # type: ignore[arg-type]
                       num_return_sequences=nrs, eos_ids=() if eos is None else (eos,))

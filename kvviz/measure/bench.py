@@ -218,8 +218,9 @@ def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int
     use_cache = not variant.startswith("kvviz_uncached")
     kind = "concat" if variant.startswith("kvviz_concat") else "static"
     fast = variant != "readable_static"  # the readable engine: the model's own forward, no kvviz.fast
+    # EOS ignored: exactly n steps, as transformers runs with its eos_token_id unset.
     return lambda: generate(model, prompt_ids=prompt, max_new_tokens=n, use_cache=use_cache,
-                            cache_kind=kind, fast=fast).generated_ids
+                            cache_kind=kind, fast=fast, ignore_eos=True).generated_ids
 
 
 def _timed(fn: Callable[[], list[int]], device: torch.device) -> tuple[float, list[int]]:

@@ -5,11 +5,11 @@ plain, ...) after one warm-up each, so drift in the machine's load hits both ali
 medians of the repeats. The clock is the whole ``generate()`` call: prefill, every forward, the
 drafting and the event bookkeeping. The tokens must be identical (greedy): the JSON says so.
 
-Three prompts: two where speculation should win (repeating pasted code with one edit, whose
-answer copies long runs of the context; counting, whose ", " n-gram drafts the next numbers) and
-one where it should not (a free-form explanation: short n-grams such as "the" still match, the
-drafts that follow them are wrong, and each verify forward feeds several tokens for one token of
-output).
+Four prompts: three where speculation should win (copying a pasted paragraph, whose answer is
+the prompt again; repeating pasted code with one edit, whose answer copies long runs of the
+context; counting, whose ", " n-gram drafts the next numbers) and one where it should not (a
+free-form explanation: short n-grams such as "the" still match, the drafts that follow them are
+wrong, and each verify forward feeds several tokens for one token of output).
 """
 from __future__ import annotations
 
@@ -42,7 +42,13 @@ CODE = '''def summarize(orders):
     average = total / count if count else 0
     return {"total": total, "count": count, "average": average}
 '''
+# A paragraph the model is asked to copy: its answer repeats the prompt, so nearly every draft is
+# accepted (the Decoding strategies page opens on it). About 60 tokens, longer than the page's N.
+PARAGRAPH = ("The KV cache keeps the keys and values of every token the model has already read, layer by layer, "
+             "so each new token only computes its own and reads the rest from memory. Reading is cheap compared "
+             "with recomputing, but the cache grows with the context and with the batch.")
 PROMPTS: dict[str, str] = {
+    "copy_text": f"Repeat this paragraph word for word:\n\n{PARAGRAPH}",
     "code_edit": f"Here is a Python function:\n\n{CODE}\nRepeat this function exactly, but rename the "
                  "function to `summarise`. Reply with the code only.",
     "counting": "Count from 1 to 40, separated by commas.",
@@ -79,18 +85,23 @@ class SpecComparison:
 
 
 def compare(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repeats: int = 5, draft_tokens: int = 10,
-            ngram: int = 2, chat: bool | None = None) -> SpecComparison:
+            ngram: int = 2, chat: bool | None = None, ignore_eos: bool = False) -> SpecComparison:
     """Plain greedy vs speculative greedy on one prompt: interleaved, warm-up discarded."""
-    return compare_runs(model, prompt, max_new_tokens, repeats, draft_tokens, ngram, chat)[0]
+    return compare_runs(model, prompt, max_new_tokens, repeats, draft_tokens, ngram, chat, ignore_eos)[0]
 
 
 def compare_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repeats: int = 5,
-                 draft_tokens: int = 10, ngram: int = 2,
-                 chat: bool | None = None) -> tuple[SpecComparison, Run, Run]:
-    """``compare``, with the last plain and speculative Runs (the page draws them)."""
+                 draft_tokens: int = 10, ngram: int = 2, chat: bool | None = None,
+                 ignore_eos: bool = False) -> tuple[SpecComparison, Run, Run]:
+    """``compare``, with the last plain and speculative Runs (the page draws them).
+
+    ``ignore_eos`` runs both to ``max_new_tokens`` (the page's timing does: N tokens each, whatever
+    the answer's length); greedy, the two still produce the same tokens.
+    """
     if chat is None:
         chat = bool(getattr(model.tokenizer, "chat_template", None))
-    kw: dict[str, Any] = dict(prompt=prompt, max_new_tokens=max_new_tokens, chat=chat, greedy=True)
+    kw: dict[str, Any] = dict(prompt=prompt, max_new_tokens=max_new_tokens, chat=chat, greedy=True,
+                              ignore_eos=ignore_eos)
     spec_kw = dict(kw, speculative="prompt_lookup", draft_tokens=draft_tokens, ngram=ngram)
     times: dict[str, list[float]] = {"plain": [], "spec": []}
     runs = {}
@@ -117,6 +128,8 @@ def add_spec_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=types.token_count, default=64)
     p.add_argument("--draft-tokens", type=types.draft_tokens, default=10)
     p.add_argument("--ngram", type=types.ngram, default=2)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="run both to --max-new-tokens through EOS (every run the same length)")
     p.add_argument("--threads", type=types.threads, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--out", type=types.out_file, default=DEFAULT_OUT, help="where to write the JSON results")
     p.add_argument("--json", action="store_true")
@@ -131,14 +144,16 @@ def run_spec_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     model = load_model(args.model, device="cpu")
     freeze_long_lived()
     before = read_cpu()
-    results = {name: compare(model, text, args.max_new_tokens, args.repeats, args.draft_tokens, args.ngram)
+    results = {name: compare(model, text, args.max_new_tokens, args.repeats, args.draft_tokens, args.ngram,
+                             ignore_eos=args.ignore_eos)
                for name, text in PROMPTS.items()}
     after = read_cpu()
     busy = None if before is None or after is None else round(others_busy_cores(before, after,
                                                                                 os.sysconf("SC_CLK_TCK")), 2)
     obj = {"model": model.name, "cpu": cpu_name(), "torch_threads": torch.get_num_threads(),
            "others_busy_cores": busy, "repeats": args.repeats,
-           "max_new_tokens": args.max_new_tokens, "draft_tokens": args.draft_tokens, "ngram": args.ngram,
+           "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
+           "draft_tokens": args.draft_tokens, "ngram": args.ngram,
            "results": {k: v.to_dict() for k, v in results.items()}, "out": str(args.out)}
     write_atomic(args.out, json.dumps(obj, indent=1))
     lines = [f"{model.name}: plain greedy vs prompt-lookup speculation ({args.draft_tokens} drafts, n-gram "

@@ -23,7 +23,7 @@ from kvviz.engine.flops import forward_bytes, forward_flops
 from kvviz.engine.generate import GenerationStream, iter_generate
 from kvviz.measure.stats import MODES, Sample
 
-SWEEP_NS = (32, 64, 128, 256, 512)  # new tokens for the total-time sweep
+SWEEP_NS = (8, 16, 32, 64, 128, 256, 512)  # new tokens for the total-time sweep
 BATCH_SIZES = (1, 2, 4, 8, 16)
 SHORT_QUESTION = "What does the KV cache store?"
 # The "long pasted document": cycled to fill the context, so any tokenizer gets real text.
@@ -70,6 +70,9 @@ class Request:
     seed: int = 0
     prompt: str | None = None  # the text, when the rows came from one (kept for the Run)
     fast: bool = True  # every mode through the accelerator, or every mode through the readable model
+    # Timing generates the length it promises: an instruct model's EOS would end a run after a few
+    # tokens (and leave a decode sweep short of its context), so EOS is an ordinary token here.
+    ignore_eos: bool = True
 
     @property
     def prompt_len(self) -> int:
@@ -97,7 +100,8 @@ class Request:
         sampling: dict[str, object] = {"greedy": True} if self.greedy else {
             "greedy": False, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
         return {**src, "max_new_tokens": self.max_new_tokens, "use_cache": mode != "none",
-                "cache_kind": "static" if mode == "none" else mode, "seed": self.seed, "fast": self.fast, **sampling}
+                "cache_kind": "static" if mode == "none" else mode, "seed": self.seed, "fast": self.fast,
+                "ignore_eos": self.ignore_eos, **sampling}
 
 
 def request_from_text(model: LoadedModel, prompt: str, max_new_tokens: int, **sampling: object) -> Request:

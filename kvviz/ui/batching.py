@@ -7,9 +7,10 @@ import streamlit as st
 from kvviz import LoadedModel
 from kvviz.charts import perf as pc
 from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
+from kvviz.measure.sizing import about, pick_batch
 from kvviz.measure.stats import Sample, aggregate
 from kvviz.ui.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, page_model, prompt_ids, results_key, where,
+    SweepState, acquire_or_warn, busy_note, drive, estimator, page_model, prompt_ids, results_key, where,
 )
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
@@ -52,15 +53,20 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     prompt_len = int(c2.number_input("Prompt tokens", 4, max(4, cfg.block_size // 2), min(32, cfg.block_size // 2),
                                      key="batch_prompt_len"))
     n_new = int(c3.number_input("New tokens", 4, max(4, cfg.block_size - prompt_len), 32, key="batch_new_tokens"))
-    repeats = int(c4.number_input("Repeats", 1, 10, 3, key="batch_repeats"))
-
     sizes = batch_sizes(model, prompt_len, n_new)
+    est = estimator(model, s.engine == "fast")
+    # The default repeats finish in about a minute on this machine (measure.sizing); more is one click away.
+    default_repeats = pick_batch(est, sizes, prompt_len, n_new)[1] if est is not None and sizes else 1
+    repeats = int(c4.number_input("Repeats", 1, 10, default_repeats, key="batch_repeats"))
+
     skipped = [b for b in BATCH_SIZES if b not in sizes]
     note = f"Batch sizes {', '.join(map(str, sizes)) or 'none'}"
     if skipped:
         note += (f" (skipped {', '.join(map(str, skipped))}: over a quarter of free memory; B={skipped[0]} "
                  f"would need ≈{batch_memory(model, skipped[0], prompt_len, n_new) / 1e9:,.1f} GB)")
-    st.caption(f"{note} · static KV cache · {where(model)}")
+    cost = f" · {about(est.batch_s(sizes, prompt_len, n_new, repeats))} here" if est is not None and sizes else ""
+    st.caption(f"{note} · {n_new} new tokens per row (EOS ignored so every run generates {n_new} tokens) · "
+               f"{repeats} repeats{cost} · static KV cache · {where(model)}")
     with st.container(horizontal=True):
         run_it = st.button("Run the batch sweep", key="batch_run", type="primary", disabled=not sizes)
         st.button("Stop", key="batch_stop", help="Stop the sweep; the points measured so far are kept")

@@ -16,7 +16,8 @@ from kvviz.engine.generate import iter_generate
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.figs import show
-from kvviz.ui.perf_common import acquire_or_warn, busy_note, page_model, results_key, where
+from kvviz.measure.sizing import about
+from kvviz.ui.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
@@ -30,9 +31,10 @@ INTRO = (
 )
 REDRAW_S = 0.3  # the live tree redraws at most about three times a second
 _draws = itertools.count()  # every live chart gets a fresh key
-SPEC_PROMPTS = {
-    "sidebar": "the sidebar's prompt",
+SPEC_PROMPTS = {  # the first is the default: prompt lookup wins on text that repeats the prompt
+    "copy_text": "copy a pasted paragraph (the answer repeats the prompt: speculation wins)",
     "code_edit": "repeat pasted code with one edit (speculation should win)",
+    "sidebar": "the sidebar's prompt",
     "counting": "count from 1 to 40 (drafts the next numbers)",
     "free_text": "explain why the sky is blue (free text: it should not win)",
 }
@@ -130,7 +132,8 @@ def _spec(s: Settings, model: LoadedModel) -> None:
     st.caption("Drafts come from the context itself (prompt lookup: the tokens that followed an earlier match of "
                "the last n tokens). One forward checks them all through the cache; the model keeps the agreeing "
                "prefix plus its own next token, and the cache is truncated back. Greedy, so the text is the same "
-               f"as plain greedy decoding (tested). {where(model)}")
+               "as plain greedy decoding (tested). Timed with EOS ignored so every run generates its N tokens. "
+               f"{where(model)}")
     with st.container(horizontal=True, vertical_alignment="bottom"):
         which = st.selectbox("Prompt", list(SPEC_PROMPTS), format_func=SPEC_PROMPTS.get, key="spec_prompt",
                              width=380)
@@ -157,12 +160,16 @@ def _run_spec(s: Settings, model: LoadedModel, which: str, k: int, ngram: int, n
               store_key: str) -> None:
     prompt = s.prompt if which == "sidebar" else PROMPTS[which]
     chat = s.chat if which == "sidebar" else bool(getattr(model.tokenizer, "chat_template", None))
+    est = estimator(model, s.engine == "fast")  # before the lock: calibrating (once) takes it itself
+    n_prompt = len(model.tokenizer.encode(prompt)) if model.has_tokenizer else 0
+    cost = f" ({about(est.spec_s(n_prompt, n, repeats))} here)" if est is not None and n_prompt else ""
     lock = acquire_or_warn()
     if lock is None:
         return
     try:
-        with st.spinner(f"Timing plain and speculative greedy, {repeats + 1} runs each…"):
-            cmp, plain, spec = compare_runs(model, prompt, n, repeats, k, ngram, chat)
+        with st.spinner(f"Timing plain and speculative greedy, {repeats + 1} runs each{cost}…"):
+            # Timing: EOS ignored, so both generate all n tokens and tokens/s compare like with like.
+            cmp, plain, spec = compare_runs(model, prompt, n, repeats, k, ngram, chat, ignore_eos=True)
     except KVVizError as e:
         st.error(md_plain(e))
         return

@@ -64,17 +64,18 @@ def render(run: Run | None, per_row: int = 6) -> None:
     """Six metrics, ``per_row`` to a row, then the formula."""
     cols = [c for _ in range(-(-6 // per_row)) for c in st.columns(per_row)][:6]
     if run is None or not run.events:
-        for col, name in zip(cols, ("TTFT", "Mean TPOT", "Tokens/s", "Cache length", "Cache bytes", "FLOPs this step")):
+        for col, name in zip(cols, ("TTFT", "Mean TPOT", "Decode tokens/s", "Cache length", "Cache bytes", "FLOPs this step")):
             col.metric(name, "–")
         return
     ev = run.events[-1]
-    tps = run.decode_tokens_per_s or run.tokens_per_s
+    tps = run.decode_tokens_per_s  # decode steps only: a run of one token has none, and shows "–"
     cols[0].metric("TTFT", fmt_ms(run.ttft_ms), help="Time to first token: how long a user waits before the "
                    "first token appears. Here: the prefill forward pass over the whole prompt, plus sampling.")
     cols[1].metric("Mean TPOT", fmt_ms(run.mean_tpot_ms), help="Time per output token: how long each next token "
                    "takes once generation runs. Here: the mean over the decode steps (every step after the prefill).")
-    cols[2].metric("Tokens/s", f"{tps:,.0f}" if tps else "–", help="Decode speed: 1000 / mean TPOT. Forward "
-                   "passes and sampling only; drawing the page is not counted.")
+    cols[2].metric("Decode tokens/s", f"{tps:,.0f}" if tps else "–", help="Decode speed: 1000 / mean TPOT. "
+                   "Forward passes and sampling of the decode steps only: no prefill, and drawing the page is not "
+                   "counted. The end-to-end tokens/s under a finished run counts the wall clock of the whole run.")
     if run.use_cache:
         slots = f" / {run.block_size:,}" if run.cache_kind == "static" else ""
         cols[3].metric("Cache length", f"{ev.cache_len:,}{slots}", help="Tokens whose K and V the cache holds "

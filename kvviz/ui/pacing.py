@@ -68,8 +68,9 @@ class LiveCost:
             return ""
         return (f"Live: {tokens:,} tokens in {self.wall_s:,.2f} s, of which the forwards took {self.engine_s:,.2f} s "
                 f"and the live views {self.overhead_s:,.2f} s ({self.share:.0%}: text redrawn {self.text_draws:,}×, "
-                f"charts {self.chart_draws:,}×), so the page streamed at {tokens / self.wall_s:,.0f} tokens/s "
-                f"where the engine alone ran {tokens / max(self.engine_s, 1e-9):,.0f}.")
+                f"charts {self.chart_draws:,}×): {tokens / self.wall_s:,.0f} end-to-end tokens/s on the page "
+                f"(every token over the wall clock, prefill and views included) where the engine alone ran "
+                f"{tokens / max(self.engine_s, 1e-9):,.0f} (the decode tokens/s above counts decode steps only).")
 
     def as_dict(self) -> dict[str, float]:
         return {"wall_s": round(self.wall_s, 4), "engine_s": round(self.engine_s, 4), "text_draws": self.text_draws,

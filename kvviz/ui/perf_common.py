@@ -6,6 +6,8 @@
 - ``drive``: runs a measurement generator with a progress bar, storing every sample in the
   session as it arrives, so a Stop click (which interrupts the script) keeps what was measured.
 - ``machine_probe``: the roofline probe, measured once per session per (device, dtype).
+- ``estimator``: the model timed once per session (``measure.sizing``), so every page can size its
+  defaults to finish in about a minute here and say what a bigger setting would cost.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from kvviz.engine.requests import resolve_chat
 from kvviz.measure import threads
 from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
 from kvviz.measure.probe import probe_machine
+from kvviz.measure.sizing import Estimator, about, calibrate
 from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import Settings
@@ -116,17 +119,41 @@ def drive(samples: Iterator[Sample], store: list[Sample], progress_text: str,
     call; the samples already appended stay in the session and the page shows them as stopped.
     """
     bar = st.progress(0.0, text=progress_text)
-    last = 0.0
+    last, t0 = 0.0, time.monotonic()
     for s in samples:
         store.append(s)
         frac = s.done / s.total if s.total else 1.0
-        bar.progress(min(1.0, frac), text=f"{progress_text} {s.done}/{s.total}")
+        bar.progress(min(1.0, frac), text=f"{progress_text} {s.done}/{s.total}{time_left(time.monotonic() - t0, frac)}")
         now = time.monotonic()
         if redraw is not None and (now - last >= REDRAW_S or s.done == s.total):
             redraw(store)
             last = now
     bar.empty()
     return True
+
+
+def time_left(elapsed_s: float, frac: float) -> str:
+    """" · about 40 s left", from the pace so far (nothing until a first piece of the work is done)."""
+    if not 0 < frac < 1:
+        return ""
+    return f" · {about(elapsed_s * (1 - frac) / frac)} left"
+
+
+def estimator(model: LoadedModel, fast: bool = True) -> Estimator | None:
+    """This model timed on this machine (``measure.sizing.calibrate``), once per session and engine;
+    None while another session holds the measurement lock (the page keeps its smallest defaults)."""
+    cals: dict[Any, Any] = st.session_state.setdefault("sizing_cal", {})
+    key = (model.name, str(model.device), model.dtype_name, bool(fast))
+    if key not in cals:
+        lock = measurement_lock()
+        if not lock.acquire(timeout=2.0):
+            return None
+        try:
+            with st.spinner("Timing this model once, to size the defaults to this machine (a second or two)…"):
+                cals[key] = calibrate(model, fast)
+        finally:
+            lock.release()
+    return Estimator(cals[key], model.config)
 
 
 def machine_probe(model: LoadedModel, again: bool = False) -> MachineProbe:

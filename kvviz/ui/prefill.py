@@ -2,6 +2,7 @@
 and the short-question vs long-document example."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import streamlit as st
@@ -12,10 +13,13 @@ from kvviz.units import kv_bytes_per_token
 from kvviz.engine.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.measure import doubts
+from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_context
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
+from kvviz.engine.requests import resolve_chat
+from kvviz.errors import KVVizError
 from kvviz.ui.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, prompt_ids, results_key,
-    where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
+    results_key, where,
 )
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.figs import show
@@ -41,22 +45,36 @@ def page() -> None:
     example_state.settle()
     busy_note()
     results: dict[str, list[Sample]] = st.session_state.setdefault(results_key("pd_results", model), {})
-    ctx = _context_limit(model)
     fast = s.engine == "fast"  # the sidebar's engine runs every measured step
-    st.caption(f"Engine: {ENGINES[s.engine]}.")
-    _sweeps(model, results, sweep_state, ctx, fast)
+    est = estimator(model, fast)
+    ctx, repeats = _context_limit(model, est)
+    st.caption(f"Engine: {ENGINES[s.engine]}. EOS ignored so every run generates the tokens it asks for.")
+    _sweeps(model, results, sweep_state, ctx, repeats, fast, est)
     st.divider()
-    _example(model, results, example_state, prompt_ids(s, model)[0], ctx, fast)
+    _example(model, results, example_state, prompt_ids(s, model)[0], _example_context(model, est, ctx), fast, est)
 
 
-def _context_limit(model: LoadedModel) -> int:
-    """How far the sweeps go: the full context by default, less for a quick look at a big model."""
+def _context_limit(model: LoadedModel, est: Estimator | None) -> tuple[int, int]:
+    """How far the sweeps go, and the default repeats: the longest context whose sweeps finish in about
+    a minute on this machine (``measure.sizing``); the model's own context is one drag away."""
     block = model.config.block_size
-    options = sorted({c for c in (64, 128, 256, 512, 1024, 2048) if c < block} | {block})
-    return int(st.select_slider("Longest context to measure (tokens)", options, value=block, key="pd_max_context",
-                                width=420,
-                                help="The prompt-length sweep, the decode sweep and the long document stop here. "
-                                     "The model's own context is the right-most value."))
+    options = sorted({c for c in (64, 128, 256, 512, 1024, 2048, 4096) if c < block} | {block})
+    ctx, repeats = pick_context(est, options) if est is not None else (min(options), 1)
+    got = int(st.select_slider("Longest context to measure (tokens)", options, value=ctx, key="pd_max_context",
+                               width=420,
+                               help="The prompt-length sweep, the decode sweep and the long document stop here. "
+                                    "The default finishes in about a minute on this machine; the model's own "
+                                    "context is the right-most value."))
+    return got, repeats
+
+
+def _example_context(model: LoadedModel, est: Estimator | None, ctx: int) -> int:
+    """The example's context: the slider's, or longer where the example (two runs, not a sweep) still
+    finishes in about a minute here, so the document is long enough to make its point."""
+    block = model.config.block_size
+    fits = [c for c in (256, 512, 1024, 2048, 4096, 8192) if c <= block and est is not None
+            and est.example_s(48, c - 32, 32, 3) <= BUDGET_S]
+    return max([ctx, *fits])
 
 
 def _base_ids(model: LoadedModel) -> list[int]:
@@ -68,16 +86,19 @@ def _decode_bin(ctx: int) -> int:
     return max(8, ctx // 32)
 
 
-def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState, ctx: int, fast: bool) -> None:
+def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState, ctx: int, default_repeats: int,
+            fast: bool, est: Estimator | None) -> None:
     lengths = prompt_lengths(ctx)
     st.subheader("TTFT vs prompt length, decode latency vs context")
-    st.caption(f"Prompt lengths {', '.join(map(str, lengths))} · decode from a 16-token prompt to a "
-               f"{ctx:,}-token context · {where(model)}")
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        repeats = st.number_input("Repeats", 1, 10, 3, key="pd_repeats", width=140,
+        repeats = st.number_input("Repeats", 1, 10, default_repeats, key="pd_repeats", width=140,
                                   help="Every point is the median of this many runs; bars and bands show min–max")
         run_it = st.button("Measure prefill and decode", key="pd_run", type="primary")
         st.button("Stop", key="pd_stop", help="Stop the sweep; the points measured so far are kept")
+    cost = f" · {about(est.prefill_decode_s(ctx, int(repeats)))} here" if est is not None else ""
+    st.caption(f"Prompt lengths {', '.join(map(str, lengths))} · decode steps at contexts of 17–{ctx - 1:,} "
+               f"tokens (EOS ignored so the run from a 16-token prompt generates all {ctx - 16:,} tokens) · "
+               f"{_n(int(repeats), 'repeat')}{cost} · {where(model)}")
     live = st.empty()
     if run_it:
         lock = acquire_or_warn()
@@ -114,6 +135,7 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     dec = results.get("decode", [])
     ctx = int(max((x.x for x in dec), default=64))  # bin by the range actually measured
     sub = where(model)
+    st.caption(measured_caption(results.get("ttft", []), dec))
     n = len(results.get("ttft", [])) + len(results.get("decode", []))
     a, b = st.columns(2)
     ttft = aggregate(results["ttft"], "ttft_ms")
@@ -158,6 +180,24 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
                    "achieved GFLOP/s = those FLOPs / the measured time.")
 
 
+def measured_caption(ttft: list[Sample], decode: list[Sample]) -> str:
+    """What the charts below hold, from the samples themselves (a stopped sweep holds less than it asked)."""
+    parts = []
+    if ttft:
+        xs = sorted({int(x.x) for x in ttft})
+        parts.append(f"prefill of {xs[0]:,}–{xs[-1]:,}-token prompts ({len(xs)} lengths, "
+                     f"{_n(len({x.repeat for x in ttft}), 'repeat')})")
+    if decode:
+        xs = sorted({int(x.x) for x in decode})
+        runs = _n(len({x.repeat for x in decode}), "run")
+        parts.append(f"decode steps at contexts of {xs[0]:,}–{xs[-1]:,} tokens ({runs})")
+    return "Measured: " + "; ".join(parts) + "." if parts else ""
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
 def sweep_doubts(ttft: Any, decode: Any, busy: str | None) -> list[str]:
     """What in the sweeps contradicts their expected shape (kvviz.measure.doubts): a time to first
     token that does not grow with the prompt, repeats far apart, a busy CPU."""
@@ -174,10 +214,22 @@ def sweep_doubts(ttft: Any, decode: Any, busy: str | None) -> list[str]:
 
 # --- the seeds' example ------------------------------------------------------------------------
 
+def short_question(model: LoadedModel, fallback: tuple[int, ...]) -> tuple[tuple[int, ...], bool]:
+    """The question's ids as Generate feeds it with Chat on (the model's own template, when it has one),
+    and whether the template was used."""
+    if not model.has_tokenizer:
+        return fallback[:16], False
+    try:
+        rows, _ = resolve_chat(model, SHORT_QUESTION, None, None)
+        return tuple(rows[0]), True
+    except KVVizError:  # no chat template: the bare question
+        return tuple(model.tokenizer.encode(SHORT_QUESTION)), False
+
+
 def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepState,
-             prompt_ids: tuple[int, ...], ctx: int, fast: bool) -> None:
+             prompt_ids: tuple[int, ...], ctx: int, fast: bool, est: Estimator | None) -> None:
     st.subheader("A short question vs a long pasted document")
-    short = tuple(model.tokenizer.encode(SHORT_QUESTION)) if model.has_tokenizer else prompt_ids[:16]
+    short, templated = short_question(model, prompt_ids)
     if not short:
         st.info("This model has no tokenizer: type a prompt in the sidebar to use as the short question.")
         return
@@ -188,8 +240,11 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         run_it = st.button("Run the example", key="pd_example", type="primary")
         st.button("Stop", key="pd_example_stop", help="Stop; the runs that finished are kept")
     long_len = ctx - n_new
-    st.caption(f"Question: “{SHORT_QUESTION}” ({len(short)} tokens) vs a document that fills the context "
-               f"({long_len:,} tokens); {n_new} new tokens after each; 3 repeats · {where(model)}")
+    how = " in the model's chat template, as Generate sends it" if templated else ""
+    cost = f" · {about(est.example_s(len(short), long_len, n_new, 3))} here" if est is not None else ""
+    st.caption(f"Question: “{SHORT_QUESTION}”{how} ({len(short)} tokens) vs a document that fills a "
+               f"{ctx:,}-token context ({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every "
+               f"run generates {n_new} tokens; 3 repeats{cost} · {where(model)}")
     if run_it:
         lock = acquire_or_warn()
         if lock is None:
@@ -218,8 +273,12 @@ def _example_sentence(ttft: Any, tpot: Any, model: LoadedModel) -> str:
 
     s_t, l_t = get(ttft, "short question"), get(ttft, "long document")
     s_d, l_d = get(tpot, "short question"), get(tpot, "long document")
-    if not (s_t and l_t and s_d and l_d):
+    if not (s_t and l_t):
         return ""
+    if not (s_d and l_d and all(math.isfinite(v) and v > 0 for v in (s_d[0], l_d[0]))):
+        # Never a "nan": a run that made one token has no decode step to time.
+        return (f"Time to first token: {s_t[0]:,.1f} → {l_t[0]:,.1f} ms. Each new token took — (no decode step "
+                "was timed: a run stopped after its first token), so the decode comparison is missing.")
     change = l_d[0] / s_d[0] - 1
     head = (f"The document is {l_t[1] / s_t[1]:,.0f}× longer than the question. Its time to first token grew "
             f"{l_t[0] / s_t[0]:,.1f}× ({s_t[0]:,.1f} → {l_t[0]:,.1f} ms): the prefill must process the whole prompt. "

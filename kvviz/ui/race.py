@@ -16,9 +16,10 @@ from kvviz.measure.sweeps import start as start_stream
 from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
 from kvviz.ui.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, machine_probe, page_model, prompt_ids, results_key,
-    where,
+    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
+    results_key, time_left, where,
 )
+from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_ns
 from kvviz.ui.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
@@ -80,7 +81,14 @@ def _sampling_text(s: Settings) -> str:
 
 def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     st.subheader("The race")
-    st.caption(f"{s.max_new_tokens} new tokens · {_sampling_text(s)} · {where(model)} · engine: "
+    est = estimator(model, s.engine == "fast")
+    n_prompt = len(prompt_ids(s, model)[0])
+    secs = est.race_s(n_prompt, s.max_new_tokens) if est is not None and n_prompt else None
+    cost = f" · {about(secs)} here" if secs is not None else ""
+    if secs is not None and secs > BUDGET_S:  # the sidebar's N is shared with Generate: say what it costs here
+        cost += " (fewer *Max new tokens* in the sidebar make it quicker)"
+    st.caption(f"{s.max_new_tokens} new tokens per mode, EOS ignored so every run generates {s.max_new_tokens} "
+               f"tokens{cost} · {_sampling_text(s)} · {where(model)} · engine: "
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
                "settings come from the sidebar")
     with st.container(horizontal=True):
@@ -97,10 +105,11 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
         with col:
             st.markdown(f"**{MODE_LABELS[mode]}**")
             slots[mode] = (st.empty(), st.container(key=f"race_out_{mode}").empty())
+    progress = st.empty()  # the race's progress bar while it runs (always one element: the layout stays put)
     live_chart = st.empty()
 
     if start:
-        _run_race(s, model, key, slots, live_chart, state)
+        _run_race(s, model, key, slots, (progress, live_chart), state, est)
     stored = st.session_state.get(key)
     if stored and not stored["settled"].wait(SETTLE_WAIT_S):
         # A Stop click started this script run on a new thread while the race's thread is still
@@ -108,7 +117,10 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
         st.info("Stopping: the race is finishing its current step…")
         st.rerun()
     if not stored or not stored["runs"]:
-        st.info("Press **Start the race**. Tip: 200+ new tokens make the no-cache slope obvious.")
+        tip = "Tip: 200+ new tokens (the sidebar's *Max new tokens*) make the no-cache slope obvious"
+        if est is not None and n_prompt:
+            tip += f" ({about(est.race_s(n_prompt, 200))} here for 200)"
+        st.info(f"Press **Start the race**. {tip}.")
         return
     if not start:
         for mode, run in stored["runs"].items():
@@ -131,8 +143,9 @@ def _status_line(run: Run, running: bool = False) -> str:
             + (f" · {tpot:.2f} ms/token (median)" if tpot else ""))
 
 
-def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[Any, Any]], live_chart: Any,
-              state: SweepState) -> None:
+def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[Any, Any]], places: tuple[Any, Any],
+              state: SweepState, est: Estimator | None) -> None:
+    progress, live_chart = places
     req = _request(s, model)
     try:
         start_stream(model, req, "static")  # validates prompt and budget before any compute
@@ -155,6 +168,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     last_draw, draws = 0.0, 0
     state.begin()
     window = BusyWindow()
+    t0 = time.monotonic()
     try:
         for tick in iter_race(model, req):
             status, text = slots[tick.mode]
@@ -171,6 +185,10 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
                 so_far = {m: st_.run for m, st_ in streams.items()}
                 draws += 1
                 show(live_chart, pc.race_latency(so_far), key=f"race_live_{race_id}_{draws}")
+                if est is not None:  # by estimated time: the no-cache tokens cost more and more
+                    frac = est.race_fraction(req.prompt_len, req.max_new_tokens, tick.mode, len(tick.stream.events))
+                    progress.progress(frac, text=f"Racing: {MODE_LABELS[tick.mode]}, {len(tick.stream.events)} of "
+                                                 f"{req.max_new_tokens} tokens{time_left(now - t0, frac)}")
                 last_draw = now
         state.end()
     finally:
@@ -183,6 +201,7 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
         finally:
             record["settled"].set()  # never leave the next script run waiting
     live_chart.empty()
+    progress.empty()
     machine_probe(model)  # for the explanation below; measured once per session
 
 
@@ -259,13 +278,21 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if not ids or not options:
         st.warning("The sweep needs a prompt that leaves room for at least 32 new tokens in the context.")
         return
+    est = estimator(model, s.engine == "fast")
+    # Sized to this machine: the most Ns (smallest first) and repeats that finish in about a minute.
+    default_ns, default_repeats = pick_ns(est, len(ids), options) if est is not None else (options[:3], 1)
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        ns = st.multiselect("New tokens N", options, default=options, key="race_sweep_ns", width=420,
-                            help="Bounded by the context: prompt + N must fit")
-        repeats = st.number_input("Repeats", 1, 10, 3, key="race_sweep_repeats", width=140,
+        ns = st.multiselect("New tokens N", options, default=default_ns, key="race_sweep_ns", width=420,
+                            help="Bounded by the context: prompt + N must fit. The default is what finishes in "
+                                 "about a minute on this machine; add larger N for a clearer slope")
+        repeats = st.number_input("Repeats", 1, 10, default_repeats, key="race_sweep_repeats", width=140,
                                   help="Each point is the median of this many runs; bars show min–max")
         run_it = st.button("Run the sweep", key="race_sweep", type="primary")
         st.button("Stop", key="race_sweep_stop", help="Stop the sweep; the points measured so far are kept")
+    if est is not None and ns:
+        secs = est.total_time_sweep_s(len(ids), sorted(ns), int(repeats))
+        st.caption(f"EOS ignored so every run generates its N tokens · {len(ns)} values of N × {int(repeats)} "
+                   f"repeat{'s' if int(repeats) != 1 else ''} × 2 modes: {about(secs)} here")
 
     key = results_key("race_sweep", model)
     charts = st.empty()

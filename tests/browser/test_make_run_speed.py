@@ -177,7 +177,7 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         page.wait_for_function("window.__kv.done !== undefined")
         kv = page.evaluate("window.__kv")
         shown = metrics(page)
-        in_app = {name: shown.get(name) for name in ("TTFT", "Mean TPOT", "Tokens/s")}
+        in_app = {name: shown.get(name) for name in ("TTFT", "Mean TPOT", "Decode tokens/s")}
         live_note = marker.inner_text()
     finally:
         context.close()

@@ -1,0 +1,86 @@
+"""measure/sizing.py: the estimates that size each timing page's defaults, against hand-computed
+figures; the choosers; the progress bar's time left; the example's sentence never shows "nan"."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from kvviz.engine.flops import forward_flops
+from kvviz.engine.load import LoadedModel
+from kvviz.measure import sizing
+from kvviz.measure.sizing import MARGIN, Calibration, Estimator, about, pick_batch, pick_context, pick_ns
+from kvviz.measure.sweeps import prompt_lengths
+
+CAL = Calibration(prefill_ms=64.0, decode_ms=10.0, prompt=64, weight_bytes=1_000_000, kv_bytes_per_token=1_000)
+
+
+def test_estimates_scale_the_calibration_by_flops_and_bytes(random_models: dict[str, LoadedModel]) -> None:
+    cfg = random_models["tiny"].config
+    est = Estimator(CAL, cfg)
+    # A prefill scales with its FLOPs (attention makes a long one cost more than linear) ...
+    ratio = forward_flops(cfg, 256, 0) / forward_flops(cfg, 64, 0)
+    assert ratio > 4 and est.prefill_ms(256) == pytest.approx(64.0 * ratio)
+    # ... but never drops below the calibrated per-token rate (a short one keeps its overheads).
+    assert est.prefill_ms(16) == pytest.approx(16.0)
+    # A decode step grows with the cache's share of the bytes read, counted KV_WEIGHT times.
+    assert est.decode_ms(64) == 10.0
+    assert est.decode_ms(1064) == pytest.approx(10.0 * (1 + sizing.KV_WEIGHT * 1_000 * 1_000 / 1_000_000))
+    assert est.decode_ms(64, batch=3) == pytest.approx(10.0 + 2 * 1.0)  # each extra row: a prefill token
+    # Without a cache every step is a prefill of the whole sequence.
+    assert est.run_ms(64, 3, "none") == pytest.approx(sum(est.prefill_ms(64 + t) for t in range(3)))
+    assert est.run_ms(64, 3) == pytest.approx(est.prefill_ms(64) + est.decode_ms(65) + est.decode_ms(66))
+    # A race's progress by estimated time: static then concat then none.
+    total = sum(est.run_ms(10, 8, m) for m in ("static", "concat", "none"))
+    assert est.race_fraction(10, 8, "concat", 4) == pytest.approx((est.run_ms(10, 8) + est.run_ms(10, 4, "concat")) / total)
+    assert est.race_fraction(10, 8, "none", 8) == pytest.approx(1.0)
+    lengths = prompt_lengths(128)
+    want = sum(est.prefill_ms(n) for n in lengths) + est.prefill_ms(16) + sum(est.decode_ms(t) for t in range(17, 128))
+    assert est.prefill_decode_s(128, 2) == pytest.approx(MARGIN * 2 * want / 1000)
+
+
+def test_choosers_fit_the_budget(random_models: dict[str, LoadedModel]) -> None:
+    est = Estimator(CAL, random_models["tiny"].config)
+    options = [64, 128, 256, 512]
+    ctx, repeats = pick_context(est, options, budget_s=est.prefill_decode_s(256, 3) * 1.01)
+    assert (ctx, repeats) == (256, 3)
+    ctx, repeats = pick_context(est, options, budget_s=est.prefill_decode_s(512, 2) * 1.01)
+    assert (ctx, repeats) == (512, 2)
+    assert pick_context(est, options, budget_s=0.0) == (64, 1)
+    ns = [8, 16, 32, 64, 128]
+    got, reps = pick_ns(est, 10, ns, budget_s=est.total_time_sweep_s(10, ns[:4], 2) * 1.01)
+    assert est.total_time_sweep_s(10, got, reps) <= est.total_time_sweep_s(10, ns[:4], 2) * 1.01
+    assert len(got) >= 4 and got == ns[: len(got)]
+    # Too slow for four points even once: the Ns that fit once, at least two.
+    slow, reps = pick_ns(est, 10, ns, budget_s=est.total_time_sweep_s(10, ns[:2], 1) * 1.01)
+    assert (slow, reps) == (ns[:2], 1)
+    sizes, reps = pick_batch(est, [1, 2, 4], 8, 8, budget_s=est.batch_s([1, 2, 4], 8, 8, 2) * 1.01)
+    assert (sizes, reps) == ([1, 2, 4], 2)
+
+
+def test_calibrate_times_the_model(random_models: dict[str, LoadedModel]) -> None:
+    m = random_models["tiny"]
+    cal = sizing.calibrate(m)
+    assert cal.prompt == 64 and cal.prefill_ms > 0 and cal.decode_ms > 0
+    assert cal.kv_bytes_per_token == 2 * 4 * 4 * 64 * 4  # K and V, 4 layers, 4 heads of 64, fp32
+
+
+def test_about_and_time_left() -> None:
+    from kvviz.ui.perf_common import time_left
+
+    assert [about(x) for x in (3.2, 42.0, 61.0, 600.0)] == ["about 3 s", "about 40 s", "about 60 s", "about 10 min"]
+    assert time_left(10.0, 0.25) == " · about 30 s left"
+    assert time_left(0.0, 0.0) == "" and time_left(5.0, 1.0) == ""
+
+
+def test_example_sentence_never_formats_nan(random_models: dict[str, LoadedModel]) -> None:
+    from kvviz.ui.prefill import _example_sentence
+
+    def df(short: float, long: float) -> pd.DataFrame:
+        return pd.DataFrame({"series": ["short question", "long document"], "median": [short, long], "x": [10, 500]})
+
+    text = _example_sentence(df(5.0, 200.0), df(math.nan, 30.0), random_models["tiny"])
+    assert "nan" not in text.lower() and "—" in text and "no decode step" in text
+    ok = _example_sentence(df(5.0, 200.0), df(30.0, 31.0), random_models["tiny"])
+    assert "each new token took 30.00 vs 31.00 ms (+3%)" in ok
