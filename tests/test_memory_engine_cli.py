@@ -169,3 +169,11 @@ def test_reconcile_profiling_parts(tmp_path, capsys):
     rows = {r["line"]: r for r in d["rows"]}
     assert rows["model weights (profiling)"]["agrees"] and rows["model weights (profiling)"]["predicted"] == "14.96 GiB"
     assert rows["non-torch memory (profiling)"]["agrees"] and d["agrees"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_huge_kv_memory_is_an_error_not_an_overflow(capsys, engine):
+    # 1e300 GiB passed argparse's finite check but overflowed int(gib x 2^30) into a traceback.
+    err = run_error(capsys, "--preset", "smollm2-135m", "--seq-len", "4096", "--engine", engine,
+                    "--kv-memory-gib", "1e300")
+    assert "error: the KV memory must be a positive number of GiB up to 1,000,000" in err
