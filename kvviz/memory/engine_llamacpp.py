@@ -23,6 +23,7 @@ from typing import Any
 from kvviz.memory.spec import CalcError, ModelSpec
 
 MIB = 1024**2
+LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
 # ggml type -> (values per block, bytes per block)
 CACHE_TYPES: dict[str, tuple[int, int]] = {
     "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
@@ -103,6 +104,8 @@ def llamacpp_sizing(spec: ModelSpec, n_ctx: int, n_seq: int = 1, type_k: str = "
     for name, v in (("-c", n_ctx), ("-np", n_seq), ("-ub", n_ubatch)):
         if v < 1:
             problems.append(f"{name} must be positive (got {v})")
+    if n_seq > LLAMA_MAX_SEQ:  # llama-context.cpp: "n_seq_max must be <= LLAMA_MAX_SEQ"
+        problems.append(f"n_seq_max must be <= {LLAMA_MAX_SEQ} (llama.cpp refuses -np {n_seq})")
     row = spec.n_kv_heads * spec.head_dim
     for t in {type_k, type_v} & set(CACHE_TYPES):
         per = CACHE_TYPES[t][0]
