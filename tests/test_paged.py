@@ -316,3 +316,19 @@ def test_pool_views_are_pure_figures(make_llama: Callable[..., LoadedModel]) -> 
         3: "slots 0-2", 5: "slots 1, 3"}
     tables = pc.block_tables(snap, ["a", "b"])
     assert list(tables.data[0].text) == [str(b) for t in cache.tables for b in t]
+
+
+def test_a_plan_the_pool_cannot_fill_aborts_cleanly(make_llama: Callable[..., LoadedModel]) -> None:
+    """plan_step raising PoolFull halfway through claiming blocks, then abort_step (as a retry's
+    reset/truncate/next plan calls it): the tables and ref counts are as before the plan. The claim
+    used to be recorded before allocate(), so the abort indexed a block never appended (IndexError)."""
+    cache = PagedKVCache(make_llama().config, block_size=4, num_blocks=3)
+    _fill(cache, list(range(8)))  # blocks 0, 1 full; one block left
+    tables, refs = [list(t) for t in cache.tables], list(cache.pool.blocks.ref_count)
+    with pytest.raises(PoolFull):
+        cache.plan_step(torch.tensor([list(range(8))]))  # needs 2 more blocks, gets 1
+    cache.abort_step()
+    assert cache.tables == tables and cache.pool.blocks.ref_count == refs
+    cache.pool.blocks.check()
+    _fill(cache, [8, 9, 10])  # and the cache goes on
+    assert cache.pos == 11
