@@ -383,3 +383,19 @@ def test_smollm2_turn_failing_mid_decode_rolls_back(smollm2: LoadedModel) -> Non
     t = conv.send("And of Spain?")
     assert conv.matches_scratch(1) and t.reused_tokens == t.cached_before > 0
     refs_equal_tables(conv)
+
+
+def test_an_interrupted_regenerate_keeps_the_old_seed(chat_llama: LoadedModel) -> None:
+    """Regenerate with a new seed, closed after its first step: the conversation samples with the
+    old seed again (it used to keep the new one, so the next turn's answer changed); a regenerate
+    that finishes keeps its seed."""
+    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=8, kv_blocks=64, max_new_tokens=NEW,
+                        greedy=False, temperature=1.0, seed=3)
+    conv.send(ASKED[0])
+    it = conv.iter_regenerate(seed=11)
+    next(it)
+    assert conv.params.seed == 11  # in effect while the turn runs
+    it.close()
+    assert conv.params.seed == 3 and not conv.running
+    conv.regenerate(seed=11)
+    assert conv.params.seed == 11

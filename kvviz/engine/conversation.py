@@ -46,7 +46,7 @@ from kvviz.engine.requests import check_pool, sampling_params
 from kvviz.engine.kvspec import KVSpec
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
-from kvviz.engine.sampling import make_generator, sample
+from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
 
@@ -171,11 +171,12 @@ class Conversation:
         turns = self.turns
         if not turns:
             raise KVVizError("there is no answer to regenerate yet")
-        if seed is not None:
-            self.params = replace(self.params, seed=seed)
-        return self.iter_send(turns[-1].user, base=len(turns) - 1)
+        # The new seed takes effect with the turn, and an interrupted turn puts the old one back.
+        params = None if seed is None else replace(self.params, seed=seed)
+        return self.iter_send(turns[-1].user, base=len(turns) - 1, params=params)
 
-    def iter_send(self, text: str, base: int | None = None) -> Iterator[dict[str, Any]]:
+    def iter_send(self, text: str, base: int | None = None,
+                  params: SamplingParams | None = None) -> Iterator[dict[str, Any]]:
         """Run one turn after the first ``base`` finished turns (all of them by default), yielding
         after the prefill and after every decode step (the pool's state for a paged cache, else
         {}); the TurnRecord lands in ``self.turns`` when the turn ends. Closing the iterator early,
@@ -196,7 +197,7 @@ class Conversation:
             if need > have:
                 raise KVVizError(f"the KV pool has {have} blocks of {self.cache.block_size} tokens; this turn needs "
                                  f"{need} ({len(ids)} prompt + {self.max_new_tokens} new tokens): give it more blocks")
-        return self._turn(text, base, msgs, ids)
+        return self._turn(text, base, msgs, ids, params)
 
     # ------------------------------------------------------------------ the transaction
     @property
@@ -259,6 +260,7 @@ class Conversation:
                     with torch.inference_mode():
                         self.cache.restore(tx.cp)
                 self.held = tx.held
+                self.params = tx.params
                 self._active = None
             toks = tx.out[:-1] if tx.out and tx.out[-1] == self.model.tokenizer.eos_token_id else tx.out
             self.interrupted = [*self.interrupted, InterruptedTurn(
@@ -283,7 +285,8 @@ class Conversation:
             if fed == T:
                 return logits
 
-    def _turn(self, text: str, base: int, msgs: list[dict[str, str]], ids: list[int]) -> Iterator[dict[str, Any]]:
+    def _turn(self, text: str, base: int, msgs: list[dict[str, str]], ids: list[int],
+              params: SamplingParams | None = None) -> Iterator[dict[str, Any]]:
         m, cache, dev = self.model, self.cache, self.model.device
         forward = forward_fn(m, self.fast)
         paged = isinstance(cache, PagedKVCache)
@@ -292,7 +295,9 @@ class Conversation:
         try:
             with self._lock:
                 self._supersede()
-                self._active, tx.held = tx, self.held
+                self._active, tx.held, tx.params = tx, self.held, self.params
+                if params is not None:
+                    self.params = params
                 before, cached_before = cache.bytes_used, len(self.held)
                 with torch.inference_mode():
                     reuse, hits = self._begin(tx, ids)
