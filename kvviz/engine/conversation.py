@@ -185,7 +185,10 @@ class Conversation:
             raise KVVizError("the message is empty: type something to say")
         if len(text) > MAX_MESSAGE_CHARS:
             raise KVVizError(f"the message is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}")
-        base = len(self.turns) if base is None else base
+        if base is None:
+            base = len(self.turns)
+        elif isinstance(base, bool) or not isinstance(base, int) or not 0 <= base <= len(self.turns):
+            raise KVVizError(f"a turn can follow turns 0..{len(self.turns)} (got base {base!r})")
         msgs = [*self.messages[: 2 * base], {"role": "user", "content": text}]
         ids = self.render(msgs)
         ctx = self.model.config.block_size
