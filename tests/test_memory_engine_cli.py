@@ -169,3 +169,27 @@ def test_reconcile_profiling_parts(tmp_path, capsys):
     rows = {r["line"]: r for r in d["rows"]}
     assert rows["model weights (profiling)"]["agrees"] and rows["model weights (profiling)"]["predicted"] == "14.96 GiB"
     assert rows["non-torch memory (profiling)"]["agrees"] and d["agrees"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_huge_kv_memory_is_an_error_not_an_overflow(capsys, engine):
+    # 1e300 GiB passed argparse's finite check but overflowed int(gib x 2^30) into a traceback.
+    err = run_error(capsys, "--preset", "smollm2-135m", "--seq-len", "4096", "--engine", engine,
+                    "--kv-memory-gib", "1e300")
+    assert "error: the KV memory must be a positive number of GiB up to 1,000,000" in err
+
+
+def test_sglang_empty_pool_is_sglangs_error(capsys):
+    # A GPU too small for the weights left a negative rest memory and a silent "#tokens: 0" pool;
+    # SGLang's init_memory_pool raises "Not enough memory" instead (model_runner.py).
+    err = run_error(capsys, "--preset", "smollm2-135m", "--seq-len", "4096", "--engine", "sglang", "--gpu", "0.001")
+    assert "error: Not enough memory. Please try to increase --mem-fraction-static." in err
+
+
+def test_llamacpp_refuses_more_than_256_sequences(capsys):
+    # llama-context.cpp throws "n_seq_max must be <= 256" (LLAMA_MAX_SEQ); kvviz printed 0-cell streams.
+    err = run_error(capsys, "--preset", "smollm2-135m", "--seq-len", "4096", "--engine", "llama.cpp",
+                    "--parallel", "1000000000000")
+    assert "error: n_seq_max must be <= 256" in err
+    assert run_json(capsys, "--preset", "smollm2-135m", "--seq-len", "65536", "--engine", "llama.cpp",
+                    "--parallel", "256")["engine"]["caches"][0]["cells"] == 256

@@ -423,3 +423,15 @@ def test_real_pp_error_explained():
     rows, _ = reconcile(spec, log, VLLMSettings(0, 262144, pp=2))
     need = next(r for r in rows if r.what.startswith("KV needed"))
     assert not need.agrees and "vllm#34076" in need.why
+
+
+def test_llamacpp_swa_cache_padded_to_256_real_gpt_oss_log(presets):
+    """A published llama.cpp startup log of gpt-oss-20b at -c 131072 (llama_kv_cache_iswa):
+    "creating SWA KV cache, size = 768 cells": min(131,072, window 128 + n_ubatch 512) = 640, padded
+    to 256 (llama-kv-cache-iswa.cpp GGML_PAD(..., 256)). kvviz said 640 cells, 7.50 MiB."""
+    ll = llamacpp_sizing(presets["gpt-oss-20b"], 131072)
+    assert ll.lines == (
+        "llama_kv_cache: size = 3072.00 MiB (131072 cells,  12 layers,  1/1 seqs), K (f16): 1536.00 MiB, "
+        "V (f16): 1536.00 MiB",
+        "llama_kv_cache: size =   18.00 MiB (   768 cells,  12 layers,  1/1 seqs), K (f16):    9.00 MiB, "
+        "V (f16):    9.00 MiB")

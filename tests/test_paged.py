@@ -9,7 +9,7 @@ import torch
 from kvviz.engine.block_pool import ROOT_HASH, BlockPool, PoolFull, block_hash
 from kvviz.engine.generate import generate
 from kvviz.engine.load import LoadedModel
-from kvviz.engine.paged import PagedKVCache
+from kvviz.engine.paged import PagedKVCache, PagedPool
 from kvviz.engine.parallel import ParallelSamples
 from kvviz.errors import KVVizError
 from kvviz.memory import KVFormat, ModelSpec, kv_bytes
@@ -316,3 +316,32 @@ def test_pool_views_are_pure_figures(make_llama: Callable[..., LoadedModel]) -> 
         3: "slots 0-2", 5: "slots 1, 3"}
     tables = pc.block_tables(snap, ["a", "b"])
     assert list(tables.data[0].text) == [str(b) for t in cache.tables for b in t]
+
+
+def test_a_plan_the_pool_cannot_fill_aborts_cleanly(make_llama: Callable[..., LoadedModel]) -> None:
+    """plan_step raising PoolFull halfway through claiming blocks, then abort_step (as a retry's
+    reset/truncate/next plan calls it): the tables and ref counts are as before the plan. The claim
+    used to be recorded before allocate(), so the abort indexed a block never appended (IndexError)."""
+    cache = PagedKVCache(make_llama().config, block_size=4, num_blocks=3)
+    _fill(cache, list(range(8)))  # blocks 0, 1 full; one block left
+    tables, refs = [list(t) for t in cache.tables], list(cache.pool.blocks.ref_count)
+    with pytest.raises(PoolFull):
+        cache.plan_step(torch.tensor([list(range(8))]))  # needs 2 more blocks, gets 1
+    cache.abort_step()
+    assert cache.tables == tables and cache.pool.blocks.ref_count == refs
+    cache.pool.blocks.check()
+    _fill(cache, [8, 9, 10])  # and the cache goes on
+    assert cache.pos == 11
+
+
+def test_parallel_samples_on_a_full_shared_pool_say_so_and_give_every_block_back(
+        make_llama: Callable[..., LoadedModel]) -> None:
+    """Four samples of an 8-token prompt on a shared 3-block pool run out while fanning out. The
+    run's rollback (reset -> abort_step) raised IndexError over the PoolFull and left ref counts
+    [4, 4, 1] on blocks no table held."""
+    m = make_llama()
+    pool = PagedPool(m.config, num_blocks=3, block_size=4, device=m.device, dtype=m.dtype)
+    with pytest.raises(PoolFull, match="KV pool is full"):
+        ParallelSamples(m, list(range(1, 9)), n=4, max_new_tokens=8, kv_block_size=4, pool=pool).run()
+    assert pool.blocks.ref_count == [0, 0, 0]
+    pool.blocks.check()

@@ -17,6 +17,7 @@ from kvviz.engine.kvcaches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.kvspec import KVSpec, resolve
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import PagedKVCache
+from kvviz.errors import KVVizError
 
 ASKED = ["hello there, how are you", "and then, what happened?"]  # the turns before the interruption
 CUT = "this turn is cut short"
@@ -383,3 +384,29 @@ def test_smollm2_turn_failing_mid_decode_rolls_back(smollm2: LoadedModel) -> Non
     t = conv.send("And of Spain?")
     assert conv.matches_scratch(1) and t.reused_tokens == t.cached_before > 0
     refs_equal_tables(conv)
+
+
+def test_an_interrupted_regenerate_keeps_the_old_seed(chat_llama: LoadedModel) -> None:
+    """Regenerate with a new seed, closed after its first step: the conversation samples with the
+    old seed again (it used to keep the new one, so the next turn's answer changed); a regenerate
+    that finishes keeps its seed."""
+    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=8, kv_blocks=64, max_new_tokens=NEW,
+                        greedy=False, temperature=1.0, seed=3)
+    conv.send(ASKED[0])
+    it = conv.iter_regenerate(seed=11)
+    next(it)
+    assert conv.params.seed == 11  # in effect while the turn runs
+    it.close()
+    assert conv.params.seed == 3 and not conv.running
+    conv.regenerate(seed=11)
+    assert conv.params.seed == 11
+
+
+@pytest.mark.parametrize("base", [-1, 5, "1", True])
+def test_iter_send_names_a_base_outside_the_turns(chat_llama: LoadedModel, base: Any) -> None:
+    # base -1 used to slice off the last turn's messages silently; "1" raised a TypeError.
+    conv = make_conv(chat_llama, "static", True)
+    conv.send(ASKED[0])
+    with pytest.raises(KVVizError, match=r"a turn can follow turns 0\.\.1"):
+        conv.iter_send(ASKED[1], base=base)
+    assert len(conv.turns) == 1 and not conv.running

@@ -46,7 +46,7 @@ from kvviz.engine.requests import check_pool, check_pool_memory, sampling_params
 from kvviz.engine.kvspec import KVSpec
 from kvviz.engine.load import LoadedModel
 from kvviz.engine.paged import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
-from kvviz.engine.sampling import make_generator, sample
+from kvviz.engine.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
 
@@ -176,11 +176,12 @@ class Conversation:
         turns = self.turns
         if not turns:
             raise KVVizError("there is no answer to regenerate yet")
-        if seed is not None:
-            self.params = replace(self.params, seed=seed)
-        return self.iter_send(turns[-1].user, base=len(turns) - 1)
+        # The new seed takes effect with the turn, and an interrupted turn puts the old one back.
+        params = None if seed is None else replace(self.params, seed=seed)
+        return self.iter_send(turns[-1].user, base=len(turns) - 1, params=params)
 
-    def iter_send(self, text: str, base: int | None = None) -> Iterator[dict[str, Any]]:
+    def iter_send(self, text: str, base: int | None = None,
+                  params: SamplingParams | None = None) -> Iterator[dict[str, Any]]:
         """Run one turn after the first ``base`` finished turns (all of them by default), yielding
         after the prefill and after every decode step (the pool's state for a paged cache, else
         {}); the TurnRecord lands in ``self.turns`` when the turn ends. Closing the iterator early,
@@ -189,7 +190,10 @@ class Conversation:
             raise KVVizError("the message is empty: type something to say")
         if len(text) > MAX_MESSAGE_CHARS:
             raise KVVizError(f"the message is {len(text):,} characters; the limit is {MAX_MESSAGE_CHARS:,}")
-        base = len(self.turns) if base is None else base
+        if base is None:
+            base = len(self.turns)
+        elif isinstance(base, bool) or not isinstance(base, int) or not 0 <= base <= len(self.turns):
+            raise KVVizError(f"a turn can follow turns 0..{len(self.turns)} (got base {base!r})")
         msgs = [*self.messages[: 2 * base], {"role": "user", "content": text}]
         ids = self.render(msgs)
         ctx = self.model.config.block_size
@@ -201,7 +205,7 @@ class Conversation:
             if need > have:
                 raise KVVizError(f"the KV pool has {have} blocks of {self.cache.block_size} tokens; this turn needs "
                                  f"{need} ({len(ids)} prompt + {self.max_new_tokens} new tokens): give it more blocks")
-        return self._turn(text, base, msgs, ids)
+        return self._turn(text, base, msgs, ids, params)
 
     # ------------------------------------------------------------------ the transaction
     @property
@@ -264,6 +268,7 @@ class Conversation:
                     with torch.inference_mode():
                         self.cache.restore(tx.cp)
                 self.held = tx.held
+                self.params = tx.params
                 self._active = None
             toks = tx.out[:-1] if tx.out and tx.out[-1] == self.model.tokenizer.eos_token_id else tx.out
             self.interrupted = [*self.interrupted, InterruptedTurn(
@@ -288,7 +293,8 @@ class Conversation:
             if fed == T:
                 return logits
 
-    def _turn(self, text: str, base: int, msgs: list[dict[str, str]], ids: list[int]) -> Iterator[dict[str, Any]]:
+    def _turn(self, text: str, base: int, msgs: list[dict[str, str]], ids: list[int],
+              params: SamplingParams | None = None) -> Iterator[dict[str, Any]]:
         m, cache, dev = self.model, self.cache, self.model.device
         forward = forward_fn(m, self.fast)
         paged = isinstance(cache, PagedKVCache)
@@ -297,7 +303,9 @@ class Conversation:
         try:
             with self._lock:
                 self._supersede()
-                self._active, tx.held = tx, self.held
+                self._active, tx.held, tx.params = tx, self.held, self.params
+                if params is not None:
+                    self.params = params
                 before, cached_before = cache.bytes_used, len(self.held)
                 with torch.inference_mode():
                     reuse, hits = self._begin(tx, ids)

@@ -185,8 +185,8 @@ class PagedKVCache(KVCache):
                 blocks.cow_copies += 1
                 self.bytes_copied += self.pool.block_bytes
             while len(table) < need:
-                claimed.append((r, len(table), None, False))
-                table.append(blocks.allocate())
+                table.append(blocks.allocate())  # PoolFull here leaves nothing to record
+                claimed.append((r, len(table) - 1, None, False))
         pos = torch.arange(start, start + T)
         off = pos % bs  # (T,)
         tab = torch.tensor(self.tables, dtype=torch.long)  # (B, need)

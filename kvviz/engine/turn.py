@@ -32,6 +32,7 @@ class _Txn:
     user: str
     base: int  # the finished turns it follows (an edit or a regenerate keeps fewer)
     held: list[int]  # the conversation's ``held`` before the turn
+    params: Any = None  # the conversation's sampling parameters before the turn (a regenerate's seed)
     cp: Checkpoint | None = None
     out: list[int] = field(default_factory=list)  # tokens sampled so far
     done: bool = False

@@ -11,7 +11,7 @@ src/llama-kv-cache.cpp, src/llama-kv-cache-iswa.cpp, ggml's type sizes):
   an fp16 scale), q4_0 18 bytes per 32 (16 bytes of nibbles + an fp16 scale), q4_1 20, q5_0 22,
   q5_1 24, iq4_nl 18; a quantized row must be a multiple of 32 values;
 - sliding-window (and chunked) layers get their own cache of
-  min(n_ctx_seq, window x (S when unified, else 1) + n_ubatch) cells (n_pad 1), or the full size with
+  pad(min(n_ctx_seq, window x (S when unified, else 1) + n_ubatch), 256) cells, or the full size with
   ``--swa-full``.
 llama.cpp has no tensor parallelism for the cache: a layer's cache lives on the device of the layer.
 """
@@ -23,6 +23,7 @@ from typing import Any
 from kvviz.memory.spec import CalcError, ModelSpec
 
 MIB = 1024**2
+LLAMA_MAX_SEQ = 256  # src/llama-cparams.h
 # ggml type -> (values per block, bytes per block)
 CACHE_TYPES: dict[str, tuple[int, int]] = {
     "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
@@ -103,6 +104,8 @@ def llamacpp_sizing(spec: ModelSpec, n_ctx: int, n_seq: int = 1, type_k: str = "
     for name, v in (("-c", n_ctx), ("-np", n_seq), ("-ub", n_ubatch)):
         if v < 1:
             problems.append(f"{name} must be positive (got {v})")
+    if n_seq > LLAMA_MAX_SEQ:  # llama-context.cpp: "n_seq_max must be <= LLAMA_MAX_SEQ"
+        problems.append(f"n_seq_max must be <= {LLAMA_MAX_SEQ} (llama.cpp refuses -np {n_seq})")
     row = spec.n_kv_heads * spec.head_dim
     for t in {type_k, type_v} & set(CACHE_TYPES):
         per = CACHE_TYPES[t][0]
@@ -131,15 +134,16 @@ def llamacpp_sizing(spec: ModelSpec, n_ctx: int, n_seq: int = 1, type_k: str = "
         caches.append(LlamaCppCache("non-SWA", cells, full, streams, full * kb * cells * streams,
                                     full * vb * cells * streams))
         window = max(layer.span or 0 for layer, _ in capped)
-        swa_cells = cells if swa_full else min(cells, window * (n_seq if unified else 1) + n_ubatch)
+        # llama-kv-cache-iswa.cpp: GGML_PAD(min(size_base, n_swa x seqs + n_ubatch), 256) (padded "for performance")
+        swa_cells = cells if swa_full else pad(min(cells, window * (n_seq if unified else 1) + n_ubatch), 256)
         n_swa = sum(n for _, n in capped)
         caches.append(LlamaCppCache("SWA", swa_cells, n_swa, streams, n_swa * kb * swa_cells * streams,
                                     n_swa * vb * swa_cells * streams))
         if len({layer.span for layer, _ in capped}) > 1:
             notes.append("several window sizes: llama.cpp keeps one n_swa; the largest is used")
         if not swa_full:
-            notes.append(f"sliding layers keep window {window:,} + n_ubatch {n_ubatch} cells; --swa-full keeps all "
-                         f"{cells:,} (needed to reuse a cached prompt)")
+            notes.append(f"sliding layers keep window {window:,} + n_ubatch {n_ubatch} cells, padded to 256; "
+                         f"--swa-full keeps all {cells:,} (needed to reuse a cached prompt)")
     if type_v not in ("f16", "bf16", "f32"):
         notes.append("a quantized V cache needs flash attention (-fa on)")
     lines = tuple(c.log_line(n_seq, type_k, type_v) for c in caches)

@@ -70,6 +70,9 @@ def sglang_sizing(spec: ModelSpec, rest_bytes: int, tp: int = 1, kv_dtype: str =
         cell = heads * spec.head_dim * layers * 2 * b
         what = f"{heads} KV heads x {spec.head_dim} head_dim x {layers} layers x 2 x {b} B"
     tokens = max(0, rest_bytes) // cell // page_size * page_size
+    if tokens <= 0:  # model_runner.py init_memory_pool refuses an empty pool
+        raise CalcError([f"Not enough memory. Please try to increase --mem-fraction-static. (SGLang's error: "
+                         f"{how or f'{rest_bytes:,} B'} of rest memory holds no {cell:,}-byte token)"])
     slots = tokens + page_size
     if spec.mla is not None:
         k, v = slots * spec.mla.latent_dim * layers * b, 0

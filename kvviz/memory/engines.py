@@ -4,6 +4,7 @@ or estimated from a GPU and the weights (each part shown, with its uncertainty).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,8 +129,22 @@ def engine_provenance(spec: ModelSpec, r: EngineRequest) -> dict[str, str]:
     return out
 
 
+MAX_KV_GIB = 1_000_000  # as the calculator's gpu_gib: beyond it a GiB figure is a typo (and 1e300 overflows int)
+
+
+def engine_request_problems(r: EngineRequest) -> list[str]:
+    """What no engine could be given: checked before any float becomes a byte count."""
+    g = r.kv_memory_gib
+    if g is not None and (not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 < g <= MAX_KV_GIB):
+        return [f"the KV memory must be a positive number of GiB up to {MAX_KV_GIB:,} (got {g!r})"]
+    return []
+
+
 def engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     """(the JSON ``engine`` object, the text) for one engine, with where its inputs came from."""
+    problems = engine_request_problems(r)
+    if problems:
+        raise CalcError(problems)
     d, text = _engine_report(spec, r)
     d["provenance"] = engine_provenance(spec, r)
     return d, text
