@@ -86,9 +86,12 @@ def _log_axes(fig: go.Figure, xs: Sequence[float] | None, ys: Sequence[float] | 
             update(tickmode="array", tickvals=vals, ticktext=text)
 
 
-def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
-    fig.update_layout(title=_plain(title), height=HEIGHT, margin=dict(l=60, r=20, t=60, b=50), hovermode="closest",
-                      template="plotly_white", font=dict(size=15, color="#212529"))
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, subtitle: str = "") -> go.Figure:
+    """Title (a short one: a half-width chart at 1366 px holds about 45 characters), with the
+    settings it was drawn for as a subtitle under it."""
+    head = dict(text=_plain(title), subtitle=dict(text=_plain(subtitle))) if subtitle else _plain(title)
+    fig.update_layout(title=head, height=HEIGHT, margin=dict(l=60, r=20, t=80 if subtitle else 60, b=50),
+                      hovermode="closest", template="plotly_white", font=dict(size=15, color="#212529"))
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title)
     return fig
@@ -214,7 +217,8 @@ class CostSeries:
     tokens_per_s: tuple[float, ...]
 
 
-def cost_vs_batch(series: Sequence[CostSeries], title: str = "Cost per 1M output tokens vs batch") -> go.Figure:
+def cost_vs_batch(series: Sequence[CostSeries], title: str = "Cost per 1M output tokens vs batch",
+                  subtitle: str = "") -> go.Figure:
     """$ per 1M output tokens falls with the batch while the weights dominate each step."""
     fig = go.Figure()
     for s in series:
@@ -223,12 +227,13 @@ def cost_vs_batch(series: Sequence[CostSeries], title: str = "Cost per 1M output
                 x=np.asarray(s.batches, dtype=np.float32), y=np.asarray(s.usd_per_million, dtype=np.float32),
                 name=_plain(s.label), mode="lines+markers", text=[fmt_usd(u) for u in s.usd_per_million],
                 hovertemplate="batch %{x:,}: %{text} per 1M tokens<extra>" + _plain(s.label) + "</extra>"))
-    _layout(fig, title, "batch size (requests)", "$ per 1M output tokens")
+    _layout(fig, title, "batch size (requests)", "$ per 1M output tokens", subtitle)
     _log_axes(fig, [b for s in series for b in s.batches], [u for s in series for u in s.usd_per_million])
     return fig
 
 
-def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tokens/s vs batch") -> go.Figure:
+def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tokens/s vs batch",
+                          subtitle: str = "") -> go.Figure:
     """Roofline throughput: grows almost linearly with the batch until the KV reads rival the weights."""
     fig = go.Figure()
     for s in series:
@@ -236,6 +241,6 @@ def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tok
             x=np.asarray(s.batches, dtype=np.float32), y=np.asarray(s.tokens_per_s, dtype=np.float32),
             name=_plain(s.label), mode="lines+markers",
             hovertemplate="batch %{x:,}: %{y:,.0f} tokens/s<extra>" + _plain(s.label) + "</extra>"))
-    _layout(fig, title, "batch size (requests)", "tokens/s (upper bound)")
+    _layout(fig, title, "batch size (requests)", "tokens/s (upper bound)", subtitle)
     _log_axes(fig, [b for s in series for b in s.batches], [t for s in series for t in s.tokens_per_s])
     return fig

@@ -163,9 +163,9 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
             tuple(p.tokens_per_s for p in points)))
     gpus = f"{req.tp} GPUs" if req.tp > 1 else "1 GPU"
     a, b = st.columns(2)
-    show(a, charts.cost_vs_batch(series, f"$ per 1M output tokens vs batch ({gpus}, up to the batch that fits)"),
+    show(a, charts.cost_vs_batch(series, "$ per 1M output tokens vs batch", f"{gpus}, up to the batch that fits"),
                    key="mem_chart_cost")
-    show(b, charts.tokens_per_s_vs_batch(series, f"Decode tokens/s vs batch ({gpus}, upper bound)"),
+    show(b, charts.tokens_per_s_vs_batch(series, "Decode tokens/s vs batch", f"{gpus}, upper bound"),
                    key="mem_chart_tokens")
     st.code("\n".join(([f"(not reachable: {why})"] if why else []) + list(c.formula)), language=None)
 
