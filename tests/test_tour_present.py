@@ -53,13 +53,13 @@ def test_steps_that_say_the_chart_below_scroll_it_into_view(app: AppTest) -> Non
     app.query_params["tour"] = "2"
     app.run()
     assert not app.exception
-    assert scripts(app) == [tour.scroll_js("view_notebook")]
+    assert len(scripts(app)) == 1 and ".st-key-view_notebook" in scripts(app)[0]
     app.run()  # a rerun at the same step (Step, Generate) leaves the scroll where the reader put it
     assert scripts(app) == []
     app.button(key="tour_next").click().run()  # step 3 points at the notebook too, but scrolls nothing
     assert scripts(app) == []
     app.button(key="tour_back").click().run()  # back at step 2: the chart is brought into view again
-    assert scripts(app) == [tour.scroll_js("view_notebook")]
+    assert len(scripts(app)) == 1 and ".st-key-view_notebook" in scripts(app)[0]
 
 
 @pytest.fixture

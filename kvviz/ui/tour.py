@@ -175,18 +175,22 @@ def _set_cache(mode: str) -> None:
 SCROLLED_KEY = "_kvviz_tour_scrolled"  # the step whose chart was last scrolled into view
 
 
-def scroll_js(key: str) -> str:
-    """A script that brings ``.st-key-<key>`` into view once it has been drawn: its bottom to the
-    window's bottom (so the card above stays in view as far as it can), its top when it is taller
-    than the window; nothing when it is in view already (the presentation layout). Our own fixed
-    text, no user or model text: the one place the app runs a script of its own."""
-    return ("<script>(() => { let tries = 0; const go = () => {"
+def scroll_js(key: str, arrival: int = 0) -> str:
+    """A script that brings ``.st-key-<key>`` into view once the page has been drawn (the app idle,
+    so a redraw cannot move it again): its bottom to the window's bottom (so the card above stays in
+    view as far as it can), its top when it is taller than the window; nothing when it is in view
+    already (the presentation layout). ``arrival`` makes each arrival's text new, so the browser runs
+    it again. Our own fixed text, no user or model text: the one script the app runs."""
+    return (f"<script>/* arrival {arrival} */ (() => {{ let tries = 0; const go = () => {{"
+            " const app = document.querySelector('[data-testid=stApp]');"
             f" const el = document.querySelector('.st-key-{key}');"
-            " if (!el || el.getBoundingClientRect().height < 40) { if (++tries < 150) setTimeout(go, 100); return; }"
+            " const ready = app && app.dataset.testScriptState === 'notRunning';"
+            " if (!ready || !el || el.getBoundingClientRect().height < 40) {"
+            " if (++tries < 300) setTimeout(go, 100); return; }"
             " const r = el.getBoundingClientRect(), vh = window.innerHeight;"
             " if (r.top >= 0 && r.bottom <= vh) return;"
             " el.scrollIntoView({behavior: 'smooth', block: r.height < vh ? 'end' : 'start'}); };"
-            " go(); })();</script>")
+            " setTimeout(go, 100); })();</script>")
 
 
 def highlight_css(keys: tuple[str, ...]) -> str:
@@ -236,7 +240,8 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
         # Once per arrival at the step: the text says "the chart below", which in the normal layout
         # sits about 1,000 px under the fold; later reruns (Step, Generate) leave the scroll alone.
         st.session_state[SCROLLED_KEY] = n
-        st.html(scroll_js(s.scroll_to), unsafe_allow_javascript=True)
+        arrival = st.session_state["_kvviz_tour_arrivals"] = st.session_state.get("_kvviz_tour_arrivals", 0) + 1
+        st.html(scroll_js(s.scroll_to, arrival), unsafe_allow_javascript=True)
     elif not s.scroll_to:
         st.session_state[SCROLLED_KEY] = None
     asked = None

@@ -13,6 +13,8 @@ Screenshots go to test-results/screenshots/layout-*.png: look at them.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conftest import SCREENSHOTS, _shrink_png
@@ -130,3 +132,43 @@ def test_every_page_fits(browser, make_run_url: str, size: tuple[int, int], pres
     finally:
         context.close()
     assert not problems, problems
+
+
+# In view: whole, or (taller than the window) its top at the window's top.
+IN_VIEW_JS = """key => { const e = document.querySelector('.st-key-' + key); if (!e) return false;
+    const r = e.getBoundingClientRect();
+    return r.height > 40 && r.top >= -2 && (r.bottom <= innerHeight + 2 || r.top <= 2); }"""
+RECT_JS = """key => { const r = document.querySelector('.st-key-' + key)?.getBoundingClientRect();
+    return r ? [Math.round(r.top), Math.round(r.bottom), innerHeight] : null; }"""
+
+
+def test_tour_scrolls_the_chart_it_names_into_view(browser, make_run_url: str) -> None:  # type: ignore[no-untyped-def]
+    """Steps 2 and 6 say "the chart below"; at 1366x768 in the normal layout that chart starts about
+    1,000 px under the fold. Arriving at the step brings it into view."""
+    context = browser.new_context(viewport={"width": 1366, "height": 768}, device_scale_factor=1)
+    page = context.new_page()
+    page.set_default_timeout(STARTUP_MS)
+    try:
+        page.goto(f"{make_run_url}/?tour=1")
+        page.wait_for_selector(".st-key-tour_card")
+        page.wait_for_selector(IDLE)
+        _short_run(page)
+        assert not page.evaluate(IN_VIEW_JS, "view_notebook")  # below the fold at step 1
+        for n, title, view in ((2, "Q, K and V", "view_notebook"), (6, "Attention over the cache", "view_attention")):
+            card = page.locator(".st-key-tour_card")
+            at = int(re.search(r"step (\d) of 8", card.inner_text()).group(1))
+            for k in range(at + 1, n + 1):  # one step at a time: the card must say k before the next click
+                page.locator(".st-key-tour_next button:visible").first.click()
+                card.get_by_text(f"step {k} of 8").first.wait_for()
+                page.wait_for_selector(IDLE)
+            page.locator(".st-key-tour_card").get_by_text(title).first.wait_for()
+            try:
+                page.wait_for_function(IN_VIEW_JS, arg=view, timeout=30_000)
+            except Exception:  # noqa: BLE001 - playwright's TimeoutError: say where the chart is
+                page.screenshot(path=str(SCREENSHOTS / f"layout-tour-step{n}-1366-failed.png"))
+                raise AssertionError(f"step {n}: {view} not in view, (top, bottom, window) = "
+                                     f"{page.evaluate(RECT_JS, view)}") from None
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / f"layout-tour-step{n}-1366.png"))
+    finally:
+        context.close()
