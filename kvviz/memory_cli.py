@@ -84,7 +84,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beams", type=int_in(1, MAX_BEAMS), default=1,
                    help="parallel samples / beams per request (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default="fp16", help="KV-cache dtype (default fp16)")
-    p.add_argument("--weight-dtype", choices=DTYPES, default="fp16", help="weight dtype (default fp16)")
+    p.add_argument("--weight-dtype", choices=DTYPES,
+                   help="weight dtype (default: the KV dtype when it is fp32, fp16 or bf16, else fp16)")
     p.add_argument("--group-size", type=int_in(1, MAX_GROUP_SIZE), default=DEFAULT_GROUP_SIZE,
                    help=f"int8/int4: values per scale (default {DEFAULT_GROUP_SIZE})")
     p.add_argument("--scale-dtype", choices=tuple(SCALE_DTYPE_BYTES), default="fp16",
@@ -184,6 +185,14 @@ def _gpu_settings(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def weight_dtype(args: argparse.Namespace) -> str:
+    """--weight-dtype, else the KV dtype when it is a float one: a model's cache is kept in its weights'
+    dtype unless quantized, so `--dtype bf16` alone means bf16 weights (it said fp16 before, same bytes)."""
+    if args.weight_dtype is not None:
+        return args.weight_dtype
+    return args.dtype if args.dtype in ("fp32", "fp16", "bf16") else "fp16"
+
+
 def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.list_gpus:
         return _list_gpus()
@@ -210,7 +219,7 @@ def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             return _reconcile(args, spec)
         req = MemoryRequest(
             seq_len=args.seq_len, batch=args.batch, beams=args.beams, kv_dtype=args.dtype,
-            weight_dtype=args.weight_dtype, group_size=args.group_size, scale_dtype=args.scale_dtype,
+            weight_dtype=weight_dtype(args), group_size=args.group_size, scale_dtype=args.scale_dtype,
             zero_point=args.zero_point, paged=args.paged, block_size=args.block_size,
             use_windows=not args.no_windows, params=args.params, reserve=args.reserve, tp=args.tp,
             state_dtype=args.state_dtype, efficiency=args.efficiency, **_gpu_settings(args),

@@ -6,7 +6,10 @@ calculator all call these functions, so their figures cannot drift apart.
 """
 from __future__ import annotations
 
-GIB = 1024**3  # binary: what nvidia-smi and torch report
+import math
+
+GIB = 1024**3  # binary: what nvidia-smi and torch report; every page, the CLI and the docs use it
+MIB = 1024**2
 GB = 10**9  # decimal: what spec sheets usually mean
 
 # Bits per stored element, by dtype name. int4 packs two values per byte.
@@ -31,22 +34,34 @@ def kv_bytes_per_token(n_layer: int, n_kv_heads: int, head_dim: int, elem_bytes:
 
 
 def fmt_bytes(n: float | None, both_units: bool = False) -> str:
-    """A byte count for people: '12.5 MiB', or with ``both_units`` '13.11 MB (12.50 MiB)'.
+    """A byte count for people: '12.5 MiB', or with ``both_units`` '12.50 MiB (13.11 MB)'.
 
-    The short form suits a metric tile; the long one the calculator, whose readers mix GB and GiB.
+    Binary units everywhere (pages, CLI, docs), as torch and nvidia-smi count; the long form adds the
+    decimal figure in brackets for the calculator, whose readers meet GB on spec sheets.
     """
     if n is None:
         return "unknown"
     if both_units:
-        if n < 10**6:
+        if n < MIB:
             return f"{n:,.0f} B ({n / 1024:,.1f} KiB)"
-        if n < 10**9:
-            return f"{n / 10**6:,.2f} MB ({n / 2**20:,.2f} MiB)"
-        return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n < GIB:
+            return f"{n / MIB:,.2f} MiB ({n / 10**6:,.2f} MB)"
+        return f"{n / GIB:,.2f} GiB ({n / GB:,.2f} GB)"
+    for unit, div in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
         if n >= div:
             return f"{n / div:,.1f} {unit}"
     return f"{n:,.0f} B"
+
+def fmt_usd(x: float | None) -> str:
+    """Money for people: to the cent ('$23.17', '$1,234.50'), and 3 significant figures below a
+    cent ('$0.00412'), where cents would read as free. None (no price, or nothing fits) is '—'."""
+    if x is None or x != x:
+        return "—"
+    if x == 0 or abs(x) >= 0.00995:  # what rounds to a cent or more is shown in cents
+        return f"${x:,.2f}"
+    digits = 2 - math.floor(math.log10(abs(x)))  # 0.00412: 2 - (-3) = 5 decimals -> 3 figures
+    return f"${x:.{digits}f}"
+
 
 # safetensors' names for the floating-point dtypes kvviz loads weights from (both model families).
 SAFETENSORS_FLOAT_DTYPES = frozenset({"F32", "F16", "BF16", "F64"})

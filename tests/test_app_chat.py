@@ -76,6 +76,10 @@ def test_chat_one_click_scenario() -> None:
     assert [s["title"] for s in stages] == ["1 · 4 samples", "2 · chat turn 1", "3 · turn 2",
                                             "4 · first message edited"]
     samples = stages[0]["snaps"][-1]["stats"]
+    # The scenario runs on the pool the Pool input says (64 blocks; it drew 72 of its own before).
+    assert at.number_input(key="chat_blocks").value == 64
+    assert {snap["num_blocks"] for st_ in stages for snap in st_["snaps"]} == {64}
+    assert any("one pool** of 64 blocks of 32 tokens" in m.value for m in at.markdown)
     assert samples["blocks_shared"] == 2 and samples["cow_copies"] == 3  # 3 samples copy, the 4th writes in place
     last = stages[1]["snaps"][-1]["stats"]
     assert last["prefix_hits"] >= 1  # turn 1 found the samples' prompt blocks by hash

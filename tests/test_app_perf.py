@@ -7,6 +7,7 @@ probe allocates hundreds of MB, which a unit test has no business doing (test_me
 from __future__ import annotations
 
 import json
+import re
 from typing import Callable, Iterator
 
 import pytest
@@ -112,6 +113,17 @@ def test_race_shows_identical_output_and_every_chart(raced: AppTest) -> None:
     assert all("random:tiny · cpu · fp32" in f["layout"]["title"]["subtitle"]["text"] for f in figures(raced))
     labels = {m.label for m in raced.metric}
     assert {"KV cache (static): total", "no cache: total", "Speedup (static vs none)", "Concat: bytes copied"} <= labels
+    # One unit system: the cache's bytes as Generate writes them (kvviz.units.fmt_bytes, binary), never "MB".
+    from kvviz.units import fmt_bytes
+    from test_units import decimal_without_binary
+
+    byte_metrics = {m.label: m.value for m in raced.metric if m.label.startswith(("Static:", "Concat:"))}
+    assert len(byte_metrics) == 4 and all(re.fullmatch(r"[\d,.]+ (B|KiB|MiB|GiB)", v) for v in byte_metrics.values())
+    runs = raced.session_state["race_runs::random:tiny::cpu::fp32"]["runs"]
+    assert byte_metrics["Static: allocated"] == fmt_bytes(runs["static"].events[-1].cache_bytes_allocated)
+    assert byte_metrics["Concat: bytes copied"] == fmt_bytes(runs["concat"].events[-1].cache_bytes_copied)
+    shown = [m.value for m in raced.markdown] + [c.value for c in raced.caption] + list(byte_metrics.values())
+    assert not [t for t in shown if decimal_without_binary(t)]
     # The explanation quotes the probe's numbers.
     assert any("50 GFLOP/s" in m.value for m in raced.markdown)
     # All three outputs are shown as plain text (st.code), never as HTML.

@@ -62,7 +62,7 @@ def test_table_names_the_machine_and_the_floor(tmp_path: Path, capsys: pytest.Ca
     assert main(["bench", "--quick", "--model", "tiny", "--no-hf", "--out", str(tmp_path / "b.json")]) == 0
     text = capsys.readouterr().out
     assert text.startswith("machine: ") and "cores" in text and "median of 2 interleaved runs" in text
-    assert "floor = weight matmuls only: 12.9 MB per token" in text
+    assert "floor = weight matmuls only: 12.3 MiB per token" in text  # 12,881,920 B
     assert " hf " not in text  # --no-hf really skips the baseline
 
 

@@ -3,6 +3,7 @@ parallelism, the cost per token and the gap to a real engine."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -62,7 +63,7 @@ def test_new_controls_are_keyed_and_default(default_page: AppTest) -> None:
 def test_cost_panel_worked_by_hand(default_page: AppTest) -> None:
     m = metrics(default_page)
     # Llama 3 8B, 8,192 tokens, bf16, one H100: (16.06 GB weights + 1 GiB KV) / (3,350 GB/s x 0.7)
-    assert m["Tokens/s (upper bound)"] == "136.9" and m["$ per 1M output tokens"] == "$5.0741"  # 2.5 / 3600 x 7.3067 ms x 1e6
+    assert m["Tokens/s (upper bound)"] == "136.9" and m["$ per 1M output tokens"] == "$5.07"  # 2.5 / 3600 x 7.3067 ms x 1e6 = 5.0741
     assert "step = 17,134,264,320 B / (3,350 GB/s x 0.7) = 7.307 ms" in default_page.code[1].value
     cost = figure(default_page, "$ per 1M output tokens vs batch")
     tps = figure(default_page, "Decode tokens/s vs batch")
@@ -166,3 +167,46 @@ def test_measured_mbu_is_quoted_when_the_prefill_page_ran() -> None:
 def test_new_presets_render(preset: str) -> None:
     at = fresh(mem_preset=preset, mem_seq_len="65536")
     assert not at.exception and not at.error and metrics(at)["KV cache total (binary)"]
+
+
+def test_nothing_fits_shows_no_speed_and_no_price_with_the_reason() -> None:
+    """Llama 3 70B's bf16 weights (131.42 GiB) on a 24 GiB L4: the roofline would say 4.1 tokens/s and
+    $33.91 per 1M tokens for a run that cannot start; the page says "—" and why."""
+    at = fresh(mem_preset="llama-3-70b", mem_gpu_kind="l4")
+    assert not at.exception and not at.error
+    m = metrics(at)
+    assert m["Tokens/s (upper bound)"] == m["Decode step"] == m["$ per 1M output tokens"] == "—"
+    assert "Nothing fits: the weights alone (131.42 GiB) do not fit in the usable 21.60 GiB" in texts(at, "caption")
+    # A batch too big for the GPU: no figure either, and the batch that would fit.
+    at = fresh(mem_batch="100", mem_gpu_kind="l4")
+    m = metrics(at)
+    assert m["Tokens/s (upper bound)"] == "—"
+    assert "Batch 100 does not fit (needs " in texts(at, "caption") and "at most 6 requests fit" in texts(at, "caption")
+
+
+def test_money_in_cents_and_log_axes_read_1_10_100() -> None:
+    from kvviz.charts.memory import log_ticks, tick_label
+    from kvviz.units import fmt_usd
+
+    assert [fmt_usd(x) for x in (23.16594, 1234.5, 0.05, 0.0041234, 0.0000123456, 0.009999, 0.0)] == [
+        "$23.17", "$1,234.50", "$0.05", "$0.00412", "$0.0000123", "$0.01", "$0.00"]
+    assert fmt_usd(None) == "—"
+    assert [tick_label(v) for v in (1, 10, 100, 1000, 20_000, 1e6, 0.5)] == ["1", "10", "100", "1k", "20k", "1M", "0.5"]
+    vals, text = log_ticks([1, 2048])
+    assert vals == [1, 10, 100, 1000, 10000] and text == ["1", "10", "100", "1k", "10k"]
+    vals, text = log_ticks([0.9, 9.5])  # under two decades: 1-2-5 steps, never bare digits
+    assert text == ["0.1", "0.2", "0.5", "1", "2", "5", "10", "20", "50"]
+    at = fresh()
+    for x_title in ("$ per 1M output tokens vs batch", "Decode tokens/s vs batch"):
+        fig = figure(at, x_title)
+        for axis in ("xaxis", "yaxis"):
+            ax = fig["layout"][axis]
+            assert ax["type"] == "log" and ax["tickmode"] == "array", (x_title, axis)
+            assert all(re.fullmatch(r"0\.0*[125]|[125]0{0,2}[kMGT]?", t) for t in ax["ticktext"]), ax["ticktext"]
+            assert [tick_label(v) for v in ax["tickvals"]] == ax["ticktext"]
+    hover = figure(at, "$ per 1M output tokens vs batch")["data"][0]
+    assert hover["text"][0] == m_usd(at) and "%{text} per 1M tokens" in hover["hovertemplate"]
+
+
+def m_usd(at: AppTest) -> str:
+    return metrics(at)["$ per 1M output tokens"]

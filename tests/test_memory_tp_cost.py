@@ -35,7 +35,7 @@ def test_replication_factor_is_shown_in_the_warning_and_formula() -> None:
     res = calculate(LLAMA3, req(tp=16))
     assert "KV heads replicated 2x: tp 16 is more than the 8 KV heads" in " ".join(res.warnings)
     assert "tensor parallel 16 > 8 KV heads: 1 KV head per GPU, each head replicated 2x" in res.formula
-    assert "per GPU (tp 16): KV 134.22 MB (128.00 MiB)" in summary_text(res)
+    assert "per GPU (tp 16): KV 128.00 MiB (134.22 MB)" in summary_text(res)
 
 
 @pytest.mark.parametrize("tp,message", [

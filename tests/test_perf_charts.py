@@ -111,7 +111,7 @@ def test_prefill_charts() -> None:
 
 def test_batch_charts() -> None:
     samples = [Sample("batch", s, b, r, {"tpot_ms": 1 + b / 8, "tokens_per_s": b * 1000 / (1 + b / 8),
-                                         "kv_bytes_allocated": b * 1e6, "kv_bytes_used": b * 1e5}, "cpu", "fp32")
+                                         "kv_bytes_allocated": b * 2**20, "kv_bytes_used": b * 2**17}, "cpu", "fp32")
                for s in ("same prompt", "different prompts") for r in range(2) for b in (1, 2, 4)]
     t = pc.batch_tradeoff(aggregate(samples, "tpot_ms"), aggregate(samples, "tokens_per_s"), "tiny · cpu · fp32")
     _check(t)
@@ -119,4 +119,4 @@ def test_batch_charts() -> None:
     assert list(t.data[0].text) == ["B=1", "B=2", "B=4"]
     kv = pc.batch_kv(aggregate(samples, "kv_bytes_allocated"), aggregate(samples, "kv_bytes_used"), "tiny")
     _check(kv)
-    assert list(kv.data[0].y) == pytest.approx([1.0, 2.0, 4.0])  # MB, linear in B
+    assert list(kv.data[0].y) == pytest.approx([1.0, 2.0, 4.0])  # MiB, linear in B

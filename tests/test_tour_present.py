@@ -39,6 +39,29 @@ def test_highlight_css_outlines_the_views() -> None:
     assert ".st-key-output,.st-key-view_notebook{outline" in css
 
 
+def test_steps_that_say_the_chart_below_scroll_it_into_view(app: AppTest) -> None:
+    steps = tour.steps(None)
+    below = [i + 1 for i, s in enumerate(steps) if "chart below" in s.text or "heatmap" in s.text]
+    assert below == [2, 6] and [steps[i - 1].scroll_to for i in below] == ["view_notebook", "view_attention"]
+    assert all(s.scroll_to is None or s.scroll_to in s.points_at for s in steps)
+    js = tour.scroll_js("view_notebook")
+    assert ".st-key-view_notebook" in js and "scrollIntoView" in js and "r.bottom <= vh" in js
+
+    def scripts(at: AppTest) -> list[str]:
+        return [h.proto.body for h in at.get("html") if "scrollIntoView" in h.proto.body]
+
+    app.query_params["tour"] = "2"
+    app.run()
+    assert not app.exception
+    assert len(scripts(app)) == 1 and ".st-key-view_notebook" in scripts(app)[0]
+    app.run()  # a rerun at the same step (Step, Generate) leaves the scroll where the reader put it
+    assert scripts(app) == []
+    app.button(key="tour_next").click().run()  # step 3 points at the notebook too, but scrolls nothing
+    assert scripts(app) == []
+    app.button(key="tour_back").click().run()  # back at step 2: the chart is brought into view again
+    assert len(scripts(app)) == 1 and ".st-key-view_notebook" in scripts(app)[0]
+
+
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AppTest:
     monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny")

@@ -142,7 +142,7 @@ def _mode_story(run: Run, ev: StepEvent) -> tuple[str, str]:
     kind = "static" if run.cache_kind == "static" else "concat"
     what = "prefill wrote the whole prompt" if ev.step == 0 else f"step {ev.step} wrote 1 column"
     if kind == "static":
-        return (f"The KV cache after step {ev.step}: {filled} of {run.block_size:,} preallocated slots filled",
+        return (f"The KV cache after step {ev.step}: {filled} of {run.block_size:,} slots filled",
                 f"Static cache: {what} in place. Grey: allocated, still empty. Red: written this step.")
     return (f"The KV cache after step {ev.step}: {filled} columns",
             f"Concat cache: {what}, and torch.cat copied the rest into a new tensor. Red: written this step.")

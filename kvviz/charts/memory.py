@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from kvviz.units import GB, GIB
+from kvviz.units import GB, GIB, fmt_usd
 HEIGHT = 420  # fixed: Streamlit otherwise resizes charts on every rerun
 _CAPACITY_COLORS = ("#c92a2a", "#e8590c", "#5f3dc4", "#2b8a3e")
 
@@ -54,9 +54,44 @@ def _tokens_label(n: int) -> str:
     return f"{n:,}"
 
 
-def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
-    fig.update_layout(title=_plain(title), height=HEIGHT, margin=dict(l=60, r=20, t=60, b=50), hovermode="closest",
-                      template="plotly_white", font=dict(size=15, color="#212529"))
+def tick_label(v: float) -> str:
+    """A log-axis label people read at a glance: 1, 10, 100, 1k, 10k, 1M; 0.5, 0.01 below one."""
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= size:
+            return f"{v / size:g}{unit}"
+    return f"{v:g}"
+
+
+def log_ticks(values: Sequence[float]) -> tuple[list[float], list[str]]:
+    """Tick values and labels for a log axis over ``values``: every power of ten, and 2 and 5 in
+    each decade when the data spans less than two decades (Plotly's own labels there are bare
+    digits, "9 | 1 | 2 3 4 ... | 10", which no one reads as 0.9, 1, 2, ...)."""
+    pos = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
+    if not pos:
+        return [], []
+    lo, hi = int(np.floor(np.log10(min(pos)))), int(np.ceil(np.log10(max(pos))))
+    steps = (1, 2, 5) if max(pos) / min(pos) < 100 else (1,)
+    vals = [m * 10.0**k for k in range(lo, max(hi, lo + 1) + 1) for m in steps]
+    vals = [float(f"{v:.6g}") for v in vals]  # 0.30000000000000004 -> 0.3
+    return vals, [tick_label(v) for v in vals]
+
+
+def _log_axes(fig: go.Figure, xs: Sequence[float] | None, ys: Sequence[float] | None) -> None:
+    """Both axes log, each labelled 1, 10, 100, 1k... (``None``: keep that axis's own ticks)."""
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    for update, values in ((fig.update_xaxes, xs), (fig.update_yaxes, ys)):
+        if values is not None:
+            vals, text = log_ticks(values)
+            update(tickmode="array", tickvals=vals, ticktext=text)
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, subtitle: str = "") -> go.Figure:
+    """Title (a short one: a half-width chart at 1366 px holds about 45 characters), with the
+    settings it was drawn for as a subtitle under it."""
+    head = dict(text=_plain(title), subtitle=dict(text=_plain(subtitle))) if subtitle else _plain(title)
+    fig.update_layout(title=head, height=HEIGHT, margin=dict(l=60, r=20, t=80 if subtitle else 60, b=50),
+                      hovermode="closest", template="plotly_white", font=dict(size=15, color="#212529"))
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title)
     return fig
@@ -102,8 +137,7 @@ def memory_vs_context(curves: Sequence[Curve], capacities: Sequence[tuple[str, i
     ticks = [x for x in xs if x & (x - 1) == 0]  # the powers of two, labelled 1K, 2K, ... 1M
     fig.update_xaxes(tickvals=ticks, ticktext=[_tokens_label(x) for x in ticks])
     if log_axes:
-        fig.update_xaxes(type="log")
-        fig.update_yaxes(type="log")
+        _log_axes(fig, None, [float(v) / GIB for c in curves for v in c.bytes] + [cap / GIB for _, cap in capacities])
     return fig
 
 
@@ -183,22 +217,23 @@ class CostSeries:
     tokens_per_s: tuple[float, ...]
 
 
-def cost_vs_batch(series: Sequence[CostSeries], title: str = "Cost per 1M output tokens vs batch") -> go.Figure:
+def cost_vs_batch(series: Sequence[CostSeries], title: str = "Cost per 1M output tokens vs batch",
+                  subtitle: str = "") -> go.Figure:
     """$ per 1M output tokens falls with the batch while the weights dominate each step."""
     fig = go.Figure()
     for s in series:
         if s.usd_per_million:
             fig.add_trace(go.Scatter(
                 x=np.asarray(s.batches, dtype=np.float32), y=np.asarray(s.usd_per_million, dtype=np.float32),
-                name=_plain(s.label), mode="lines+markers",
-                hovertemplate="batch %{x:,}: $%{y:.4f} per 1M tokens<extra>" + _plain(s.label) + "</extra>"))
-    _layout(fig, title, "batch size (requests)", "$ per 1M output tokens")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+                name=_plain(s.label), mode="lines+markers", text=[fmt_usd(u) for u in s.usd_per_million],
+                hovertemplate="batch %{x:,}: %{text} per 1M tokens<extra>" + _plain(s.label) + "</extra>"))
+    _layout(fig, title, "batch size (requests)", "$ per 1M output tokens", subtitle)
+    _log_axes(fig, [b for s in series for b in s.batches], [u for s in series for u in s.usd_per_million])
     return fig
 
 
-def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tokens/s vs batch") -> go.Figure:
+def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tokens/s vs batch",
+                          subtitle: str = "") -> go.Figure:
     """Roofline throughput: grows almost linearly with the batch until the KV reads rival the weights."""
     fig = go.Figure()
     for s in series:
@@ -206,7 +241,6 @@ def tokens_per_s_vs_batch(series: Sequence[CostSeries], title: str = "Decode tok
             x=np.asarray(s.batches, dtype=np.float32), y=np.asarray(s.tokens_per_s, dtype=np.float32),
             name=_plain(s.label), mode="lines+markers",
             hovertemplate="batch %{x:,}: %{y:,.0f} tokens/s<extra>" + _plain(s.label) + "</extra>"))
-    _layout(fig, title, "batch size (requests)", "tokens/s (upper bound)")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
+    _layout(fig, title, "batch size (requests)", "tokens/s (upper bound)", subtitle)
+    _log_axes(fig, [b for s in series for b in s.batches], [t for s in series for t in s.tokens_per_s])
     return fig

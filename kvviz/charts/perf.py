@@ -13,6 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.units import MIB, fmt_bytes
 from kvviz.measure.stats import MODE_LABELS, Fit, MachineProbe, per_step_ratios, rolling_median
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -188,13 +189,13 @@ def cache_bytes(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
         steps = np.arange(len(run.events))
         c = MODE_COLORS[mode]
         label = MODE_LABELS[mode]
-        fig.add_trace(go.Scatter(x=f32(steps), y=f32([e.cache_bytes_allocated / 1e6 for e in run.events]),
+        fig.add_trace(go.Scatter(x=f32(steps), y=f32([e.cache_bytes_allocated / MIB for e in run.events]),
                                  mode="lines", name=f"{label}: allocated", line=dict(color=c, width=3)))
-        fig.add_trace(go.Scatter(x=f32(steps), y=f32([e.cache_bytes_used / 1e6 for e in run.events]), mode="lines",
+        fig.add_trace(go.Scatter(x=f32(steps), y=f32([e.cache_bytes_used / MIB for e in run.events]), mode="lines",
                                  name=f"{label}: used", line=dict(color=c, width=2, dash="dot")))
     fig = _layout(fig, "KV cache bytes: allocated vs used", _runs_where(runs) +
                   " · static preallocates the whole context; concat holds exactly what is used",
-                  "step (new token index)", "MB", height)
+                  "step (new token index)", "MiB", height)
     fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -207,12 +208,12 @@ def cache_copied(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
             continue
         run = runs[mode]
         steps = np.arange(len(run.events))
-        total = run.events[-1].cache_bytes_copied / 1e6 if run.events else 0.0
+        total = run.events[-1].cache_bytes_copied if run.events else 0
         verb = "written in place, O(T)" if mode == "static" else "copied by torch.cat, O(T²)"
-        _mode_line(fig, mode, steps, [e.cache_bytes_copied / 1e6 for e in run.events])
-        fig.data[-1].name = f"{MODE_LABELS[mode]}: {verb} · total {total:,.1f} MB"
+        _mode_line(fig, mode, steps, [e.cache_bytes_copied / MIB for e in run.events])
+        fig.data[-1].name = f"{MODE_LABELS[mode]}: {verb} · total {fmt_bytes(total)}"
     fig = _layout(fig, "Bytes written by the cache (cumulative)", _runs_where(runs),
-                  "step (new token index)", "MB written so far", height)
+                  "step (new token index)", "MiB written so far", height)
     fig.update_yaxes(rangemode="tozero")
     return fig
 
@@ -327,7 +328,7 @@ def roofline(probe: MachineProbe, points: Mapping[str, "pd.DataFrame"], height: 
             text=[f"{unit} {int(v)} tokens" for v in df["x"]],
             hovertemplate="%{text}<br>%{x:.1f} FLOP/byte<br>%{y:.2f} GFLOP/s<extra></extra>"))
     sub = (f"{probe.device} · {probe.dtype} · peak {probe.peak_flops / 1e9:,.1f} GFLOP/s (n={probe.matmul_n} matmul), "
-           f"bandwidth {probe.bandwidth / 1e9:,.1f} GB/s ({probe.copy_bytes / 2**20:,.0f} MB copy)")
+           f"bandwidth {probe.bandwidth / 1e9:,.1f} GB/s ({fmt_bytes(probe.copy_bytes)} copy)")
     fig = _layout(fig, "Roofline of this machine: where prefill and decode sit", sub,
                   "arithmetic intensity (FLOPs per byte moved)", "achieved GFLOP/s", height)
     _log_axes(fig, x=True)
@@ -386,10 +387,10 @@ def batch_kv(allocated: "pd.DataFrame", used: "pd.DataFrame", subtitle: str, hei
     for df, name, color in ((allocated, "allocated (whole context, preallocated)", "#1f77b4"),
                             (used, "used (prompt + generated tokens)", "#17becf")):
         g = df.groupby("x", sort=True)["median"].max().reset_index()
-        fig.add_trace(go.Bar(x=[f"B={int(b)}" for b in g["x"]], y=f32(g["median"] / 1e6), name=name,
-                             marker_color=color, text=[f"{v / 1e6:,.1f}" for v in g["median"]],
+        fig.add_trace(go.Bar(x=[f"B={int(b)}" for b in g["x"]], y=f32(g["median"] / MIB), name=name,
+                             marker_color=color, text=[f"{v / MIB:,.1f}" for v in g["median"]],
                              textposition="outside", cliponaxis=False))
     fig = _layout(fig, "KV cache bytes vs batch size", subtitle + " · grows linearly with B",
-                  "batch size", "MB", height)
+                  "batch size", "MiB", height)
     fig.update_layout(barmode="group", hovermode="closest", uniformtext=dict(minsize=11, mode="show"))
     return fig

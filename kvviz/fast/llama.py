@@ -1,7 +1,7 @@
 """The accelerator's Llama: the same maths as ``engine/models/llama.py``, written flat.
 
 A decode step of SmolLM2 (30 layers of seven weights, then the tied 49,152 x 576 LM head) is
-bound by streaming its weights, 538 MB in fp32, and on a small CPU by the ~40 PyTorch ops per
+bound by streaming its weights, 513 MiB in fp32, and on a small CPU by the ~40 PyTorch ops per
 layer around them. So this path, like ``gpt2.py``, reads the weights in place from a plan of
 views built once per thread count, and counts ops:
 

@@ -55,6 +55,7 @@ from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.measure.machine import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
 from kvviz.safeio import prepare_out, write_atomic
+from kvviz.units import fmt_bytes
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
 
@@ -79,7 +80,7 @@ CASES = (
     Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16",
                          "floor_bf16"), model="smollm2", prompt_text=STORY),
 )
-# llama.cpp on SmolLM2's Q4_1 file (98 MB streamed per token), on a 2-core CPU, by thread count,
+# llama.cpp on SmolLM2's Q4_1 file (93.8 MiB streamed per token), on a 2-core CPU, by thread count,
 # as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
 LLAMA_CPP_SOURCE = "llama.cpp, SmolLM2-135M-Instruct Q4_1, 64 new tokens, quoted from issue 17 (not measured here)"
@@ -388,7 +389,7 @@ def format_table(obj: dict[str, Any]) -> str:
                          f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {same}")
         for v, d in r["variants"].items():
             if "weight_bytes" in d:
-                lines.append(f"{'':<11} {'':>4}  {v} = weight matmuls only: {d['weight_bytes'] / 1e6:.1f} MB per "
+                lines.append(f"{'':<11} {'':>4}  {v} = weight matmuls only: {fmt_bytes(d['weight_bytes'])} per "
                              f"token at {d['GB_s_median']:.1f} GB/s")
             if "same_tokens_before_divergence" in d:
                 lines.append(f"{'':<11} {'':>4}  {v}: other weights ({d['dtype']}); the first "

@@ -36,8 +36,8 @@ def probe_machine(device: torch.device | str, dtype: torch.dtype = torch.float32
                   copy_mb: int | None = None, repeats: int = 8) -> MachineProbe:
     """Peak matmul FLOP/s (n x n @ n x n) and memory bandwidth (copy, sum) of this machine.
 
-    Sizes default to what takes about a second: n = 1024 and 256 MB on a CPU, n = 8192 and
-    1 GB on a GPU, so the copied tensor is far bigger than any cache level.
+    Sizes default to what takes about a second: n = 1024 and 256 MiB on a CPU, n = 8192 and
+    1 GiB on a GPU, so the copied tensor is far bigger than any cache level.
     """
     dev = torch.device(device)
     cuda = dev.type == "cuda"

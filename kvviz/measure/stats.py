@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import numpy as np
 
 from kvviz.measure import doubts
+from kvviz.units import fmt_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -298,10 +299,10 @@ def race_explanation(cached: "Run", uncached: "Run", weight_bytes: int,
         parts.append(
             f"A cached decode step takes {dec_ms:.2f} ms, but its {dec_flops / 1e6:,.1f} MFLOP would need only "
             f"{t_compute_us:,.0f} µs at the measured peak of {probe.peak_flops / 1e9:,.0f} GFLOP/s, and reading all "
-            f"{weight_bytes / 1e6:,.1f} MB of weights at {probe.bandwidth / 1e9:,.1f} GB/s takes {t_weights_us:,.0f} µs. "
+            f"{fmt_bytes(weight_bytes)} of weights at {probe.bandwidth / 1e9:,.1f} GB/s takes {t_weights_us:,.0f} µs. "
         )
     else:
-        parts.append(f"A cached decode step takes {dec_ms:.2f} ms and must read all {weight_bytes / 1e6:,.1f} MB of weights. ")
+        parts.append(f"A cached decode step takes {dec_ms:.2f} ms and must read all {fmt_bytes(weight_bytes)} of weights. ")
     parts.append(
         "The rest is fixed overhead: dozens of small operator calls per layer, each with Python and launch costs "
         "that do not shrink with the token count. A one-token step is a matrix-vector product limited by memory "

@@ -25,7 +25,7 @@ from kvviz.measure.stats import MODES, Sample
 
 SWEEP_NS = (8, 16, 32, 64, 128, 256, 512)  # new tokens for the total-time sweep
 BATCH_SIZES = (1, 2, 4, 8, 16)
-SHORT_QUESTION = "What does the KV cache store?"
+SHORT_QUESTION = "What does RAM stand for in a computer?"  # SmolLM2 answers it right (a KV cache it does not know)
 # The "long pasted document": cycled to fill the context, so any tokenizer gets real text.
 DOCUMENT = (
     "A transformer generates one token at a time. Each new token attends to every token before it, "

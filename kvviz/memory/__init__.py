@@ -37,7 +37,7 @@ from kvviz.memory.layouts import LAYER_TYPES
 from kvviz.memory.presets import (
     BUILTIN_PREFIX, PRESETS_PATH, builtin_specs, find_preset, load_presets, with_builtins,
 )
-from kvviz.memory.report import COUNTED, NOT_COUNTED, formula_lines, summary_text
+from kvviz.memory.report import COUNTED, NOT_COUNTED, formula_lines, no_cost_reason, summary_text
 from kvviz.memory.result import Cost, Fit, LayerGroup, MemoryResult
 from kvviz.memory.spec import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, FULL, GPU_PRESETS_GIB,
@@ -57,6 +57,6 @@ __all__ = [
     "layer_token_bytes", "LayerGroup", "load_config_file", "load_gpus", "load_presets", "max_seq_len_for",
     "MemoryRequest", "MemoryResult", "mha_layer_token_bytes", "ModelSpec", "parse_config", "parse_config_text",
     "parse_json_text", "read_config_bytes", "request_cost", "request_problems", "state_bytes", "state_layer_bytes",
-    "StateShape", "stored_tokens", "summary_text", "token_slots", "tokens_held", "tp_problems", "weight_bytes",
+    "StateShape", "no_cost_reason", "stored_tokens", "summary_text", "token_slots", "tokens_held", "tp_problems", "weight_bytes",
     "weights_per_gpu", "with_builtins", "with_cache_window",
 ]

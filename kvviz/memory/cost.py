@@ -22,6 +22,7 @@ from kvviz.memory.formulas import kv_bytes, state_bytes, weights_per_gpu
 from kvviz.memory.presets import PRESETS_PATH
 from kvviz.memory.result import Cost
 from kvviz.memory.spec import MemoryRequest, ModelSpec
+from kvviz.units import fmt_usd
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def decode_cost(weights_bytes_per_gpu: int, bytes_per_sequence_per_gpu: int, seq
     ]
     if usd is not None:
         formula.append(f"$ per 1M tokens = ${price_per_gpu_hour:g}/h x {tp} GPU{'s' if tp > 1 else ''} / "
-                       f"({tokens_per_s:,.1f} tokens/s x 3600) x 1e6 = ${usd:,.4f}")
+                       f"({tokens_per_s:,.1f} tokens/s x 3600) x 1e6 = {fmt_usd(usd)}")
     return Cost(bandwidth, efficiency, sequences, moved, step_s, tokens_per_s, price_per_gpu_hour, usd, tuple(formula))
 
 

@@ -8,7 +8,7 @@ from kvviz.memory.formulas import (
     kv_bytes, kv_heads_per_gpu, kv_replication, layer_token_bytes, state_bytes, state_layer_bytes, token_slots,
 )
 from kvviz.memory.spec import SCALE_DTYPE_BYTES, MemoryRequest, ModelSpec
-from kvviz.units import DTYPE_BITS, GB, GIB, dtype_bytes, fmt_bytes
+from kvviz.units import DTYPE_BITS, GB, GIB, dtype_bytes, fmt_bytes, fmt_usd
 
 if TYPE_CHECKING:  # result.py does not import this module; the annotation alone needs it
     from kvviz.memory.result import MemoryResult
@@ -98,11 +98,11 @@ def formula_lines(spec: ModelSpec, req: MemoryRequest) -> list[str]:
     total = kv_bytes(spec, fmt, req.seq_len, req.sequences, req.use_windows, block)
     if len(counts) > 1:
         lines.append(f"token-layers = {' + '.join(terms)} = {slots:,}")
-        lines.append(f"KV total = {per_layer:,} B x {slots:,}{mult} = {total:,} B = {total / GB:,.2f} GB = "
-                     f"{total / GIB:,.2f} GiB")
+        lines.append(f"KV total = {per_layer:,} B x {slots:,}{mult} = {total:,} B = {total / GIB:,.2f} GiB "
+                     f"({total / GB:,.2f} GB)")
     elif counts:
         lines.append(f"KV total = {per_layer * kv_layers:,} B x {terms[0]} tokens{mult} = {total:,} B = "
-                     f"{total / GB:,.2f} GB = {total / GIB:,.2f} GiB")
+                     f"{total / GIB:,.2f} GiB ({total / GB:,.2f} GB)")
     else:
         lines.append("KV total = 0 B (no layer keeps K/V)")
     if req.tp > 1 and counts:
@@ -127,8 +127,25 @@ def _tp_lines(spec: ModelSpec, req: MemoryRequest, block: int | None) -> list[st
             f"= {gpu:,} B = {gpu / GIB:,.2f} GiB"]
 
 
+def no_cost_reason(res: "MemoryResult") -> str | None:
+    """Why the roofline's tokens/s and $ are no figures for this request, or None when they are.
+
+    A request that does not fit on the GPU never runs: its roofline (30 tokens/s, $23 per 1M
+    tokens) would price a run that cannot start, so the page and the CLI show "—" and this reason.
+    """
+    f = res.fit
+    if f is None or f.fits:
+        return None
+    r = res.request
+    why = next((w for w in res.warnings if "fit" in w), "it does not fit on this GPU").removeprefix("does not fit: ")
+    if f.max_batch < 1:
+        return f"nothing fits: {why}"
+    return (f"batch {r.batch:,} does not fit ({why}); at most {f.max_batch:,} request"
+            f"{'s' if f.max_batch != 1 else ''} fit at this context")
+
+
 def _both(n: int | None) -> str:
-    return fmt_bytes(n, both_units=True)  # '1.07 GB (1.00 GiB)': readers mix GB and GiB
+    return fmt_bytes(n, both_units=True)  # '1.00 GiB (1.07 GB)': readers mix GB and GiB
 
 
 def summary_text(res: "MemoryResult") -> str:
@@ -166,8 +183,12 @@ def summary_text(res: "MemoryResult") -> str:
                      f"max batch at this context {f.max_batch:,}; max context at this batch {mt}")
     if res.cost is not None:
         c = res.cost
-        price = "" if c.usd_per_million_tokens is None else f", ${c.usd_per_million_tokens:,.4f} per 1M output tokens"
-        lines.append(f"decode roofline (upper bound): {c.tokens_per_s:,.1f} tokens/s{price}")
+        price = "" if c.usd_per_million_tokens is None else f", {fmt_usd(c.usd_per_million_tokens)} per 1M output tokens"
+        why = no_cost_reason(res)
+        if why:  # a roofline for a run that cannot start is no figure
+            lines.append(f"decode roofline: — tokens/s, — per 1M output tokens ({why})")
+        else:
+            lines.append(f"decode roofline (upper bound): {c.tokens_per_s:,.1f} tokens/s{price}")
     lines.append("formula:")
     lines += [f"  {ln}" for ln in res.formula]
     if res.cost is not None:

@@ -14,6 +14,7 @@ from kvviz.ui.perf_common import (
 )
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.figs import show
+from kvviz.units import MIB, fmt_bytes
 
 INTRO = (
     "A decode step reads every weight to produce one token per request. Put B requests in one batch and "
@@ -63,7 +64,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     note = f"Batch sizes {', '.join(map(str, sizes)) or 'none'}"
     if skipped:
         note += (f" (skipped {', '.join(map(str, skipped))}: over a quarter of free memory; B={skipped[0]} "
-                 f"would need ≈{batch_memory(model, skipped[0], prompt_len, n_new) / 1e9:,.1f} GB)")
+                 f"would need ≈{fmt_bytes(batch_memory(model, skipped[0], prompt_len, n_new))})")
     cost = f" · {about(est.batch_s(sizes, prompt_len, n_new, repeats))} here" if est is not None and sizes else ""
     st.caption(f"{note} · {n_new} new tokens per row (EOS ignored so every run generates {n_new} tokens) · "
                f"{repeats} repeats{cost} · static KV cache · {where(model)}")
@@ -126,7 +127,7 @@ def _table(samples: list[Sample]) -> pd.DataFrame:
             "ms/token per request": round(float(r["median"]), 2),
             "range (ms)": f"{r['min']:.2f}–{r['max']:.2f}",
             "aggregate tokens/s": round(float(t["median"]), 1),
-            "KV allocated (MB)": round(float(k["median"]) / 1e6, 2),
+            "KV allocated (MiB)": round(float(k["median"]) / MIB, 2),
             "distinct outputs": int(o["median"]),
             "repeats": int(r["n"]),
         })

@@ -194,8 +194,8 @@ def _explain(spec: ModelSpec, res: MemoryResult) -> None:
     if spec.key == "llama-3-8b" and not spec.has_windows and r.seq_len == 8192 and r.batch == 1 and r.beams == 1 and r.kv_dtype in ("bf16", "fp16"):
         st.info(f'The often-quoted "~4 GB for Llama 3 8B at seq=8192, batch=1, BF16" is the MHA figure '
                 f"({res.kv_bytes_mha / GB:.2f} GB, as if all {spec.n_heads} heads kept their own K and V); "
-                f"Llama 3 8B uses GQA with {spec.n_kv_heads} KV heads, so its cache is {res.kv_bytes / GB:.2f} GB "
-                f"({res.kv_bytes / GIB:.2f} GiB).")
+                f"Llama 3 8B uses GQA with {spec.n_kv_heads} KV heads, so its cache is {res.kv_bytes / GIB:.2f} GiB "
+                f"({res.kv_bytes / GB:.2f} GB).")
     if spec.attention != "MHA" and res.kv_bytes:
         what = "a naive per-head K/V cache" if spec.mla else "full multi-head attention"
         st.caption(f"With {what} the same cache would take {_pair(res.kv_bytes_mha)[0]} "

@@ -17,12 +17,12 @@ from kvviz.charts import memory as charts
 from kvviz.memory import (
     DTYPES, GIB, CalcError, MemoryRequest, MemoryResult, ModelSpec, attention_variants, batch_steps, calculate,
     context_curve,
-    cost_curve, kv_bytes, layer_token_bytes, state_bytes, state_layer_bytes, tokens_held,
+    cost_curve, kv_bytes, layer_token_bytes, no_cost_reason, state_bytes, state_layer_bytes, tokens_held,
 )
 
 from kvviz.ui.calculator_engine import measure_caches
 from kvviz.ui.plain_text import md_plain
-from kvviz.units import fmt_bytes
+from kvviz.units import fmt_bytes, fmt_usd
 from kvviz.ui.figs import show
 
 MAX_STRIP_LAYERS = 2000  # a bar per layer; past this the strip shows the first layers only
@@ -136,11 +136,14 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
     if c is None:
         st.info("Enter a parameter count (the weights are unknown) to estimate the cost per token.")
         return
+    why = no_cost_reason(res)  # a request that does not fit never runs: no speed, no price
     cols = st.columns(3)
-    cols[0].metric("Tokens/s (upper bound)", f"{c.tokens_per_s:,.1f}")
-    cols[1].metric("Decode step", f"{c.step_s * 1e3:,.2f} ms")
-    cols[2].metric("$ per 1M output tokens", "n/a" if c.usd_per_million_tokens is None
-                   else f"${c.usd_per_million_tokens:,.4f}")
+    cols[0].metric("Tokens/s (upper bound)", "—" if why else f"{c.tokens_per_s:,.1f}")
+    cols[1].metric("Decode step", "—" if why else f"{c.step_s * 1e3:,.2f} ms")
+    cols[2].metric("$ per 1M output tokens", "—" if why else
+                   ("no price set" if c.usd_per_million_tokens is None else fmt_usd(c.usd_per_million_tokens)))
+    if why:
+        st.caption(f"— : {why[0].upper() + why[1:]}. The charts below stop at the batch that fits.")
     quant = st.selectbox("Compare with KV dtype", DTYPES, key="mem_cost_dtype",
                          help="The same curves with the KV cache in another dtype: smaller KV, bigger batches.")
     series = []
@@ -160,11 +163,11 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
             tuple(p.tokens_per_s for p in points)))
     gpus = f"{req.tp} GPUs" if req.tp > 1 else "1 GPU"
     a, b = st.columns(2)
-    show(a, charts.cost_vs_batch(series, f"$ per 1M output tokens vs batch ({gpus}, up to the batch that fits)"),
+    show(a, charts.cost_vs_batch(series, "$ per 1M output tokens vs batch", f"{gpus}, up to the batch that fits"),
                    key="mem_chart_cost")
-    show(b, charts.tokens_per_s_vs_batch(series, f"Decode tokens/s vs batch ({gpus}, upper bound)"),
+    show(b, charts.tokens_per_s_vs_batch(series, "Decode tokens/s vs batch", f"{gpus}, upper bound"),
                    key="mem_chart_tokens")
-    st.code("\n".join(c.formula), language=None)
+    st.code("\n".join(([f"(not reachable: {why})"] if why else []) + list(c.formula)), language=None)
 
 
 # ----------------------------------------------------------------------------- the gap to a real engine

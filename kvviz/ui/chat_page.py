@@ -70,7 +70,7 @@ def page() -> None:
     with tab_chat:
         _chat(conv)
     with tab_scenario:
-        chat_scenario.section(model, fast, block)
+        chat_scenario.section(model, fast, block, blocks)
 
 
 def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: int, blocks: int, max_new: int,

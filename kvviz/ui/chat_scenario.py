@@ -19,7 +19,7 @@ from kvviz.charts import paged as pc
 from kvviz.engine.chat import chat_prompt
 from kvviz.engine.conversation import Conversation
 from kvviz.engine.load import LoadedModel
-from kvviz.engine.paged import PagedPool, blocks_for
+from kvviz.engine.paged import PagedPool
 from kvviz.engine.parallel import ParallelSamples
 from kvviz.errors import KVVizError
 from kvviz.ui import chat_views
@@ -28,14 +28,15 @@ from kvviz.ui.plain_text import md_plain
 
 Q1 = "What is the capital of France?"
 Q2 = "And of Italy?"
-Q1_EDITED = "What is the capital of Spain?"
+Q1_EDITED = "What is the capital of Germany?"  # Berlin; asked about Spain, SmolLM2 said "El Salvador"
 SAMPLES, NEW_TOKENS = 4, 24
 LIVE_EVERY = 4  # redraw the live pool every this many steps
 
 
-def section(model: LoadedModel, fast: bool, block: int) -> None:
+def section(model: LoadedModel, fast: bool, block: int, blocks: int) -> None:
     st.markdown(
-        f"One click runs four stages on **one pool** of {block}-token blocks: **{SAMPLES} parallel samples** from "
+        f"One click runs four stages on **one pool** of {blocks} blocks of {block} tokens (the Pool and Block "
+        f"size inputs above): **{SAMPLES} parallel samples** from "
         f"one prompt (shared prompt blocks, copy-on-write where they diverge), a **chat turn** with that prompt "
         f"(its blocks found again by hash), a **second turn** that reuses the whole conversation, and the **first "
         f"message edited**, which keeps the cache only up to the first changed token. Each generation stops "
@@ -43,7 +44,7 @@ def section(model: LoadedModel, fast: bool, block: int) -> None:
     if st.button("Run the scenario", key="chat_scn_run", type="primary"):
         live = st.empty()
         try:
-            st.session_state["chat_scn"] = _run(model, fast, block, live)
+            st.session_state["chat_scn"] = _run(model, fast, block, blocks, live)
         except KVVizError as e:
             st.error(md_plain(e))
         live.empty()
@@ -62,12 +63,12 @@ def section(model: LoadedModel, fast: bool, block: int) -> None:
         st.caption(f"Scenario done in {stages[0]['total_s']:.1f} s (model load not counted).")
 
 
-def _run(model: LoadedModel, fast: bool, block: int, live: Any) -> list[dict[str, Any]]:
+def _run(model: LoadedModel, fast: bool, block: int, blocks: int, live: Any) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     prompt = list(chat_prompt(model.tokenizer, [{"role": "user", "content": Q1}]).ids)  # as turn 1 renders it
-    # Room for the samples and a three-turn chat with nothing evicted: 8 sequences of the longest turn.
-    pool = PagedPool(model.config, 8 * blocks_for(len(prompt) + 3 * NEW_TOKENS + 32, block), block,
-                     model.device, model.dtype)
+    # The pool the Pool input sets (it said 64 while the scenario drew 72): too small a pool stops with
+    # the engine's own "the KV pool is full" message, shown as an error.
+    pool = PagedPool(model.config, blocks, block, model.device, model.dtype)
     conv = Conversation(model, kv_block_size=block, max_new_tokens=NEW_TOKENS, fast=fast, pool=pool)
     conv.warm_up()
     stages: list[dict[str, Any]] = []

@@ -32,7 +32,7 @@ CSS = """<style>
 .kv-multi{display:inline-flex;flex-direction:column;align-items:center;line-height:1.1;padding:.1em .22em}
 .kv-glyph{font-size:1.1em}
 .kv-bytes{font-size:.55em;color:#868e96;letter-spacing:.02em}
-.kv-legend{font-size:.95rem;color:#495057;margin:.1rem 0 .3rem 0}
+.kv-legend{font-size:.95rem;color:#495057;margin:.1rem 0 .3rem 0;word-break:normal;overflow-wrap:normal}
 .kv-legend .kv-chip{font-size:.9rem}
 .kv-plain{font-size:1.05rem;white-space:pre-wrap;overflow-wrap:anywhere;color:#343a40;background:#f8f9fa;
   border-left:4px solid #ced4da;padding:.35rem .7rem;margin-top:.4rem}

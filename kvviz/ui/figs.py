@@ -9,12 +9,13 @@ import plotly.graph_objects as go
 from kvviz.charts.style import legible
 from kvviz.ui import present
 
-CONFIG = {"displaylogo": False, "toImageButtonOptions": {"scale": 2}}
+# No Plotly hover toolbar (mode bar) on any chart: it sat over the right end of the titles, and on a
+# projector over the selector buttons in the charts' corners. Drag to zoom and double-click to reset
+# still work; Streamlit's own toolbar keeps full screen.
+CONFIG = {"displaylogo": False, "displayModeBar": False}
 
 
 def show(where: Any, fig: go.Figure, key: str, height: int | None = None, **kw: Any) -> Any:
     """``where.plotly_chart(fig)`` (``where``: st, a column or an st.empty slot) with kvviz's look."""
     projector = present.active()
-    # No hover toolbar on a projector: it would cover the selector buttons in the charts' corners.
-    config = {**CONFIG, "displayModeBar": False} if projector else CONFIG
-    return where.plotly_chart(legible(fig, projector, height), key=key, theme=None, config=config, **kw)
+    return where.plotly_chart(legible(fig, projector, height), key=key, theme=None, config=CONFIG, **kw)

@@ -88,8 +88,7 @@ def page() -> None:
     st.html(PAGE_CSS)
     projecting = present.active()
     if projecting:  # the title shares the buttons' row
-        c_title, c_gen, c_stop, c_step, c_runs, c_tour, c_info = st.columns(
-            [2.9, 1, 0.85, 0.85, 0.95, 1.15, 2.9], vertical_alignment="center")
+        c_title, c_buttons, c_info = st.columns([2.6, 5.4, 2.6], vertical_alignment="center")
         with c_title, st.container(key="page_title"):
             st.header("Watch the KV cache fill", anchor=False)
     else:
@@ -100,14 +99,14 @@ def page() -> None:
                    "**Step** (S) runs the prefill on the first press and one token per press after it; a changed "
                    "setting or Generate starts over.")
 
-        c_gen, c_stop, c_step, c_tour, c_info = st.columns([1.2, 1, 1, 1.4, 4.2], vertical_alignment="center")
-    # No help tooltips on these three: a tooltip stays over the page after a click (the caption says it).
-    generate = c_gen.button("Generate", key="generate", type="primary", icon=":material/play_arrow:",
-                            width="stretch", shortcut="G")
-    stop = c_stop.button("Stop", key="stop", icon=":material/stop:", width="stretch", shortcut="X")
-    step = c_step.button("Step", key="step", icon=":material/skip_next:", width="stretch", shortcut="S")
-    runs_slot = c_runs.empty() if projecting else None  # the run picker, drawn there by stored_view
-    with c_tour:
+        c_buttons, c_info = st.columns([5.2, 4.2], vertical_alignment="center")
+    # Each button as wide as its label and key (a fixed column cut them to "G…" and "S X" at 1366 px);
+    # the row wraps instead. No help tooltips on these three: a tooltip stays over the page after a click.
+    with c_buttons, st.container(horizontal=True, vertical_alignment="center", key="run_buttons"):
+        generate = st.button("Generate", key="generate", type="primary", icon=":material/play_arrow:", shortcut="G")
+        stop = st.button("Stop", key="stop", icon=":material/stop:", shortcut="X")
+        step = st.button("Step", key="step", icon=":material/skip_next:", shortcut="S")
+        runs_slot = st.empty() if projecting else None  # the run picker, drawn there by stored_view
         if not tour.current():
             tour.start_button()
     choice = threads.ensure()

@@ -60,9 +60,22 @@ def bytes_formula(run: Run) -> str:
     return "  \n".join(lines)
 
 
+class _Tiles:
+    """``.metric`` into a horizontal row, each tile as wide as its content (the row spreads them)."""
+
+    def __init__(self, row: object) -> None:
+        self.row = row
+
+    def metric(self, *args: object, **kw: object) -> None:
+        self.row.metric(*args, width="content", **kw)  # type: ignore[attr-defined]
+
+
 def render(run: Run | None, per_row: int = 6) -> None:
-    """Six metrics, ``per_row`` to a row, then the formula."""
-    cols = [c for _ in range(-(-6 // per_row)) for c in st.columns(per_row)][:6]
+    """Six metrics in a row that wraps, then the formula. ``per_row`` is kept for the callers (the
+    compact layout's narrower column holds about 3): each tile is as wide as its value and note, since
+    a row of fixed columns cut "42 / 8,192" and "360.0 MiB allocated" at 1366 px."""
+    row = st.container(horizontal=True, gap="medium" if per_row > 3 else "small")
+    cols = [_Tiles(row)] * 6  # filled in order
     if run is None or not run.events:
         for col, name in zip(cols, ("TTFT", "Mean TPOT", "Decode tokens/s", "Cache length", "Cache bytes", "FLOPs this step")):
             col.metric(name, "–")

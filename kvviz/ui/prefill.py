@@ -9,7 +9,7 @@ import streamlit as st
 
 from kvviz import LoadedModel
 from kvviz.charts import perf as pc
-from kvviz.units import kv_bytes_per_token
+from kvviz.units import fmt_bytes, kv_bytes_per_token
 from kvviz.engine.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.measure import doubts
@@ -288,8 +288,8 @@ def _example_sentence(ttft: Any, tpot: Any, model: LoadedModel) -> str:
         return head + "The per-token rate barely moves; only the attention over the longer cache adds a little."
     kv = kv_bytes_per_token(model.config.n_layer, model.config.kv_heads, model.config.head_dim, model.dtype.itemsize) * int(l_t[1])
     w = weight_bytes(model.config, _itemsize(model))
-    return head + (f"What does grow is the cache each step reads: {kv / 1e6:,.1f} MB of K/V for the document next to "
-                   f"{w / 1e6:,.1f} MB of weights, so in a model this small the longer cache is a visible share of "
+    return head + (f"What does grow is the cache each step reads: {fmt_bytes(kv)} of K/V for the document next to "
+                   f"{fmt_bytes(w)} of weights, so in a model this small the longer cache is a visible share of "
                    "a decode step (in a big model the weights dwarf it). Still far less than the TTFT grew.")
 
 

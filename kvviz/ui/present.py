@@ -38,10 +38,13 @@ body .st-key-tour_card [data-testid="stVerticalBlock"]{gap:.3rem}
 body .st-key-tour_card p{font-size:.9rem;margin-bottom:.1rem;line-height:1.45}
 /* The cache formula under the numbers: smaller, so the numbers' column is no taller than the chips'. */
 body .st-key-view_metrics [data-testid="stMarkdown"] p{font-size:.8rem;line-height:1.4}
-/* Each chart's selector button sits in its chart's top-right corner, not on a row of its own. */
+/* On a wide screen each chart's selector button sits in its chart's top-right corner, not on a row of
+   its own; narrower (1366 px), the charts' titles reach that corner, so the button keeps its row. */
+@media (min-width:1700px){
 body .st-key-view_notebook,body .st-key-view_attention{position:relative}
 body .st-key-view_notebook > :has([data-testid="stPopover"]),
 body .st-key-view_attention > :has([data-testid="stPopover"]){position:absolute;top:0;right:0;z-index:5;width:auto}
+}
 </style>"""
 
 

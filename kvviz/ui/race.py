@@ -10,6 +10,7 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel, Run
 from kvviz.charts import perf as pc
 from kvviz.engine.flops import weight_bytes
+from kvviz.units import fmt_bytes
 from kvviz.engine.generate import GenerationStream
 from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
 from kvviz.measure.sweeps import start as start_stream
@@ -254,10 +255,10 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
     if "static" in runs and "concat" in runs and runs["static"].events and runs["concat"].events:
         ls, lc = runs["static"].events[-1], runs["concat"].events[-1]
         m = st.columns(4)
-        m[0].metric("Static: allocated", f"{ls.cache_bytes_allocated / 1e6:,.2f} MB")
-        m[1].metric("Concat: allocated", f"{lc.cache_bytes_allocated / 1e6:,.2f} MB")
-        m[2].metric("Static: bytes written", f"{ls.cache_bytes_copied / 1e6:,.2f} MB")
-        m[3].metric("Concat: bytes copied", f"{lc.cache_bytes_copied / 1e6:,.2f} MB",
+        m[0].metric("Static: allocated", fmt_bytes(ls.cache_bytes_allocated))
+        m[1].metric("Concat: allocated", fmt_bytes(lc.cache_bytes_allocated))
+        m[2].metric("Static: bytes written", fmt_bytes(ls.cache_bytes_copied))
+        m[3].metric("Concat: bytes copied", fmt_bytes(lc.cache_bytes_copied),
                     f"{lc.cache_bytes_copied / max(1, ls.cache_bytes_copied):,.1f}× static", delta_color="off")
     a, b = st.columns(2)
     show(a, pc.cache_bytes(runs), key=f"race_bytes_{rid}")

@@ -48,7 +48,7 @@ def stored_view(store: RunStore, runs_slot: Any = None) -> None:
     projecting = present.active() and runs_slot is not None
     if projecting:  # one button in the top row: the picker and the exports behind it
         c_pick = c_export = runs_slot.popover(f"Run #{st.session_state.get('run_pick', ids[-1])}",
-                                              icon=":material/history:", width="stretch")
+                                              icon=":material/history:", width="content")
     else:
         c_pick, c_json, c_caps, c_csv = st.columns([4.2, 1, 1.4, 1], vertical_alignment="bottom")
     chosen = c_pick.selectbox("Run", ids, index=pick, key="run_pick", format_func=labels.get,

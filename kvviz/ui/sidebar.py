@@ -27,11 +27,13 @@ EXAMPLES: dict[str, str] = {
     "Crowd": "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n",
 }
 DEFAULT_PROMPT = EXAMPLES["Romeo"]
-# An instruct model answers questions (its chat template wraps them as a user turn).
+# An instruct model answers questions (its chat template wraps them as a user turn). Each is one
+# SmolLM2-135M answers right, greedily (tests/test_examples_smollm2.py holds it to that): a 135M model
+# asked about KV caches answered "a type of electronic circuit", and its haiku repeated one line.
 CHAT_EXAMPLES: dict[str, str] = {
     "France": "What is the capital of France?",
-    "KV cache": "In two sentences, what does a KV cache store in a transformer?",
-    "Haiku": "Write a haiku about memory.",
+    "RAM": "What does RAM stand for in a computer?",
+    "Water": "What is the boiling point of water in Celsius?",
 }
 DEFAULT_CHAT_PROMPT = CHAT_EXAMPLES["France"]
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0)

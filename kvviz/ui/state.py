@@ -181,7 +181,7 @@ def _file_stamp(spec: str) -> float:
 
 # Shown by cache_resource only while a model really loads (a cache miss), so a rerun adds nothing
 # to the page; one text for every model, since the decorator's text cannot depend on the call.
-LOAD_MESSAGE = ("Loading the model, once per server: reading its file (SmolLM2: a 98 MB GGUF file, its 30 "
+LOAD_MESSAGE = ("Loading the model, once per server: reading its file (SmolLM2: a 93.8 MiB GGUF file, its 30 "
                 "layers dequantized to the chosen dtype), then building its tokenizer. A few seconds.")
 
 

@@ -38,6 +38,7 @@ class TourStep:
     action: str | None = None  # "generate" | "step" | "no_cache" | "cache"
     action_label: str = ""
     link: str | None = None  # "race" | "calculator": a page to open next
+    scroll_to: str | None = None  # the container a step calls "the chart below": scrolled into view
 
 
 def _big_model_line() -> str:
@@ -88,7 +89,7 @@ def steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
             "back at every later step instead of recomputing them. The chart below is that notebook: one column "
             "per token, K on top, V below, one row per layer; the colour is each vector's **length** (its L2 norm: "
             "the square root of the sum of its squared numbers), just to show that something is written there.",
-            ("view_notebook",)),
+            ("view_notebook",), scroll_to="view_notebook"),
         TourStep(
             "Prefill: the whole prompt at once",
             "Press **Step** once (or the S key). The first step is the **prefill**: the whole prompt goes through "
@@ -118,7 +119,7 @@ def steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
             "head. Every decode step reads every cached K and V like this, so the cache is read in full at every "
             "step. **GQA** (grouped-query attention, used by Llama-family models such as SmolLM2) lets several query "
             "heads share one K/V head, so the cache stores fewer K/V heads: fewer bytes to keep and to read." + gqa_here,
-            ("view_attention",), "cache", "Static cache again, and generate"),
+            ("view_attention",), "cache", "Static cache again, and generate", scroll_to="view_attention"),
         TourStep(
             "Memory: what the notebook costs",
             "Under the numbers, the formula with this run's values: **2 (K and V) × layers × K/V heads × numbers "
@@ -171,6 +172,27 @@ def _set_cache(mode: str) -> None:
     persist.remember("cache_mode")
 
 
+SCROLLED_KEY = "_kvviz_tour_scrolled"  # the step whose chart was last scrolled into view
+
+
+def scroll_js(key: str, arrival: int = 0) -> str:
+    """A script that brings ``.st-key-<key>`` into view once the page has been drawn (the app idle,
+    so a redraw cannot move it again): its bottom to the window's bottom (so the card above stays in
+    view as far as it can), its top when it is taller than the window; nothing when it is in view
+    already (the presentation layout). ``arrival`` makes each arrival's text new, so the browser runs
+    it again. Our own fixed text, no user or model text: the one script the app runs."""
+    return (f"<script>/* arrival {arrival} */ (() => {{ let tries = 0; const go = () => {{"
+            " const app = document.querySelector('[data-testid=stApp]');"
+            f" const el = document.querySelector('.st-key-{key}');"
+            " const ready = app && app.dataset.testScriptState === 'notRunning';"
+            " if (!ready || !el || el.getBoundingClientRect().height < 40) {"
+            " if (++tries < 300) setTimeout(go, 100); return; }"
+            " const r = el.getBoundingClientRect(), vh = window.innerHeight;"
+            " if (r.top >= 0 && r.bottom <= vh) return;"
+            " el.scrollIntoView({behavior: 'smooth', block: r.height < vh ? 'end' : 'start'}); };"
+            " setTimeout(go, 100); })();</script>")
+
+
 def highlight_css(keys: tuple[str, ...]) -> str:
     sel = ",".join(f".st-key-{k}" for k in keys)
     return (f"<style>{sel}{{outline:4px solid #f08c00;outline-offset:6px;border-radius:.6rem}}"
@@ -214,6 +236,14 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
     n = min(n, len(all_steps))
     s = all_steps[n - 1]
     st.html(highlight_css(s.points_at))
+    if s.scroll_to and st.session_state.get(SCROLLED_KEY) != n:
+        # Once per arrival at the step: the text says "the chart below", which in the normal layout
+        # sits about 1,000 px under the fold; later reruns (Step, Generate) leave the scroll alone.
+        st.session_state[SCROLLED_KEY] = n
+        arrival = st.session_state["_kvviz_tour_arrivals"] = st.session_state.get("_kvviz_tour_arrivals", 0) + 1
+        st.html(scroll_js(s.scroll_to, arrival), unsafe_allow_javascript=True)
+    elif not s.scroll_to:
+        st.session_state[SCROLLED_KEY] = None
     asked = None
     with st.container(key="tour_card", border=True):
         # One row of title, action and navigation; the text below runs the card's full width, so a

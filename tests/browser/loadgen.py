@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     with app_server(args.log, env=env, launcher=args.launcher) as (url, pid), ProcessMeter(pid) as meter:
         out = run_load(url, args.sessions, args.tokens, args.deadline)
     out["model"] = args.model or "the app's default"
-    out["server_peak_rss_mb"] = round(meter.peak_rss / 2**20)
+    out["server_peak_rss_mib"] = round(meter.peak_rss / 2**20)
     out["server_cpu_s"] = round(meter.cpu_seconds, 1)
     out["server_log_tail"] = args.log.read_text(errors="replace")[-2000:]
     print(json.dumps(out, indent=1))

@@ -38,8 +38,9 @@ def test_chat_scenario_on_smollm2(browser, make_run_url: str, screenshot) -> Non
         done = page.locator(".st-key-chat_scn_done").inner_text()
         assert re.search(r"Scenario done in \d+\.\d s", done), done
         body = page.locator("[data-testid='stMain']").inner_text()
-        # Stage 4: the edited first message ("France" -> "Spain") kept the cache up to the change.
-        assert "What is the capital of Spain?" in body and "reused" in body, body[-2000:]
+        # Stage 4: the edited first message ("France" -> "Germany") kept the cache up to the change.
+        assert "What is the capital of Germany?" in body and "reused" in body, body[-2000:]
+        assert "The capital of Germany is Berlin." in body, body[-2000:]
         screenshot(page, "chat_scenario_edit.png")
         stage = page.locator(".st-key-chat_scn_stage")
         stage.get_by_text("1 · 4 samples").click()

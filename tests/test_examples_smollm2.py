@@ -1,0 +1,49 @@
+"""Every example kvviz ships for the chat model, run on the real SmolLM2-135M-Instruct greedily with
+its chat template, gets the right answer: the sidebar's example buttons, the Prefill vs decode
+lesson's short question and the Chat page's scenario (two turns, then the first message edited).
+
+A 135M model knows little; an example it gets wrong (Spain -> "El Salvador", a KV cache -> "a type
+of electronic circuit") teaches the opposite of what the page means to show.
+"""
+from __future__ import annotations
+
+import pytest
+
+from kvviz.engine.conversation import Conversation
+from kvviz.engine.generate import generate
+from kvviz.engine.load import LoadedModel
+from kvviz.measure.sweeps import SHORT_QUESTION
+from kvviz.ui.chat_scenario import NEW_TOKENS, Q1, Q1_EDITED, Q2
+from kvviz.ui.sidebar import CHAT_EXAMPLES
+
+# What a right answer contains, for each shipped question (independent of kvviz: plain facts).
+ANSWERS = {
+    "What is the capital of France?": "Paris",
+    "What does RAM stand for in a computer?": "Random Access Memory",
+    "What is the boiling point of water in Celsius?": "100",
+}
+
+
+def _answer(model: LoadedModel, question: str, n: int = 24) -> str:
+    run = generate(model, prompt=question, chat=True, max_new_tokens=n, greedy=True)
+    return run.text
+
+
+def test_every_shipped_question_has_a_known_answer() -> None:
+    assert set(CHAT_EXAMPLES.values()) | {SHORT_QUESTION} <= set(ANSWERS)
+
+
+@pytest.mark.parametrize("question", sorted(set(CHAT_EXAMPLES.values()) | {SHORT_QUESTION}))
+def test_smollm2_answers_the_example(smollm2: LoadedModel, question: str) -> None:
+    text = _answer(smollm2, question)
+    assert ANSWERS[question] in text, text
+
+
+def test_smollm2_gets_the_chat_scenario_right(smollm2: LoadedModel) -> None:
+    """The scenario's chat, as the page runs it (greedy, 24 new tokens): France, Italy, then the
+    first message edited to Germany."""
+    conv = Conversation(smollm2, kv_block_size=16, max_new_tokens=NEW_TOKENS)
+    assert "Paris" in conv.send(Q1).text
+    assert "Rome" in conv.send(Q2).text
+    edited = conv.edit(0, Q1_EDITED)
+    assert Q1_EDITED == "What is the capital of Germany?" and "Berlin" in edited.text, edited.text
