@@ -144,7 +144,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
                    "'prompt_tokens' + 'output_tokens' column): how many such requests the blocks hold at once")
     g.add_argument("--length-percentiles", metavar="P:T,...", help="vLLM: lengths as percentiles, e.g. 50:2000,90:8000")
-    g.add_argument("--parallel", "-np", type=int_in(1, MAX_BATCH, "sequences"), default=1, metavar="S", help="llama.cpp -np (default 1)")
+    g.add_argument("--parallel", "-np", type=int_in(1, 256, "llama.cpp's n_seq_max"), default=1, metavar="S", help="llama.cpp -np (default 1)")
     g.add_argument("--cache-type-k", "-ctk", choices=tuple(CACHE_TYPES), help="llama.cpp -ctk (default from --dtype)")
     g.add_argument("--cache-type-v", "-ctv", choices=tuple(CACHE_TYPES), help="llama.cpp -ctv (default from --dtype)")
     g.add_argument("--swa-full", action="store_true",
@@ -242,7 +242,7 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
     return EngineRequest(
         engine=args.engine, max_model_len=args.max_model_len or args.seq_len,
         kv_dtype=args.kv_cache_dtype or args.dtype,
-        kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=args.weight_dtype, params=params, tp=args.tp,
+        kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=weight_dtype(args), params=params, tp=args.tp,
         pp=args.pp or 1, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_name=load_gpus()[args.gpu_model].name if args.gpu_model else "",
@@ -297,7 +297,7 @@ def _reconcile(args: argparse.Namespace, spec: ModelSpec) -> tuple[dict[str, Any
                      flags.get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS, not args.no_hybrid_kv_cache_manager)
     rows, notes = reconcile(spec, log, s)
     params = args.params if args.params is not None else spec.params
-    weights = None if params is None else -(-weight_bytes(params, args.weight_dtype) // (s.tp * s.pp))
+    weights = None if params is None else -(-weight_bytes(params, weight_dtype(args)) // (s.tp * s.pp))
     rows += profile_rows(log, weights, estimate_parts(spec, EngineRequest(
         "vllm", s.max_model_len, tp=s.tp, max_num_batched_tokens=s.max_num_batched_tokens)))
     notes = said + notes

@@ -189,7 +189,7 @@ def test_sglang_empty_pool_is_sglangs_error(capsys):
 def test_llamacpp_refuses_more_than_256_sequences(capsys):
     # llama-context.cpp throws "n_seq_max must be <= 256" (LLAMA_MAX_SEQ); kvviz printed 0-cell streams.
     err = run_error(capsys, "--preset", "smollm2-135m", "--seq-len", "4096", "--engine", "llama.cpp",
-                    "--parallel", "1000000000000")
-    assert "error: n_seq_max must be <= 256" in err
+                    "--parallel", "257")
+    assert "error: argument --parallel/-np: expected an integer from 1 to 256 (llama.cpp's n_seq_max)" in err
     assert run_json(capsys, "--preset", "smollm2-135m", "--seq-len", "65536", "--engine", "llama.cpp",
                     "--parallel", "256")["engine"]["caches"][0]["cells"] == 256

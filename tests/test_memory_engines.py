@@ -241,6 +241,15 @@ def test_llamacpp_padding_and_streams(presets):
     assert (u.cells, u.streams) == (10240, 1)
 
 
+def test_llamacpp_refuses_more_sequences_than_llama_max_seq(presets):
+    """llama-context.cpp throws "n_seq_max must be <= 256" (LLAMA_MAX_SEQ, src/llama-cparams.h); the
+    page reaches the engine with any -np, the CLI's parser stops 257 first."""
+    spec = presets["llama-3-8b"]
+    assert llamacpp_sizing(spec, 65536, n_seq=256).caches[0].cells == 256
+    with pytest.raises(CalcError, match="n_seq_max must be <= 256"):
+        llamacpp_sizing(spec, 4096, n_seq=257)
+
+
 def test_llamacpp_gemma3_swa(presets):
     """llama-kv-cache-iswa.cpp: Gemma-3-4B's 29 sliding layers (window 1,024) keep min(n_ctx_seq,
     1,024 + n_ubatch 512) = 1,536 cells; the 5 global layers all 32,768. Rows are 4 x 256 = 1,024 values.

@@ -20,6 +20,9 @@ ALLOWED = {
     ("kvviz/ui/calculator.py", "MB"),
     ("kvviz/ui/calculator.py", "KB"),
     ("kvviz/memory/__init__.py", "GB"),  # the constant's name in __all__
+    # SGLang's own log lines, in its words (its GB is 2**30 bytes: sglang's memory_pool GB = 1024**3)
+    ("kvviz/memory/engine_sglang.py", "KV Cache is allocated. #tokens: {}, KV size: {} GB"),
+    ("kvviz/memory/engine_sglang.py", "KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB"),
 }
 
 
