@@ -77,7 +77,7 @@ def _fill(cache: PagedKVCache, ids: list[int], seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(cache.batch, c.kv_heads, len(ids), c.head_dim, generator=g)
     with torch.inference_mode():
-        cache.note_tokens(torch.tensor([ids] * cache.batch))
+        cache.plan_step(torch.tensor([ids] * cache.batch))
         for i in range(c.n_layer):
             cache.update(i, k, -k)
         cache.advance(len(ids))

@@ -98,10 +98,6 @@ class KVCache(ABC):
         the step's blocks here (copy-on-write first) and keeps the ids for its prefix hashes;
         the others need no plan. ``advance`` commits the step, ``abort_step`` drops it."""
 
-    def note_tokens(self, idx: torch.Tensor) -> None:
-        """The older name of ``plan_step``."""
-        self.plan_step(idx)
-
     def abort_step(self) -> None:
         """Drop the planned step (its forward raised): ``pos`` never moved, and the rows the forward
         wrote past it are never read; the paged cache gives back the blocks the plan claimed."""
