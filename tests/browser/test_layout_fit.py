@@ -1,5 +1,6 @@
-"""Every page fits the screens it is shown on: 1366x768 and 1920x1080, in the normal and the
-presentation layout (``?present=1``), on the model `make run` opens with (SmolLM2 where installed).
+"""Every page fits the screens it is shown on: 1366x768 in the normal and the presentation layout
+(``?present=1``) and 1920x1080 in the presentation layout, on the model `make run` opens with
+(SmolLM2 where installed).
 
 What a presenter met at 1366x768: buttons cut to "G…", "S X" and "Start t…", chart titles under
 their charts' menu buttons, the chips legend broken mid-word ("ne / wline") and a metric's note cut
@@ -21,7 +22,6 @@ from conftest import SCREENSHOTS, _shrink_png
 
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
 PAGES = ["", "race", "prefill", "batching", "chat", "decoding", "compress", "calculator"]
-SIZES = [(1366, 768), (1920, 1080)]
 STARTUP_MS = 300_000  # the first page loads and dequantizes the default model on a loaded 2-core box
 
 MEASURE_JS = """() => {
@@ -80,7 +80,14 @@ def _measure_with_hover(page) -> dict[str, list[str]]:  # type: ignore[no-untype
     plots = page.locator(".js-plotly-plot")
     for i in range(plots.count()):
         plot = plots.nth(i)
-        plot.scroll_into_view_if_needed()
+        # A chart on a tab not shown (or one a rerun just replaced) has no box to hover: skip it, as
+        # MEASURE_JS skips what is not shown. Waiting for it to appear would wait forever.
+        if not plot.is_visible():
+            continue
+        try:
+            plot.scroll_into_view_if_needed(timeout=10_000)
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: it went away mid-measure
+            continue
         box = plot.bounding_box()
         if box:
             page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
@@ -102,8 +109,13 @@ def _short_run(page) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_selector(IDLE, timeout=STARTUP_MS)
 
 
-@pytest.mark.parametrize("present", [False, True], ids=["normal", "present"])
-@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+# 1366x768 in both layouts (the tight screen), 1920x1080 in the presentation layout (its larger
+# fonts are the tighter of the two there; the normal layout at 1920 has the most room of all).
+CASES = [((1366, 768), False), ((1366, 768), True), ((1920, 1080), True)]
+
+
+@pytest.mark.parametrize(("size", "present"), CASES,
+                         ids=[f"{w}x{h}-{'present' if p else 'normal'}" for (w, h), p in CASES])
 def test_every_page_fits(browser, make_run_url: str, size: tuple[int, int], present: bool) -> None:  # type: ignore[no-untyped-def]
     w, h = size
     context = browser.new_context(viewport={"width": w, "height": h}, device_scale_factor=1)
