@@ -7,6 +7,7 @@ The seeds in SEEDS were not used while the code was written (it was developed on
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ import torch
 
 from kvviz.engine.caches import make_cache
 from kvviz.engine.generate import generate
-from kvviz.engine.gguf import SUPPORTED_LIST, load_gguf
+from kvviz.engine.gguf import load_gguf
+from kvviz.engine.gguf_header import SUPPORTED_LIST, model_family
 from kvviz.engine.load import load_model
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
@@ -251,3 +253,40 @@ def test_a_qwen_file_missing_its_biases_names_them(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "nobias.gguf", make_hf("llama", 0), "llama", arch="qwen2")
     with pytest.raises(KVVizError, match="nobias.gguf is missing tensors: model.layers.0.self_attn.q_proj.bias"):
         load_gguf(path)
+
+
+def test_ggufs_dropped_in_models_are_offered_named_and_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app lists the .gguf files directly in its models folder (no path outside it), names each
+    by the family its header says, says why a foreign or damaged one cannot load, and loads one."""
+    from kvviz.ui import state
+
+    root = tmp_path / "models"
+    root.mkdir()
+    for family in ("llama", "qwen2", "qwen3", "mistral"):
+        write_gguf(root / f"{family}.gguf", make_hf(family, 0), family)
+    write_gguf(root / "phi.gguf", make_hf("llama", 0), "llama", arch="phi3")
+    (root / "junk.gguf").write_bytes(b"not a gguf")
+    (root / ".hidden.gguf").write_bytes(b"GGUF")
+    outside = tmp_path / "outside.gguf"
+    write_gguf(outside, make_hf("llama", 0), "llama")
+    os.symlink(outside, root / "escape.gguf")
+    os.mkfifo(root / "fifo.gguf")
+    monkeypatch.setenv("KVVIZ_MODELS_DIR", str(root))
+    names = ["junk.gguf", "llama.gguf", "mistral.gguf", "phi.gguf", "qwen2.gguf", "qwen3.gguf"]
+    assert state.list_model_ggufs() == names
+    assert [c for c in state.model_choices() if c.startswith("gguf:")] == ["gguf:" + n for n in names]
+    labels = {n: state.choice_label("gguf:" + n) for n in names}
+    for family in ("llama", "qwen2", "qwen3", "mistral"):
+        assert labels[f"{family}.gguf"].startswith(f"gguf:{family}.gguf ({family}, ") and "KiB)" in labels[f"{family}.gguf"]
+    assert model_family(root / "mistral.gguf") == "mistral"
+    assert labels["phi.gguf"] == f"gguf:phi.gguf (unreadable: GGUF architecture 'phi3' is not supported; kvviz reads {SUPPORTED_LIST})"
+    assert labels["junk.gguf"].startswith("gguf:junk.gguf (unreadable: junk.gguf is not a GGUF file")
+    for bad in ("escape.gguf", "fifo.gguf", ".hidden.gguf", "../outside.gguf", "/etc/passwd", "x/../llama.gguf"):
+        with pytest.raises(KVVizError):
+            state.spec_for("gguf:" + bad)
+    spec = state.spec_for("gguf:qwen2.gguf")
+    assert spec == str((root / "qwen2.gguf").resolve())
+    m = load_model(spec, device="cpu")
+    assert m.config.family == "qwen2" and m.name == "qwen2"
+    with pytest.raises(KVVizError, match="not supported; kvviz reads llama, qwen2, qwen3, gemma3"):
+        load_model(state.spec_for("gguf:phi.gguf"), device="cpu")

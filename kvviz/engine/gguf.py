@@ -41,14 +41,12 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
-from kvviz.engine.gguf_header import scan_header
+from kvviz.engine.gguf_header import check_architecture, family_of, scan_header
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0)
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # the ones this Llama reader builds
-# What a user is told kvviz reads, whichever reader builds it.
-SUPPORTED_LIST = "llama, qwen2, qwen3, gemma3 (mistral = llama with a sliding window)"
 
 # llama.cpp tensor name -> transformers LlamaForCausalLM name ({i} = layer).
 _GLOBAL_NAMES = {
@@ -136,20 +134,6 @@ def architecture(reader: GGUFReader) -> str:
     arch = _value(reader, "general.architecture")
     if not isinstance(arch, str):
         raise KVVizError("GGUF metadata has no general.architecture string")
-    return arch
-
-
-def check_architecture(arch: str) -> None:
-    """Refuse, in one line naming what kvviz reads, an architecture it has no model for."""
-    if arch not in SUPPORTED_ARCHS and arch != "gemma3":
-        raise KVVizError(f"GGUF architecture {arch[:40]!r} is not supported; kvviz reads {SUPPORTED_LIST}")
-
-
-def family_of(arch: str, sliding_window: int | None, name: Any) -> str:
-    """What to call the model: its architecture, or "mistral" for a ``llama`` file that slides a
-    window or whose general.name says Mistral (transformers' test for a Mistral GGUF)."""
-    if arch == "llama" and (sliding_window is not None or (isinstance(name, str) and "mistral" in name.lower())):
-        return "mistral"
     return arch
 
 
