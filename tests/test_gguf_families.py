@@ -290,3 +290,27 @@ def test_ggufs_dropped_in_models_are_offered_named_and_loaded(tmp_path: Path, mo
     assert m.config.family == "qwen2" and m.name == "qwen2"
     with pytest.raises(KVVizError, match="not supported; kvviz reads llama, qwen2, qwen3, gemma3"):
         load_model(state.spec_for("gguf:phi.gguf"), device="cpu")
+
+
+def test_weight_bytes_flops_and_the_bench_baseline_know_each_family(case: tuple[str, Any, Path]) -> None:
+    """The analytic weight bytes equal the loaded parameters (biases and q/k norms included); the
+    attention FLOPs count at most W keys per query under a window (summed by hand here); the
+    bench's transformers baseline is the family's own class and gives kvviz's logits."""
+    from kvviz.engine.flops import forward_flops, weight_bytes
+    from kvviz.measure.bench import _hf_llama
+
+    family, _, path = case
+    m = load_model(str(path), device="cpu")
+    c = m.config
+    assert weight_bytes(c, 4) == 4 * m.num_params
+    qd = c.n_head * c.head_dim
+    for start, T in ((0, 12), (3, 1), (9, 1), (4, 5)):
+        keys = sum(min(start + i + 1, c.sliding_window or 10**9) for i in range(T))
+        full = sum(start + i + 1 for i in range(T))
+        assert forward_flops(c, T, start) - forward_flops(type(c)(**{**c.to_dict(), "sliding_window": None}), T, start) \
+            == c.n_layer * 4 * qd * (keys - full)
+    hf = _hf_llama(m)
+    assert type(hf).__name__ == HF_CLASS[family]
+    idx = torch.tensor([PROMPT + [7, 1, 60, 33, 2, 95, 48]])
+    with torch.inference_mode():
+        torch.testing.assert_close(m.gpt(idx), hf(idx).logits, atol=1e-4, rtol=1e-4)
