@@ -314,3 +314,33 @@ def test_weight_bytes_flops_and_the_bench_baseline_know_each_family(case: tuple[
     idx = torch.tensor([PROMPT + [7, 1, 60, 33, 2, 95, 48]])
     with torch.inference_mode():
         torch.testing.assert_close(m.gpt(idx), hf(idx).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_qwen2_pre_tokenizer_equals_transformers(tmp_path: Path) -> None:
+    """Qwen2/2.5/3 GGUFs name their split "qwen2" (Llama 3's, one digit per piece): a tiny byte-level
+    BPE vocabulary with such a split gives transformers' GGUF tokenizer's ids on varied text."""
+    from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer
+    from kvviz.engine.tokenizers import _gpt2_byte_decoder
+
+    dec = _gpt2_byte_decoder()
+    merges = ["Ġ t", "h e", "Ġt he", "1 2", "Ġ a", "i n", "Ġ 1", "' s", "Ċ Ċ"]
+    tokens = sorted(dec, key=dec.__getitem__) + [m.replace(" ", "") for m in merges] + ["<|endoftext|>"]
+    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_eos_token_id(len(tokens) - 1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    ours = load_gguf_tokenizer(tmp_path / "q.gguf")
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="q.gguf")
+    texts = ["the 12345 in a theatre, 12 and 1 2", "I'll  go\n\n  there's 1234567\tx IT'S",
+             "héllo wörld ١٢٣ 東京 😀", "def f(x):\n    return x*2  # 12\n\n\n", "  lead and trail  ", "3.14159e-10"]
+    for text in texts:
+        assert ours.encode(text) == ref.encode(text, add_special_tokens=False), text
+        assert ours.decode(ours.encode(text)) == text
+    assert ours.encode("12345") == [ord(c) for c in "12345"]  # one digit per piece: "12" is never merged
