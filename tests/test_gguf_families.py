@@ -3,7 +3,7 @@ sliding window), written tiny and random with gguf.GGUFWriter the way llama.cpp'
 them, loaded by kvviz and by transformers' own GGUF loader: same logits, same greedy tokens,
 cached and uncached, readable model and accelerator. Other architectures are refused in one line.
 
-The seeds in SEEDS were not used while the code was written (it was developed on seed 0).
+The seeds in SEEDS were not used while the code was written (it was developed on seeds 0 and 3).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from kvviz.fast import build as build_fast
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
-SEEDS = (0, 3)  # DEV
+SEEDS = (11, 12)  # held out: never run while the code was written (developed on seeds 0 and 3)
 PROMPT = [3, 14, 15, 92, 65]
 STEPS = 10
 # hidden 64, 4 query heads sharing 2 K/V heads (GQA); head_dim 32 != 64 / 4 where the family allows.
