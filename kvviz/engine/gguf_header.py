@@ -52,6 +52,7 @@ class HeaderScan:
     file_size: int
     data_start: int  # absolute offset of the tensor data section
     tensors: tuple[TensorEntry, ...]
+    architecture: str | None = None  # general.architecture, read on the way (the loader dispatches on it)
     # scalar metadata outside tokenizer.* (numbers, short strings): enough to name a model
     # without the reader, which parses every token of the vocabulary (seconds on a big one)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -173,7 +174,9 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
     data_start = w.pos + (-w.pos % alignment)
     for t in tensors:
         _check_extent(t, data_start, w.size, where)
-    return HeaderScan(version, w.size, data_start, tuple(tensors), metadata)
+    arch = metadata.get("general.architecture")
+    return HeaderScan(version, w.size, data_start, tuple(tensors), arch if isinstance(arch, str) else None,
+                      metadata)
 
 
 def _check_extent(t: TensorEntry, data_start: int, size: int, where: str) -> None:
@@ -215,8 +218,8 @@ def model_family(path: Path) -> str:
     """The family of a GGUF file from its header alone (llama, mistral, qwen2, qwen3, gemma3);
     KVVizError for a damaged file or, in one line naming what kvviz reads, another architecture."""
     scan = scan_header(Path(path))
-    arch = scan.metadata.get("general.architecture")
-    if not isinstance(arch, str):
+    arch = scan.architecture
+    if arch is None:
         raise KVVizError(f"{Path(path).name} has no general.architecture")
     check_architecture(arch)
     return family_of(arch, scan.metadata.get(f"{arch}.attention.sliding_window"), scan.metadata.get("general.name"))
