@@ -251,13 +251,21 @@ def test_a_windowed_cache_on_a_sliding_model_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("arch", ["phi3", "falcon", "gpt2"])
-def test_other_architectures_are_refused_in_one_line(tmp_path: Path, arch: str) -> None:
+def test_other_architectures_are_refused_in_one_line(tmp_path: Path, arch: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The API raises one KVVizError line naming the list; the CLI prints it as its error line, exit 2."""
+    from kvviz.cli import main
+
     path = write_gguf(tmp_path / f"{arch}.gguf", make_hf("llama", 0), "llama", arch=arch)
     with pytest.raises(KVVizError) as e:
         load_model(str(path), device="cpu")
     msg = str(e.value)
     assert msg == f"GGUF architecture {arch!r} is not supported; kvviz reads {SUPPORTED_LIST}"
     assert "\n" not in msg and SUPPORTED_LIST == "llama, qwen2, qwen3, gemma3 (mistral = llama with a sliding window)"
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--model", str(path), "--prompt-ids", "1,2", "--max-new-tokens", "2", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"kvviz generate: error: {msg}\n" in err and "Traceback" not in err
 
 
 def test_a_qwen_file_missing_its_biases_names_them(tmp_path: Path) -> None:
