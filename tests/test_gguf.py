@@ -223,7 +223,7 @@ def _shape(name: str, arr: np.ndarray) -> Callable[[Any, dict[str, np.ndarray]],
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(arch="qwen2"), "GGUF architecture 'qwen2' is not supported; kvviz reads llama"),
+    (dict(arch="phi3"), r"GGUF architecture .phi3. is not supported; kvviz reads llama, qwen2, qwen3, gemma3 \(mistral"),
     (dict(types={"attn_v": Q.Q5_0}), "tensor blk.0.attn_v.weight is Q5_0; kvviz dequantizes F32, F16, BF16, Q4_0"),
     (dict(edit=_shape("blk.1.attn_k.weight", np.zeros((32, 64), np.float32))),
      r"tensor blk.1.attn_k.weight has shape \(32, 64\), but the metadata implies \(64, 64\)"),

@@ -45,8 +45,13 @@ def forward_flops(c: Shape, n_new: int, start: int = 0, n_logits: int = 1, batch
     L, C, kvd, V, nh = _dims(c)
     qd = nh * c.head_dim  # query width: C for GPT-2, may differ for Llama (head_dim != C / n_head)
     T = n_new
-    # Sum over queries of the keys each one sees: sum_{i=0}^{T-1} (start + i + 1).
+    # Sum over queries of the keys each one sees: sum_{i=0}^{T-1} (start + i + 1), each capped at
+    # a sliding window W where the model has one (Mistral): min(start + i + 1, W).
     keys_seen = T * start + T * (T + 1) // 2
+    W = getattr(c, "sliding_window", None)
+    if W is not None and start + T > W:
+        first_full = max(0, W - 1 - start)  # queries before this one still see fewer than W keys
+        keys_seen = first_full * start + first_full * (first_full + 1) // 2 + (T - first_full) * W
     if _is_llama(c):  # SwiGLU: gate and up (C -> I), down (I -> C)
         mlp = 3 * 2 * T * C * c.intermediate_size
     else:  # GPT-2: up (C -> 4C) and down (4C -> C)
@@ -66,7 +71,11 @@ def weight_bytes(c: Shape, dtype_bytes: int) -> int:
     if _is_llama(c):
         qd, inter = nh * c.head_dim, c.intermediate_size
         per_layer = C * (qd + 2 * kvd) + qd * C + 3 * C * inter + 2 * C  # + the two RMSNorm weights
-        per_layer += (qd + 2 * kvd + C) * bool(getattr(c, "attention_bias", False))
+        if getattr(c, "attention_bias", False):
+            per_layer += qd + 2 * kvd + C
+        elif getattr(c, "qkv_bias", False):  # Qwen2: q, k, v only
+            per_layer += qd + 2 * kvd
+        per_layer += 2 * c.head_dim * bool(getattr(c, "qk_norm", False))  # Qwen3's q_norm and k_norm
         per_layer += (2 * inter + C) * bool(getattr(c, "mlp_bias", False))
         head = 0 if getattr(c, "tie_word_embeddings", True) else V * C
         return dtype_bytes * (L * per_layer + V * C + head + C)

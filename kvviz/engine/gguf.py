@@ -1,4 +1,7 @@
-"""Read a Llama-architecture GGUF file (llama.cpp's format) into kvviz's Llama parameter names.
+"""Read a GGUF file (llama.cpp's format) of the Llama family into kvviz's Llama parameter names:
+architectures ``llama`` (Mistral is ``llama`` with ``llama.attention.sliding_window``), ``qwen2``
+(q/k/v biases) and ``qwen3`` (per-head q/k RMSNorm). ``gemma3`` has its own model; anything else
+is refused in one line that names this list.
 
 Steps, each failing with a KVVizError that names the problem:
 1. ``gguf_header.scan_header`` checks the file's structure and sizes (truncation, lying counts);
@@ -11,6 +14,17 @@ llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` so that each he
 pairs sit next to each other (dimensions 2i, 2i+1: GPT-J's interleaved RoPE). transformers'
 Llama rotates the two halves of a head instead (dimension i with i + head_dim/2). We undo the
 permutation on load, as transformers' GGUF integration does; without it the model writes garbage.
+Only ``llama`` files are permuted: llama.cpp runs Qwen2 and Qwen3 with NeoX-style RoPE (the halves
+of a head, like transformers), so their converter writes q and k unchanged.
+
+Where transformers' GGUF loader reads the header differently, kvviz follows the header, as
+llama.cpp does (tests/test_gguf_families.py holds both to transformers):
+- ``llama.attention.sliding_window`` is dropped by transformers: a llama file loads as its Llama
+  (no window), or as its Mistral when general.name is "mistral", whose class default window of
+  4,096 then applies whatever the header says. kvviz applies the header's window, and none when
+  there is none (Mistral v0.2 and later have none);
+- ``qwen3.attention.key_length`` (head_dim) is not mapped by transformers, which takes Qwen3's
+  class default of 128 (every released Qwen3 has 128).
 """
 from __future__ import annotations
 
@@ -27,12 +41,12 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
-from kvviz.engine.gguf_header import scan_header
+from kvviz.engine.gguf_header import check_architecture, family_of, scan_header
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0)
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # the ones this Llama reader builds
 
 # llama.cpp tensor name -> transformers LlamaForCausalLM name ({i} = layer).
 _GLOBAL_NAMES = {
@@ -50,6 +64,11 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",  # Qwen2
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
@@ -119,14 +138,15 @@ def architecture(reader: GGUFReader) -> str:
 
 
 def config_from_metadata(reader: GGUFReader) -> LlamaConfig:
-    """A LlamaConfig from ``llama.*`` metadata; refuses other architectures and Llama variants
+    """A LlamaConfig from ``<arch>.*`` metadata; refuses other architectures and Llama variants
     kvviz does not implement (rope scaling, partial rotary, mixture of experts)."""
     arch = architecture(reader)
-    if arch not in SUPPORTED_ARCHS:
-        raise KVVizError(f"GGUF architecture {arch!r} is not supported; kvviz reads {', '.join(SUPPORTED_ARCHS)}")
+    check_architecture(arch)
+    if arch not in SUPPORTED_ARCHS:  # gemma3: its own model, not this reader
+        raise KVVizError("a gemma3 GGUF loads through kvviz's Gemma 3 model, not the Llama family's reader")
     p = arch + "."
     if _int(reader, p + "expert_count", 0) > 0:
-        raise KVVizError(f"mixture-of-experts Llama files ({p}expert_count = "
+        raise KVVizError(f"mixture-of-experts files ({p}expert_count = "
                          f"{_int(reader, p + 'expert_count')}) are not supported")
     scaling = _value(reader, p + "rope.scaling.type")
     if scaling not in (None, "none"):
@@ -147,6 +167,8 @@ def config_from_metadata(reader: GGUFReader) -> LlamaConfig:
         raise KVVizError(f"GGUF metadata has neither {p}vocab_size nor tokenizer.ggml.tokens")
     eos = _value(reader, "tokenizer.ggml.eos_token_id")
     names = {t.name for t in reader.tensors}
+    # llama.cpp reads a window only for llama files; Qwen2/3 GGUFs run every layer full there too.
+    window = _int(reader, p + "attention.sliding_window", 0) if arch == "llama" else 0
     fields = dict(
         vocab_size=vocab, block_size=_int(reader, p + "context_length"), n_layer=_int(reader, p + "block_count"),
         n_head=n_head, n_kv_head=_int(reader, p + "attention.head_count_kv", n_head), n_embd=n_embd,
@@ -155,6 +177,8 @@ def config_from_metadata(reader: GGUFReader) -> LlamaConfig:
         rms_norm_eps=_float(reader, p + "attention.layer_norm_rms_epsilon"),
         tie_word_embeddings="output.weight" not in names,  # llama.cpp drops a tied output matrix
         eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab else None,
+        family=family_of(arch, window or None, _value(reader, "general.name")), qkv_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3", sliding_window=window or None,
     )
     try:
         return LlamaConfig(**fields)
@@ -180,8 +204,8 @@ def check_tensors(reader: GGUFReader, config: LlamaConfig, where: str) -> dict[s
         if t.name == "rope_freqs.weight":
             raise KVVizError(f"{where} carries rope_freqs (Llama 3.1-style RoPE scaling), which kvviz does not implement")
         name = hf_name(t.name, config.n_layer)
-        if name is None:
-            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's Llama has no place for")
+        if name is None or name not in expected:
+            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's {config.family} has no place for")
         if t.tensor_type not in SUPPORTED_TYPES:
             raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
                              f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
@@ -220,7 +244,7 @@ def dequantize_tensor(t: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
-    """Config, dequantized state dict and tokenizer metadata of a Llama GGUF file."""
+    """Config, dequantized state dict and tokenizer metadata of a Llama-family GGUF file."""
     path = Path(path)
     t0 = time.perf_counter()
     reader = open_gguf(path)
@@ -228,18 +252,20 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
     tensors = check_tensors(reader, config, path.name)
     t1 = time.perf_counter()
     sd: dict[str, torch.Tensor] = {}
+    permuted = architecture(reader) == "llama"  # Qwen2/3 files keep transformers' row order
     for name, t in tensors.items():
         w = dequantize_tensor(t, torch.float32)
-        if name.endswith("q_proj.weight"):
+        if permuted and name.endswith("q_proj.weight"):
             w = unpermute_rope_rows(w, config.n_head)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith("k_proj.weight"):
             w = unpermute_rope_rows(w, config.kv_heads)
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
     types: dict[str, int] = {}
     for t in tensors.values():
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
-            "dequantize_seconds": time.perf_counter() - t1, "general.name": _value(reader, "general.name")}
+            "dequantize_seconds": time.perf_counter() - t1, "general.name": _value(reader, "general.name"),
+            "family": config.family}
     return GGUFModel(config, sd, tokenizer_metadata(reader), reader, info)
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -29,6 +30,12 @@ MAX_DEPTH = 4  # arrays of arrays: real files nest at most once
 # Scalar value types and their sizes: u8 i8 u16 i16 u32 i32 f32 bool (7) u64 (10) i64 f64.
 SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY, UINT32 = 8, 9, 4
+SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+MAX_KEPT_STRING = 256  # a scalar string kept in HeaderScan.metadata (names, not chat templates)
+
+# What kvviz reads, whichever model builds it: told in one line to anyone who brings another.
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_LIST = "llama, qwen2, qwen3, gemma3 (mistral = llama with a sliding window)"
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,10 @@ class HeaderScan:
     file_size: int
     data_start: int  # absolute offset of the tensor data section
     tensors: tuple[TensorEntry, ...]
+    architecture: str | None = None  # general.architecture, read on the way (the loader dispatches on it)
+    # scalar metadata outside tokenizer.* (numbers, short strings): enough to name a model
+    # without the reader, which parses every token of the vocabulary (seconds on a big one)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class _Walker:
@@ -130,6 +141,7 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
         raise KVVizError(f"{where}'s header claims {n_kv:,} metadata entries and {n_tensors:,} tensors, "
                          f"more than its {w.size:,} bytes can hold: the file is truncated or its header is corrupt")
     alignment = DEFAULT_ALIGNMENT
+    metadata: dict[str, Any] = {}
     for i in range(n_kv):
         key_bytes = w.string(f"metadata key #{i}")
         key = key_bytes.decode("utf-8", errors="replace")
@@ -138,6 +150,15 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
             alignment = w.unpack("<I", key)
             if alignment == 0 or alignment & (alignment - 1):
                 raise KVVizError(f"{where}: general.alignment is {alignment}, not a power of two")
+        elif vtype in SCALAR_FORMATS and not key.startswith("tokenizer."):
+            fmt = SCALAR_FORMATS[vtype]
+            w.need(struct.calcsize(fmt), f"metadata {key!r}")
+            (metadata[key],) = struct.unpack_from(fmt, w.buf, w.pos)
+            w.pos += struct.calcsize(fmt)
+        elif vtype == STRING and not key.startswith("tokenizer."):
+            raw = w.string(f"metadata {key!r}")
+            if len(raw) <= MAX_KEPT_STRING:
+                metadata[key] = raw.decode("utf-8", errors="replace")
         else:
             w.skip_value(vtype, f"metadata {key!r}")
     tensors = []
@@ -153,7 +174,9 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
     data_start = w.pos + (-w.pos % alignment)
     for t in tensors:
         _check_extent(t, data_start, w.size, where)
-    return HeaderScan(version, w.size, data_start, tuple(tensors))
+    arch = metadata.get("general.architecture")
+    return HeaderScan(version, w.size, data_start, tuple(tensors), arch if isinstance(arch, str) else None,
+                      metadata)
 
 
 def _check_extent(t: TensorEntry, data_start: int, size: int, where: str) -> None:
@@ -175,3 +198,28 @@ def _check_extent(t: TensorEntry, data_start: int, size: int, where: str) -> Non
         raise KVVizError(f"{where} is truncated or its header is wrong: tensor {t.name} "
                          f"({'x'.join(map(str, t.dims))} {qtype.name}) ends at byte {end:,}, "
                          f"but the file has {size:,} bytes")
+
+
+def check_architecture(arch: str) -> None:
+    """Refuse, in one line naming what kvviz reads, an architecture it has no model for."""
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise KVVizError(f"GGUF architecture {arch[:40]!r} is not supported; kvviz reads {SUPPORTED_LIST}")
+
+
+def family_of(arch: str, sliding_window: int | None, name: Any) -> str:
+    """What to call the model: its architecture, or "mistral" for a ``llama`` file that slides a
+    window or whose general.name says Mistral (transformers' own test for a Mistral GGUF)."""
+    if arch == "llama" and (sliding_window or (isinstance(name, str) and "mistral" in name.lower())):
+        return "mistral"
+    return arch
+
+
+def model_family(path: Path) -> str:
+    """The family of a GGUF file from its header alone (llama, mistral, qwen2, qwen3, gemma3);
+    KVVizError for a damaged file or, in one line naming what kvviz reads, another architecture."""
+    scan = scan_header(Path(path))
+    arch = scan.architecture
+    if arch is None:
+        raise KVVizError(f"{Path(path).name} has no general.architecture")
+    check_architecture(arch)
+    return family_of(arch, scan.metadata.get(f"{arch}.attention.sliding_window"), scan.metadata.get("general.name"))

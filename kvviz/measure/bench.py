@@ -136,17 +136,27 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
 
 def _hf_llama(model: LoadedModel) -> Any:
-    """transformers' LlamaForCausalLM holding kvviz's own tensors (assigned, not copied)."""
-    from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
+    """transformers' model of the same family (Llama, Mistral, Qwen2, Qwen3) holding kvviz's own
+    tensors (assigned, not copied)."""
+    import transformers
 
     c = model.config
-    cfg = HFLlamaConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
-                        num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads,
-                        head_dim=c.head_dim, max_position_embeddings=c.block_size, rms_norm_eps=c.rms_norm_eps,
-                        rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
-                        tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
-                        mlp_bias=c.mlp_bias, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    hf = LlamaForCausalLM(cfg).to(dtype=model.dtype)
+    family = getattr(c, "family", "llama")
+    names = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
+             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[family]
+    HFConfig, HFModel = (getattr(transformers, n) for n in names)
+    extra: dict[str, Any] = {"sliding_window": c.sliding_window} if family == "mistral" else {}
+    if family in ("llama", "qwen3"):  # Qwen2 has no attention_bias switch: its q/k/v biases are fixed
+        extra.update(attention_bias=c.attention_bias)
+    if family == "llama":
+        extra.update(mlp_bias=c.mlp_bias)
+    cfg = HFConfig(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
+                   num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.kv_heads,
+                   head_dim=c.head_dim, max_position_embeddings=c.block_size, rms_norm_eps=c.rms_norm_eps,
+                   rope_parameters={"rope_type": "default", "rope_theta": float(c.rope_theta)},
+                   tie_word_embeddings=c.tie_word_embeddings, bos_token_id=None, eos_token_id=None,
+                   pad_token_id=None, **extra)
+    hf = HFModel(cfg).to(dtype=model.dtype)
     hf.load_state_dict(model.gpt.state_dict(), strict=True, assign=True)
     hf.tie_weights()
     return hf.to(model.device).eval()

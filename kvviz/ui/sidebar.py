@@ -46,7 +46,9 @@ HELP = {
              "architecture, 9 query heads sharing 3 K/V heads, BPE tokens) read from its GGUF file; "
              "`shakespeare` is a small byte-level model trained on Tiny Shakespeare that ships with kvviz; "
              "`random:*` are untrained networks of real shapes (gibberish text, honest timings); folders "
-             "under `models/` hold Hugging Face GPT-2 or Llama checkpoints (safetensors).",
+             "under `models/` hold Hugging Face GPT-2 or Llama checkpoints (safetensors), and `.gguf` files "
+             "there load too, named by family: llama, qwen2, qwen3, gemma3, and mistral (llama with a "
+             "sliding window).",
     "device": "Where the forward passes run. `auto` picks CUDA when a GPU is present. Only devices that "
               "exist on this machine are listed.",
     "dtype": "Number format of the weights and of the KV cache. fp16/bf16 halve the cache's bytes per "
@@ -131,6 +133,10 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
         what = {"shakespeare": "Trained on Tiny Shakespeare, byte-level. ",
                 "smollm2": "A real instruct LLM (Llama architecture, BPE tokens), from its GGUF file. "}.get(
             choice, "Untrained: seeded random weights. " if choice.startswith("random:") else "")
+        family = getattr(c, "family", None)
+        if choice.startswith("gguf:") and isinstance(family, str):
+            window = getattr(c, "sliding_window", None)
+            what = f"A {family} GGUF{f', every layer sliding a window of {window:,}' if window else ''}. "
         loaded = model.info.get("load_seconds")
         held = model.info.get("weights_bytes")  # resident, each storage once (load_model counts it)
         cost = (f" · {fmt_bytes(held)} of weights" if isinstance(held, int) else "") + (

@@ -2,14 +2,16 @@
 
 - ``get_model`` is ``@st.cache_resource``: one read-only model per (spec, device, dtype, file
   stamp), shared by every session. Caches and generators are per run, never on the model.
-- Model folders are *listed* from one allowed directory (``models/`` or ``$KVVIZ_MODELS_DIR``);
-  the app never takes a free-form path, and every resolved path is checked to stay inside it.
+- Model folders and ``.gguf`` files are *listed* from one allowed directory (``models/`` or
+  ``$KVVIZ_MODELS_DIR``); the app never takes a free-form path, and every resolved path is
+  checked to stay inside it. A GGUF is named by its family, read from its header alone.
 - ``RunStore`` keeps the last runs of a session in ``st.session_state`` (a plain mapping here,
   so it is testable without Streamlit) and keeps their captures under a byte budget.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from collections.abc import MutableMapping
@@ -24,12 +26,15 @@ from kvviz.engine.load import (
     RANDOM_SHAPES, SHAKESPEARE_DIR, config_from_json, default_model_name, read_config, resolve_device,
 )
 from kvviz.engine.flops import weight_bytes
+from kvviz.engine.gguf_header import model_family
 from kvviz.fast.heap import freeze_once
 from kvviz.engine.config import GPTConfig
 from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
+from kvviz.units import fmt_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FOLDER_PREFIX = "folder:"
+GGUF_PREFIX = "gguf:"
 FALLBACK_MODEL = "random:tiny"
 
 
@@ -58,6 +63,30 @@ def list_model_folders() -> list[str]:
     return out
 
 
+def list_model_ggufs() -> list[str]:
+    """Names of the regular ``.gguf`` files directly in models_root(); hidden files and links that
+    lead outside it skipped (a FIFO or device named .gguf is not a regular file: never listed)."""
+    root = models_root()
+    try:
+        real_root = root.resolve(strict=True)
+        entries = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return []
+    return [p.name for p in entries if p.name.lower().endswith(".gguf") and not p.name.startswith(".")
+            and p.is_file() and p.resolve().is_relative_to(real_root)]
+
+
+def resolve_model_gguf(name: str) -> Path:
+    """The path of a listed GGUF file, verified to stay inside models_root()."""
+    if name not in list_model_ggufs():  # only names the app itself listed, so no "..", no "/"
+        raise KVVizError(f"GGUF file {name!r} is not in {models_root()}")
+    root = models_root().resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root) or path.parent != root:
+        raise KVVizError(f"GGUF file {name!r} resolves outside {root}")
+    return path
+
+
 def resolve_model_folder(name: str) -> Path:
     """The path of a listed folder, verified to stay inside models_root()."""
     if name not in list_model_folders():  # only names the app itself listed, so no "..", no "/"
@@ -82,6 +111,7 @@ def model_choices() -> list[str]:
     choices += ["shakespeare"] if default_model_present() else []
     choices += [f"random:{name}" for name in RANDOM_SHAPES]
     choices += [FOLDER_PREFIX + name for name in list_model_folders()]
+    choices += [GGUF_PREFIX + name for name in list_model_ggufs()]
     return choices
 
 
@@ -98,6 +128,8 @@ def spec_for(choice: str) -> str:
     """What load_model takes for a choice: a built-in name, 'random:NAME' or a verified folder path."""
     if choice.startswith(FOLDER_PREFIX):
         return str(resolve_model_folder(choice[len(FOLDER_PREFIX):]))
+    if choice.startswith(GGUF_PREFIX):
+        return str(resolve_model_gguf(choice[len(GGUF_PREFIX):]))
     if choice in ("smollm2", "shakespeare") or choice.startswith("random:"):
         return choice
     raise KVVizError(f"unknown model choice {choice!r}")
@@ -141,6 +173,8 @@ def choice_label(choice: str) -> str:
     """
     if choice in BUILTIN_LABELS:
         return BUILTIN_LABELS[choice]
+    if choice.startswith(GGUF_PREFIX):
+        return gguf_label(choice)
     try:
         params = human_count(param_count(choice_config(choice)))
     except (OSError, ValueError) as e:
@@ -155,6 +189,22 @@ def choice_label(choice: str) -> str:
     if choice == "shakespeare":
         return f"shakespeare: byte-level, {params}"
     return f"{choice} ({params} params)"
+
+
+def gguf_label(choice: str) -> str:
+    """'gguf:NAME (family, size)' from the file's header, or why it cannot load, in one line."""
+    try:
+        path = Path(spec_for(choice))
+        return f"{choice} ({_gguf_family(str(path), path.stat().st_mtime)}, {fmt_bytes(path.stat().st_size)})"
+    except (OSError, ValueError) as e:  # KVVizError is a ValueError: a damaged or foreign file
+        why = str(e)  # room for the whole list of supported architectures
+        return f"{choice} (unreadable: {why[:160]}{'…' if len(why) > 160 else ''})"
+
+
+@functools.lru_cache(maxsize=64)
+def _gguf_family(path: str, mtime: float) -> str:
+    """The header walk, once per file version: the picker labels every choice on every rerun."""
+    return model_family(Path(path))
 
 
 def available_devices() -> list[str]:
@@ -172,6 +222,11 @@ def _file_stamp(spec: str) -> float:
     """The weights' modification time, so a retrained or replaced model is loaded afresh."""
     if spec == "smollm2":
         return 0.0  # an installed package's file: it changes only with a reinstall (a restart)
+    if spec.lower().endswith(".gguf"):
+        try:
+            return Path(spec).stat().st_mtime
+        except OSError:
+            return 0.0
     folder = SHAKESPEARE_DIR if spec == "shakespeare" else Path(spec)
     try:
         return (folder / "model.safetensors").stat().st_mtime

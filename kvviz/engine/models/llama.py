@@ -1,4 +1,8 @@
-"""The Llama family (SmolLM2, TinyLlama, Llama 2/3 without rope scaling): RMSNorm, RoPE, SwiGLU, GQA.
+"""The Llama family (SmolLM2, TinyLlama, Llama 2/3 without rope scaling): RMSNorm, RoPE, SwiGLU, GQA,
+and its close kin, each a flag on the same config rather than a copy of the model:
+- Qwen2: biases on q/k/v (not on o_proj) (``qkv_bias``);
+- Qwen3: an RMSNorm over each head of q and k before RoPE (``qk_norm``), an explicit head_dim;
+- Mistral: every layer attends to the last ``sliding_window`` positions only.
 
 Parameter names are transformers' ``LlamaForCausalLM`` names (``model.embed_tokens``,
 ``model.layers.{i}.self_attn.q_proj``, ..., ``model.norm``, ``lm_head``), so a Hugging Face
@@ -34,6 +38,7 @@ MAX_HEADS = 1024
 MAX_WIDTH = 1 << 16
 MAX_HEAD_DIM = 1024
 MAX_ROPE_ENTRIES = 1 << 27  # block_size * head_dim: 1 GiB of fp32 cos + sin tables
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,10 @@ class LlamaConfig:
     attention_bias: bool = False  # biases on q/k/v/o projections (transformers' attention_bias)
     mlp_bias: bool = False  # biases on gate/up/down projections (transformers' mlp_bias)
     eos_token_id: int | None = None  # end-of-sequence token, if the tokenizer has one
+    family: str = "llama"  # what to call it: llama, mistral, qwen2 or qwen3 (names only; the flags decide the maths)
+    qkv_bias: bool = False  # biases on q/k/v only, o_proj without (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k, before RoPE (Qwen3's q_norm, k_norm)
+    sliding_window: int | None = None  # each query sees its last W positions, itself included (Mistral); None: all
 
     def __post_init__(self) -> None:
         # A frozen dataclass still needs its derived defaults filled in; object.__setattr__ is the idiom.
@@ -101,7 +110,11 @@ def config_problems(c: LlamaConfig) -> list[str]:
             out.append(f"{name} must be a positive finite number (got {v!r})")
         elif v >= hi:
             out.append(f"{name} must be below {hi} (got {v!r})")
-    for name in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+    if c.family not in FAMILIES:
+        out.append(f"family must be one of {', '.join(FAMILIES)} (got {c.family!r})")
+    if c.sliding_window is not None and not _pos_int(c.sliding_window):
+        out.append(f"sliding_window must be a positive integer or None (got {c.sliding_window!r})")
+    for name in ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "qk_norm"):
         if not isinstance(getattr(c, name), bool):
             out.append(f"{name} must be true or false (got {getattr(c, name)!r})")
     if c.eos_token_id is not None and (not isinstance(c.eos_token_id, int) or isinstance(c.eos_token_id, bool)):
@@ -134,14 +147,24 @@ def param_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
                    "mlp.gate_proj": (H, C), "mlp.up_proj": (H, C), "mlp.down_proj": (C, H)}
         for name, shape in linears.items():
             out[p + name + ".weight"] = shape
-            if c.attention_bias if name.startswith("self_attn") else c.mlp_bias:
+            if _has_bias(c, name):
                 out[p + name + ".bias"] = shape[:1]
+        if c.qk_norm:  # one weight per head dimension, shared by every head (Qwen3)
+            out[p + "self_attn.q_norm.weight"] = (c.head_dim,)
+            out[p + "self_attn.k_norm.weight"] = (c.head_dim,)
         out[p + "input_layernorm.weight"] = (C,)
         out[p + "post_attention_layernorm.weight"] = (C,)
     out["model.norm.weight"] = (C,)
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = (c.vocab_size, C)
     return out
+
+
+def _has_bias(c: LlamaConfig, name: str) -> bool:
+    """Whether projection ``name`` ("self_attn.q_proj", "mlp.up_proj", ...) carries a bias."""
+    if name.startswith("mlp."):
+        return c.mlp_bias
+    return c.attention_bias or (c.qkv_bias and name != "self_attn.o_proj")
 
 
 def rope_tables(c: LlamaConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,11 +216,14 @@ class LlamaAttention(nn.Module):
         self.n_head = config.n_head
         self.n_kv_head = config.kv_heads
         self.head_dim = config.head_dim
-        C, b = config.n_embd, config.attention_bias
-        self.q_proj = nn.Linear(C, self.n_head * self.head_dim, bias=b)
-        self.k_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b)
-        self.v_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b)
-        self.o_proj = nn.Linear(self.n_head * self.head_dim, C, bias=b)
+        C, b = config.n_embd, lambda name: _has_bias(config, "self_attn." + name)
+        self.q_proj = nn.Linear(C, self.n_head * self.head_dim, bias=b("q_proj"))
+        self.k_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b("k_proj"))
+        self.v_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b("v_proj"))
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, C, bias=b("o_proj"))
+        # Qwen3 normalises each head's q and k (over head_dim) before RoPE; None elsewhere.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -214,6 +240,8 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # over the last dim, hs: each head on its own
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             # Writes the new positions and returns every cached position: (B, nkv, S, hs).
@@ -352,8 +380,12 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
-        # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/attention.py).
-        mask, is_causal = attention_mask(T, start, input_pos)
+        # Built once per forward, not per layer; a chunked prefill needs it explicit, and so does a
+        # sliding window once the keys outgrow it (engine/attention.py).
+        mask, is_causal = attention_mask(T, start, input_pos, self.config.sliding_window)
+        if self.config.sliding_window is not None and cache is not None and cache.held != start:
+            # The window mask counts keys by absolute position; a cache that evicted has lost them.
+            raise ValueError("a sliding-window model needs a cache that holds every position")
         cos = self.rope_cos.index_select(0, input_pos)  # (T, hs)
         sin = self.rope_sin.index_select(0, input_pos)  # (T, hs)
         x = self.model.embed_tokens(idx)  # (B, T, C)
