@@ -36,12 +36,16 @@ browser:
 	else echo "warning: no /usr/bin/chromium and no root apt; browser tests will skip"; fi
 
 # Every test but the benchmarks (marked `bench`: reports, not checks; `make bench` runs them).
+# The tests without a browser run on every core (pytest-xdist; each test sets its own threads);
+# the browser tests run after them, one at a time, each against its app server.
+XDIST := -n auto --maxprocesses 4
 test: $(DEV_STAMP) browser
-	$(PY) -m pytest tests -q -m "not bench"
+	$(PY) -m pytest tests -q -m "not bench and not browser" $(XDIST)
+	$(PY) -m pytest tests -q -m "browser and not bench"
 
 # The quick loop while editing: no browser, no SmolLM2, no benchmark (markers in tests/conftest.py).
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not bench"
+	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not bench" $(XDIST)
 
 # The screenshots in docs/: the browser tests take theirs (into test-results/screenshots/), and the
 # ones the README and docs/app.md show are copied in under their published names. The Generate
