@@ -1,7 +1,7 @@
 """``python -m kvviz chat``: a conversation over one cache that lives across turns.
 
 Each ``--turn`` is one user message; the answer is decoded on the same cache, and every turn
-reports what it reused and what it prefilled (``kvviz.engine.conversation``).
+reports what it reused and what it prefilled (``kvviz.engine.sessions.conversation``).
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.conversation import Conversation
-    from kvviz.engine.load import load_model
+    from kvviz.engine.sessions.conversation import Conversation
+    from kvviz.engine.loading.loader import load_model
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")

@@ -101,8 +101,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.engine.generate import iter_generate
-    from kvviz.engine.load import load_model
+    from kvviz.engine.generation.loop import iter_generate
+    from kvviz.engine.loading.loader import load_model
     from kvviz.fast.heap import freeze_long_lived
     from kvviz.kv_cli import asked, cache_report, cache_text, kv_options
 
@@ -165,7 +165,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.engine.load import SHAKESPEARE_CORPUS, load_model
+    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
     from kvviz.kv_cli import asked, eval_text
@@ -184,7 +184,7 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 
 def _eval_kv(args: argparse.Namespace, model: Any, text: str, describe: Callable[[dict[str, Any]], str]) -> None:
     """Teacher-forced through the compressed cache vs a full-precision one, on the same tokens."""
-    from kvviz.engine.requests import kv_spec
+    from kvviz.engine.generation.request import kv_spec
     from kvviz.kv_cli import kv_options
     from kvviz.measure.kvcompare import compare
 
@@ -224,7 +224,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.engine.load import SHAKESPEARE_CORPUS
+    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS
     from kvviz.train import TrainConfig, train
 
     fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}

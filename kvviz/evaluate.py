@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.safeio import read_maybe_gzip
 

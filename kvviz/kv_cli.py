@@ -14,7 +14,7 @@ from kvviz.units import fmt_bytes
 
 
 def add_kv_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("compressed KV cache (engine/kvcaches.py)")
+    g = p.add_argument_group("compressed KV cache (engine/kvcache/compressed_caches.py)")
     g.add_argument("--kv-dtype", choices=["int8", "int4", "fp8"], default=None,
                    help="store K/V quantized, dequantized on every read (default: the model's dtype)")
     g.add_argument("--kv-group-size", type=types.group_size, default=None, metavar="G",

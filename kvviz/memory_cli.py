@@ -34,10 +34,10 @@ _SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 def all_presets() -> dict[str, ModelSpec]:
     """Published presets first, then kvviz's own models."""
-    from kvviz.engine.load import builtin_shapes  # torch: imported only when the presets are asked for
+    from kvviz.engine.loading.loader import builtin_shapes  # torch: imported only when the presets are asked for
 
     shapes, shipped = builtin_shapes()
-    return with_builtins(builtin_specs(shapes, shipped, "kvviz/engine/load.py RANDOM_SHAPES"))
+    return with_builtins(builtin_specs(shapes, shipped, "kvviz/engine/loading/loader.py RANDOM_SHAPES"))
 
 
 def parse_count(s: str) -> int:

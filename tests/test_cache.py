@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache, make_cache
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache, make_cache
 from kvviz.units import kv_bytes_per_token
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.models.config import GPTConfig
 
 DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2), "fp16": (torch.float16, 2)}
 CFGS = {

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 import kvviz
-from kvviz.engine import load as checkpoints
-from kvviz.engine.load import LoadedModel, load_model
-from kvviz.engine.save import save_model
-from kvviz.engine.tokenizers import ByteTokenizer
+from kvviz.engine.loading import loader as checkpoints
+from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.save import save_model
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 
 
 def _same_weights(a: LoadedModel, b: LoadedModel) -> bool:
@@ -219,11 +219,11 @@ def test_tokenizer_bigger_than_the_model_vocabulary(make_model: Callable[..., Lo
 
 # ----------------------------------------------------------------------------- the default model
 def test_default_means_smollm2_when_installed_else_shakespeare(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvviz.engine import load_llama
+    from kvviz.engine.loading import llama_loader
 
     installed = True
     try:
-        load_llama.smollm2_path()
+        llama_loader.smollm2_path()
     except kvviz.KVVizError:
         installed = False
     assert checkpoints.default_model_name() == ("smollm2" if installed else "shakespeare")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The accelerator (kvviz.fast.gpt2) against the float64 reference and the readable model."""
+"""The accelerator (kvviz.fast.gpt2_flat) against the float64 reference and the readable model."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,12 +6,12 @@ from typing import Callable
 import pytest
 import torch
 
-import kvviz.fast.gpt2
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.load import LoadedModel
+import kvviz.fast.gpt2_flat
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
-from kvviz.fast.gpt2 import build_plan
+from kvviz.fast.gpt2_flat import build_plan
 from test_model import KV_HEADS, reference_forward
 
 HAVE_C = rowops.load() is not None
@@ -21,8 +21,8 @@ HAVE_C = rowops.load() is not None
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the forwards that took the flat decode step."""
     calls: list[int] = []
-    real = kvviz.fast.gpt2.decode_step
-    monkeypatch.setattr(kvviz.fast.gpt2, "decode_step", lambda *a: calls.append(1) or real(*a))
+    real = kvviz.fast.gpt2_flat.decode_step
+    monkeypatch.setattr(kvviz.fast.gpt2_flat, "decode_step", lambda *a: calls.append(1) or real(*a))
     return calls
 
 
@@ -33,7 +33,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "c" and not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     if request.param == "torch":
-        monkeypatch.setattr(kvviz.fast.gpt2, "row_linear", lambda *a, **k: None)
+        monkeypatch.setattr(kvviz.fast.gpt2_flat, "row_linear", lambda *a, **k: None)
     return request.param
 
 

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 import kvviz
 
 from kvviz import train as train_mod
-from kvviz.engine.load import LoadedModel, _finish
+from kvviz.engine.loading.loader import LoadedModel, _finish
 from kvviz.cli import main
 from kvviz.evaluate import bits_per_byte
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
-from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = (
@@ -236,7 +236,7 @@ def test_the_shipped_corpus_is_the_one_the_model_trained_on() -> None:
     import hashlib
     import json
 
-    from kvviz.engine.load import SHAKESPEARE_CORPUS, SHAKESPEARE_DIR
+    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, SHAKESPEARE_DIR
     from kvviz.safeio import read_maybe_gzip
 
     data = read_maybe_gzip(SHAKESPEARE_CORPUS, 2 * 2**20)

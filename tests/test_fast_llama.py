@@ -1,4 +1,4 @@
-"""The Llama accelerator (kvviz.fast.llama) against the readable model and a float64 reference.
+"""The Llama accelerator (kvviz.fast.llama_flat) against the readable model and a float64 reference.
 
 Random Llama configs (MHA, GQA, MQA, head_dim != C/nh, an untied head with biases), each run
 with the C row ops ("c") and without them ("torch"), on 1 and 2 threads. SmolLM2 itself is
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import kvviz
-import kvviz.fast.llama
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.capture import Capture, ForwardCapture
-from kvviz.engine.load import LoadedModel, _finish
+import kvviz.fast.llama_flat
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.generation.capture import Capture, ForwardCapture
+from kvviz.engine.loading.loader import LoadedModel, _finish
 from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
-from kvviz.engine.tokenizers import ByteTokenizer
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops
-from kvviz.fast.llama import FastLlama, max_c_rows_fp32
+from kvviz.fast.llama_flat import FastLlama, max_c_rows_fp32
 
 HAVE_C = rowops.load() is not None
 
@@ -70,7 +70,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "c" and not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     if request.param == "torch":
-        monkeypatch.setattr(kvviz.fast.llama, "row_dot", lambda *a, **k: None)
+        monkeypatch.setattr(kvviz.fast.llama_flat, "row_dot", lambda *a, **k: None)
     return request.param
 
 
@@ -79,8 +79,8 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Which forward each call took: "one" (one row through C), "rows" (C), "torch"."""
     took: list[str] = []
     for name, tag in (("_one_row", "one"), ("_rows_c", "rows"), ("forward_torch", "torch")):
-        real = getattr(kvviz.fast.llama, name)
-        monkeypatch.setattr(kvviz.fast.llama, name, lambda *a, _r=real, _t=tag: took.append(_t) or _r(*a))
+        real = getattr(kvviz.fast.llama_flat, name)
+        monkeypatch.setattr(kvviz.fast.llama_flat, name, lambda *a, _r=real, _t=tag: took.append(_t) or _r(*a))
     return took
 
 

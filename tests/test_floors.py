@@ -17,39 +17,41 @@ ROOT = Path(__file__).resolve().parents[1]
 # Module (or package prefix) -> floor. The longest matching prefix wins. A module that no entry
 # covers fails the test: a new module gets its floor on purpose, here and in ARCHITECTURE.md.
 FLOORS: dict[str, int] = {
-    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.measure.machine": 0,
+    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.hostinfo": 0,
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON: pure Python
     "kvviz.limits": 0,  # the bounds the CLI's types and the engine's checks share: constants
     "kvviz.memory": 1,  # the calculator: pure Python
-    "kvviz.engine.config": 1, "kvviz.engine.capture": 1, "kvviz.engine.events": 1,
-    "kvviz.engine.sampling": 1, "kvviz.engine.tokenizers": 1, "kvviz.engine.flops": 1,
-    "kvviz.engine.tokenizer_gguf": 1, "kvviz.engine.chat": 1, "kvviz.engine.gguf_header": 1,
-    "kvviz.engine.diagnose": 1, "kvviz.engine.attention": 1,  # where a forward first went non-finite: hooks on any nn.Module
+    "kvviz.engine.models.config": 1, "kvviz.engine.generation.capture": 1, "kvviz.engine.generation.events": 1,
+    "kvviz.engine.generation.sampling": 1, "kvviz.engine.tokenize.tokenizer": 1, "kvviz.engine.generation.flops": 1,
+    "kvviz.engine.tokenize.gguf_bpe": 1, "kvviz.engine.tokenize.chat_template": 1, "kvviz.engine.loading.gguf_checks": 1,
+    "kvviz.engine.generation.diagnose": 1, "kvviz.engine.models.attention": 1,  # where a forward first went non-finite: hooks on any nn.Module
     "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.measure.cpu_load": 1,
     "kvviz.measure.threads": 1,
-    "kvviz.engine.block_pool": 1,  # the paged cache's bookkeeping: plain Python
-    "kvviz.engine.paged": 2, "kvviz.engine.caches": 2,
-    "kvviz.engine.kvquant": 1, "kvviz.engine.kvspec": 1, "kvviz.engine.stops": 1,  # quantize/dequantize tensors; the compressed-cache request
-    "kvviz.engine.kvstore": 2, "kvviz.engine.kvcaches": 2,  # slot stores; quantized and window caches
-    "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5, "kvviz.engine.turn": 2,  # loops over a cache, beside generate
+    "kvviz.engine.kvcache.block_pool": 1,  # the paged cache's bookkeeping: plain Python
+    "kvviz.engine.kvcache.paged_cache": 2, "kvviz.engine.kvcache.factory": 2,
+    "kvviz.engine.kvcache.kv_quant": 1, "kvviz.engine.kvcache.kv_spec": 1, "kvviz.engine.generation.stops": 1,  # quantize/dequantize tensors; the compressed-cache request
+    "kvviz.engine.kvcache.slot_store": 2, "kvviz.engine.kvcache.compressed_caches": 2,  # slot stores; quantized and window caches
+    "kvviz.engine.sessions.conversation": 5, "kvviz.engine.sessions.parallel_samples": 5, "kvviz.engine.sessions.turn": 2,  # loops over a cache, beside generate
     "kvviz.chat_cli": 8,
-    "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
-    "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
+    "kvviz.engine.kvcache.dense": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
+    "kvviz.engine.loading.gguf_llama": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
-    "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,
-    "kvviz.engine.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
-    "kvviz.engine.generate": 5, "kvviz.engine.requests": 5,  # the loop; the checks a request passes before it
+    "kvviz.engine.loading.loader": 4, "kvviz.engine.loading.save": 4, "kvviz.engine.loading.safetensors_header": 2, "kvviz.engine.loading.llama_loader": 4,
+    "kvviz.engine.strategy.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
+    "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,  # the loop; the checks a request passes before it
     # Beam search and speculative decoding: streams beside the main loop, which dispatches to them.
-    "kvviz.engine.strategy_stream": 5, "kvviz.engine.strategies": 5, "kvviz.engine.beam": 5, "kvviz.engine.speculative": 5,
+    "kvviz.engine.strategy.strategy_stream": 5, "kvviz.engine.strategy.dispatch": 5, "kvviz.engine.strategy.beam": 5, "kvviz.engine.strategy.speculative": 5,
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
     "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
     "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.__main__": 8, "app": 8,
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
-EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")
+EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
+                  "kvviz.engine.kvcache", "kvviz.engine.generation", "kvviz.engine.strategy", "kvviz.engine.sessions",
+                  "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio",
+NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
             "kvviz.limits", "kvviz.argtypes")
 
 
@@ -155,11 +157,11 @@ def test_the_package_keeps_its_floors() -> None:
 
 
 @pytest.mark.parametrize("file,line,needle", [
-    ("kvviz/engine/config.py", "from kvviz.ui import state\n", "upward"),
-    ("kvviz/engine/cache.py", "from kvviz.engine.generate import generate\n", "upward"),
-    ("kvviz/charts/live.py", "import streamlit as st\n", "imports streamlit"),
+    ("kvviz/engine/models/config.py", "from kvviz.ui import state\n", "upward"),
+    ("kvviz/engine/kvcache/dense.py", "from kvviz.engine.generation.loop import generate\n", "upward"),
+    ("kvviz/charts/run_charts.py", "import streamlit as st\n", "imports streamlit"),
     ("kvviz/units.py", "import torch\n", "imports torch"),
-    ("kvviz/engine/sampling.py", "from kvviz.engine.tokenizers import Tokenizer\n", "import cycle"),
+    ("kvviz/engine/generation/sampling.py", "from kvviz.engine.tokenize.tokenizer import Tokenizer\n", "import cycle"),
     ("kvviz/engine/brand_new.py", "x = 1\n", "no floor assigned"),
 ])
 def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle: str) -> None:
@@ -168,8 +170,8 @@ def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle:
     shutil.copy(ROOT / "app.py", tmp_path / "app.py")
     target = tmp_path / file
     if needle == "import cycle":  # sampling -> tokenizers, and tokenizers -> sampling back
-        (tmp_path / "kvviz/engine/tokenizers.py").write_text(
-            "from kvviz.engine.sampling import sample\n" + (tmp_path / "kvviz/engine/tokenizers.py").read_text())
+        (tmp_path / "kvviz/engine/tokenize/tokenizer.py").write_text(
+            "from kvviz.engine.generation.sampling import sample\n" + (tmp_path / "kvviz/engine/tokenize/tokenizer.py").read_text())
     target.write_text(line + (target.read_text() if target.exists() else ""))
     found = violations(tmp_path)
     assert any(needle in p for p in found), found

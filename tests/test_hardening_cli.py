@@ -17,8 +17,8 @@ import pytest
 
 from kvviz import LoadedModel
 from kvviz.cli import main
-from kvviz.engine.load import SHAKESPEARE_DIR
-from kvviz.engine.save import save_model
+from kvviz.engine.loading.loader import SHAKESPEARE_DIR
+from kvviz.engine.loading.save import save_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 60  # a case that needs this long has hung: each one finishes in seconds
@@ -242,7 +242,7 @@ def test_a_bare_train_never_targets_the_shipped_model() -> None:
     assert Path(args.out).resolve() != SHAKESPEARE_DIR.resolve()
 
 
-# ----------------------------------------------------------------------------- GGUF files (kvviz/engine/gguf.py)
+# ----------------------------------------------------------------------------- GGUF files (kvviz/engine/loading/gguf_llama.py)
 def _gguf_header(tensors: int, kvs: int) -> bytes:
     return b"GGUF" + (3).to_bytes(4, "little") + tensors.to_bytes(8, "little") + kvs.to_bytes(8, "little")
 

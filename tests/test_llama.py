@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.cache import make_cache
-from kvviz.engine.capture import Capture, ForwardCapture
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel, load_model
-from kvviz.engine.load_llama import LlamaLoad, load_llama_folder
+from kvviz.engine.kvcache.dense import make_cache
+from kvviz.engine.generation.capture import Capture, ForwardCapture
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.errors import KVVizError
 

@@ -10,10 +10,10 @@ import torch
 
 import kvviz
 
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.fast.matmul import row_matmul
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import kvviz
-import kvviz.fast.gpt2
+import kvviz.fast.gpt2_flat
 import kvviz.fast.rowops
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.save import export_hf_gpt2
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loading.save import export_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402

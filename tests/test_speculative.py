@@ -7,10 +7,10 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from kvviz.engine.caches import make_cache
-from kvviz.engine.generate import generate, iter_generate
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.speculative import prompt_lookup, verify_sampled
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.generation.loop import generate, iter_generate
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.strategy.speculative import prompt_lookup, verify_sampled
 from kvviz.errors import KVVizError
 
 # A prompt that repeats itself, so the drafter finds matches (and the models' loops give more).
@@ -162,7 +162,7 @@ def test_compare_runs_ignore_eos_runs_both_to_n(make_llama: Callable[..., Loaded
     """With an EOS the model emits early, ignore_eos makes plain and speculative both run all N."""
     import dataclasses
 
-    from kvviz.engine.tokenizers import ByteTokenizer
+    from kvviz.engine.tokenize.tokenizer import ByteTokenizer
     from kvviz.measure.spec_bench import compare_runs
 
     m = make_llama()

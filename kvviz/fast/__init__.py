@@ -11,8 +11,8 @@ import torch.nn as nn
 
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama
-from kvviz.fast.gpt2 import FastGPT2
-from kvviz.fast.llama import FastLlama
+from kvviz.fast.gpt2_flat import FastGPT2
+from kvviz.fast.llama_flat import FastLlama
 
 
 def build(net: nn.Module) -> FastGPT2 | FastLlama | None:

@@ -18,11 +18,11 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.cache import KVCache
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.caches import make_cache
-from kvviz.engine.kvspec import KVSpec
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.kvcache.dense import KVCache
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 
 MAX_TOKENS = 8192

@@ -20,12 +20,12 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
-from kvviz.engine.load import (
+from kvviz.engine.loading.loader import (
     RANDOM_SHAPES, SHAKESPEARE_DIR, config_from_json, default_model_name, read_config, resolve_device,
 )
-from kvviz.engine.flops import weight_bytes
+from kvviz.engine.generation.flops import weight_bytes
 from kvviz.fast.heap import freeze_once
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.config import GPTConfig
 from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -19,11 +19,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvviz.engine.attention import attention_mask
+from kvviz.engine.models.attention import attention_mask
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvviz.engine.cache import KVCache
-    from kvviz.engine.capture import ForwardCapture
+    from kvviz.engine.kvcache.dense import KVCache
+    from kvviz.engine.generation.capture import ForwardCapture
 
 # Bounds that no real Llama comes near; a config past them is a lying header or a typo, and
 # refusing it early avoids a multi-GB allocation (the RoPE tables alone are block_size x head_dim).
@@ -352,7 +352,7 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
-        # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/attention.py).
+        # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/models/attention.py).
         mask, is_causal = attention_mask(T, start, input_pos)
         cos = self.rope_cos.index_select(0, input_pos)  # (T, hs)
         sin = self.rope_sin.index_select(0, input_pos)  # (T, hs)

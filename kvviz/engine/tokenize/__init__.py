@@ -1,0 +1,1 @@
+"""kvviz.engine.tokenize: a folder marker (the modules below are imported by their own names)."""
