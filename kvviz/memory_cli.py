@@ -1,7 +1,7 @@
 """``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.memory.
 
 This layer may import the engine; kvviz.memory may not. So kvviz's own model shapes are read
-here (``engine.load.builtin_shapes``) and handed to ``kvviz.memory.builtin_specs``; the page does the same.
+here (``engine.loading.loader.builtin_shapes``) and handed to ``kvviz.memory.builtin_specs``; the page does the same.
 """
 from __future__ import annotations
 

@@ -245,7 +245,7 @@ def test_a_hugging_face_folder_with_a_bpe_tokenizer(  # type: ignore[no-untyped-
     from kvviz.engine.loading.save import export_hf_gpt2
 
     folder = tmp_path / "models" / "tiny-bpe"
-    export_hf_gpt2(make_model(vocab_size=300, block_size=64).gpt, folder)
+    export_hf_gpt2(make_model(vocab_size=300, block_size=64).model, folder)
     shutil.copy(bpe_tokenizer_json, folder / "tokenizer.json")
     at = make_app().run()
     at.selectbox(key="model").set_value("folder:tiny-bpe").run()

@@ -138,13 +138,13 @@ def test_reorders_match_parents_and_count_bytes(pairs: dict[str, tuple[Any, Load
 
 def test_one_beam_step_kept_rows_hold_their_parents_cache(make_llama: Any) -> None:
     """After a reorder, row r's K/V equal the old row parents[r]'s: checked on the cache itself."""
-    from kvviz.engine.kvcache.dense import make_cache
+    from kvviz.engine.kvcache.factory import make_cache
 
     m = make_llama()
     cache = make_cache("static", m.config, 3, "cpu", torch.float32)
     x = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        m.gpt(x, torch.arange(5), cache)
+        m.model(x, torch.arange(5), cache)
     cache.advance(5)
     before = [t.clone() for t in (cache.layer(0)[0], cache.layer(1)[1])]
     moved = cache.reorder(torch.tensor([2, 2, 0]))

@@ -56,7 +56,7 @@ def make_llama(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
 def reference(m: LoadedModel, idx: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of the whole sequence in float64, from the weights as stored, with exact
     RoPE tables (a bf16 model's own tables are rounded)."""
-    ref = copy.deepcopy(m.gpt).double()
+    ref = copy.deepcopy(m.model).double()
     cos, sin = rope_tables(m.config)
     ref.rope_cos, ref.rope_sin = cos.double(), sin.double()
     with torch.inference_mode():
@@ -103,7 +103,7 @@ def tokens(batch: int, T: int, seed: int) -> torch.Tensor:
 def test_build_gives_a_llama_its_accelerator() -> None:
     m = make_llama("gqa")
     assert isinstance(m.fast, FastLlama) and m.fast.name == "fast"
-    assert isinstance(build(m.gpt), FastLlama)
+    assert isinstance(build(m.model), FastLlama)
     assert build(torch.nn.Linear(2, 2)) is None
 
 
@@ -134,7 +134,7 @@ def test_prefill_chunks_and_captures_equal_the_readable_model(kind: str, threads
     idx = tokens(2, 14, seed=6)
     layers = frozenset({0, 1})
     caches = {"fast": StaticKVCache(m.config, batch=2), "readable": StaticKVCache(m.config, batch=2)}
-    fwd = {"fast": m.fast.forward, "readable": m.gpt}
+    fwd = {"fast": m.fast.forward, "readable": m.model}
     got: dict[str, list[torch.Tensor]] = {"fast": [], "readable": []}
     caps: dict[str, ForwardCapture] = {}
     with torch.inference_mode():
@@ -233,7 +233,7 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, b
         for t in range(6, 16):
             steps.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache))
             cache.advance(1)
-        slow = m.gpt(idx)
+        slow = m.model(idx)
     got = torch.cat([pre, *steps], dim=1)
     assert paths == ["rows"] + ["one" if batch == 1 else "rows"] * 10
     assert got.dtype == torch.bfloat16 and cache.k[0].dtype == torch.bfloat16
@@ -247,7 +247,7 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, b
 @pytest.mark.parametrize("threads", [2], indirect=True)
 def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(threads: int) -> None:
     m = make_llama("gqa", seed=17)
-    model, plan = m.gpt, m.fast.plan()
+    model, plan = m.model, m.fast.plan()
     assert plan.threads == 2 and plan.rows is not None and not plan.rows.widen
     block, ops = model.model.layers[0], plan.rows.layers[0]
     attn = block.self_attn

@@ -17,34 +17,37 @@ ROOT = Path(__file__).resolve().parents[1]
 # Module (or package prefix) -> floor. The longest matching prefix wins. A module that no entry
 # covers fails the test: a new module gets its floor on purpose, here and in ARCHITECTURE.md.
 FLOORS: dict[str, int] = {
-    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.hostinfo": 0,
-    "kvviz.safeio": 0,  # bounded reads of user-named files and JSON: pure Python
-    "kvviz.limits": 0,  # the bounds the CLI's types and the engine's checks share: constants
+    # Floor 0: facts, bounds and this machine's name; pure Python, importable from anywhere.
+    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.limits": 0,
+    "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
+    "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
     "kvviz.memory": 1,  # the calculator: pure Python
-    "kvviz.engine.models.config": 1, "kvviz.engine.generation.capture": 1, "kvviz.engine.generation.events": 1,
-    "kvviz.engine.generation.sampling": 1, "kvviz.engine.tokenize.tokenizer": 1, "kvviz.engine.generation.flops": 1,
-    "kvviz.engine.tokenize.gguf_bpe": 1, "kvviz.engine.tokenize.chat_template": 1, "kvviz.engine.loading.gguf_checks": 1,
-    "kvviz.engine.generation.diagnose": 1, "kvviz.engine.models.attention": 1,  # where a forward first went non-finite: hooks on any nn.Module
-    "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
-    "kvviz.measure.cpu_load": 1,
-    "kvviz.measure.threads": 1,
-    "kvviz.engine.kvcache.block_pool": 1,  # the paged cache's bookkeeping: plain Python
-    "kvviz.engine.kvcache.paged_cache": 2, "kvviz.engine.kvcache.factory": 2,
-    "kvviz.engine.kvcache.kv_quant": 1, "kvviz.engine.kvcache.kv_spec": 1, "kvviz.engine.generation.stops": 1,  # quantize/dequantize tensors; the compressed-cache request
-    "kvviz.engine.kvcache.slot_store": 2, "kvviz.engine.kvcache.compressed_caches": 2,  # slot stores; quantized and window caches
-    "kvviz.engine.sessions.conversation": 5, "kvviz.engine.sessions.parallel_samples": 5, "kvviz.engine.sessions.turn": 2,  # loops over a cache, beside generate
-    "kvviz.chat_cli": 8,
-    "kvviz.engine.kvcache.dense": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
-    "kvviz.engine.loading.gguf_llama": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
-    "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
-    "kvviz.engine.loading.loader": 4, "kvviz.engine.loading.save": 4, "kvviz.engine.loading.safetensors_header": 2, "kvviz.engine.loading.llama_loader": 4,
-    "kvviz.engine.strategy.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
-    "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,  # the loop; the checks a request passes before it
-    # Beam search and speculative decoding: streams beside the main loop, which dispatches to them.
-    "kvviz.engine.strategy.strategy_stream": 5, "kvviz.engine.strategy.dispatch": 5, "kvviz.engine.strategy.beam": 5, "kvviz.engine.strategy.speculative": 5,
+    # engine/models: the readable families (2) over their config and attention mask (1).
+    "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
+    "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
+    # engine/kvcache: the caches (2) over plain bookkeeping, tensor quantizers and the request (1).
+    "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.block_pool": 1, "kvviz.engine.kvcache.kv_quant": 1,
+    "kvviz.engine.kvcache.kv_spec": 1,
+    # engine/generation: the loop and its request checks (5) over what it runs on (1): sampling, stops,
+    # events, captures, the non-finite diagnosis, FLOPs.
+    "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
+    # engine/loading: the loaders (4) sit above the accelerator they attach (kvviz.fast, 3); the file
+    # readers below them fill a model family (2) or check bytes alone (1).
+    "kvviz.engine.loading": 4, "kvviz.engine.loading.gguf_llama": 2, "kvviz.engine.loading.safetensors_header": 2,
+    "kvviz.engine.loading.gguf_checks": 1,
+    # engine/strategy: beam search and speculative decoding, streams beside the loop that dispatches to them
+    # (5); their records are plain dataclasses (1).
+    "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
+    # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
+    "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
+    # The accelerator: built from a model (2), below the loader that attaches it (4); its kernels import no model.
+    "kvviz.fast": 3, "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
+    "kvviz.charts": 2,  # pure Plotly
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
-    "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
-    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.__main__": 8, "app": 8,
+    "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,
+    "kvviz.measure.doubts": 2,
+    "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
+    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.chat_cli": 8, "kvviz.__main__": 8, "app": 8,
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
@@ -52,7 +55,7 @@ EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading",
                   "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
-            "kvviz.limits", "kvviz.argtypes")
+            "kvviz.limits", "kvviz.argtypes", "kvviz.hostinfo")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -175,6 +178,15 @@ def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle:
     target.write_text(line + (target.read_text() if target.exists() else ""))
     found = violations(tmp_path)
     assert any(needle in p for p in found), found
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A file name says which module it is: no two modules share one (a package's __init__.py aside)."""
+    names: dict[str, list[str]] = {}
+    for name, path in modules(ROOT).items():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(name)
+    assert {n: m for n, m in names.items() if len(m) > 1} == {}
 
 
 def test_the_calculator_imports_without_torch() -> None:

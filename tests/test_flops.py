@@ -64,9 +64,9 @@ def test_forward_flops_against_torch_flop_counter(make_model: Callable[..., Load
     with torch.inference_mode():
         cache = StaticKVCache(c, batch=batch)
         idx = torch.randint(0, 256, (batch, N), generator=torch.Generator().manual_seed(0))
-        prefill = _torch_matmul_flops(m.gpt, idx, cache)
+        prefill = _torch_matmul_flops(m.model, idx, cache)
         cache.advance(N)
-        decode = _torch_matmul_flops(m.gpt, idx[:, :1], cache)
+        decode = _torch_matmul_flops(m.model, idx[:, :1], cache)
     assert forward_flops(c, N, 0, batch=batch) == prefill + attn(N * (N + 1) // 2)
     assert forward_flops(c, 1, N, batch=batch) == decode + attn(N + 1)
 

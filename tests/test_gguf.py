@@ -187,7 +187,7 @@ def test_tokenizer_metadata_is_exposed(f32_file: Path) -> None:
 
 def test_load_model_takes_a_gguf_path(hf_model: Any, f32_file: Path) -> None:
     m = load_model(str(f32_file), device="cpu", dtype="bf16")
-    assert isinstance(m.gpt, Llama) and m.name == "tiny-f32" and m.dtype == torch.bfloat16
+    assert isinstance(m.model, Llama) and m.name == "tiny-f32" and m.dtype == torch.bfloat16
     assert m.info["weights_bytes"] == 2 * m.num_params and m.info["load_seconds"] > 0
     assert not m.has_tokenizer  # this file carries no tokenizer.ggml.model: ids only
     full = load_model(str(f32_file), device="cpu")

@@ -52,7 +52,7 @@ def _folder(root: Path, name: str, config: Any = None, weights: Path | None = No
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory, make_model: Callable[..., LoadedModel]) -> Path:
     folder = tmp_path_factory.mktemp("w") / "good"
-    save_model(make_model().gpt, folder)
+    save_model(make_model().model, folder)
     return folder / "model.safetensors"
 
 

@@ -66,7 +66,7 @@ def assert_refused(code: int, err: str, needle: str) -> None:
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory, make_model: Callable[..., LoadedModel]) -> Path:
     folder = tmp_path_factory.mktemp("m") / "good"
-    save_model(make_model().gpt, folder)
+    save_model(make_model().model, folder)
     return folder / "model.safetensors"
 
 

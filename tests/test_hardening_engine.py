@@ -34,7 +34,7 @@ TINY = dict(model_type="kvviz-gpt", vocab_size=256, block_size=64, n_layer=2, n_
 def good_folder(tmp_path_factory: pytest.TempPathFactory, make_model: Callable[..., LoadedModel]) -> Path:
     """A valid kvviz folder (2 layers, 32 wide) whose weights every config case below reuses."""
     folder = tmp_path_factory.mktemp("models") / "good"
-    save_model(make_model().gpt, folder)
+    save_model(make_model().model, folder)
     return folder
 
 
@@ -262,7 +262,7 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
     from kvviz.engine.models.gpt2 import GPT
 
     gpt = GPT(m.config)
-    gpt.load_state_dict(m.gpt.state_dict())
+    gpt.load_state_dict(m.model.state_dict())
     with torch.no_grad():
         gpt.transformer.h[1].ln_2.weight.fill_(3e38)  # its MLP input overflows to inf
     from kvviz.engine.loading.loader import _finish

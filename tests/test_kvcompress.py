@@ -156,7 +156,7 @@ def test_streaming_positions_rotate_the_sinks(make_llama) -> None:
     """positions='cache': the sink keys read back equal keys computed afresh at position j + evicted
     (layer 0, where K depends only on the token and its position)."""
     m = make_llama()
-    net, c = m.gpt, m.config
+    net, c = m.model, m.config
     ids = PROMPT * 2
     spec = resolve(KVSpec(window=6, sinks=2), "llama", c.head_dim, c.block_size)
     cache = WindowKVCache(c, spec)

@@ -189,9 +189,9 @@ def test_paged_batch_and_chunked_prefill_equal_static(make_llama: Callable[..., 
 
             cache = make_cache(kind, c, 1, "cpu", torch.float32, block_size=3)
             pos = torch.arange(c.block_size)
-            m.gpt(ids[:, :7], pos[:7], cache, None)
+            m.model(ids[:, :7], pos[:7], cache, None)
             cache.advance(7)
-            out[kind] = m.gpt(ids[:, 7:], pos[7:12], cache, None)
+            out[kind] = m.model(ids[:, 7:], pos[7:12], cache, None)
             cache.advance(5)
             kv[kind] = cache.layer(1)
     assert torch.equal(out["static"], out["paged"])

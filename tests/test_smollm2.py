@@ -50,7 +50,7 @@ def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None
 
 
 def test_smollm2_weights_and_logits_match_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
-    m = smollm2.gpt
+    m = smollm2.model
     assert isinstance(m, Llama) and isinstance(smollm2.fast, FastLlama)
     c = m.config
     assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim) == (30, 576, 9, 3, 64)

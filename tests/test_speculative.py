@@ -52,7 +52,7 @@ def test_rollback_leaves_the_cache_of_a_never_speculated_run(model: LoadedModel,
     seq = torch.tensor([PROMPT + ids[:-1]])  # the last token is sampled, not yet fed
     with torch.inference_mode():
         for t in range(seq.shape[1]):  # one token at a time: no speculation at all
-            model.gpt(seq[:, t: t + 1], torch.tensor([t]), ref)
+            model.model(seq[:, t: t + 1], torch.tensor([t]), ref)
             ref.advance(1)
     assert got.pos == ref.pos == len(PROMPT) + 29
     assert got.bytes_used == ref.bytes_used

@@ -147,7 +147,7 @@ def _hf_llama(model: LoadedModel) -> Any:
                         tie_word_embeddings=c.tie_word_embeddings, attention_bias=c.attention_bias,
                         mlp_bias=c.mlp_bias, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     hf = LlamaForCausalLM(cfg).to(dtype=model.dtype)
-    hf.load_state_dict(model.gpt.state_dict(), strict=True, assign=True)
+    hf.load_state_dict(model.model.state_dict(), strict=True, assign=True)
     hf.tie_weights()
     return hf.to(model.device).eval()
 
@@ -158,12 +158,12 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
     except ImportError:
         raise KVVizError("the transformers baseline needs `pip install -r requirements-dev.txt` "
                          "(or run with --no-hf)") from None
-    if isinstance(model.gpt, Llama):
+    if isinstance(model.model, Llama):
         hf = _hf_llama(model)
     else:
         from transformers import GPT2LMHeadModel
 
-        export_hf_gpt2(model.gpt, folder)
+        export_hf_gpt2(model.model, folder)
         hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).to(model.device).eval()
     hf.generation_config.eos_token_id = None  # run exactly new_tokens steps, like kvviz
     hf.generation_config.pad_token_id = 0

@@ -1,1 +1,1 @@
-"""kvviz.engine.generation: a folder marker (the modules below are imported by their own names)."""
+"""The one generation loop and what it runs on: the request checks, sampling, stops, events, captures, FLOPs."""

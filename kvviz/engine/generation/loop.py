@@ -143,7 +143,7 @@ class GenerationStream:
         m = self.model
         cfg, tok, dev = m.config, m.tokenizer, m.device
         # Which step runs: the accelerator (same signature, same maths, flat) or the readable model.
-        forward = m.fast.forward if self.engine == "fast" else m.gpt
+        forward = m.fast.forward if self.engine == "fast" else m.model
         B, N, n_new = self.batch_size, len(self.prompt_rows[0]), self.max_new_tokens
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
@@ -218,7 +218,7 @@ class GenerationStream:
         if bool(torch.isfinite(logits).all()):
             return
         ids = list(self.prompt_rows[0]) + [e.token_id for e in self.events]
-        err = nonfinite_error(self.model.gpt, logits, ids, step)
+        err = nonfinite_error(self.model.model, logits, ids, step)
         self.stop_reason, self.note = "error", str(err)
         raise err
 

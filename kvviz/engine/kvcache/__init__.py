@@ -1,1 +1,1 @@
-"""kvviz.engine.kvcache: a folder marker (the modules below are imported by their own names)."""
+"""The KV caches: the cache API, static/concat, paged with its block pool, quantized and windowed, one make_cache."""

@@ -18,7 +18,7 @@ position, the query at its own.
   closer. Rotating the sink keys forward by E (RoPE rotations compose) gives exactly that, and
   costs S rows per layer per step.
 GPT-2 adds learned positions to the input, so its cached rows carry them and cannot be moved
-(``kvspec.resolve`` refuses ``positions="cache"`` there).
+(``kv_spec.resolve`` refuses ``positions="cache"`` there).
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ class WindowKVCache(_StoreCache):
 
     def __init__(self, config: GPTConfig, spec: KVSpec, batch: int = 1, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> None:
-        assert spec.window is not None and spec.positions is not None, "resolve the spec first (kvspec.resolve)"
+        assert spec.window is not None and spec.positions is not None, "resolve the spec first (kv_spec.resolve)"
         self.spec = spec
         self.sinks, self.window = spec.sinks, spec.window
         self.capacity = spec.sinks + spec.window

@@ -291,10 +291,3 @@ class ConcatKVCache(KVCache):
 
 
 CACHE_KINDS: dict[str, type[KVCache]] = {"static": StaticKVCache, "concat": ConcatKVCache}
-
-
-def make_cache(kind: str, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> KVCache:
-    """A static or concat cache; ``kvviz.engine.kvcache.factory.make_cache`` also builds the paged one."""
-    if kind not in CACHE_KINDS:
-        raise ValueError(f"unknown cache kind {kind!r}; choose one of {sorted(CACHE_KINDS)}")
-    return CACHE_KINDS[kind](config, batch=batch, device=device, dtype=dtype)

@@ -1,4 +1,4 @@
-"""Every cache kind by name: static and concat (cache.py) and paged (paged.py), one factory."""
+"""Every cache kind by name: static and concat (dense.py) and paged (paged_cache.py), one factory."""
 from __future__ import annotations
 
 import torch
@@ -17,7 +17,7 @@ def make_cache(kind: str, config: GPTConfig, batch: int, device: torch.device | 
                kv: KVSpec | None = None) -> KVCache:
     """A cache of ``kind``; ``block_size`` (tokens per block) and ``num_blocks`` apply to "paged".
 
-    An active ``kv`` spec (resolved by ``kvspec.resolve``) replaces a static cache with a windowed
+    An active ``kv`` spec (resolved by ``kv_spec.resolve``) replaces a static cache with a windowed
     or quantized one (engine/kvcache/compressed_caches.py)."""
     if kv is not None and kv.active:
         if kind != "static":

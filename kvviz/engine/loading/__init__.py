@@ -1,1 +1,1 @@
-"""kvviz.engine.loading: a folder marker (the modules below are imported by their own names)."""
+"""Checkpoints in, a LoadedModel out: safetensors and GGUF read with their checks, each family's loader, save."""

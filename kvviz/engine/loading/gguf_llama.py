@@ -1,7 +1,7 @@
 """Read a Llama-architecture GGUF file (llama.cpp's format) into kvviz's Llama parameter names.
 
 Steps, each failing with a KVVizError that names the problem:
-1. ``gguf_header.scan_header`` checks the file's structure and sizes (truncation, lying counts);
+1. ``gguf_checks.scan_header`` checks the file's structure and sizes (truncation, lying counts);
 2. ``gguf.GGUFReader`` (llama.cpp's own reader) memory-maps it: nothing is copied yet;
 3. the metadata gives a ``LlamaConfig`` (architecture must be ``llama``);
 4. every tensor's type and shape is checked against the config, still without copying;

@@ -31,7 +31,7 @@ from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 from kvviz.safeio import describe_path, kind_of, parse_json, read_bounded
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"  # kvviz/engine/loading/loader.py -> repo root
+ASSETS = Path(__file__).resolve().parents[3] / "assets"  # kvviz/engine/loading/loader.py -> repo root
 SHAKESPEARE_DIR = ASSETS / "models" / "shakespeare"
 SHAKESPEARE_CORPUS = ASSETS / "data" / "tinyshakespeare.txt.gz"  # what it was trained on; eval's default
 KVVIZ_MODEL_TYPE = "kvviz-gpt"
@@ -86,7 +86,7 @@ class Accelerator(Protocol):
 class LoadedModel:
     """A model ready to generate: weights (eval, on device), tokenizer and where it came from."""
 
-    gpt: GPT | Llama  # the model, whichever family (the name predates the second family)
+    model: GPT | Llama  # the readable model, whichever family
     tokenizer: Tokenizer
     name: str
     device: torch.device
@@ -100,7 +100,7 @@ class LoadedModel:
 
     @property
     def config(self) -> GPTConfig | LlamaConfig:
-        return self.gpt.config
+        return self.model.config
 
     @property
     def dtype_name(self) -> str:
@@ -108,7 +108,7 @@ class LoadedModel:
 
     @property
     def num_params(self) -> int:
-        return self.gpt.num_params()
+        return self.model.num_params()
 
 
 def default_model_name() -> str:
@@ -181,14 +181,14 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
             raise KVVizError(f"the shakespeare model is missing from {folder}; see assets/models/shakespeare/README.md")
         out = load_folder(folder, dev, dt, name="shakespeare" if spec == "shakespeare" else folder.name)
     out.info["load_seconds"] = time.perf_counter() - t0
-    out.info.setdefault("weights_bytes", weights_bytes(out.gpt))  # resident, each storage once (every family)
+    out.info.setdefault("weights_bytes", weights_bytes(out.model))  # resident, each storage once (every family)
     return out
 
 
-def _finish(gpt: GPT | Llama, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
+def _finish(net: GPT | Llama, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
             source: str, info: dict[str, Any] | None = None) -> LoadedModel:
-    gpt = gpt.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
-    return LoadedModel(gpt, tok, name, dev, dt, has_tok, source, dict(info or {}), fast=build_fast(gpt))
+    net = net.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
+    return LoadedModel(net, tok, name, dev, dt, has_tok, source, dict(info or {}), fast=build_fast(net))
 
 
 def read_config(folder: Path) -> dict[str, Any]:

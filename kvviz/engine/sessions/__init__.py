@@ -1,1 +1,1 @@
-"""kvviz.engine.sessions: a folder marker (the modules below are imported by their own names)."""
+"""Loops over one cache across calls: a chat conversation with its turns, and n parallel samples of one prompt."""

@@ -95,7 +95,7 @@ def with_chat_template(model: LoadedModel) -> tuple[LoadedModel, bool]:
 
 def forward_fn(model: LoadedModel, fast: bool) -> Callable[..., torch.Tensor]:
     """The step the generation loop would run: the accelerator or the readable model."""
-    return model.fast.forward if fast and model.fast is not None else model.gpt
+    return model.fast.forward if fast and model.fast is not None else model.model
 
 
 class Conversation:

@@ -1,1 +1,1 @@
-"""kvviz.engine.strategy: a folder marker (the modules below are imported by their own names)."""
+"""Decoding strategies beside the plain loop: beam search and speculative decoding, and the stream they share."""

@@ -1,6 +1,6 @@
 """Which strategy stream a request gets: beam search or speculative decoding, checked before any compute.
 
-``iter_generate`` (generate.py) resolves the prompt, the budget and the sampling, then hands a
+``iter_generate`` (loop.py) resolves the prompt, the budget and the sampling, then hands a
 request with ``num_beams > 1`` or ``speculative=...`` here.
 """
 from __future__ import annotations

@@ -140,7 +140,7 @@ class SpeculativeStream(StrategyStream):
                 cache.advance(T)
                 if not bool(torch.isfinite(rows).all()):
                     self.stop_reason = "error"
-                    err = nonfinite_error(m.gpt, rows, ids, step)
+                    err = nonfinite_error(m.model, rows, ids, step)
                     self.note = str(err)
                     raise err
                 if self.params.greedy:

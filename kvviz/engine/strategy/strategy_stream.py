@@ -70,7 +70,7 @@ class StrategyStream:
     @property
     def forward(self) -> Any:
         """The step that runs: the accelerator (same signature, same maths) or the readable model."""
-        return self.model.fast.forward if self.engine == "fast" else self.model.gpt  # type: ignore[union-attr]
+        return self.model.fast.forward if self.engine == "fast" else self.model.model  # type: ignore[union-attr]
 
     @property
     def text(self) -> str:

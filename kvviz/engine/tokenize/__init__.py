@@ -1,1 +1,1 @@
-"""kvviz.engine.tokenize: a folder marker (the modules below are imported by their own names)."""
+"""Text <-> token ids: the byte-level and tokenizer.json tokenizers, GGUF's BPE, and chat templates."""

@@ -200,7 +200,7 @@ class GGUFTokenizer:
             ("bos_token", meta.bos_token_id), ("eos_token", meta.eos_token_id),
             ("unk_token", meta.unk_token_id), ("pad_token", meta.pad_token_id)) if i is not None}
         self._display: dict[int, str] = {}  # token_display runs for several tokens every step
-        # {text: id} of the control tokens encode matches whole (chat.py keeps typed ones literal).
+        # {text: id} of the control tokens encode matches whole (chat_template.py keeps typed ones literal).
         self.control_tokens = special_added_tokens(self._tok)
         self._literal: Any = None  # built on first use (a copy of the pipeline: ~0.1 s, a few MB)
 
