@@ -74,10 +74,10 @@ def test_every_module_in_the_tree_is_named_in_the_doc() -> None:
 
 def test_the_reader_resolves_headings_and_roots() -> None:
     """The checker is not vacuous: a bullet resolves against its heading, and an unnamed module shows."""
-    text = ("## Every module, one line\n\nTop level\n- `app.py`: x\n- `kvviz/cli.py`: y\n\n"
+    text = ("## Every module, one line\n\nTop level\n- `app.py`: x\n- `kvviz/cli/main.py`: y\n\n"
             "`kvviz/engine/kvcache/`: z\n- `dense.py` + `paged_cache.py`: w\n- `engine/models/gpt2.py`: v, beside\n"
             "  `fast/llama_flat.py`\n\n## Data flow\n")
-    assert named_modules(text) == {"app.py", "kvviz/cli.py", "kvviz/engine/kvcache/dense.py",
+    assert named_modules(text) == {"app.py", "kvviz/cli/main.py", "kvviz/engine/kvcache/dense.py",
                                    "kvviz/engine/kvcache/paged_cache.py", "kvviz/engine/models/gpt2.py",
                                    "kvviz/fast/llama_flat.py"}
     assert "kvviz/engine/loading/loader.py" in tree_modules() - named_modules(text)

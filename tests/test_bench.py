@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 
 
 def _tiny_weight_bytes() -> int:

@@ -15,7 +15,7 @@ import torch
 
 import kvviz
 from kvviz.engine.loading.loader import LoadedModel
-from kvviz.cli import main
+from kvviz.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_KEYS = {"model", "device", "use_cache", "engine", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}

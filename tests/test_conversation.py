@@ -7,7 +7,7 @@ from typing import Any, Callable
 import pytest
 
 from chat_fixtures import chat_model
-from kvviz import cli
+import kvviz.cli.main as cli
 from kvviz.engine.sessions.conversation import Conversation, common_prefix
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError

@@ -18,7 +18,7 @@ import kvviz
 
 from kvviz import train as train_mod
 from kvviz.engine.loading.loader import LoadedModel, _finish
-from kvviz.cli import main
+from kvviz.cli.main import main
 from kvviz.evaluate import bits_per_byte
 from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # covers fails the test: a new module gets its floor on purpose, here and in ARCHITECTURE.md.
 FLOORS: dict[str, int] = {
     # Floor 0: facts, bounds and this machine's name; pure Python, importable from anywhere.
-    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.limits": 0,
+    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.cli.argtypes": 0, "kvviz.limits": 0,
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
     "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
     "kvviz.memory": 1,  # the calculator: pure Python
@@ -47,15 +47,15 @@ FLOORS: dict[str, int] = {
     "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,
     "kvviz.measure.doubts": 2,
     "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
-    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.chat_cli": 8, "kvviz.__main__": 8, "app": 8,
+    "kvviz.cli.main": 8, "kvviz.cli.memory_cli": 8, "kvviz.cli.kv_cli": 8, "kvviz.cli.chat_cli": 8, "kvviz.__main__": 8, "app": 8,
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
                   "kvviz.engine.kvcache", "kvviz.engine.generation", "kvviz.engine.strategy", "kvviz.engine.sessions",
-                  "kvviz.measure", "kvviz.charts", "kvviz.ui")
+                  "kvviz.cli", "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
-            "kvviz.limits", "kvviz.argtypes", "kvviz.hostinfo")
+            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from kvviz import LoadedModel
-from kvviz.cli import main
+from kvviz.cli.main import main
 from kvviz.engine.loading.loader import SHAKESPEARE_DIR
 from kvviz.engine.loading.save import save_model
 
@@ -236,7 +236,7 @@ def test_train_checks_out_before_training(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_a_bare_train_never_targets_the_shipped_model() -> None:
-    from kvviz.cli import build_parser
+    from kvviz.cli.main import build_parser
 
     args = build_parser().parse_args(["train", "--corpus", "c.txt"])
     assert Path(args.out).resolve() != SHAKESPEARE_DIR.resolve()

@@ -314,7 +314,7 @@ def test_the_cli_never_prints_nan() -> None:
     import io
     from contextlib import redirect_stdout
 
-    from kvviz.cli import _emit
+    from kvviz.cli.main import _emit
 
     buf = io.StringIO()
     with redirect_stdout(buf):

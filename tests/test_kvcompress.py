@@ -250,7 +250,7 @@ def test_quantized_cache_truncates_like_one_that_never_saw_the_rest(make_llama) 
 def test_cli_generate_reports_cache_bytes_and_error(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.main import main
     from kvviz.engine.loading.loader import RANDOM_SHAPES
 
     assert main(["generate", "--model", "random:tiny", "--prompt-ids", "104,105,106", "--max-new-tokens", "9",
@@ -270,7 +270,7 @@ def test_cli_generate_reports_cache_bytes_and_error(capsys: pytest.CaptureFixtur
 def test_cli_eval_through_the_cache(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     f = tmp_path / "t.txt"
     f.write_text("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune" * 2)
@@ -289,7 +289,7 @@ def test_cli_eval_through_the_cache(capsys: pytest.CaptureFixture[str], tmp_path
     (["--window", "8", "--sinks", "2", "--kv-positions", "cache"], "learned position embedding"),
 ])
 def test_cli_bad_combinations(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     with pytest.raises(SystemExit) as ex:
         main(["generate", "--model", "random:tiny", "--prompt", "hi", *extra])

@@ -486,7 +486,7 @@ torch = pytest.importorskip("torch")
 
 
 def _builtin() -> dict[str, ModelSpec]:
-    from kvviz.memory_cli import all_presets
+    from kvviz.cli.memory_cli import all_presets
 
     return all_presets()
 

@@ -243,7 +243,7 @@ def test_smollm2_paged_cache_equals_memory_cli_paged(n_tok: int, rows: int, bloc
     shape (from its GGUF header) holds: whole blocks per sequence; without --paged, what they fill."""
     import json
 
-    from kvviz import cli
+    import kvviz.cli.main as cli
     from kvviz.engine.loading.gguf_llama import config_from_metadata, open_gguf
     from kvviz.engine.loading.llama_loader import smollm2_path
 
@@ -282,7 +282,7 @@ def test_bad_paged_requests_are_named(make_llama: Callable[..., LoadedModel]) ->
 def test_cli_generate_paged_equals_static(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from kvviz import cli
+    import kvviz.cli.main as cli
 
     out = {}
     for kind in ("static", "paged"):

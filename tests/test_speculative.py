@@ -177,7 +177,7 @@ def test_compare_runs_ignore_eos_runs_both_to_n(make_llama: Callable[..., Loaded
 def test_cli_json_carries_beams_and_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     base = ["generate", "--model", "random:tiny", "--prompt-ids", "1,2,3,1,2,3,1,2", "--max-new-tokens", "6", "--json"]
     assert main([*base, "--num-beams", "3", "--num-return-sequences", "2", "--early-stopping", "never",

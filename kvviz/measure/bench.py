@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvviz import argtypes as types
+import kvviz.cli.argtypes as types
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
 from kvviz.engine.loading.save import export_hf_gpt2

@@ -66,7 +66,7 @@ def measure(model: LoadedModel, tokens: int = 1024, window: int = 128, sinks: in
 
 
 def add_curves_arguments(p: argparse.ArgumentParser) -> None:
-    from kvviz import argtypes as types
+    import kvviz.cli.argtypes as types
 
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=types.token_count, default=1024, help="held-out tokens to score")

@@ -121,7 +121,7 @@ def compare_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repe
 
 
 def add_spec_bench_arguments(p: argparse.ArgumentParser) -> None:
-    from kvviz import argtypes as types
+    import kvviz.cli.argtypes as types
 
     p.add_argument("--model", default="smollm2", help="default | smollm2 | random:NAME | a folder")
     p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs of each (after one warm-up)")

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kvviz import argtypes as types
-from kvviz.argtypes import finite_float as _float
-from kvviz.argtypes import nonneg_int as _nonneg_int
-from kvviz.argtypes import positive_int as _positive_int
+import kvviz.cli.argtypes as types
+from kvviz.cli.argtypes import finite_float as _float
+from kvviz.cli.argtypes import nonneg_int as _nonneg_int
+from kvviz.cli.argtypes import positive_int as _positive_int
 from kvviz.errors import KVVizError
-from kvviz.kv_cli import add_kv_arguments
+from kvviz.cli.kv_cli import add_kv_arguments
 
 
 def _id_list(s: str) -> list[int]:
@@ -104,7 +104,7 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     from kvviz.engine.generation.loop import iter_generate
     from kvviz.engine.loading.loader import load_model
     from kvviz.fast.heap import freeze_long_lived
-    from kvviz.kv_cli import asked, cache_report, cache_text, kv_options
+    from kvviz.cli.kv_cli import asked, cache_report, cache_text, kv_options
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")
@@ -168,7 +168,7 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
-    from kvviz.kv_cli import asked, eval_text
+    from kvviz.cli.kv_cli import asked, eval_text
 
     src = read_eval_text(args.text_file or SHAKESPEARE_CORPUS, args.last_fraction)
     model = load_model(args.model, device=args.device)
@@ -185,7 +185,7 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 def _eval_kv(args: argparse.Namespace, model: Any, text: str, describe: Callable[[dict[str, Any]], str]) -> None:
     """Teacher-forced through the compressed cache vs a full-precision one, on the same tokens."""
     from kvviz.engine.generation.request import kv_spec
-    from kvviz.kv_cli import kv_options
+    from kvviz.cli.kv_cli import kv_options
     from kvviz.measure.kvcompare import compare
 
     if not model.has_tokenizer:
@@ -238,7 +238,7 @@ def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
 
 # ----------------------------------------------------------------------------- memory
 def _add_memory(sub: argparse._SubParsersAction) -> None:
-    from kvviz.memory_cli import add_memory_arguments
+    from kvviz.cli.memory_cli import add_memory_arguments
 
     p = sub.add_parser("memory", help="KV-cache memory for a model config")
     add_memory_arguments(p)
@@ -246,7 +246,7 @@ def _add_memory(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.memory_cli import run_memory
+    from kvviz.cli.memory_cli import run_memory
 
     obj, text = run_memory(args)
     _emit(args, obj, text)
@@ -270,7 +270,7 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
 
 # ----------------------------------------------------------------------------- chat
 def _add_chat(sub: argparse._SubParsersAction) -> None:
-    from kvviz.chat_cli import add_chat_arguments
+    from kvviz.cli.chat_cli import add_chat_arguments
 
     p = sub.add_parser("chat", help="a multi-turn chat over one KV cache: what each turn reuses and prefills")
     add_chat_arguments(p)
@@ -278,7 +278,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.chat_cli import run_chat
+    from kvviz.cli.chat_cli import run_chat
 
     obj, text = run_chat(args, parser)
     _emit(args, obj, text)

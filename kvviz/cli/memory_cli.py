@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from kvviz import argtypes as types
-from kvviz.argtypes import float_in, int_in
+import kvviz.cli.argtypes as types
+from kvviz.cli.argtypes import float_in, int_in
 from kvviz.errors import KVVizError
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvviz import argtypes as types
-from kvviz.argtypes import finite_float
+import kvviz.cli.argtypes as types
+from kvviz.cli.argtypes import finite_float
 from kvviz.errors import KVVizError
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvviz import argtypes as types
+import kvviz.cli.argtypes as types
 from kvviz.units import fmt_bytes
 
 
