@@ -90,6 +90,41 @@ def float_in(low: float, high: float, what: str, example: str, *, low_open: bool
     return parse
 
 
+_SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def param_count(s: str) -> int:
+    """A parameter count: '6738415616', '6,738,415,616', '6.7e9' or '6.7B'."""
+    t = s.strip().lower().replace(",", "").replace("_", "")
+    mult = 1
+    if t and t[-1] in _SUFFIXES:
+        t, mult = t[:-1], _SUFFIXES[t[-1]]
+    try:
+        v = float(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a parameter count like 6738415616 or 6.7B, got {s!r}") from None
+    if not math.isfinite(v) or v < 1 or v > 1e15:
+        raise argparse.ArgumentTypeError(f"expected a parameter count between 1 and 1e15, got {s!r}")
+    return int(round(v))
+
+
+def unit_strip(*suffixes: str) -> Callable[[str], str]:
+    """A ``strip`` for ``float_in``: what people type around a number ("80 GiB", "$2.5") removed."""
+    def strip(s: str) -> str:
+        t = s.strip().lower()
+        for suffix in suffixes:
+            t = t.removeprefix(suffix) if suffix == "$" else t.removesuffix(suffix)
+        return t.strip()
+    return strip
+
+
+gib = float_in(0, math.inf, "amount of GiB", "80", low_open=True, strip=unit_strip("gib", "gb"))
+fraction = float_in(0, 1, "a fraction", "0.1", high_open=True)
+bandwidth = float_in(0, math.inf, "GB/s", "3350", low_open=True)
+price = float_in(0, math.inf, "a price in dollars per GPU-hour", "2.5", strip=unit_strip("$"))
+efficiency = float_in(0, 1, "a fraction", "0.7", low_open=True)
+
+
 def cpu_count() -> int:
     return os.cpu_count() or 1
 

@@ -1,4 +1,4 @@
-"""``python -m kvviz {generate,chat,bench,memory,eval,train}``.
+"""``python -m kvviz {generate,chat,bench,bench-spec,memory,eval,train,kv-curves}``: one table, SUBCOMMANDS.
 
 Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout. Bad
 arguments and bad input get argparse-style messages (``kvviz <cmd>: error: ...``) and exit 2;
@@ -7,10 +7,13 @@ a traceback means a bug.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import sys
 from pathlib import Path
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import kvviz.cli.argtypes as types
@@ -50,8 +53,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 
 
 # ----------------------------------------------------------------------------- generate
-def _add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text and report every step")
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="default | random:NAME | path to a model folder")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
@@ -97,10 +99,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
                       help="longest n-gram matched against the context (then shorter ones)")
     add_kv_arguments(p)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_generate)
 
 
-def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
     from kvviz.engine.generation.loop import iter_generate
     from kvviz.engine.loading.loader import load_model
     from kvviz.fast.heap import freeze_long_lived
@@ -144,12 +145,11 @@ def _cmd_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         rate = "n/a" if sp.acceptance_rate is None else f"{sp.acceptance_rate:.0%}"
         text += (f"\n[speculation: {sp.accepted}/{sp.drafted} drafted tokens accepted ({rate}), "
                  f"{sp.forwards} forwards for {sp.tokens} tokens, {sp.forwards_saved} saved]")
-    _emit(args, obj, text)
+    return obj, text
 
 
 # ----------------------------------------------------------------------------- eval
-def _add_eval(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="bits per byte of a model on a text file")
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default")
     p.add_argument("--text-file", type=Path, default=None,
                    help="text to score (.txt or .txt.gz); default: the shipped Tiny Shakespeare corpus")
@@ -161,10 +161,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk", type=types.token_count, default=64,
                    help="with a compressed cache: tokens per teacher-forced forward (1: decode on the true tokens)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_eval)
 
 
-def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
@@ -173,16 +172,16 @@ def _cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     src = read_eval_text(args.text_file or SHAKESPEARE_CORPUS, args.last_fraction)
     model = load_model(args.model, device=args.device)
     if asked(args):
-        _eval_kv(args, model, src.text, eval_text)
-        return
+        return _eval_kv(args, model, src.text, eval_text)
     res = bits_per_byte(model, src.text)
     dropped = (f" ({src.dropped_bytes:,} bytes that were not valid UTF-8 were dropped, not scored)"
                if src.dropped_bytes else "")
-    _emit(args, {**res.to_dict(), "dropped_bytes": src.dropped_bytes},
-          f"{res.bits_per_byte:.4f} bits/byte over {res.bytes:,} bytes ({res.tokens:,} tokens){dropped}")
+    return ({**res.to_dict(), "dropped_bytes": src.dropped_bytes},
+            f"{res.bits_per_byte:.4f} bits/byte over {res.bytes:,} bytes ({res.tokens:,} tokens){dropped}")
 
 
-def _eval_kv(args: argparse.Namespace, model: Any, text: str, describe: Callable[[dict[str, Any]], str]) -> None:
+def _eval_kv(args: argparse.Namespace, model: Any, text: str,
+             describe: Callable[[dict[str, Any]], str]) -> tuple[dict[str, Any], str]:
     """Teacher-forced through the compressed cache vs a full-precision one, on the same tokens."""
     from kvviz.engine.generation.request import kv_spec
     from kvviz.cli.kv_cli import kv_options
@@ -195,15 +194,14 @@ def _eval_kv(args: argparse.Namespace, model: Any, text: str, describe: Callable
                    o["kv_fp8_scale"], o["kv_positions"], o["track_kv_error"])
     ids = model.tokenizer.encode(text)[: min(args.max_tokens, model.config.block_size)]
     summary = compare(model, ids, spec, chunk=args.chunk, attention=args.chunk == 1).summary()
-    _emit(args, summary, describe(summary))
+    return summary, describe(summary)
 
 
 # ----------------------------------------------------------------------------- train
-def _add_train(sub: argparse._SubParsersAction) -> None:
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
     from kvviz.train import TrainConfig
 
     d = TrainConfig(corpus="")
-    p = sub.add_parser("train", help="train the byte-level GPT on a corpus")
     p.add_argument("--corpus", default=None,
                    help="training text (.txt or .txt.gz); default: the shipped Tiny Shakespeare corpus")
     p.add_argument("--out", default=d.out)
@@ -220,10 +218,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-final-eval", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_train)
 
 
-def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def run_train(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS
     from kvviz.train import TrainConfig, train
 
@@ -232,100 +229,67 @@ def _cmd_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     fields["final_eval"] = not args.no_final_eval
     tc = TrainConfig(**fields)
     summary = train(tc, resume=args.resume, progress=not (args.no_progress or args.json))
-    _emit(args, summary, f"saved {tc.out} after {summary['steps']} steps "
-                         f"(val bits/byte {summary.get('val_bits_per_byte', 'n/a')})")
+    return summary, (f"saved {tc.out} after {summary['steps']} steps "
+                     f"(val bits/byte {summary.get('val_bits_per_byte', 'n/a')})")
 
 
-# ----------------------------------------------------------------------------- memory
-def _add_memory(sub: argparse._SubParsersAction) -> None:
-    from kvviz.cli.memory_cli import add_memory_arguments
+# ----------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Subcommand:
+    """One subcommand. ``add`` and ``run`` name "module:function": imported when the parser is built
+    and when the subcommand runs, never when this module is. ``add(parser)`` adds its arguments;
+    ``run(args[, parser])`` returns (the JSON object, the text); ``--json`` picks which is printed."""
 
-    p = sub.add_parser("memory", help="KV-cache memory for a model config")
-    add_memory_arguments(p)
-    p.set_defaults(func=_cmd_memory)
+    name: str
+    help: str
+    add: str
+    run: str
+    with_parser: bool = False  # run takes the subparser too (for parser.error on argument combinations)
+    partial_error: bool = False  # an "error" in the object: the part answered is printed, then exit 2
 
 
-def _cmd_memory(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.cli.memory_cli import run_memory
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand("generate", "generate text and report every step",
+               "kvviz.cli.main:add_generate_arguments", "kvviz.cli.main:run_generate", with_parser=True),
+    Subcommand("chat", "a multi-turn chat over one KV cache: what each turn reuses and prefills",
+               "kvviz.cli.chat_cli:add_chat_arguments", "kvviz.cli.chat_cli:run_chat", with_parser=True,
+               partial_error=True),
+    Subcommand("bench", "tokens/s: kvviz cached vs uncached vs transformers",
+               "kvviz.measure.bench:add_bench_arguments", "kvviz.measure.bench:run_bench"),
+    Subcommand("bench-spec", "wall-clock: speculative decoding (prompt lookup) vs plain greedy",
+               "kvviz.measure.spec_bench:add_spec_bench_arguments", "kvviz.measure.spec_bench:run_spec_bench"),
+    Subcommand("memory", "KV-cache memory for a model config",
+               "kvviz.cli.memory_cli:add_memory_arguments", "kvviz.cli.memory_cli:run_memory"),
+    Subcommand("eval", "bits per byte of a model on a text file",
+               "kvviz.cli.main:add_eval_arguments", "kvviz.cli.main:run_eval"),
+    Subcommand("train", "train the byte-level GPT on a corpus",
+               "kvviz.cli.main:add_train_arguments", "kvviz.cli.main:run_train"),
+    Subcommand("kv-curves", "perplexity by position: full vs window vs sinks + window; per KV dtype",
+               "kvviz.measure.kv_curves:add_curves_arguments", "kvviz.measure.kv_curves:run_curves"),
+)
 
-    obj, text = run_memory(args)
+
+def resolve(ref: str) -> Callable[..., Any]:
+    """"module:function" -> the function (imported now)."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _run(cmd: Subcommand, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    run = resolve(cmd.run)
+    obj, text = run(args, parser) if cmd.with_parser else run(args)
     _emit(args, obj, text)
-
-
-# ----------------------------------------------------------------------------- bench
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from kvviz.measure.bench import add_bench_arguments
-
-    p = sub.add_parser("bench", help="tokens/s: kvviz cached vs uncached vs transformers")
-    add_bench_arguments(p)
-    p.set_defaults(func=_cmd_bench)
-
-
-def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.measure.bench import run_bench
-
-    obj, text = run_bench(args)
-    _emit(args, obj, text)
-
-
-# ----------------------------------------------------------------------------- chat
-def _add_chat(sub: argparse._SubParsersAction) -> None:
-    from kvviz.cli.chat_cli import add_chat_arguments
-
-    p = sub.add_parser("chat", help="a multi-turn chat over one KV cache: what each turn reuses and prefills")
-    add_chat_arguments(p)
-    p.set_defaults(func=_cmd_chat)
-
-
-def _cmd_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.cli.chat_cli import run_chat
-
-    obj, text = run_chat(args, parser)
-    _emit(args, obj, text)
-    if "error" in obj:  # a later turn failed: the answered turns are out, then the usual exit 2
+    if cmd.partial_error and "error" in obj:  # a later turn failed: the answered turns are out, then exit 2
         raise KVVizError(f"{obj['error']} (the {len(obj['turns'])} turn(s) before it are printed above)")
-
-
-def _add_bench_spec(sub: argparse._SubParsersAction) -> None:
-    from kvviz.measure.spec_bench import add_spec_bench_arguments
-
-    p = sub.add_parser("bench-spec", help="wall-clock: speculative decoding (prompt lookup) vs plain greedy")
-    add_spec_bench_arguments(p)
-    p.set_defaults(func=_cmd_bench_spec)
-
-
-def _cmd_bench_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.measure.spec_bench import run_spec_bench
-
-    obj, text = run_spec_bench(args)
-    _emit(args, obj, text)
-
-
-def _add_kv_curves(sub: argparse._SubParsersAction) -> None:
-    from kvviz.measure.kv_curves import add_curves_arguments
-
-    p = sub.add_parser("kv-curves", help="perplexity by position: full vs window vs sinks + window; per KV dtype")
-    add_curves_arguments(p)
-    p.set_defaults(func=_cmd_kv_curves)
-
-
-def _cmd_kv_curves(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from kvviz.measure.kv_curves import run_curves
-
-    obj, text = run_curves(args)
-    _emit(args, obj, text)
-
-
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_generate, _add_chat, _add_bench, _add_bench_spec, _add_memory, _add_eval, _add_train, _add_kv_curves,
-]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvviz", description="See how an LLM generates text, and why the KV cache matters.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in SUBCOMMANDS:
-        add(sub)
+    for cmd in SUBCOMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help)
+        resolve(cmd.add)(p)
+        p.set_defaults(func=partial(_run, cmd))
     return parser
 
 

@@ -6,12 +6,11 @@ here (``engine.loading.loader.builtin_shapes``) and handed to ``kvviz.memory.bui
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import kvviz.cli.argtypes as types
-from kvviz.cli.argtypes import float_in, int_in
+from kvviz.cli.argtypes import int_in
 from kvviz.errors import KVVizError
 from kvviz.memory.engine_llamacpp import CACHE_TYPES
 from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
@@ -29,9 +28,6 @@ from kvviz.memory import (
 )
 from kvviz.memory.spec import MAX_BEAMS, MAX_BLOCK_SIZE, MAX_GROUP_SIZE
 
-_SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-
-
 def all_presets() -> dict[str, ModelSpec]:
     """Published presets first, then kvviz's own models."""
     from kvviz.engine.loading.loader import builtin_shapes  # torch: imported only when the presets are asked for
@@ -40,35 +36,6 @@ def all_presets() -> dict[str, ModelSpec]:
     return with_builtins(builtin_specs(shapes, shipped, "kvviz/engine/loading/loader.py RANDOM_SHAPES"))
 
 
-def parse_count(s: str) -> int:
-    """A parameter count: '6738415616', '6,738,415,616', '6.7e9' or '6.7B'."""
-    t = s.strip().lower().replace(",", "").replace("_", "")
-    mult = 1
-    if t and t[-1] in _SUFFIXES:
-        t, mult = t[:-1], _SUFFIXES[t[-1]]
-    try:
-        v = float(t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a parameter count like 6738415616 or 6.7B, got {s!r}") from None
-    if not math.isfinite(v) or v < 1 or v > 1e15:
-        raise argparse.ArgumentTypeError(f"expected a parameter count between 1 and 1e15, got {s!r}")
-    return int(round(v))
-
-
-def _unit(*suffixes: str) -> Callable[[str], str]:
-    def strip(s: str) -> str:
-        t = s.strip().lower()
-        for suffix in suffixes:
-            t = t.removeprefix(suffix) if suffix == "$" else t.removesuffix(suffix)
-        return t.strip()
-    return strip
-
-
-_gib = float_in(0, math.inf, "amount of GiB", "80", low_open=True, strip=_unit("gib", "gb"))
-_fraction = float_in(0, 1, "a fraction", "0.1", high_open=True)
-_bandwidth = float_in(0, math.inf, "GB/s", "3350", low_open=True)
-_price = float_in(0, math.inf, "a price in dollars per GPU-hour", "2.5", strip=_unit("$"))
-_efficiency = float_in(0, 1, "a fraction", "0.7", low_open=True)
 _tp = int_in(1, MAX_TP, "GPUs")
 
 
@@ -99,11 +66,11 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help="a run-time cache window on every layer: keep the last W positions (kvviz's --window)")
     p.add_argument("--sinks", type=types.sinks, default=0, metavar="S",
                    help="with --window: also keep the first S positions forever (StreamingLLM keeps 4; default 0)")
-    p.add_argument("--params", type=parse_count, metavar="COUNT",
+    p.add_argument("--params", type=types.param_count, metavar="COUNT",
                    help="parameter count (e.g. 6.7B); overrides the config's, needed when it is unknown")
-    p.add_argument("--gpu", type=_gib, metavar="GIB",
+    p.add_argument("--gpu", type=types.gib, metavar="GIB",
                    help=f"GPU memory in GiB for the fit check ({', '.join(map(str, GPU_PRESETS_GIB))} or any)")
-    p.add_argument("--reserve", type=_fraction, default=DEFAULT_RESERVE,
+    p.add_argument("--reserve", type=types.fraction, default=DEFAULT_RESERVE,
                    help=f"fraction of the GPU kept free for activations and the CUDA context (default {DEFAULT_RESERVE})")
     p.add_argument("--tp", type=_tp, default=1, metavar="N",
                    help="tensor-parallel GPUs: per-GPU KV and weights, KV heads replicated when N > KV heads")
@@ -111,11 +78,11 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear-attention / Mamba state dtype (default auto: the weight dtype when it is a float)")
     p.add_argument("--gpu-model", choices=tuple(load_gpus()), metavar="GPU",
                    help=f"a GPU preset ({', '.join(load_gpus())}): its memory (unless --gpu), bandwidth and price")
-    p.add_argument("--bandwidth", type=_bandwidth, metavar="GB/S",
+    p.add_argument("--bandwidth", type=types.bandwidth, metavar="GB/S",
                    help="peak memory bandwidth of one GPU in GB/s: adds the decode roofline's tokens/s")
-    p.add_argument("--price", type=_price, metavar="USD",
+    p.add_argument("--price", type=types.price, metavar="USD",
                    help="dollars per GPU-hour: adds the cost per 1M output tokens")
-    p.add_argument("--efficiency", type=_efficiency, default=DEFAULT_EFFICIENCY,
+    p.add_argument("--efficiency", type=types.efficiency, default=DEFAULT_EFFICIENCY,
                    help=f"achieved / peak bandwidth for the roofline (default {DEFAULT_EFFICIENCY})")
     add_engine_arguments(p)
     p.add_argument("--json", action="store_true")
@@ -127,7 +94,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=ENGINES, help="size the KV cache as this engine allocates it")
     g.add_argument("--kv-cache-dtype", choices=DTYPES, metavar="DTYPE",
                    help="the engine's KV dtype (vLLM's --kv-cache-dtype; default --dtype; fp8 = 1 byte a value)")
-    g.add_argument("--kv-memory-gib", type=_gib, metavar="GIB",
+    g.add_argument("--kv-memory-gib", type=types.gib, metavar="GIB",
                    help="vLLM: its 'Available KV cache memory' (exact blocks); SGLang: the memory left for the pool")
     g.add_argument("--max-model-len", type=int_in(1, MAX_SEQ_LEN), metavar="L",
                    help="vLLM --max-model-len / llama.cpp -c (default: --seq-len)")
@@ -135,7 +102,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM: tokens per scheduler step (the sliding groups' share; default `vllm serve`'s: "
                         "8192 on >= 70 GiB GPUs but the A100, else 2048)")
     g.add_argument("--pp", type=_tp, default=None, metavar="N", help="vLLM pipeline-parallel stages (default 1)")
-    g.add_argument("--gpu-memory-utilization", type=_efficiency, default=0.9, metavar="F",
+    g.add_argument("--gpu-memory-utilization", type=types.efficiency, default=0.9, metavar="F",
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
                    help="vLLM --disable-hybrid-kv-cache-manager: sliding layers keep every token")
@@ -150,7 +117,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--swa-full", action="store_true",
                    help="llama.cpp --swa-full: sliding layers keep the whole context")
     g.add_argument("--kv-unified", action="store_true", help="llama.cpp --kv-unified: one cache shared by the -np seqs")
-    g.add_argument("--mem-fraction-static", type=_efficiency, default=0.9, metavar="F",
+    g.add_argument("--mem-fraction-static", type=types.efficiency, default=0.9, metavar="F",
                    help="SGLang --mem-fraction-static (default 0.9)")
 
 
