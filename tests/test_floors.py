@@ -190,6 +190,13 @@ def test_no_two_modules_share_a_file_name() -> None:
     assert {n: m for n, m in names.items() if len(m) > 1} == {}
 
 
+def test_no_engine_folder_holds_more_than_twelve_modules() -> None:
+    """The engine stays in rooms a reader can take in at once (issue 29: about a dozen modules each)."""
+    crowded = {str(d.relative_to(ROOT)): n for d in [ROOT / "kvviz/engine", *(ROOT / "kvviz/engine").iterdir()]
+               if d.is_dir() and (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 12}
+    assert crowded == {}
+
+
 def test_the_calculator_imports_without_torch() -> None:
     """`import kvviz.memory` is the plain import (no file-path trick), and torch stays out."""
     charts = [f"kvviz.charts.{p.stem}" for p in (ROOT / "kvviz/charts").glob("*.py") if p.stem != "__init__"]
