@@ -2,7 +2,7 @@
 
 The public API is resolved on first use, so ``import kvviz.memory`` (the calculator, pure
 Python) never imports torch. That is safe because no submodule shares an API name: the
-generation loop lives in ``kvviz.engine.generate``, so ``kvviz.generate`` is always the
+generation loop lives in ``kvviz.engine.generation.loop``, so ``kvviz.generate`` is always the
 function (tests/test_generate.py holds that).
 """
 from __future__ import annotations
@@ -11,15 +11,15 @@ import importlib
 from typing import Any
 
 _API: dict[str, str] = {
-    "load_model": "kvviz.engine.load",
-    "LoadedModel": "kvviz.engine.load",
+    "load_model": "kvviz.engine.loading.loader",
+    "LoadedModel": "kvviz.engine.loading.loader",
     "KVVizError": "kvviz.errors",
-    "Run": "kvviz.engine.events",
-    "StepEvent": "kvviz.engine.events",
-    "Capture": "kvviz.engine.capture",
-    "CAPTURE_ALL": "kvviz.engine.capture",
-    "generate": "kvviz.engine.generate",
-    "iter_generate": "kvviz.engine.generate",
+    "Run": "kvviz.engine.generation.events",
+    "StepEvent": "kvviz.engine.generation.events",
+    "Capture": "kvviz.engine.generation.capture",
+    "CAPTURE_ALL": "kvviz.engine.generation.capture",
+    "generate": "kvviz.engine.generation.loop",
+    "iter_generate": "kvviz.engine.generation.loop",
 }
 
 __all__ = sorted(_API)

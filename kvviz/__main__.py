@@ -1,5 +1,5 @@
 import sys
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The bounds every entry point shares: the CLI's argument types (kvviz/argtypes.py) refuse a value
+"""The bounds every entry point shares: the CLI's argument types (kvviz/cli/argtypes.py) refuse a value
 past them before any work, and the engine checks the same numbers for API callers.
 
 Pure Python, no torch: argparse, the calculator and the engine all import it. Each bound is where a

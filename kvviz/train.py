@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.load import load_folder, resolve_device
-from kvviz.engine.save import save_model
+from kvviz.engine.loading.loader import load_folder, resolve_device
+from kvviz.engine.loading.save import save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
-from kvviz.measure.machine import available_memory_bytes, cpu_name
-from kvviz.engine.config import GPTConfig, show
+from kvviz.hostinfo import available_memory_bytes, cpu_name
+from kvviz.engine.models.config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.safeio import describe_path, kind_of, read_maybe_gzip, write_atomic
 from kvviz.units import fmt_bytes

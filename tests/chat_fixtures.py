@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.tokenizers import ByteTokenizer
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")

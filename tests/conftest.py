@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kvviz.engine.load import LoadedModel, _finish, load_model  # noqa: E402
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.loading.loader import LoadedModel, _finish, load_model  # noqa: E402
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT  # noqa: E402
 from kvviz.engine.models.llama import Llama, LlamaConfig  # noqa: E402
-from kvviz.engine.tokenizers import ByteTokenizer  # noqa: E402
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer  # noqa: E402
 
 # The test models are tiny: one thread runs them fastest, and on a 2-core box shared with other
 # work (a training run, a second pytest) torch's default thread pool oversubscribes the cores

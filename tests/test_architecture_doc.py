@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 HEADING = re.compile(r"^`((?:kvviz/)[\w/]*/)`")
-PACKAGES = {"engine", "fast", "measure", "memory", "charts", "ui"}
+PACKAGES = {"engine", "fast", "measure", "memory", "charts", "ui", "cli"}
 MODULE = re.compile(r"`([\w/]+\.py)`")
 
 
@@ -40,7 +40,7 @@ def named_modules(text: str) -> set[str]:
         for name in MODULE.findall(line):
             if name.startswith("kvviz/") or name == "app.py":
                 named.add(name)
-            elif name.split("/")[0] in PACKAGES:  # `engine/attention.py` named from another package
+            elif name.split("/")[0] in PACKAGES:  # `engine/models/attention.py` named from another package
                 named.add("kvviz/" + name)
             else:
                 named.add(package + name)
@@ -74,9 +74,10 @@ def test_every_module_in_the_tree_is_named_in_the_doc() -> None:
 
 def test_the_reader_resolves_headings_and_roots() -> None:
     """The checker is not vacuous: a bullet resolves against its heading, and an unnamed module shows."""
-    text = ("## Every module, one line\n\nTop level\n- `app.py`: x\n- `kvviz/cli.py`: y\n\n"
-            "`kvviz/engine/`: z\n- `cache.py` + `paged.py`: w\n- `models/gpt2.py`: v, beside\n"
-            "  `fast/llama.py`\n\n## Data flow\n")
-    assert named_modules(text) == {"app.py", "kvviz/cli.py", "kvviz/engine/cache.py",
-                                   "kvviz/engine/paged.py", "kvviz/engine/models/gpt2.py", "kvviz/fast/llama.py"}
-    assert "kvviz/engine/load.py" in tree_modules() - named_modules(text)
+    text = ("## Every module, one line\n\nTop level\n- `app.py`: x\n- `kvviz/cli/main.py`: y\n\n"
+            "`kvviz/engine/kvcache/`: z\n- `dense.py` + `paged_cache.py`: w\n- `engine/models/gpt2.py`: v, beside\n"
+            "  `fast/llama_flat.py`\n\n## Data flow\n")
+    assert named_modules(text) == {"app.py", "kvviz/cli/main.py", "kvviz/engine/kvcache/dense.py",
+                                   "kvviz/engine/kvcache/paged_cache.py", "kvviz/engine/models/gpt2.py",
+                                   "kvviz/fast/llama_flat.py"}
+    assert "kvviz/engine/loading/loader.py" in tree_modules() - named_modules(text)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvviz import Capture
-from kvviz.engine.generate import generate
+from kvviz.engine.generation.loop import generate
 
 ROWS = [[72, 101, 108, 108, 111, 32], [87, 111, 114, 108, 100, 33], [1, 2, 3, 4, 5, 6]]  # (3, 6)
 

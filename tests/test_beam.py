@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel, NoTokenizer, load_model
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel, NoTokenizer, load_model
 from kvviz.errors import KVVizError
 
 transformers = pytest.importorskip("transformers")
@@ -138,13 +138,13 @@ def test_reorders_match_parents_and_count_bytes(pairs: dict[str, tuple[Any, Load
 
 def test_one_beam_step_kept_rows_hold_their_parents_cache(make_llama: Any) -> None:
     """After a reorder, row r's K/V equal the old row parents[r]'s: checked on the cache itself."""
-    from kvviz.engine.cache import make_cache
+    from kvviz.engine.kvcache.factory import make_cache
 
     m = make_llama()
     cache = make_cache("static", m.config, 3, "cpu", torch.float32)
     x = torch.randint(0, 256, (3, 5), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        m.gpt(x, torch.arange(5), cache)
+        m.model(x, torch.arange(5), cache)
     cache.advance(5)
     before = [t.clone() for t in (cache.layer(0)[0], cache.layer(1)[1])]
     moved = cache.reorder(torch.tensor([2, 2, 0]))
@@ -169,7 +169,7 @@ def test_bad_beam_requests(small_model: LoadedModel, kwargs: dict[str, Any], mes
 
 
 def test_beams_over_memory_are_refused(small_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvviz.engine.beam as beam
+    import kvviz.engine.strategy.beam as beam
 
     monkeypatch.setattr(beam, "available_memory", lambda device: 100_000)  # 100 kB free
     with pytest.raises(KVVizError, match=r"64 beams x 64 positions need .* of KV cache \(static\), more than 80%"):
@@ -195,7 +195,7 @@ def test_penalties_past_a_double_do_not_overflow(pairs: dict[str, tuple[Any, Loa
 
 
 def test_length_norm_saturates() -> None:
-    from kvviz.engine.beam import length_norm
+    from kvviz.engine.strategy.beam import length_norm
 
     assert length_norm(12, 30.0) == 12.0 ** 30.0  # transformers' own Python float, to the bit
     assert length_norm(2, 2000.0) == math.inf and length_norm(1, 1e308) == 1.0

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache, make_cache
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.units import kv_bytes_per_token
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.models.config import GPTConfig
 
 DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2), "fp16": (torch.float16, 2)}
 CFGS = {
@@ -97,8 +99,9 @@ def test_concat_cache_grows_and_copies_quadratically() -> None:
 def test_make_cache_kinds() -> None:
     assert isinstance(make_cache("static", CFGS["mha"], 1, "cpu", torch.float32), StaticKVCache)
     assert isinstance(make_cache("concat", CFGS["mha"], 1, "cpu", torch.float32), ConcatKVCache)
+    assert isinstance(make_cache("paged", CFGS["mha"], 1, "cpu", torch.float32), PagedKVCache)
     with pytest.raises(ValueError, match="unknown cache kind"):
-        make_cache("paged", CFGS["mha"], 1, "cpu", torch.float32)
+        make_cache("ring", CFGS["mha"], 1, "cpu", torch.float32)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

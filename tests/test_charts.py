@@ -1,4 +1,4 @@
-"""kvviz.charts.live: pure Plotly figures of a Run (no Streamlit). Small byte model, a few steps each."""
+"""kvviz.charts.run_charts: pure Plotly figures of a Run (no Streamlit). Small byte model, a few steps each."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import pytest
 
 from kvviz import Capture, LoadedModel, Run, generate
-from kvviz.charts import live as charts
+from kvviz.charts import run_charts as charts
 
 CAPTURE = Capture(attention=True, kv_norms=True, kv_layer=1)
 PROMPT = "Hi there\n"  # 9 byte tokens, one of them a newline

@@ -11,14 +11,14 @@ import torch
 from safetensors.torch import save_file
 
 import kvviz
-from kvviz.engine import load as checkpoints
-from kvviz.engine.load import LoadedModel, load_model
-from kvviz.engine.save import save_model
-from kvviz.engine.tokenizers import ByteTokenizer
+from kvviz.engine.loading import loader as checkpoints
+from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.save import save_model
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 
 
 def _same_weights(a: LoadedModel, b: LoadedModel) -> bool:
-    sa, sb = a.gpt.state_dict(), b.gpt.state_dict()
+    sa, sb = a.model.state_dict(), b.model.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -31,7 +31,7 @@ def test_random_tiny_shape_and_seeded_weights(random_models: dict[str, LoadedMod
     assert _same_weights(tiny, load_model("random:tiny", device="cpu"))  # seeded: same every time
     assert isinstance(tiny.tokenizer, ByteTokenizer) and tiny.has_tokenizer
     assert tiny.name == "random:tiny" and tiny.dtype_name == "fp32" and tiny.device.type == "cpu"
-    assert not tiny.gpt.training and not any(p.requires_grad for p in tiny.gpt.parameters())
+    assert not tiny.model.training and not any(p.requires_grad for p in tiny.model.parameters())
 
 
 def test_gpt2_small_shape_is_gpt2s() -> None:
@@ -43,7 +43,7 @@ def test_gpt2_small_shape_is_gpt2s() -> None:
 @pytest.mark.parametrize("dtype, torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_half_precision_load(dtype: str, torch_dtype: torch.dtype) -> None:
     m = load_model("random:tiny", device="cpu", dtype=dtype)
-    assert m.dtype_name == dtype and all(p.dtype == torch_dtype for p in m.gpt.parameters())
+    assert m.dtype_name == dtype and all(p.dtype == torch_dtype for p in m.model.parameters())
     run = kvviz.generate(m, prompt="half", max_new_tokens=4)
     assert len(run.generated_ids) == 4 and run.dtype == dtype
 
@@ -70,7 +70,7 @@ def test_cuda_when_unavailable_is_a_clear_error() -> None:
 def test_save_and_load_round_trip(make_model: Callable[..., LoadedModel], tmp_path: Path,
                                   overrides: dict[str, Any]) -> None:
     m = make_model(seed=7, **overrides)
-    save_model(m.gpt, tmp_path / "m")
+    save_model(m.model, tmp_path / "m")
     (tmp_path / "m" / "training.json").write_text(json.dumps({"steps": 3}))
     back = load_model(tmp_path / "m", device="cpu")
     assert back.config == m.config and back.name == "m"
@@ -84,7 +84,7 @@ def test_save_and_load_round_trip(make_model: Callable[..., LoadedModel], tmp_pa
 # ----------------------------------------------------------------------------- bad folders
 @pytest.fixture
 def good_folder(make_model: Callable[..., LoadedModel], tmp_path: Path) -> Path:
-    save_model(make_model().gpt, tmp_path / "good")
+    save_model(make_model().model, tmp_path / "good")
     return tmp_path / "good"
 
 
@@ -196,8 +196,8 @@ def test_tensors_of_the_wrong_dtype_are_converted(good_folder: Path, make_model:
     save_file({k: v.half() for k, v in sd.items()}, str(good_folder / "model.safetensors"))
     m = load_model(good_folder, device="cpu")
     ref = make_model()
-    for k, v in ref.gpt.state_dict().items():
-        torch.testing.assert_close(m.gpt.state_dict()[k], v.half().float(), atol=0, rtol=0)
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(m.model.state_dict()[k], v.half().float(), atol=0, rtol=0)
 
 
 def test_bad_tokenizer_json_in_folder(good_folder: Path) -> None:
@@ -208,10 +208,10 @@ def test_bad_tokenizer_json_in_folder(good_folder: Path) -> None:
 def test_tokenizer_bigger_than_the_model_vocabulary(make_model: Callable[..., LoadedModel], tmp_path: Path,
                                                     bpe_tokenizer_json: Path) -> None:
     """A 300-token tokenizer.json next to a 256-token model: refused at load, not an IndexError mid-run."""
-    save_model(make_model().gpt, tmp_path / "m")
+    save_model(make_model().model, tmp_path / "m")
     (tmp_path / "m" / "tokenizer.json").write_bytes(bpe_tokenizer_json.read_bytes())
     assert "300 tokens" in _load_error(tmp_path / "m")
-    save_model(make_model(vocab_size=300).gpt, tmp_path / "ok")  # a vocabulary that covers it loads
+    save_model(make_model(vocab_size=300).model, tmp_path / "ok")  # a vocabulary that covers it loads
     (tmp_path / "ok" / "tokenizer.json").write_bytes(bpe_tokenizer_json.read_bytes())
     m = load_model(tmp_path / "ok", device="cpu")
     assert m.tokenizer.vocab_size == 300 and m.tokenizer.encode("To be") != list(b"To be")
@@ -219,11 +219,11 @@ def test_tokenizer_bigger_than_the_model_vocabulary(make_model: Callable[..., Lo
 
 # ----------------------------------------------------------------------------- the default model
 def test_default_means_smollm2_when_installed_else_shakespeare(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvviz.engine import load_llama
+    from kvviz.engine.loading import llama_loader
 
     installed = True
     try:
-        load_llama.smollm2_path()
+        llama_loader.smollm2_path()
     except kvviz.KVVizError:
         installed = False
     assert checkpoints.default_model_name() == ("smollm2" if installed else "shakespeare")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.load import LoadedModel
-from kvviz.cli import main
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_KEYS = {"model", "device", "use_cache", "engine", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}
@@ -163,3 +163,14 @@ def test_eval_bad_arguments(capsys: pytest.CaptureFixture[str], tmp_path: Path, 
     f.write_text("hello there", encoding="utf-8")
     err = _main_error(capsys, "eval", "--model", "random:tiny", *[a.replace("{f}", str(f)) for a in extra])
     assert "kvviz eval: error:" in err and needle in err
+
+
+def test_the_subcommand_table_is_the_parser() -> None:
+    """Every row of SUBCOMMANDS resolves to real functions, and the parser offers exactly those rows."""
+    from kvviz.cli.main import SUBCOMMANDS, build_parser, resolve
+
+    for cmd in SUBCOMMANDS:
+        assert callable(resolve(cmd.add)) and callable(resolve(cmd.run)), cmd.name
+    choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert list(choices) == [c.name for c in SUBCOMMANDS] == [
+        "generate", "chat", "bench", "bench-spec", "memory", "eval", "train", "kv-curves"]

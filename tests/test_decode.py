@@ -1,4 +1,4 @@
-"""The accelerator (kvviz.fast.gpt2) against the float64 reference and the readable model."""
+"""The accelerator (kvviz.fast.gpt2_flat) against the float64 reference and the readable model."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,12 +6,12 @@ from typing import Callable
 import pytest
 import torch
 
-import kvviz.fast.gpt2
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.load import LoadedModel
+import kvviz.fast.gpt2_flat
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
-from kvviz.fast.gpt2 import build_plan
+from kvviz.fast.gpt2_flat import build_plan
 from test_model import KV_HEADS, reference_forward
 
 HAVE_C = rowops.load() is not None
@@ -21,8 +21,8 @@ HAVE_C = rowops.load() is not None
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the forwards that took the flat decode step."""
     calls: list[int] = []
-    real = kvviz.fast.gpt2.decode_step
-    monkeypatch.setattr(kvviz.fast.gpt2, "decode_step", lambda *a: calls.append(1) or real(*a))
+    real = kvviz.fast.gpt2_flat.decode_step
+    monkeypatch.setattr(kvviz.fast.gpt2_flat, "decode_step", lambda *a: calls.append(1) or real(*a))
     return calls
 
 
@@ -33,7 +33,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "c" and not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     if request.param == "torch":
-        monkeypatch.setattr(kvviz.fast.gpt2, "row_linear", lambda *a, **k: None)
+        monkeypatch.setattr(kvviz.fast.gpt2_flat, "row_linear", lambda *a, **k: None)
     return request.param
 
 
@@ -42,7 +42,7 @@ def _biased(m: LoadedModel, seed: int) -> LoadedModel:
     leave the fused bias and LayerNorm untested), then rebuild the accelerator's plans."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in m.gpt.named_parameters():
+        for name, p in m.model.named_parameters():
             if name.endswith("bias") or ".ln_" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
     m.fast.rebuild()
@@ -80,7 +80,7 @@ def test_token_by_token_decode_matches_float64_reference(
     idx = torch.randint(0, 256, (batch, 20), generator=torch.Generator().manual_seed(8))
     got = _decode_all(m, idx, cache_cls)
     assert len(spy) == 20  # the flat decode step ran for every token
-    ref, _, _ = reference_forward(m.gpt, idx)
+    ref, _, _ = reference_forward(m.model, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
 
@@ -95,11 +95,11 @@ def test_flat_step_equals_module_path(make_model: Callable[..., LoadedModel], bi
     idx = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4))
     cache = StaticKVCache(m.config)
     with torch.inference_mode():
-        m.gpt(idx[:, :11], cache=cache)
+        m.model(idx[:, :11], cache=cache)
         cache.advance(11)
         flat = m.fast.forward(idx[:, 11:], torch.tensor([11]), cache=cache)  # (1, 1, 101)
         assert len(spy) == 1 and flat.shape == (1, 1, 101)
-        modules = m.gpt(idx[:, 11:], cache=cache)  # the readable model
+        modules = m.model(idx[:, 11:], cache=cache)  # the readable model
     assert len(spy) == 1
     torch.testing.assert_close(flat, modules, atol=1e-5, rtol=1e-5)
 
@@ -109,14 +109,14 @@ def test_captures_from_the_flat_step_are_the_cache_contents(make_model: Callable
     idx = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(6))
     cache = StaticKVCache(m.config)
     with torch.inference_mode():
-        m.gpt(idx[:, :8], cache=cache)
+        m.model(idx[:, :8], cache=cache)
         cache.advance(8)
         fc = ForwardCapture(frozenset({1}))
         m.fast.forward(idx[:, 8:], torch.tensor([8]), cache=cache, capture=fc)
     k, v = cache.k[1][:, :, :9], cache.v[1][:, :, :9]
     assert set(fc.k) == {1} and torch.equal(fc.k[1], k) and torch.equal(fc.v[1], v)
     assert fc.q_last[1].shape == (1, m.config.n_head, 1, m.config.head_dim)
-    _, _, kvs = reference_forward(m.gpt, idx)
+    _, _, kvs = reference_forward(m.model, idx)
     torch.testing.assert_close(k.double(), kvs[1][0], atol=1e-5, rtol=1e-5)  # (1, nkv, 9, hs)
 
 
@@ -124,7 +124,7 @@ def test_half_precision_decode_stays_close(make_model: Callable[..., LoadedModel
     m = make_model(seed=2, dtype=torch.bfloat16)
     idx = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
     got = _decode_all(m, idx, StaticKVCache)
-    ref, _, _ = reference_forward(m.gpt, idx)
+    ref, _, _ = reference_forward(m.model, idx)
     assert float((got.double() - ref).abs().max()) < 0.05 * float(ref.abs().max())
 
 
@@ -133,7 +133,7 @@ def test_half_precision_decode_stays_close(make_model: Callable[..., LoadedModel
 def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(make_model: Callable[..., LoadedModel],
                                                                      threads: int) -> None:
     m = make_model(seed=1)
-    gpt = m.gpt
+    gpt = m.model
     plan = m.fast.plan()
     assert plan.threads == 2 and plan.rows is not None
     block, ops = gpt.transformer.h[0], plan.rows.layers[0]
@@ -176,7 +176,7 @@ def test_the_readable_model_and_fast_false_never_take_the_flat_step(make_model: 
 
     m = make_model(seed=6)
     with torch.inference_mode():
-        m.gpt(torch.tensor([[3]]), cache=StaticKVCache(m.config))
+        m.model(torch.tensor([[3]]), cache=StaticKVCache(m.config))
     assert not spy
     slow = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=6, fast=False)
     assert not spy and slow.engine == "readable"
@@ -194,12 +194,12 @@ def test_weights_changed_in_place_without_freeze_are_picked_up(make_model: Calla
     before = m.fast.plan()
     g = torch.Generator().manual_seed(10)
     with torch.no_grad():  # what load_state_dict does: copy_ into the existing parameters
-        for name, p in m.gpt.named_parameters():
+        for name, p in m.model.named_parameters():
             if name.endswith("bias") or ".ln_" in name or "c_fc" in name:
                 p.copy_(p + 0.1 * torch.randn(p.shape, generator=g))
     got = _decode_all(m, idx, StaticKVCache)
     assert m.fast.plan() is before  # nothing to rebuild
-    ref, _, _ = reference_forward(m.gpt, idx)
+    ref, _, _ = reference_forward(m.model, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
 

@@ -1,8 +1,8 @@
 """The decoding charts from hand-made records: what they draw is what the records say."""
 from __future__ import annotations
 
-from kvviz.charts import decoding as dc
-from kvviz.engine.strategy_events import BeamCandidate, BeamStep, SpecResult, SpecStep
+from kvviz.charts import decoding_charts as dc
+from kvviz.engine.strategy.strategy_events import BeamCandidate, BeamStep, SpecResult, SpecStep
 
 
 def _steps() -> list[BeamStep]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.engine.events import Run, StepEvent
+from kvviz.engine.generation.events import Run, StepEvent
 from kvviz.measure import doubts
 from kvviz.measure.cpu_load import CpuReading, busy_during
 from kvviz.measure.stats import MachineProbe, phase_verdict, race_doubts, race_explanation

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 import kvviz
 
 from kvviz import train as train_mod
-from kvviz.engine.load import LoadedModel, _finish
-from kvviz.cli import main
+from kvviz.engine.loading.loader import LoadedModel, _finish
+from kvviz.cli.main import main
 from kvviz.evaluate import bits_per_byte
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
-from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = (
@@ -54,12 +54,12 @@ def test_sliding_windows_score_every_byte_once_with_its_context(make_model: Call
     """A bigram model (logits depend on the current byte only) has an exact closed-form figure."""
     m = make_model(block_size=16, seed=2)
     with torch.no_grad():
-        m.gpt.transformer.wpe.weight.zero_()
-        for block in m.gpt.transformer.h:  # no attention or MLP output: the residual is wte[x]
+        m.model.transformer.wpe.weight.zero_()
+        for block in m.model.transformer.h:  # no attention or MLP output: the residual is wte[x]
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 proj.weight.zero_()
                 proj.bias.zero_()
-    gpt = m.gpt
+    gpt = m.model
     # log p(next | current) for every byte pair: (256, 256)
     with torch.no_grad():
         table = F.log_softmax(gpt.transformer.ln_f(gpt.transformer.wte.weight) @ gpt.transformer.wte.weight.T, -1)
@@ -80,7 +80,7 @@ def test_bits_per_byte_with_a_bpe_tokenizer(bpe_tokenizer_json: Path) -> None:
     ids = m.tokenizer.encode(text)
     assert len(ids) < 64
     with torch.no_grad():
-        lp = F.log_softmax(m.gpt(torch.tensor([ids])), -1)[0]  # (T, V)
+        lp = F.log_softmax(m.model(torch.tensor([ids])), -1)[0]  # (T, V)
     nats = -sum(lp[i, ids[i + 1]].item() for i in range(len(ids) - 1))
     n_bytes = len(text.encode()) - len(m.tokenizer.token_bytes(ids[0]))
     res = bits_per_byte(m, text)
@@ -176,7 +176,7 @@ def test_bf16_autocast_training_runs(tmp_path: Path) -> None:
     assert [h["step"] for h in summary["history"]] == [5, 10]
     assert all(math.isfinite(h["val_loss"]) for h in summary["history"])
     m = kvviz.load_model(Path(tmp_path / "out"), device="cpu")
-    assert all(p.dtype == torch.float32 for p in m.gpt.parameters())  # master weights stay fp32
+    assert all(p.dtype == torch.float32 for p in m.model.parameters())  # master weights stay fp32
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -236,7 +236,7 @@ def test_the_shipped_corpus_is_the_one_the_model_trained_on() -> None:
     import hashlib
     import json
 
-    from kvviz.engine.load import SHAKESPEARE_CORPUS, SHAKESPEARE_DIR
+    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, SHAKESPEARE_DIR
     from kvviz.safeio import read_maybe_gzip
 
     data = read_maybe_gzip(SHAKESPEARE_CORPUS, 2 * 2**20)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.engine.conversation import Conversation
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.sessions.conversation import Conversation
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.measure.sweeps import SHORT_QUESTION
 from kvviz.ui.chat_scenario import NEW_TOKENS, Q1, Q1_EDITED, Q2
 from kvviz.ui.sidebar import CHAT_EXAMPLES

@@ -1,4 +1,4 @@
-"""The Llama accelerator (kvviz.fast.llama) against the readable model and a float64 reference.
+"""The Llama accelerator (kvviz.fast.llama_flat) against the readable model and a float64 reference.
 
 Random Llama configs (MHA, GQA, MQA, head_dim != C/nh, an untied head with biases), each run
 with the C row ops ("c") and without them ("torch"), on 1 and 2 threads. SmolLM2 itself is
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import kvviz
-import kvviz.fast.llama
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.capture import Capture, ForwardCapture
-from kvviz.engine.load import LoadedModel, _finish
+import kvviz.fast.llama_flat
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.generation.capture import Capture, ForwardCapture
+from kvviz.engine.loading.loader import LoadedModel, _finish
 from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
-from kvviz.engine.tokenizers import ByteTokenizer
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops
-from kvviz.fast.llama import FastLlama, max_c_rows_fp32
+from kvviz.fast.llama_flat import FastLlama, max_c_rows_fp32
 
 HAVE_C = rowops.load() is not None
 
@@ -56,7 +56,7 @@ def make_llama(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
 def reference(m: LoadedModel, idx: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of the whole sequence in float64, from the weights as stored, with exact
     RoPE tables (a bf16 model's own tables are rounded)."""
-    ref = copy.deepcopy(m.gpt).double()
+    ref = copy.deepcopy(m.model).double()
     cos, sin = rope_tables(m.config)
     ref.rope_cos, ref.rope_sin = cos.double(), sin.double()
     with torch.inference_mode():
@@ -70,7 +70,7 @@ def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "c" and not HAVE_C:
         pytest.skip(f"no C row ops here: {rowops.status()}")
     if request.param == "torch":
-        monkeypatch.setattr(kvviz.fast.llama, "row_dot", lambda *a, **k: None)
+        monkeypatch.setattr(kvviz.fast.llama_flat, "row_dot", lambda *a, **k: None)
     return request.param
 
 
@@ -79,8 +79,8 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Which forward each call took: "one" (one row through C), "rows" (C), "torch"."""
     took: list[str] = []
     for name, tag in (("_one_row", "one"), ("_rows_c", "rows"), ("forward_torch", "torch")):
-        real = getattr(kvviz.fast.llama, name)
-        monkeypatch.setattr(kvviz.fast.llama, name, lambda *a, _r=real, _t=tag: took.append(_t) or _r(*a))
+        real = getattr(kvviz.fast.llama_flat, name)
+        monkeypatch.setattr(kvviz.fast.llama_flat, name, lambda *a, _r=real, _t=tag: took.append(_t) or _r(*a))
     return took
 
 
@@ -103,7 +103,7 @@ def tokens(batch: int, T: int, seed: int) -> torch.Tensor:
 def test_build_gives_a_llama_its_accelerator() -> None:
     m = make_llama("gqa")
     assert isinstance(m.fast, FastLlama) and m.fast.name == "fast"
-    assert isinstance(build(m.gpt), FastLlama)
+    assert isinstance(build(m.model), FastLlama)
     assert build(torch.nn.Linear(2, 2)) is None
 
 
@@ -134,7 +134,7 @@ def test_prefill_chunks_and_captures_equal_the_readable_model(kind: str, threads
     idx = tokens(2, 14, seed=6)
     layers = frozenset({0, 1})
     caches = {"fast": StaticKVCache(m.config, batch=2), "readable": StaticKVCache(m.config, batch=2)}
-    fwd = {"fast": m.fast.forward, "readable": m.gpt}
+    fwd = {"fast": m.fast.forward, "readable": m.model}
     got: dict[str, list[torch.Tensor]] = {"fast": [], "readable": []}
     caps: dict[str, ForwardCapture] = {}
     with torch.inference_mode():
@@ -233,7 +233,7 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, b
         for t in range(6, 16):
             steps.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache))
             cache.advance(1)
-        slow = m.gpt(idx)
+        slow = m.model(idx)
     got = torch.cat([pre, *steps], dim=1)
     assert paths == ["rows"] + ["one" if batch == 1 else "rows"] * 10
     assert got.dtype == torch.bfloat16 and cache.k[0].dtype == torch.bfloat16
@@ -247,7 +247,7 @@ def test_bf16_weights_through_c_stay_close_to_float64(kind: str, threads: int, b
 @pytest.mark.parametrize("threads", [2], indirect=True)
 def test_plan_reads_the_weights_in_place_and_follows_the_thread_count(threads: int) -> None:
     m = make_llama("gqa", seed=17)
-    model, plan = m.gpt, m.fast.plan()
+    model, plan = m.model, m.fast.plan()
     assert plan.threads == 2 and plan.rows is not None and not plan.rows.widen
     block, ops = model.model.layers[0], plan.rows.layers[0]
     attn = block.self_attn

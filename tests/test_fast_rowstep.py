@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import kvviz.fast.rowstep
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
 from kvviz.fast.rowstep import LlamaStep, step_for
 from tests.test_fast_llama import BASE, make_llama, reference, tokens
@@ -33,8 +33,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Turn the C step off: fast/llama.py's per-layer path (four C calls per layer, SDPA)."""
-    monkeypatch.setattr(kvviz.fast.llama, "step_for", lambda *a: None)
+    """Turn the C step off: fast/llama_flat.py's per-layer path (four C calls per layer, SDPA)."""
+    monkeypatch.setattr(kvviz.fast.llama_flat, "step_for", lambda *a: None)
 
 
 def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[int] = frozenset(),

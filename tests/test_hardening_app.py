@@ -17,7 +17,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz import LoadedModel, iter_generate
-from kvviz.engine.save import save_model
+from kvviz.engine.loading.save import save_model
 from kvviz.ui import live
 from kvviz.ui.plain_text import unescape
 from kvviz.ui.settings import Settings
@@ -52,7 +52,7 @@ def _folder(root: Path, name: str, config: Any = None, weights: Path | None = No
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory, make_model: Callable[..., LoadedModel]) -> Path:
     folder = tmp_path_factory.mktemp("w") / "good"
-    save_model(make_model().gpt, folder)
+    save_model(make_model().model, folder)
     return folder / "model.safetensors"
 
 
@@ -227,7 +227,7 @@ def test_token_labels_reach_plotly_escaped(small_model: LoadedModel) -> None:
     """Plotly reads a subset of HTML in labels: a token "<a href=...>" must stay text (a BPE
     tokenizer makes such multi-character tokens), and a byte token's "<0x0A>" must not vanish."""
     from kvviz import Capture, generate
-    from kvviz.charts import live as charts
+    from kvviz.charts import run_charts as charts
     from kvviz.charts.tokens import plotly_text, short_label
 
     assert short_label("<a href=x>") == "&lt;a·href…" and plotly_text("<0x0A>") == "&lt;0x0A&gt;"

@@ -16,9 +16,9 @@ from typing import Any, Callable
 import pytest
 
 from kvviz import LoadedModel
-from kvviz.cli import main
-from kvviz.engine.load import SHAKESPEARE_DIR
-from kvviz.engine.save import save_model
+from kvviz.cli.main import main
+from kvviz.engine.loading.loader import SHAKESPEARE_DIR
+from kvviz.engine.loading.save import save_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 60  # a case that needs this long has hung: each one finishes in seconds
@@ -66,7 +66,7 @@ def assert_refused(code: int, err: str, needle: str) -> None:
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory, make_model: Callable[..., LoadedModel]) -> Path:
     folder = tmp_path_factory.mktemp("m") / "good"
-    save_model(make_model().gpt, folder)
+    save_model(make_model().model, folder)
     return folder / "model.safetensors"
 
 
@@ -236,13 +236,13 @@ def test_train_checks_out_before_training(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_a_bare_train_never_targets_the_shipped_model() -> None:
-    from kvviz.cli import build_parser
+    from kvviz.cli.main import build_parser
 
     args = build_parser().parse_args(["train", "--corpus", "c.txt"])
     assert Path(args.out).resolve() != SHAKESPEARE_DIR.resolve()
 
 
-# ----------------------------------------------------------------------------- GGUF files (kvviz/engine/gguf.py)
+# ----------------------------------------------------------------------------- GGUF files (kvviz/engine/loading/gguf_llama.py)
 def _gguf_header(tensors: int, kvs: int) -> bytes:
     return b"GGUF" + (3).to_bytes(4, "little") + tensors.to_bytes(8, "little") + kvs.to_bytes(8, "little")
 

@@ -20,11 +20,11 @@ import torch
 
 import kvviz
 from kvviz import KVVizError, LoadedModel
-from kvviz.engine.config import BOUNDS, MAX_PARAMS, GPTConfig
-from kvviz.engine.diagnose import NonFiniteLogits
-from kvviz.engine.load import config_from_json, load_model, read_config
-from kvviz.engine.save import save_model
-from kvviz.engine.sampling import SamplingParams, sample
+from kvviz.engine.models.config import BOUNDS, MAX_PARAMS, GPTConfig
+from kvviz.engine.generation.diagnose import NonFiniteLogits
+from kvviz.engine.loading.loader import config_from_json, load_model, read_config
+from kvviz.engine.loading.save import save_model
+from kvviz.engine.generation.sampling import SamplingParams, sample
 from kvviz.safeio import MAX_JSON_DEPTH, json_depth, parse_json, read_bounded
 
 TINY = dict(model_type="kvviz-gpt", vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32)
@@ -34,7 +34,7 @@ TINY = dict(model_type="kvviz-gpt", vocab_size=256, block_size=64, n_layer=2, n_
 def good_folder(tmp_path_factory: pytest.TempPathFactory, make_model: Callable[..., LoadedModel]) -> Path:
     """A valid kvviz folder (2 layers, 32 wide) whose weights every config case below reuses."""
     folder = tmp_path_factory.mktemp("models") / "good"
-    save_model(make_model().gpt, folder)
+    save_model(make_model().model, folder)
     return folder
 
 
@@ -81,7 +81,7 @@ def test_every_config_field_is_typed_and_bounded(patch: dict[str, Any], needle: 
 def test_the_bounds_admit_real_models() -> None:
     xl = GPTConfig(vocab_size=50257, block_size=1024, n_layer=48, n_head=25, n_embd=1600)  # GPT-2 XL
     assert xl.n_layer <= BOUNDS["n_layer"]
-    from kvviz.engine.config import approx_params
+    from kvviz.engine.models.config import approx_params
     assert 1.5e9 < approx_params(xl) < MAX_PARAMS
 
 
@@ -171,7 +171,7 @@ def test_a_config_that_lies_about_its_size_is_refused_from_the_header(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = json.loads((good_folder / "config.json").read_text())
     folder = _folder_with(tmp_path, good_folder, {**cfg, "n_layer": 100, "n_embd": 1024, "n_head": 16})
-    import kvviz.engine.load as load_mod
+    import kvviz.engine.loading.loader as load_mod
 
     def no_build(*a: Any, **k: Any) -> None:
         raise AssertionError("the model was built before the header was checked")
@@ -262,10 +262,10 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
     from kvviz.engine.models.gpt2 import GPT
 
     gpt = GPT(m.config)
-    gpt.load_state_dict(m.gpt.state_dict())
+    gpt.load_state_dict(m.model.state_dict())
     with torch.no_grad():
         gpt.transformer.h[1].ln_2.weight.fill_(3e38)  # its MLP input overflows to inf
-    from kvviz.engine.load import _finish
+    from kvviz.engine.loading.loader import _finish
 
     return _finish(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
 
@@ -314,7 +314,7 @@ def test_the_cli_never_prints_nan() -> None:
     import io
     from contextlib import redirect_stdout
 
-    from kvviz.cli import _emit
+    from kvviz.cli.main import _emit
 
     buf = io.StringIO()
     with redirect_stdout(buf):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvviz import argtypes
+import kvviz.cli.argtypes as argtypes
 from kvviz.errors import KVVizError
 from kvviz.limits import MAX_BEAMS, MAX_DRAFT, MAX_KV_BLOCK_SIZE, MAX_NGRAM, MAX_REPEATS, MAX_SINKS
 from kvviz.safeio import out_file_problem, write_atomic
@@ -87,7 +87,7 @@ def test_every_numeric_option_is_bounded_by_the_parser(capsys: pytest.CaptureFix
 
 def test_every_subcommand_s_numeric_options_use_the_shared_types() -> None:
     """An audit: no numeric option of any subcommand is parsed by a bare int/float (unbounded)."""
-    from kvviz.cli import build_parser
+    from kvviz.cli.main import build_parser
 
     parser = build_parser()
     subs = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from kvviz.engine.generate import generate, iter_generate
-from kvviz.engine.requests import kv_spec
-from kvviz.engine.kvcaches import QuantizedKVCache, WindowKVCache
-from kvviz.engine.kvquant import (dequantize_fp8, dequantize_int, fp8_scale, pack_int4, quantize_fp8, quantize_int,
+from kvviz.engine.generation.loop import generate, iter_generate
+from kvviz.engine.generation.request import kv_spec
+from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
+from kvviz.engine.kvcache.kv_quant import (dequantize_fp8, dequantize_int, fp8_scale, pack_int4, quantize_fp8, quantize_int,
                                   unpack_int4)
-from kvviz.engine.kvspec import KVSpec, resolve
+from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare, nll_through_cache, plain_nll
 from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
@@ -156,11 +156,11 @@ def test_streaming_positions_rotate_the_sinks(make_llama) -> None:
     """positions='cache': the sink keys read back equal keys computed afresh at position j + evicted
     (layer 0, where K depends only on the token and its position)."""
     m = make_llama()
-    net, c = m.gpt, m.config
+    net, c = m.model, m.config
     ids = PROMPT * 2
     spec = resolve(KVSpec(window=6, sinks=2), "llama", c.head_dim, c.block_size)
     cache = WindowKVCache(c, spec)
-    from kvviz.engine.capture import ForwardCapture
+    from kvviz.engine.generation.capture import ForwardCapture
     with torch.inference_mode():
         for p, t in enumerate(ids):
             fc = ForwardCapture(frozenset({0}))
@@ -250,8 +250,8 @@ def test_quantized_cache_truncates_like_one_that_never_saw_the_rest(make_llama) 
 def test_cli_generate_reports_cache_bytes_and_error(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from kvviz.cli import main
-    from kvviz.engine.load import RANDOM_SHAPES
+    from kvviz.cli.main import main
+    from kvviz.engine.loading.loader import RANDOM_SHAPES
 
     assert main(["generate", "--model", "random:tiny", "--prompt-ids", "104,105,106", "--max-new-tokens", "9",
                  "--kv-dtype", "int4", "--kv-zero-point", "--window", "5", "--sinks", "2", "--json"]) == 0
@@ -270,7 +270,7 @@ def test_cli_generate_reports_cache_bytes_and_error(capsys: pytest.CaptureFixtur
 def test_cli_eval_through_the_cache(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     f = tmp_path / "t.txt"
     f.write_text("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune" * 2)
@@ -289,7 +289,7 @@ def test_cli_eval_through_the_cache(capsys: pytest.CaptureFixture[str], tmp_path
     (["--window", "8", "--sinks", "2", "--kv-positions", "cache"], "learned position embedding"),
 ])
 def test_cli_bad_combinations(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     with pytest.raises(SystemExit) as ex:
         main(["generate", "--model", "random:tiny", "--prompt", "hi", *extra])
@@ -298,7 +298,7 @@ def test_cli_bad_combinations(capsys: pytest.CaptureFixture[str], extra: list[st
 
 # ----------------------------------------------------------------------------- charts
 def test_charts_draw_what_the_cache_holds(make_llama) -> None:
-    from kvviz.charts import compress as cc
+    from kvviz.charts import compress_charts as cc
 
     c = make_llama().config
     sinks, window = 2, 5
@@ -348,7 +348,7 @@ def test_position_rule_changes_what_the_model_sees_only_after_eviction(make_llam
 def test_error_log_per_step_by_hand() -> None:
     """Two layers of 2 KV heads, a prefill at 0 and a step at 3: each write's max over layers and
     heads, and its mean over every (layer, head) pair."""
-    from kvviz.engine.kvstore import ErrorLog
+    from kvviz.engine.kvcache.slot_store import ErrorLog
 
     log = ErrorLog()
     log.rows = [(0, 0, [0.1, 0.4], [0.01, 0.03], [0.2, 0.1], [0.02, 0.02]),

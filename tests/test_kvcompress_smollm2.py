@@ -6,7 +6,7 @@ third token. The test pins 64 tokens of int8 agreement.
 """
 from __future__ import annotations
 
-from kvviz.engine.generate import generate
+from kvviz.engine.generation.loop import generate
 from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
 
 PROMPT = "Once upon a time, there was a little"

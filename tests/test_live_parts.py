@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvviz import Capture, KVVizError, LoadedModel, generate
-from kvviz.engine.load import RANDOM_SHAPES
+from kvviz.engine.loading.loader import RANDOM_SHAPES
 from kvviz.ui import budget, chips, metrics, state
 from kvviz.ui.settings import Settings
 

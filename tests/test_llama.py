@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.cache import make_cache
-from kvviz.engine.capture import Capture, ForwardCapture
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel, load_model
-from kvviz.engine.load_llama import LlamaLoad, load_llama_folder
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.generation.capture import Capture, ForwardCapture
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.errors import KVVizError
 
@@ -88,7 +88,7 @@ def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_logits_match_transformers(pair: Any, shape: str) -> None:
     hf, loaded, _ = pair(shape)
-    model = loaded.gpt
+    model = loaded.model
     assert isinstance(model, Llama)
     idx = torch.randint(0, BASE["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
@@ -112,7 +112,7 @@ def test_greedy_matches_transformers_generate(pair: Any, shape: str) -> None:
 
 @pytest.mark.parametrize("shape", ["mha", "gqa", "head_dim", "rope_theta"])
 def test_chunked_prefill_equals_one_shot(pair: Any, shape: str) -> None:
-    model = pair(shape)[1].gpt
+    model = pair(shape)[1].model
     idx = torch.randint(0, BASE["vocab_size"], (1, 17), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         one = model(idx)  # (1, 17, V), causal, no cache
@@ -129,7 +129,7 @@ def test_chunked_prefill_equals_one_shot(pair: Any, shape: str) -> None:
 def test_capture_holds_post_rope_q_and_k(pair: Any) -> None:
     """The captured q/k give the attention weights transformers computes (eager, with RoPE)."""
     _, loaded, folder = pair("gqa")
-    model = loaded.gpt
+    model = loaded.model
     hf_eager = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     idx = torch.tensor([PROMPT])
     cfg = model.config
@@ -161,9 +161,9 @@ def test_generator_captures_attention_and_kv_on_llama(pair: Any) -> None:
 
 
 def test_untied_head_is_its_own_tensor(pair: Any) -> None:
-    model = pair("untied")[1].gpt
+    model = pair("untied")[1].model
     assert model.lm_head.weight is not model.model.embed_tokens.weight
-    tied = pair("mha")[1].gpt
+    tied = pair("mha")[1].model
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
 
 

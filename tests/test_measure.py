@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from kvviz.engine.flops import forward_bytes, forward_flops
+from kvviz.engine.generation.flops import forward_bytes, forward_flops
 from kvviz.measure.sweeps import (
     Request, batch_memory, batch_rows, batch_sizes, compare_outputs, cycle_to, document_ids, iter_race,
     prompt_lengths, request_from_text, run_once, sweep_batch, sweep_decode, sweep_ns,
@@ -182,11 +182,11 @@ def test_compare_outputs_needs_two_runs(small_model) -> None:  # type: ignore[no
 
 def test_every_sweep_honours_the_engine_switch(small_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """fast=False: no step goes through the accelerator; fast=True: every step does."""
-    import kvviz.fast.gpt2
+    import kvviz.fast.gpt2_flat
 
     calls: list[int] = []
-    real = kvviz.fast.gpt2.FastGPT2.forward
-    monkeypatch.setattr(kvviz.fast.gpt2.FastGPT2, "forward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    real = kvviz.fast.gpt2_flat.FastGPT2.forward
+    monkeypatch.setattr(kvviz.fast.gpt2_flat.FastGPT2, "forward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     sweeps = (
         lambda fast: sweep_ttft(small_model, PROMPT, [4, 8], repeats=1, warm=False, fast=fast),
         lambda fast: sweep_decode(small_model, PROMPT, repeats=1, prompt_len=4, max_context=10, warm=False, fast=fast),

@@ -486,13 +486,13 @@ torch = pytest.importorskip("torch")
 
 
 def _builtin() -> dict[str, ModelSpec]:
-    from kvviz.memory_cli import all_presets
+    from kvviz.cli.memory_cli import all_presets
 
     return all_presets()
 
 
 def test_builtin_entries_come_from_random_shapes() -> None:
-    from kvviz.engine.load import RANDOM_SHAPES
+    from kvviz.engine.loading.loader import RANDOM_SHAPES
 
     specs_ = _builtin()
     for name, cfg in RANDOM_SHAPES.items():
@@ -503,8 +503,8 @@ def test_builtin_entries_come_from_random_shapes() -> None:
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_calculator_equals_static_cache_bytes_allocated(dtype: str) -> None:
-    from kvviz.engine.cache import StaticKVCache
-    from kvviz.engine.load import DTYPES, RANDOM_SHAPES, config_from_json, read_config, SHAKESPEARE_DIR
+    from kvviz.engine.kvcache.dense import StaticKVCache
+    from kvviz.engine.loading.loader import DTYPES, RANDOM_SHAPES, config_from_json, read_config, SHAKESPEARE_DIR
 
     configs = dict(RANDOM_SHAPES)
     if (SHAKESPEARE_DIR / "config.json").is_file():  # the shipped model, once it has been trained
@@ -526,7 +526,7 @@ def test_live_panel_measures_smollm2_from_its_own_gguf_file(dtype: str) -> None:
     """The calculator page's live panel for the smollm2-135m preset: the engine's caches built from
     the installed GGUF file's metadata hold exactly the preset's bytes (30 layers x 3 K/V heads x 64
     x 2 (K and V) x 4 bytes = 46,080 bytes per token in fp32)."""
-    from kvviz.engine.load_llama import smollm2_path
+    from kvviz.engine.loading.llama_loader import smollm2_path
     from kvviz.errors import KVVizError
     from kvviz.ui.calculator_engine import measure_caches
 
@@ -548,7 +548,7 @@ def test_live_panel_measures_smollm2_from_its_own_gguf_file(dtype: str) -> None:
 
 
 def test_builtin_param_count_equals_the_model() -> None:
-    from kvviz.engine.load import RANDOM_SHAPES
+    from kvviz.engine.loading.loader import RANDOM_SHAPES
     from kvviz.engine.models.gpt2 import GPT
 
     specs_ = _builtin()

@@ -7,7 +7,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 from kvviz.memory import (
     MemoryRequest, calculate, cache_window_problems, find_preset, load_presets, with_cache_window,
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

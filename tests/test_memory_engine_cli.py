@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 from kvviz.memory import CalcError, load_presets
 from kvviz.memory.engine_log import parse_vllm_log, reconcile
 from kvviz.memory.engine_vllm import VLLMSettings

@@ -308,7 +308,7 @@ def test_provenance_names_fields_and_class_defaults(presets, capsys):
     nested text_config (Gemma 3 leaves num_key_value_heads out), or the rule (head_dim = hidden / heads)."""
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     gemma = dict(presets["gemma-3-4b"].provenance)
     assert gemma["n_kv_heads"].startswith("gemma3_text config class default num_key_value_heads=4")

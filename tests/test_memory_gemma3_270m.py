@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 from kvviz.memory import MemoryRequest, calculate, load_presets
 from kvviz.memory.engine_llamacpp import llamacpp_sizing
 from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing

@@ -18,7 +18,7 @@ import pytest
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
-from kvviz.cli import main
+from kvviz.cli.main import main
 from kvviz.memory import MAX_CONFIG_BYTES, ConfigError, load_config_file, parse_config_text
 from kvviz.ui.plain_text import md_plain, unescape
 

@@ -10,10 +10,10 @@ import torch
 
 import kvviz
 
-from kvviz.engine.cache import ConcatKVCache, StaticKVCache
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.fast.matmul import row_matmul
 
@@ -83,13 +83,13 @@ def _ids(B: int, T: int, vocab: int = 256, seed: int = 0) -> torch.Tensor:
 def test_uncached_forward_matches_reference(make_model: Callable[..., LoadedModel], kind: str, bias: bool) -> None:
     m = make_model(n_kv_head=KV_HEADS[kind], bias=bias, seed=1)
     idx = _ids(2, 23)
-    ref, _, _ = reference_forward(m.gpt, idx)
+    ref, _, _ = reference_forward(m.model, idx)
     with torch.inference_mode():
-        out = m.gpt(idx)
+        out = m.model(idx)
     assert out.shape == (2, 23, 256)
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=1e-5)
     with torch.inference_mode():
-        last = m.gpt(idx, last_only=True)
+        last = m.model(idx, last_only=True)
     assert last.shape == (2, 1, 256)
     torch.testing.assert_close(last.double(), ref[:, -1:], atol=2e-5, rtol=1e-5)
 
@@ -104,15 +104,15 @@ def test_chunked_prefill_and_decode_match_full_forward(
     m = make_model(n_kv_head=KV_HEADS[kind])
     idx = _ids(2, 30, seed=2)
     with torch.inference_mode():
-        full = m.gpt(idx)  # (2, 30, V), no cache
+        full = m.model(idx)  # (2, 30, V), no cache
         cache = cache_cls(m.config, batch=2)
         pieces, start = [], 0
         for n in chunks:
-            pieces.append(m.gpt(idx[:, start:start + n], cache=cache))
+            pieces.append(m.model(idx[:, start:start + n], cache=cache))
             cache.advance(n)  # the caller, never the model, moves the position
             start += n
         for t in range(start, 30):
-            pieces.append(m.gpt(idx[:, t:t + 1], cache=cache))
+            pieces.append(m.model(idx[:, t:t + 1], cache=cache))
             cache.advance(1)
     got = torch.cat(pieces, dim=1)
     assert cache.pos == 30
@@ -131,7 +131,7 @@ def test_captured_attention_and_kv_match_reference(make_model: Callable[..., Loa
     N = len(run.prompt_ids)
     for s, e in enumerate(run.events):
         t = N + s
-        _, attn, kv = reference_forward(m.gpt, torch.tensor([ids[:t]]))
+        _, attn, kv = reference_forward(m.model, torch.tensor([ids[:t]]))
         want = torch.stack([a[0, :, -1, :] for a in attn])  # (L, nh, t): last query over all keys
         np.testing.assert_allclose(e.attn.astype(np.float32), want.numpy(), atol=2e-3, rtol=0)
         new = slice(e.kv_start, t)
@@ -144,10 +144,10 @@ def test_captured_attention_and_kv_match_reference(make_model: Callable[..., Loa
 def test_forward_never_advances_the_cache(small_model: LoadedModel) -> None:
     cache = StaticKVCache(small_model.config)
     with torch.inference_mode():
-        a = small_model.gpt(_ids(1, 5), cache=cache)
+        a = small_model.model(_ids(1, 5), cache=cache)
         assert cache.pos == 0
         # Without advance, a second call overwrites the same positions and gives the same result.
-        b = small_model.gpt(_ids(1, 5), cache=cache)
+        b = small_model.model(_ids(1, 5), cache=cache)
     torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
@@ -155,12 +155,12 @@ def test_explicit_input_pos_equals_default(small_model: LoadedModel) -> None:
     idx = _ids(1, 12)
     with torch.inference_mode():
         c1, c2 = StaticKVCache(small_model.config), StaticKVCache(small_model.config)
-        small_model.gpt(idx[:, :7], cache=c1)
-        small_model.gpt(idx[:, :7], torch.arange(7), cache=c2)
+        small_model.model(idx[:, :7], cache=c1)
+        small_model.model(idx[:, :7], torch.arange(7), cache=c2)
         c1.advance(7)
         c2.advance(7)
-        a = small_model.gpt(idx[:, 7:], cache=c1)
-        b = small_model.gpt(idx[:, 7:], torch.arange(7, 12), cache=c2)
+        a = small_model.model(idx[:, 7:], cache=c1)
+        b = small_model.model(idx[:, 7:], torch.arange(7, 12), cache=c2)
     torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
@@ -168,9 +168,9 @@ def test_capture_refs_do_not_change_logits(make_model: Callable[..., LoadedModel
     m = make_model(n_kv_head=2)
     idx = _ids(1, 17)
     with torch.inference_mode():
-        plain = m.gpt(idx)
+        plain = m.model(idx)
         fc = ForwardCapture(frozenset({0, 1}))
-        captured = m.gpt(idx, capture=fc)
+        captured = m.model(idx, capture=fc)
     torch.testing.assert_close(captured, plain, atol=0, rtol=0)
     assert fc.q_last[0].shape == (1, 4, 1, 8)  # (B, nh, 1, hs)
     assert fc.k[1].shape == (1, 2, 17, 8)  # (B, nkv, S, hs)
@@ -178,28 +178,28 @@ def test_capture_refs_do_not_change_logits(make_model: Callable[..., LoadedModel
 
 def test_sequence_longer_than_block_is_rejected(small_model: LoadedModel) -> None:
     with pytest.raises(ValueError, match="exceeds block_size 64"):
-        small_model.gpt(_ids(1, 65))
+        small_model.model(_ids(1, 65))
     cache = StaticKVCache(small_model.config)
     with torch.inference_mode():
-        small_model.gpt(_ids(1, 60), cache=cache)
+        small_model.model(_ids(1, 60), cache=cache)
     cache.advance(60)
     with pytest.raises(ValueError, match="64"):
-        small_model.gpt(_ids(1, 5), cache=cache)
+        small_model.model(_ids(1, 5), cache=cache)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_forward_tracks_fp32(make_model: Callable[..., LoadedModel], dtype: torch.dtype) -> None:
     ref = make_model(seed=4)
     half = make_model(seed=4, dtype=dtype)
-    assert half.gpt.transformer.wte.weight.dtype == dtype
+    assert half.model.transformer.wte.weight.dtype == dtype
     idx = _ids(1, 20)
     with torch.inference_mode():
-        a = ref.gpt(idx)
-        b = half.gpt(idx)
+        a = ref.model(idx)
+        b = half.model(idx)
         cache = StaticKVCache(half.config, dtype=dtype)
-        c = half.gpt(idx[:, :12], cache=cache)
+        c = half.model(idx[:, :12], cache=cache)
         cache.advance(12)
-        d = half.gpt(idx[:, 12:], cache=cache)
+        d = half.model(idx[:, 12:], cache=cache)
     assert b.dtype == dtype
     # Half precision keeps ~3 significant digits; logits here are O(1).
     tol = 0.15 if dtype == torch.bfloat16 else 0.03
@@ -208,14 +208,14 @@ def test_half_precision_forward_tracks_fp32(make_model: Callable[..., LoadedMode
 
 
 def test_gpt2_parameter_names_and_tied_head(small_model: LoadedModel) -> None:
-    names = set(dict(small_model.gpt.named_parameters()))
+    names = set(dict(small_model.model.named_parameters()))
     for n in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight",
               "transformer.h.1.attn.c_proj.bias", "transformer.h.0.mlp.c_fc.weight", "transformer.h.1.ln_2.bias",
               "transformer.ln_f.weight"):
         assert n in names
-    assert small_model.gpt.lm_head.weight is small_model.gpt.transformer.wte.weight
+    assert small_model.model.lm_head.weight is small_model.model.transformer.wte.weight
     # Conv1D keeps HF's (in, out) layout: c_attn maps C -> C + 2 * kv_dim.
-    assert small_model.gpt.transformer.h[0].attn.c_attn.weight.shape == (32, 96)
+    assert small_model.model.transformer.h[0].attn.c_attn.weight.shape == (32, 96)
 
 
 def test_num_params_by_hand() -> None:
@@ -276,15 +276,15 @@ def test_split_decode_with_odd_vocab_matches_full_forward(make_model: Callable[.
     m = make_model(vocab_size=101, seed=4)
     idx = torch.randint(0, 101, (1, 24), generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
-        full = m.gpt(idx)  # (1, 24, 101): 24 rows, the plain GEMM path
+        full = m.model(idx)  # (1, 24, 101): 24 rows, the plain GEMM path
         cache = StaticKVCache(m.config)
-        m.gpt(idx[:, :8], cache=cache)
+        m.model(idx[:, :8], cache=cache)
         cache.advance(8)
         steps = []
         for t in range(8, 24):
-            steps.append(m.gpt(idx[:, t:t + 1], cache=cache))  # (1, 1, 101): one row, the flat step
+            steps.append(m.model(idx[:, t:t + 1], cache=cache))  # (1, 1, 101): one row, the flat step
             cache.advance(1)
     got = torch.cat(steps, dim=1)
     assert got.shape == (1, 16, 101)
     torch.testing.assert_close(got, full[:, 8:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(full.double(), reference_forward(m.gpt, idx)[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(full.double(), reference_forward(m.model, idx)[0], atol=2e-5, rtol=1e-5)

@@ -6,11 +6,11 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from kvviz.engine.block_pool import ROOT_HASH, BlockPool, PoolFull, block_hash
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.paged import PagedKVCache, PagedPool
-from kvviz.engine.parallel import ParallelSamples
+from kvviz.engine.kvcache.block_pool import ROOT_HASH, BlockPool, PoolFull, block_hash
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool
+from kvviz.engine.sessions.parallel_samples import ParallelSamples
 from kvviz.errors import KVVizError
 from kvviz.memory import KVFormat, ModelSpec, kv_bytes
 
@@ -185,13 +185,13 @@ def test_paged_batch_and_chunked_prefill_equal_static(make_llama: Callable[..., 
     out, kv = {}, {}
     with torch.inference_mode():
         for kind in ("static", "paged"):
-            from kvviz.engine.caches import make_cache
+            from kvviz.engine.kvcache.factory import make_cache
 
             cache = make_cache(kind, c, 1, "cpu", torch.float32, block_size=3)
             pos = torch.arange(c.block_size)
-            m.gpt(ids[:, :7], pos[:7], cache, None)
+            m.model(ids[:, :7], pos[:7], cache, None)
             cache.advance(7)
-            out[kind] = m.gpt(ids[:, 7:], pos[7:12], cache, None)
+            out[kind] = m.model(ids[:, 7:], pos[7:12], cache, None)
             cache.advance(5)
             kv[kind] = cache.layer(1)
     assert torch.equal(out["static"], out["paged"])
@@ -243,9 +243,9 @@ def test_smollm2_paged_cache_equals_memory_cli_paged(n_tok: int, rows: int, bloc
     shape (from its GGUF header) holds: whole blocks per sequence; without --paged, what they fill."""
     import json
 
-    from kvviz import cli
-    from kvviz.engine.gguf import config_from_metadata, open_gguf
-    from kvviz.engine.load_llama import smollm2_path
+    import kvviz.cli.main as cli
+    from kvviz.engine.loading.gguf_llama import config_from_metadata, open_gguf
+    from kvviz.engine.loading.llama_loader import smollm2_path
 
     try:
         cfg = config_from_metadata(open_gguf(smollm2_path()))
@@ -282,7 +282,7 @@ def test_bad_paged_requests_are_named(make_llama: Callable[..., LoadedModel]) ->
 def test_cli_generate_paged_equals_static(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from kvviz import cli
+    import kvviz.cli.main as cli
 
     out = {}
     for kind in ("static", "paged"):
@@ -294,7 +294,7 @@ def test_cli_generate_paged_equals_static(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_pool_views_are_pure_figures(make_llama: Callable[..., LoadedModel]) -> None:
-    from kvviz.charts import paged as pc
+    from kvviz.charts import paged_charts as pc
 
     cache = PagedKVCache(make_llama().config, block_size=4, num_blocks=10)
     _fill(cache, [1, 2, 3, 4, 5, 6])

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import kvviz
-import kvviz.fast.gpt2
+import kvviz.fast.gpt2_flat
 import kvviz.fast.rowops
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.save import export_hf_gpt2
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loading.save import export_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
@@ -72,7 +72,7 @@ def test_logits_match_hf(hf: GPT2LMHeadModel, kv: LoadedModel) -> None:
     x = torch.randint(0, VOCAB, (4, 50), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         want = hf(x).logits
-        got = kv.gpt(x)
+        got = kv.model(x)
     assert kv.config.n_layer == 3 and kv.config.vocab_size == VOCAB and kv.config.block_size == 128
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -180,7 +180,7 @@ def test_headless_gpt2model_folder_loads(tmp_path: Path) -> None:
     x = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         want = base(x).last_hidden_state @ base.wte.weight.T  # GPT-2's head is tied to wte
-        got = m.gpt(x)
+        got = m.model(x)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -197,24 +197,24 @@ def test_untied_lm_head_is_not_silently_replaced(tmp_path: Path) -> None:
         return
     x = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        torch.testing.assert_close(m.gpt(x), untied(x).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(m.model(x), untied(x).logits, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape", ["tiny", "bias-free"])
 def test_export_round_trip_through_transformers(shape: str, tmp_path: Path, make_model: Any) -> None:
     m = kvviz.load_model("random:tiny", device="cpu") if shape == "tiny" else make_model(bias=False, seed=8)
-    export_hf_gpt2(m.gpt, tmp_path / "export")
+    export_hf_gpt2(m.model, tmp_path / "export")
     back = GPT2LMHeadModel.from_pretrained(tmp_path / "export").eval()
     x = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        torch.testing.assert_close(back(x).logits, m.gpt(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(back(x).logits, m.model(x), atol=1e-5, rtol=1e-5)
     again = kvviz.load_model(tmp_path / "export", device="cpu")  # and kvviz reads its own export
     with torch.inference_mode():
-        torch.testing.assert_close(again.gpt(x), m.gpt(x), atol=0, rtol=0)
+        torch.testing.assert_close(again.model(x), m.model(x), atol=0, rtol=0)
     prompt = [72, 105, 33]
     assert kvviz.generate(m, prompt_ids=prompt, max_new_tokens=15).generated_ids == _hf_greedy(back, [prompt], 15)[0]
 
 
 def test_export_refuses_grouped_query_attention(make_model: Any, tmp_path: Path) -> None:
     with pytest.raises(kvviz.KVVizError, match="MHA"):
-        export_hf_gpt2(make_model(n_kv_head=2).gpt, tmp_path / "gqa")
+        export_hf_gpt2(make_model(n_kv_head=2).model, tmp_path / "gqa")

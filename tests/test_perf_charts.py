@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import pytest
 
 from kvviz.charts import perf as pc
-from kvviz.engine.generate import generate
+from kvviz.engine.generation.loop import generate
 from kvviz.measure.stats import MachineProbe, Sample, aggregate, fits_by_series, roofline_points
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,

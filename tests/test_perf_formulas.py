@@ -1,4 +1,4 @@
-"""kvviz.engine.flops and the cache byte formula against values worked out by hand on a toy shape.
+"""kvviz.engine.generation.flops and the cache byte formula against values worked out by hand on a toy shape.
 
 Toy shape: L=1 layer, C=4, 2 heads, V=10. Per layer and token, the matmuls are
 c_attn 4x12, c_proj 4x4, MLP 4x16 and 16x4; attention costs 2*2*C per key seen.
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from kvviz.units import kv_bytes_per_token
-from kvviz.engine.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
-from kvviz.engine.generate import generate
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.generation.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 
 TOY = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=2, n_embd=4)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from kvviz.engine.generate import generate
+from kvviz.engine.generation.loop import generate
 from kvviz.measure.stats import (
     MachineProbe, Sample, aggregate, bound_label, fits_by_series, loglog_slope, phase_verdict, race_explanation,
     roof_fraction, roofline_points, samples_frame, speedup_table, spread,

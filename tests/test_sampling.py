@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvviz.errors import KVVizError
-from kvviz.engine.sampling import SamplingParams, filter_logits, make_generator, sample
+from kvviz.engine.generation.sampling import SamplingParams, filter_logits, make_generator, sample
 
 # A distribution that is easy to reason about: p = [0.5, 0.3, 0.15, 0.05] (in a shuffled order).
 PROBS = torch.tensor([0.15, 0.5, 0.05, 0.3], dtype=torch.float64)

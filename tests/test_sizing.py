@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from kvviz.engine.flops import forward_flops
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.generation.flops import forward_flops
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.measure import sizing
 from kvviz.measure.sizing import MARGIN, Calibration, Estimator, about, pick_batch, pick_context, pick_ns
 from kvviz.measure.sweeps import prompt_lengths

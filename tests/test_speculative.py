@@ -7,10 +7,10 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from kvviz.engine.caches import make_cache
-from kvviz.engine.generate import generate, iter_generate
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.speculative import prompt_lookup, verify_sampled
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.generation.loop import generate, iter_generate
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.strategy.speculative import prompt_lookup, verify_sampled
 from kvviz.errors import KVVizError
 
 # A prompt that repeats itself, so the drafter finds matches (and the models' loops give more).
@@ -52,7 +52,7 @@ def test_rollback_leaves_the_cache_of_a_never_speculated_run(model: LoadedModel,
     seq = torch.tensor([PROMPT + ids[:-1]])  # the last token is sampled, not yet fed
     with torch.inference_mode():
         for t in range(seq.shape[1]):  # one token at a time: no speculation at all
-            model.gpt(seq[:, t: t + 1], torch.tensor([t]), ref)
+            model.model(seq[:, t: t + 1], torch.tensor([t]), ref)
             ref.advance(1)
     assert got.pos == ref.pos == len(PROMPT) + 29
     assert got.bytes_used == ref.bytes_used
@@ -162,7 +162,7 @@ def test_compare_runs_ignore_eos_runs_both_to_n(make_llama: Callable[..., Loaded
     """With an EOS the model emits early, ignore_eos makes plain and speculative both run all N."""
     import dataclasses
 
-    from kvviz.engine.tokenizers import ByteTokenizer
+    from kvviz.engine.tokenize.tokenizer import ByteTokenizer
     from kvviz.measure.spec_bench import compare_runs
 
     m = make_llama()
@@ -177,7 +177,7 @@ def test_compare_runs_ignore_eos_runs_both_to_n(make_llama: Callable[..., Loaded
 def test_cli_json_carries_beams_and_speculation(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     base = ["generate", "--model", "random:tiny", "--prompt-ids", "1,2,3,1,2,3,1,2", "--max-new-tokens", "6", "--json"]
     assert main([*base, "--num-beams", "3", "--num-return-sequences", "2", "--early-stopping", "never",

@@ -1,7 +1,7 @@
 """first_stop: the earliest stop string completed by the newest characters, found by hand."""
 from __future__ import annotations
 
-from kvviz.engine.stops import first_stop
+from kvviz.engine.generation.stops import first_stop
 
 
 def test_match_spanning_the_boundary_and_earliest_wins() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 import kvviz
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.tokenizers import ByteTokenizer, HFTokenizer, display_bytes
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer, display_bytes
 
 ODD = {
     "ascii": "Hello, world!",

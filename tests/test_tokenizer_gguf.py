@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from kvviz.engine.chat import chat_prompt, check_messages, render_chat
-from kvviz.engine.tokenizer_gguf import (GGUFTokenizer, load_gguf_tokenizer,
+from kvviz.engine.tokenize.chat_template import chat_prompt, check_messages, render_chat
+from kvviz.engine.tokenize.gguf_bpe import (GGUFTokenizer, load_gguf_tokenizer,
                                          read_tokenizer_metadata)
-from kvviz.engine.tokenizers import _gpt2_byte_decoder
+from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 from kvviz.errors import KVVizError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -329,7 +329,7 @@ def test_endoftext_and_system_prompts_are_text_too(smol: GGUFTokenizer) -> None:
 def test_the_literal_path_changes_no_benign_id(smol: GGUFTokenizer) -> None:
     """Cut at the template's control tokens and encode the pieces alone: the same ids as encoding
     the whole text, for conversations with digits, code, spaces and an assistant turn."""
-    from kvviz.engine.chat import _render_literal, check_messages
+    from kvviz.engine.tokenize.chat_template import _render_literal, check_messages
 
     for messages in (ONE_TURN, MULTI_TURN, [{"role": "user", "content": " 10  apples\n\n\tand <im_end> |>"}]):
         clean = check_messages(messages)

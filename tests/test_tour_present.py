@@ -113,7 +113,7 @@ def test_measurement_pages_feed_the_prompt_as_generate_does_through_the_chat_tem
     bare, the instruct model answers with its end token at once: a one-token race). Checked against
     the chat module's own rendering and against what generate(chat=True) feeds."""
     from kvviz import generate
-    from kvviz.engine.chat import chat_prompt
+    from kvviz.engine.tokenize.chat_template import chat_prompt
     from kvviz.ui.perf_common import prompt_ids
     from kvviz.ui.settings import Settings
 

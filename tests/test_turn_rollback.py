@@ -9,14 +9,14 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-import kvviz.fast.llama as fast_llama
+import kvviz.fast.llama_flat as fast_llama
 from chat_fixtures import chat_model
-from kvviz.engine.cache import KVCache, StaticKVCache
-from kvviz.engine.conversation import Conversation, TurnInterrupted
-from kvviz.engine.kvcaches import QuantizedKVCache, WindowKVCache
-from kvviz.engine.kvspec import KVSpec, resolve
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.paged import PagedKVCache
+from kvviz.engine.kvcache.dense import KVCache, StaticKVCache
+from kvviz.engine.sessions.conversation import Conversation, TurnInterrupted
+from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
+from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.errors import KVVizError
 
 ASKED = ["hello there, how are you", "and then, what happened?"]  # the turns before the interruption
@@ -322,8 +322,8 @@ def test_interrupt_rolls_back_a_turn_left_running(chat_llama: LoadedModel) -> No
 
 
 def test_abandoned_parallel_samples_give_their_blocks_back(chat_llama: LoadedModel) -> None:
-    from kvviz.engine.paged import PagedPool
-    from kvviz.engine.parallel import ParallelSamples
+    from kvviz.engine.kvcache.paged_cache import PagedPool
+    from kvviz.engine.sessions.parallel_samples import ParallelSamples
 
     m = chat_llama
     pool = PagedPool(m.config, 32, 4, m.device, m.dtype)

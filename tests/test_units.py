@@ -95,7 +95,7 @@ def test_docs_use_binary_units() -> None:
 
 def test_memory_cli_names_the_weight_dtype_it_counts(capsys) -> None:
     """`memory --dtype bf16` printed "weights fp16"; the weights now follow a float KV dtype."""
-    from kvviz.cli import main
+    from kvviz.cli.main import main
 
     for dtype, weights, weight_bytes in (("bf16", "bf16", "256.57 MiB"), ("fp32", "fp32", "513.13 MiB"),
                                          ("int8", "fp16", "256.57 MiB")):

@@ -19,7 +19,7 @@ from kvviz.measure.stats import MODE_LABELS, Fit, MachineProbe, per_step_ratios,
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from kvviz.engine.events import Run
+    from kvviz.engine.generation.events import Run
 
 HEIGHT = 380
 SMOOTH = 9  # steps in the rolling median drawn over noisy per-step timings
@@ -143,7 +143,7 @@ def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
         fig.add_trace(go.Bar(x=[mode], y=f32([total]), marker_color=MODE_COLORS.get(mode), name=name,
                              legendgroup=mode, showlegend=False, text=[f"{total / 1e9:,.2f} G"],
                              textposition="outside", cliponaxis=False, textfont=dict(size=13)), row=1, col=2)
-    fig = _layout(fig, "Analytic FLOPs (matmuls only; kvviz.engine.flops)", _runs_where(runs) + " · G = 10⁹ FLOPs",
+    fig = _layout(fig, "Analytic FLOPs (matmuls only; kvviz.engine.generation.flops)", _runs_where(runs) + " · G = 10⁹ FLOPs",
                   "", "", height)
     fig.update_xaxes(title_text="step (new token index)", row=1, col=1)
     fig.update_yaxes(title_text="FLOPs per step", row=1, col=1)

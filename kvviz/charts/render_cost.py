@@ -1,12 +1,12 @@
 """Layout choices priced in the browser: what keeps a chart cheap for Chromium to draw.
 
-Pure Python over label texts, axis dicts and column counts (charts/live.py applies them;
+Pure Python over label texts, axis dicts and column counts (charts/run_charts.py applies them;
 docs/benchmarks.md has the measurements).
 
 Margins preset for the labels, so Plotly lays a chart out once. With automargin on, a margin smaller than what the
 labels need is grown after drawing, and growing it makes Plotly lay the chart out and draw it a
 second time: that doubled what Chromium spent on each live chart (docs/benchmarks.md). So each
-live chart (charts/live.py) starts from the margins its labels need, as automargin measured them
+live chart (charts/run_charts.py) starts from the margins its labels need, as automargin measured them
 in Chromium on the project's machine at the charts' 15 px font, plus a few px. automargin stays on
 as a safety net: a wider label (another font, a longer token) costs the second pass, never a clip.
 ``style.legible`` grows these presets for a projector's larger font. ``AXIS`` goes on every axis.

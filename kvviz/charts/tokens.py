@@ -8,7 +8,7 @@ from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Sequence
 
-from kvviz.engine.events import Run
+from kvviz.engine.generation.events import Run
 
 MAX_TICKS = 72  # token labels per axis before thinning (about 14 px each at 1,000 px)
 MAX_LABEL = 8  # characters of a token label on an axis (hover shows all)

@@ -1,7 +1,7 @@
 """The accelerator: the same maths as the readable models, run faster, held beside them.
 
 ``build(net)`` returns an accelerator for a loaded (frozen) model, or None for a family it does
-not know. ``engine.load`` builds one when a model is loaded; ``engine.generate`` uses it only
+not know. ``engine.loading.loader`` builds one when a model is loaded; the loop uses it only
 when asked (``fast=True``, the default), so switching it off runs the readable model alone.
 Nothing here is required: without a C compiler the accelerator keeps its PyTorch-op path.
 """
@@ -11,8 +11,8 @@ import torch.nn as nn
 
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama
-from kvviz.fast.gpt2 import FastGPT2
-from kvviz.fast.llama import FastLlama, declines
+from kvviz.fast.gpt2_flat import FastGPT2
+from kvviz.fast.llama_flat import FastLlama, declines
 
 
 def build(net: nn.Module) -> FastGPT2 | FastLlama | None:

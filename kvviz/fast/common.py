@@ -5,7 +5,7 @@
   the app's sessions share one model from several threads, hence the lock.
 - ``split_qkv``: one new row's q, k and v as views of the fused projection's output.
 
-The attention mask both take is the readable models' own (``kvviz.engine.attention``). This
+The attention mask both take is the readable models' own (``kvviz.engine.models.attention``). This
 module imports no model code (floor 1).
 """
 from __future__ import annotations

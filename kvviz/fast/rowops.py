@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from kvviz.measure.machine import cpu_name
+from kvviz.hostinfo import cpu_name
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "rowops.c"  # GPT-2's (in, out) layout

@@ -1,6 +1,6 @@
 """A Llama's whole one-row decode step in one call into C (``csrc/rowstep.c``).
 
-``fast/llama.py``'s one-row step makes four calls into C per layer and, between them, splits
+``fast/llama_flat.py``'s one-row step makes four calls into C per layer and, between them, splits
 q|k|v, writes the cache and runs SDPA in PyTorch: tens of microseconds of Python and dispatch per
 layer, 30 times a SmolLM2 token, which the weight-streaming floor does not pay. ``LlamaStep`` chains the same four calls (the plan's own ``RowDot`` specs, so the same weights
 and fusions) with the cache write and attention inside C, once per token: SmolLM2 decoded 1.20x faster at 2
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvviz.engine.cache import StaticKVCache
+from kvviz.engine.kvcache.dense import StaticKVCache
 from kvviz.fast.rowops import RowDot, StepSpec, load
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -40,19 +40,19 @@ from typing import Any, Callable
 
 import torch
 
-from kvviz import argtypes as types
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel, load_model, resolve_device
-from kvviz.engine.save import export_hf_gpt2
-from kvviz.engine.load_llama import smollm2_path
+import kvviz.cli.argtypes as types
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
+from kvviz.engine.loading.save import export_hf_gpt2
+from kvviz.engine.loading.llama_loader import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 from kvviz.fast import rowops
-from kvviz.fast.gpt2 import Matmul
+from kvviz.fast.gpt2_flat import Matmul
 from kvviz.fast.heap import freeze_long_lived
-from kvviz.fast.llama import Linear
+from kvviz.fast.llama_flat import Linear
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
-from kvviz.measure.machine import cpu_name
+from kvviz.hostinfo import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
 from kvviz.safeio import prepare_out, write_atomic
 from kvviz.units import fmt_bytes
@@ -62,7 +62,7 @@ DEFAULT_OUT = Path("bench-results") / "bench.json"
 
 @dataclass(frozen=True)
 class Case:
-    shape: str  # the table's name: a kvviz.engine.load.RANDOM_SHAPES name, or a named model
+    shape: str  # the table's name: a kvviz.engine.loading.loader.RANDOM_SHAPES name, or a named model
     new_tokens: int
     # kvviz_static, readable_static, kvviz_concat, kvviz_uncached, hf, floor; kvviz_static_bf16, floor_bf16
     variants: tuple[str, ...]
@@ -157,7 +157,7 @@ def _hf_llama(model: LoadedModel) -> Any:
                    tie_word_embeddings=c.tie_word_embeddings, bos_token_id=None, eos_token_id=None,
                    pad_token_id=None, **extra)
     hf = HFModel(cfg).to(dtype=model.dtype)
-    hf.load_state_dict(model.gpt.state_dict(), strict=True, assign=True)
+    hf.load_state_dict(model.model.state_dict(), strict=True, assign=True)
     hf.tie_weights()
     return hf.to(model.device).eval()
 
@@ -168,12 +168,12 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
     except ImportError:
         raise KVVizError("the transformers baseline needs `pip install -r requirements-dev.txt` "
                          "(or run with --no-hf)") from None
-    if isinstance(model.gpt, Llama):
+    if isinstance(model.model, Llama):
         hf = _hf_llama(model)
     else:
         from transformers import GPT2LMHeadModel
 
-        export_hf_gpt2(model.gpt, folder)
+        export_hf_gpt2(model.model, folder)
         hf = GPT2LMHeadModel.from_pretrained(folder, dtype=torch.float32).to(model.device).eval()
     hf.generation_config.eos_token_id = None  # run exactly new_tokens steps, like kvviz
     hf.generation_config.pad_token_id = 0

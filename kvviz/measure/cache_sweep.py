@@ -12,7 +12,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Sequence
 
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.limits import MAX_SWEEP_POINTS, MAX_TOKENS
 from kvviz.measure.sweeps import request_from_text, sweep_total_time

@@ -12,8 +12,8 @@ import math
 import time
 from typing import Any, Callable
 
-from kvviz.engine.requests import kv_spec
-from kvviz.engine.load import SHAKESPEARE_CORPUS, LoadedModel
+from kvviz.engine.generation.request import kv_spec
+from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import by_position, compare, nll_through_cache
 from kvviz.safeio import prepare_out, read_maybe_gzip, write_atomic
@@ -66,7 +66,7 @@ def measure(model: LoadedModel, tokens: int = 1024, window: int = 128, sinks: in
 
 
 def add_curves_arguments(p: argparse.ArgumentParser) -> None:
-    from kvviz import argtypes as types
+    import kvviz.cli.argtypes as types
 
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=types.token_count, default=1024, help="held-out tokens to score")
@@ -79,7 +79,7 @@ def add_curves_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.load import load_model
+    from kvviz.engine.loading.loader import load_model
 
     if args.out is not None:
         prepare_out(args.out)

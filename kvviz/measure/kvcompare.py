@@ -18,11 +18,11 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.cache import KVCache
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.caches import make_cache
-from kvviz.engine.kvspec import KVSpec
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.kvcache.dense import KVCache
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 
 MAX_TOKENS = 8192
@@ -94,7 +94,7 @@ def compare(model: LoadedModel, ids: Sequence[int], kv: KVSpec, chunk: int = 64,
     """
     ids = check_ids(model, ids)
     cfg, dev = model.config, model.device
-    forward = model.fast.forward if fast and model.fast is not None else model.gpt
+    forward = model.fast.forward if fast and model.fast is not None else model.model
     a = make_cache("static", cfg, 1, dev, model.dtype, kv=ref)
     b = make_cache("static", cfg, 1, dev, model.dtype, kv=kv)
     out = Comparison(kv.label())
@@ -139,7 +139,7 @@ def nll_through_cache(model: LoadedModel, ids: Sequence[int], kv: KVSpec | None,
     """The NLL of every next token (len(ids) - 1 values), teacher-forced through one cache."""
     ids = check_ids(model, ids)
     cfg, dev = model.config, model.device
-    forward = model.fast.forward if fast and model.fast is not None else model.gpt
+    forward = model.fast.forward if fast and model.fast is not None else model.model
     cache = make_cache("static", cfg, 1, dev, model.dtype, kv=kv)
     seq = torch.tensor(ids, device=dev)[None]
     nll: list[float] = []
@@ -160,7 +160,7 @@ def plain_nll(model: LoadedModel, ids: Sequence[int]) -> list[float]:
     ids = check_ids(model, ids)
     seq = torch.tensor(ids, device=model.device)[None]
     with torch.inference_mode():
-        lp = F.log_softmax(model.gpt(seq[:, :-1])[0].float(), -1)  # (N-1, V)
+        lp = F.log_softmax(model.model(seq[:, :-1])[0].float(), -1)  # (N-1, V)
     return (-lp.gather(-1, seq[0, 1:, None])[:, 0]).tolist()
 
 

@@ -3,7 +3,7 @@
 Every timing page's default must finish in about a minute wherever it runs (a busy 2-core laptop
 or a GPU), so the defaults are not constants: ``calibrate`` times the model itself once (a short
 prefill and a few decode steps, on the engine the page uses), and the analytic FLOPs of
-``engine/flops.py`` scale that to other lengths. The ``*_s`` functions estimate a measurement's
+``engine/generation/flops.py`` scale that to other lengths. The ``*_s`` functions estimate a measurement's
 seconds; the ``pick_*`` functions choose the largest settings whose estimate fits the budget.
 
 The estimates plan, they are not results: no page shows them as measurements, only as "about N s
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Sequence
 
-from kvviz.engine.flops import forward_flops, weight_bytes
-from kvviz.engine.load import LoadedModel
+from kvviz.engine.generation.flops import forward_flops, weight_bytes
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.measure.sweeps import Request, document_ids, prompt_lengths, run_once, warmup
 from kvviz.units import kv_bytes_per_token
 

@@ -22,12 +22,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kvviz.engine.events import Run
-from kvviz.engine.generate import generate
-from kvviz.engine.load import LoadedModel, load_model
+from kvviz.engine.generation.events import Run
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.loading.loader import LoadedModel, load_model
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
-from kvviz.measure.machine import cpu_name
+from kvviz.hostinfo import cpu_name
 from kvviz.safeio import prepare_out, write_atomic
 
 DEFAULT_OUT = Path("bench-results") / "spec.json"
@@ -121,7 +121,7 @@ def compare_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repe
 
 
 def add_spec_bench_arguments(p: argparse.ArgumentParser) -> None:
-    from kvviz import argtypes as types
+    import kvviz.cli.argtypes as types
 
     p.add_argument("--model", default="smollm2", help="default | smollm2 | random:NAME | a folder")
     p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs of each (after one warm-up)")

@@ -17,7 +17,7 @@ from kvviz.units import fmt_bytes
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from kvviz.engine.events import Run
+    from kvviz.engine.generation.events import Run
 
 MODES = ("static", "concat", "none")  # race order: the two caches, then recomputation
 MODE_LABELS = {"static": "KV cache (static)", "concat": "KV cache (concat)", "none": "no cache"}

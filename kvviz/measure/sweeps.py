@@ -17,10 +17,10 @@ from typing import Iterator, Sequence
 import torch
 
 from kvviz.units import kv_bytes_per_token
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.events import Run, StepEvent
-from kvviz.engine.flops import forward_bytes, forward_flops
-from kvviz.engine.generate import GenerationStream, iter_generate
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.generation.events import Run, StepEvent
+from kvviz.engine.generation.flops import forward_bytes, forward_flops
+from kvviz.engine.generation.loop import GenerationStream, iter_generate
 from kvviz.measure.stats import MODES, Sample
 
 SWEEP_NS = (8, 16, 32, 64, 128, 256, 512)  # new tokens for the total-time sweep

@@ -1,4 +1,4 @@
-"""The bytes of kvviz's own compressed KV caches (engine/kvcaches.py), from the calculator's formulas.
+"""The bytes of kvviz's own compressed KV caches (engine/kvcache/compressed_caches.py), from the calculator's formulas.
 
 The live caches count their tensors; this counts the same thing from the shapes, with the
 calculator's ``KVFormat`` (packed payload plus fp16 group scales and zero points) and its

@@ -20,7 +20,7 @@ from kvviz.memory import (
 )
 from kvviz.ui import calculator_engines as engines
 from kvviz.ui import calculator_panels as panels
-from kvviz.engine.load import builtin_shapes
+from kvviz.engine.loading.loader import builtin_shapes
 from kvviz.ui.calculator_engine import SHAPES_SOURCE
 from kvviz.ui.calculator_links import (
     CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, SOURCES, apply_gpu_kind, read_query_params, write_query_params,

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from kvviz.memory import BUILTIN_PREFIX
 
-SHAPES_SOURCE = "kvviz/engine/load.py RANDOM_SHAPES"
+SHAPES_SOURCE = "kvviz/engine/loading/loader.py RANDOM_SHAPES"
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
         return None
     import torch
 
-    from kvviz.engine.cache import CACHE_KINDS
-    from kvviz.engine.load import SHAKESPEARE_DIR, DTYPES, RANDOM_SHAPES, config_from_json, read_config
+    from kvviz.engine.kvcache.dense import CACHE_KINDS
+    from kvviz.engine.loading.loader import SHAKESPEARE_DIR, DTYPES, RANDOM_SHAPES, config_from_json, read_config
 
     if kv_dtype not in DTYPES:
         return None
@@ -67,8 +67,8 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
 def _smollm2_config():  # type: ignore[no-untyped-def]
     """The installed SmolLM2 GGUF file's config (its header only: the reader maps the file, no
     tensor is dequantized), or None when the package is missing or the file unreadable."""
-    from kvviz.engine.gguf import config_from_metadata, open_gguf
-    from kvviz.engine.load_llama import smollm2_path
+    from kvviz.engine.loading.gguf_llama import config_from_metadata, open_gguf
+    from kvviz.engine.loading.llama_loader import smollm2_path
     from kvviz.errors import KVVizError
 
     try:

@@ -12,9 +12,9 @@ from typing import Any, Iterator
 
 import streamlit as st
 
-from kvviz.charts import paged as pc
-from kvviz.engine.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
-from kvviz.engine.load import LoadedModel
+from kvviz.charts import paged_charts as pc
+from kvviz.engine.sessions.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.ui import chat_scenario, chat_views
 from kvviz.ui.figs import show
@@ -197,7 +197,7 @@ def _interrupted(cut: list[InterruptedTurn], after: int) -> None:
 
 def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerate: bool = False) -> None:
     """Run one turn, the pool redrawn live as it decodes (paged); a bad message is shown and
-    nothing is lost. A turn is a transaction (engine/conversation.py): a Stop or a rerun raises
+    nothing is lost. A turn is a transaction (engine/sessions/conversation.py): a Stop or a rerun raises
     here while drawing, and closing the iterator rolls the turn back on this thread; a click that
     starts a newer turn (a new message, Regenerate, an edit) on the next script thread waits for
     this turn's running step, then replaces it. Either way the conversation is as before the turn,

@@ -15,12 +15,12 @@ from typing import Any
 
 import streamlit as st
 
-from kvviz.charts import paged as pc
-from kvviz.engine.chat import chat_prompt
-from kvviz.engine.conversation import Conversation
-from kvviz.engine.load import LoadedModel
-from kvviz.engine.paged import PagedPool
-from kvviz.engine.parallel import ParallelSamples
+from kvviz.charts import paged_charts as pc
+from kvviz.engine.tokenize.chat_template import chat_prompt
+from kvviz.engine.sessions.conversation import Conversation
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.kvcache.paged_cache import PagedPool
+from kvviz.engine.sessions.parallel_samples import ParallelSamples
 from kvviz.errors import KVVizError
 from kvviz.ui import chat_views
 from kvviz.ui.figs import show

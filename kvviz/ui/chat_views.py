@@ -9,10 +9,10 @@ from typing import Any, Sequence
 
 import streamlit as st
 
-from kvviz.charts import paged as pc
+from kvviz.charts import paged_charts as pc
 from kvviz.charts.tokens import lookalike_positions, visible
-from kvviz.engine.chat import typed_specials
-from kvviz.engine.conversation import InterruptedTurn, TurnRecord
+from kvviz.engine.tokenize.chat_template import typed_specials
+from kvviz.engine.sessions.conversation import InterruptedTurn, TurnRecord
 from kvviz.ui.figs import show
 from kvviz.units import fmt_bytes
 

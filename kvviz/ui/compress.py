@@ -14,9 +14,9 @@ import streamlit as st
 import torch
 
 from kvviz import LoadedModel
-from kvviz.charts import compress as cc
-from kvviz.engine.generate import iter_generate
-from kvviz.engine.requests import kv_spec
+from kvviz.charts import compress_charts as cc
+from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.generation.request import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
 from kvviz.memory.compressed import CacheShape, Compression, cache_bytes

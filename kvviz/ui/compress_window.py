@@ -9,10 +9,10 @@ import pandas as pd
 import streamlit as st
 
 from kvviz import LoadedModel
-from kvviz.charts import compress as cc
+from kvviz.charts import compress_charts as cc
 from kvviz.charts.tokens import plotly_text
-from kvviz.engine.generate import iter_generate
-from kvviz.engine.load import ASSETS
+from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.loading.loader import ASSETS
 from kvviz.errors import KVVizError
 from kvviz.measure.kv_curves import measure
 from kvviz.safeio import read_bounded

@@ -10,9 +10,9 @@ import pandas as pd
 import streamlit as st
 
 from kvviz import LoadedModel
-from kvviz.charts import decoding as dc
-from kvviz.engine.events import Run
-from kvviz.engine.generate import iter_generate
+from kvviz.charts import decoding_charts as dc
+from kvviz.engine.generation.events import Run
+from kvviz.engine.generation.loop import iter_generate
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.figs import show

@@ -35,7 +35,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
-from kvviz.engine.generate import GenerationStream
+from kvviz.engine.generation.loop import GenerationStream
 from kvviz.measure import threads
 from kvviz.ui import chips, persist, present, tour
 from kvviz.ui.budget import Shape, plan_capture

@@ -101,6 +101,6 @@ def render(run: Run | None, per_row: int = 6) -> None:
         cols[4].metric("Cache bytes", "0 B", "nothing kept", delta_color="off", delta_arrow="off")
     fed = f"{ev.input_len:,} token{'s' if ev.input_len != 1 else ''} fed"
     cols[5].metric("FLOPs this step", fmt_flops(ev.flops), fed, delta_color="off", delta_arrow="off",
-                   help="Analytic matmul FLOPs of this step's forward pass (kvviz.engine.flops). Cached decode feeds "
+                   help="Analytic matmul FLOPs of this step's forward pass (kvviz.engine.generation.flops). Cached decode feeds "
                         "1 token; no cache feeds the whole sequence again.")
     st.markdown(bytes_formula(run))

@@ -19,7 +19,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.engine.requests import resolve_chat
+from kvviz.engine.generation.request import resolve_chat
 from kvviz.measure import threads
 from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
 from kvviz.measure.probe import probe_machine

@@ -10,12 +10,12 @@ import streamlit as st
 from kvviz import LoadedModel
 from kvviz.charts import perf as pc
 from kvviz.units import fmt_bytes, kv_bytes_per_token
-from kvviz.engine.flops import weight_bytes
+from kvviz.engine.generation.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.measure import doubts
 from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_context
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
-from kvviz.engine.requests import resolve_chat
+from kvviz.engine.generation.request import resolve_chat
 from kvviz.errors import KVVizError
 from kvviz.ui.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,

@@ -11,7 +11,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import Run
-from kvviz.engine.events import to_dataframe
+from kvviz.engine.generation.events import to_dataframe
 from kvviz.ui import persist, present
 from kvviz.ui.pacing import LiveCost
 from kvviz.ui.plain_text import md_plain

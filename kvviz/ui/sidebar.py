@@ -11,8 +11,8 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.engine.chat import chat_prompt
-from kvviz.engine.load_llama import SMOLLM2_INSTALL
+from kvviz.engine.tokenize.chat_template import chat_prompt
+from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
 from kvviz.ui import machine, persist
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.plain_text import md_plain

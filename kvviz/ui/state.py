@@ -22,13 +22,13 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, load_model
-from kvviz.engine.load import (
+from kvviz.engine.loading.loader import (
     RANDOM_SHAPES, SHAKESPEARE_DIR, config_from_json, default_model_name, read_config, resolve_device,
 )
-from kvviz.engine.flops import weight_bytes
-from kvviz.engine.gguf_header import model_family
+from kvviz.engine.generation.flops import weight_bytes
+from kvviz.engine.loading.gguf_checks import model_family
 from kvviz.fast.heap import freeze_once
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.config import GPTConfig
 from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
 from kvviz.units import fmt_bytes
 

@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import Run
-from kvviz.charts import live as charts
+from kvviz.charts import run_charts as charts
 from kvviz.ui import chips, metrics, persist, present
 from kvviz.ui.figs import show
 

@@ -19,12 +19,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvviz.engine.attention import attention_mask
-from kvviz.engine.capture import ForwardCapture
-from kvviz.engine.config import GPTConfig
+from kvviz.engine.models.attention import attention_mask
+from kvviz.engine.generation.capture import ForwardCapture
+from kvviz.engine.models.config import GPTConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvviz.engine.cache import KVCache
+    from kvviz.engine.kvcache.dense import KVCache
 
 
 class Conv1D(nn.Module):
@@ -176,7 +176,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
-        # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/attention.py).
+        # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/models/attention.py).
         mask, is_causal = attention_mask(T, start, input_pos)
         x = self.transformer.wte(idx) + self.transformer.wpe(input_pos)  # (B, T, C)
         x = F.dropout(x, self.config.dropout, self.training)

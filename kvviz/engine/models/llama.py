@@ -23,11 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvviz.engine.attention import attention_mask
+from kvviz.engine.models.attention import attention_mask
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvviz.engine.cache import KVCache
-    from kvviz.engine.capture import ForwardCapture
+    from kvviz.engine.kvcache.dense import KVCache
+    from kvviz.engine.generation.capture import ForwardCapture
 
 # Bounds that no real Llama comes near; a config past them is a lying header or a typo, and
 # refusing it early avoids a multi-GB allocation (the RoPE tables alone are block_size x head_dim).
@@ -381,7 +381,7 @@ class Llama(nn.Module):
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
         # Built once per forward, not per layer; a chunked prefill needs it explicit, and so does a
-        # sliding window once the keys outgrow it (engine/attention.py).
+        # sliding window once the keys outgrow it (engine/models/attention.py).
         mask, is_causal = attention_mask(T, start, input_pos, self.config.sliding_window)
         if self.config.sliding_window is not None and cache is not None and cache.held != start:
             # The window mask counts keys by absolute position; a cache that evicted has lost them.

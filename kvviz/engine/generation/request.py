@@ -1,0 +1,151 @@
+"""The checks a generation request passes before any compute: the prompt (text, ids or a chat),
+the sampler's settings, the context budget, a paged pool's shape and a compressed-cache request.
+Each failure is a KVVizError that says what to change; nothing here touches a tensor.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from kvviz.engine.strategy.beam import MEMORY_SHARE, available_memory
+from kvviz.engine.tokenize.chat_template import chat_prompt
+from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.kvcache.paged_cache import blocks_for
+from kvviz.engine.generation.sampling import SamplingParams
+from kvviz.errors import KVVizError
+from kvviz.limits import MAX_KV_BLOCK_SIZE  # shared with the CLI's --block-size
+from kvviz.units import fmt_bytes, kv_bytes_per_token
+
+MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
+
+
+def sampling_params(greedy: bool | None, temperature: float | None, top_k: int | None,
+                    top_p: float | None, seed: int) -> SamplingParams:
+    """Greedy unless a temperature (or top-k/top-p) is given, as the API contract reads.
+
+    temperature=0 means greedy (the usual convention: the limit of sharpening is the argmax).
+    """
+    if temperature is not None and temperature == 0 and greedy is not False:
+        greedy, temperature = True, None
+    if greedy is None:
+        greedy = temperature is None and top_k is None and top_p is None
+    if greedy and temperature is not None and temperature > 0:
+        raise KVVizError("choose greedy or a temperature, not both")
+    return SamplingParams(greedy=greedy, temperature=1.0 if temperature is None else float(temperature),
+                          top_k=top_k, top_p=top_p, seed=seed)
+
+
+def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None = None, sinks: int = 0,
+            group_size: int | None = None, zero_point: bool = False, fp8_scale: str = "tensor",
+            positions: str | None = None, track_errors: bool = False) -> KVSpec:
+    """The compressed-cache request for ``model``, checked (a KVVizError names what cannot work)."""
+    c = model.config
+    family = getattr(c, "model_type", "gpt2")
+    own = getattr(c, "sliding_window", None)
+    if window is not None and own is not None:
+        # The model masks keys by their absolute positions; a ring of evicted slots has lost them.
+        raise KVVizError(f"this model already slides its own window of {own} positions; a windowed KV "
+                         "cache on top of it is not supported (quantized caches are)")
+    return resolve(KVSpec(kv_dtype, group_size, bool(zero_point), fp8_scale, window, sinks, positions,
+                          bool(track_errors)), family, c.head_dim, c.block_size)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A yes/no option is a real bool: ``ignore_eos="no"`` would otherwise read as True."""
+    if not isinstance(value, bool):
+        raise KVVizError(f"{name} must be True or False (got {value!r})")
+    return value
+
+
+def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
+    """A paged pool's shape is sane and can hold at least one sequence of ``tokens``."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_KV_BLOCK_SIZE:
+        raise KVVizError(f"the paged block size must be 1..{MAX_KV_BLOCK_SIZE} tokens (got {block_size!r})")
+    if num_blocks is None:
+        return
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise KVVizError(f"the paged pool needs a positive number of blocks (got {num_blocks!r})")
+    need = blocks_for(tokens, block_size)
+    if num_blocks < need:
+        raise KVVizError(f"a pool of {num_blocks} blocks of {block_size} tokens holds {num_blocks * block_size} "
+                         f"tokens; one sequence of {tokens} tokens needs {need} blocks")
+
+
+def resolve_prompt(model: LoadedModel, prompt: str | None,
+                   prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None) -> tuple[list[list[int]], str]:
+    """Token rows (one per batch row, equal length) and the text of row 0."""
+    tok = model.tokenizer
+    if prompt is not None and prompt_ids is not None:
+        raise KVVizError("give a prompt or prompt_ids, not both")
+    if prompt_ids is not None:
+        seq = list(prompt_ids)
+        rows = [list(r) for r in seq] if seq and isinstance(seq[0], (list, tuple)) else [seq]
+        try:
+            rows = [[int(i) for i in r] for r in rows]
+        except (TypeError, ValueError):
+            raise KVVizError("prompt_ids must be integers (or equal-length rows of integers)") from None
+        if len({len(r) for r in rows}) > 1:
+            raise KVVizError(f"batched prompt rows must have equal lengths (got {sorted({len(r) for r in rows})})")
+        bad = [i for r in rows for i in r if not 0 <= i < model.config.vocab_size]
+        if bad:
+            raise KVVizError(f"prompt ids must be in [0, {model.config.vocab_size}); got {bad[:5]}")
+        text = tok.decode(rows[0]) if model.has_tokenizer else ""
+    else:
+        if prompt is None or prompt == "":
+            raise KVVizError("the prompt is empty: type some text to start from")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise KVVizError(f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+        if not model.has_tokenizer:
+            raise KVVizError(f"model {model.name!r} has no tokenizer.json: pass prompt_ids instead of text")
+        rows, text = [tok.encode(prompt)], prompt
+    if not rows or not rows[0]:
+        raise KVVizError("the prompt encodes to zero tokens")
+    return rows, text
+
+
+def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
+                 messages: Sequence[Mapping[str, str]] | None,
+                 parse_special: bool = False) -> tuple[list[list[int]], str]:
+    """One token row and its text: the conversation laid out by the model's chat template
+    (control-token text typed in a message stays text unless ``parse_special``: engine/tokenize/chat_template.py)."""
+    if prompt_ids is not None:
+        raise KVVizError("a chat is given as text (prompt= or messages=), not as prompt_ids")
+    if messages is None:
+        if prompt is None or prompt == "":
+            raise KVVizError("the message is empty: type a question to ask")
+        messages = [{"role": "user", "content": prompt}]
+    elif prompt is not None:
+        raise KVVizError("give a prompt or messages, not both")
+    total = sum(len(m.get("content", "")) for m in messages if isinstance(m, Mapping)
+                and isinstance(m.get("content", ""), str))
+    if total > MAX_PROMPT_CHARS:
+        raise KVVizError(f"the conversation is {total:,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    tok = model.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise KVVizError(f"model {model.name!r} has no chat template: turn chat off and give a plain prompt")
+    got = chat_prompt(tok, messages, parse_special=bool(parse_special))  # type: ignore[arg-type]
+    return [list(got.ids)], got.text
+
+
+def check_pool_memory(model: LoadedModel, block_size: int, num_blocks: int, rows: int = 1) -> None:
+    """A pool of ``num_blocks`` blocks is allocated whole up front: refuse one the memory cannot hold
+    (a million blocks of 4,096 tokens asked torch for 4 TB and died in the allocator)."""
+    c = model.config
+    need = num_blocks * block_size * kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
+    free = available_memory(model.device)
+    if free is not None and need > MEMORY_SHARE * free:
+        raise KVVizError(f"a pool of {num_blocks:,} blocks of {block_size:,} tokens needs {fmt_bytes(need)} of KV "
+                         f"cache, more than {MEMORY_SHARE:.0%} of the {fmt_bytes(free)} free on {model.device.type}: "
+                         "use fewer blocks")
+
+
+def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
+    """Reject, before any compute, a request that cannot fit in the model's context."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise KVVizError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
+    block = model.config.block_size
+    if n_prompt + max_new_tokens > block:
+        raise KVVizError(
+            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {n_prompt + max_new_tokens} "
+            f"exceeds the model's context of {block} tokens"
+        )

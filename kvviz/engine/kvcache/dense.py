@@ -1,0 +1,293 @@
+"""KV caches: a preallocated static cache and a grow-by-``torch.cat`` concat cache.
+
+Both share one small API (nanochat's engine): ``pos``, ``advance(n)``, ``reset()``,
+``layer(i)`` and ``update(layer_idx, k, v)``, plus the two moves decoding strategies make:
+``truncate(n)`` (speculative decoding's rollback, an edited chat message) and ``reorder(index)``
+(beam search picks each row's parent). Attention layers only call ``update``; the
+generator alone moves ``pos`` forward, so a layer can never silently advance the cache.
+
+A step is planned, run, then committed: ``plan_step(ids)`` before the forward (the paged cache
+claims the step's blocks there, not inside a layer), the forward's ``update`` calls, then
+``advance(T)``; ``abort_step()`` drops a plan whose forward raised. A chat turn is a transaction
+over many steps: ``checkpoint(keep)`` before it, ``restore(cp)`` undoes everything since (the
+accelerator's direct writes included, since they land in the same buffers), ``commit(cp)``
+forgets the undo data.
+
+Byte accounting is exact (it is what the app and the memory calculator compare against):
+``bytes_allocated`` is the storage the tensors hold; ``bytes_used`` is what the ``pos``
+filled positions occupy.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvviz.engine.models.config import GPTConfig
+from kvviz.units import kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What ``KVCache.restore`` needs: the position, the batch, and the kind's own undo data."""
+
+    pos: int
+    keep: int  # nothing below this position is written before the restore
+    batch: int
+    bytes_copied: int
+    state: Any
+
+
+class KVCache(ABC):
+    kind: str = ""
+    copies_on_reorder = True  # reorder copies every filled position (the paged cache shares instead)
+
+    def __init__(self, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> None:
+        self.config = config
+        self.batch = batch
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.pos = 0  # tokens committed so far; only the generator moves it
+        self.bytes_copied = 0  # cumulative bytes this cache wrote or copied (O(T) vs O(T^2))
+        # Fixed for the cache's life; read on every step's event, so computed once.
+        self.bytes_per_token = self._token_bytes()
+
+    def _token_bytes(self) -> int:
+        """Bytes one position occupies (every layer, K and V, every row); a quantized store overrides it."""
+        return int(kv_bytes_per_token(self.config.n_layer, self.config.kv_heads, self.config.head_dim,
+                                      self.dtype.itemsize, self.batch))
+
+    @property
+    def held(self) -> int:
+        """Positions the cache holds now: ``pos``, except for a window that has evicted some."""
+        return self.pos
+
+    def max_feed(self) -> int:
+        """The most tokens the next forward may write at once. A window cache that is full takes one
+        at a time: each token sees a different set of kept positions, which one K tensor cannot give."""
+        return self.config.block_size - self.pos
+
+    def advance(self, n: int) -> None:
+        if self.pos + n > self.config.block_size:
+            raise ValueError(f"cache overflow: {self.pos} + {n} > block_size {self.config.block_size}")
+        self.pos += n
+
+    @property
+    def bytes_used(self) -> int:
+        return self.pos * self.bytes_per_token
+
+    @property
+    @abstractmethod
+    def bytes_allocated(self) -> int: ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    @abstractmethod
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled part of layer i: K and V, each (B, nkv, pos, hs)."""
+
+    @abstractmethod
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nkv, T, hs) at positions pos..pos+T; return all K, V up to pos+T."""
+
+    def plan_step(self, idx: torch.Tensor) -> None:
+        """Before a forward: the ids (B, T) of the positions it writes. The paged cache claims
+        the step's blocks here (copy-on-write first) and keeps the ids for its prefix hashes;
+        the others need no plan. ``advance`` commits the step, ``abort_step`` drops it."""
+
+    def abort_step(self) -> None:
+        """Drop the planned step (its forward raised): ``pos`` never moved, and the rows the forward
+        wrote past it are never read; the paged cache gives back the blocks the plan claimed."""
+
+    # ------------------------------------------------------------------ transactions
+    def checkpoint(self, keep: int) -> Checkpoint:
+        """Undo data for everything from now until ``restore``, given that until then nothing below
+        position ``keep`` is written or truncated away (a chat turn: keep = the prefix it reuses).
+        A static or quantized cache copies positions keep..pos, a window its slots, a concat cache
+        only its tensor references (it never writes in place), a paged cache its bookkeeping (and
+        journals each live block before the first write into it)."""
+        if not 0 <= keep <= self.pos:
+            raise ValueError(f"cannot checkpoint a cache of {self.pos} positions from {keep}")
+        self.abort_step()
+        return Checkpoint(self.pos, keep, self.batch, self.bytes_copied, self._save(keep))
+
+    def restore(self, cp: Checkpoint) -> None:
+        """Put the cache back exactly as it was at ``checkpoint`` (positions, contents, tables,
+        ref counts): a turn interrupted anywhere, even inside a layer's forward, leaves no trace."""
+        if cp.batch != self.batch:
+            raise ValueError("a checkpoint cannot undo a reorder to another batch size")
+        self._load(cp)
+        self.pos, self.bytes_copied = cp.pos, cp.bytes_copied
+
+    def commit(self, cp: Checkpoint) -> None:
+        """The transaction ended well: forget the undo data (the paged pool stops journaling)."""
+
+    def _save(self, keep: int) -> Any:
+        raise NotImplementedError(f"a {self.kind} cache cannot checkpoint")
+
+    def _load(self, cp: Checkpoint) -> None:
+        raise NotImplementedError(f"a {self.kind} cache cannot restore")
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on: the cache then equals one that only ever held 0..n."""
+        if not 0 <= n <= self.pos:
+            raise ValueError(f"cannot truncate a cache of {self.pos} positions to {n}")
+        self._truncate(n)
+        self.pos = n
+
+    def reorder(self, index: torch.Tensor) -> int:
+        """Row r becomes old row index[r] (beam search's parents); len(index) may differ from the
+        batch (one prompt row fanned out to k beams). Returns the bytes this moved."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.device).reshape(-1)
+        if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= self.batch:
+            raise ValueError(f"reorder index must pick rows in 0..{self.batch - 1}")
+        self._reorder(index)
+        self.batch = int(index.numel())
+        self.bytes_per_token = self._token_bytes()
+        # every filled position of every new row is copied, unless the cache shares by reference
+        moved = self.held * self.bytes_per_token if self.copies_on_reorder else 0
+        self.bytes_copied += moved
+        return moved
+
+    @abstractmethod
+    def _truncate(self, n: int) -> None: ...
+
+    @abstractmethod
+    def _reorder(self, index: torch.Tensor) -> None: ...
+
+
+class StaticKVCache(KVCache):
+    """Preallocated (B, nkv, block_size, hs) K and V per layer, written in place (gpt-fast)."""
+
+    kind = "static"
+
+    def __init__(self, config: GPTConfig, batch: int = 1, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(config, batch, device, dtype)
+        shape = (batch, config.kv_heads, config.block_size, config.head_dim)
+        # empty, not zeros: reads never go past pos, and zero-filling touches every page of the
+        # buffer up front (3.2 ms per run for tiny's 8 MB on CPU) where a run of N tokens
+        # touches only the pages its positions land on.
+        self.k = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self.v = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)  # never changes
+        self._hi = 0  # one past the highest position any update wrote (what a restore must clear)
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self._allocated
+
+    def reset(self) -> None:
+        # Nothing to clear: reads stop at pos, and the next tokens overwrite the old ones.
+        self.pos = 0
+        self.bytes_copied = 0
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i][:, :, : self.pos], self.v[i][:, :, : self.pos]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, T = self.pos, k.shape[2]
+        kc, vc = self.k[layer_idx], self.v[layer_idx]
+        # Copies into the preallocated buffer: no allocation per step. narrow + copy_ rather
+        # than slice assignment: two dispatcher calls instead of Python's indexing machinery.
+        if start + T > self._hi:  # before the copies: one may fail halfway
+            self._hi = start + T
+        kc.narrow(2, start, T).copy_(k)
+        vc.narrow(2, start, T).copy_(v)
+        self.bytes_copied += 2 * k.nbytes
+        return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
+
+    def _save(self, keep: int) -> Any:
+        # (B, nkv, pos-keep, hs) per layer: what a truncation to keep and the writes after it lose
+        return [t[:, :, keep: self.pos].clone() for t in (*self.k, *self.v)]
+
+    def _load(self, cp: Checkpoint) -> None:
+        # The accelerator's one-row step writes slot pos in C (no update call): pos + 1 covers it.
+        hi = min(max(self._hi, self.pos + 1), self.config.block_size)
+        for t, old in zip((*self.k, *self.v), cp.state):
+            t[:, :, cp.keep: hi].zero_()  # as a cache that never saw the turn (truncate's convention)
+            t[:, :, cp.keep: cp.pos].copy_(old)
+        self._hi = cp.pos
+
+    def _truncate(self, n: int) -> None:
+        # Zero the forgotten positions: nothing reads past pos, but a rolled-back cache should
+        # hold exactly what a cache that never saw them holds, so a test can compare the buffers.
+        hi = min(max(self._hi, self.pos), self.config.block_size)
+        for t in (*self.k, *self.v):
+            t[:, :, n: hi].zero_()
+        self._hi = n
+
+    def _reorder(self, index: torch.Tensor) -> None:
+        # Only the filled positions move. The same batch reorders in place (index_select copies
+        # first, so a row may feed several); a new batch size needs new buffers, left empty past
+        # pos for the reason __init__ gives.
+        same = index.numel() == self.batch
+        for buf in (self.k, self.v):
+            for i, old in enumerate(buf):
+                picked = old[:, :, : self.pos].index_select(0, index)  # (B', nkv, pos, hs)
+                new = old if same else torch.empty((index.numel(), *old.shape[1:]), device=self.device,
+                                                   dtype=self.dtype)
+                new[:, :, : self.pos] = picked
+                buf[i] = new
+        self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
+
+class ConcatKVCache(KVCache):
+    """Grows by ``torch.cat`` every step, like the seed code and transformers' DynamicLayer.
+
+    Kept on purpose: every step allocates a new tensor and copies the whole history, so total
+    bytes copied grow as O(T^2). The app and the benchmark show that cost.
+    """
+
+    kind = "concat"
+
+    def __init__(self, config: GPTConfig, batch: int = 1, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(config, batch, device, dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        empty = (self.batch, self.config.kv_heads, 0, self.config.head_dim)
+        self.k = [torch.empty(empty, device=self.device, dtype=self.dtype) for _ in range(self.config.n_layer)]
+        self.v = [torch.empty(empty, device=self.device, dtype=self.dtype) for _ in range(self.config.n_layer)]
+        self.pos = 0
+        self.bytes_copied = 0
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i][:, :, : self.pos], self.v[i][:, :, : self.pos]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The layer may be written twice before advance() only in misuse; slice to pos first.
+        old_k = self.k[layer_idx][:, :, : self.pos]
+        old_v = self.v[layer_idx][:, :, : self.pos]
+        nk = torch.cat([old_k, k], dim=2)  # (B, nkv, pos+T, hs): a fresh allocation + full copy
+        nv = torch.cat([old_v, v], dim=2)
+        self.k[layer_idx], self.v[layer_idx] = nk, nv
+        self.bytes_copied += nk.nbytes + nv.nbytes
+        return nk, nv
+
+    def _truncate(self, n: int) -> None:
+        self.k = [t[:, :, :n] for t in self.k]  # views; the next update's cat copies them anyway
+        self.v = [t[:, :, :n] for t in self.v]
+
+    def _save(self, keep: int) -> Any:
+        # Nothing here is written in place (update cats, truncate slices, reorder selects): the
+        # tensors of now are the checkpoint.
+        return list(self.k), list(self.v)
+
+    def _load(self, cp: Checkpoint) -> None:
+        self.k, self.v = list(cp.state[0]), list(cp.state[1])
+
+    def _reorder(self, index: torch.Tensor) -> None:
+        self.k = [t[:, :, : self.pos].index_select(0, index) for t in self.k]  # (B', nkv, pos, hs)
+        self.v = [t[:, :, : self.pos].index_select(0, index) for t in self.v]
+
+
+CACHE_KINDS: dict[str, type[KVCache]] = {"static": StaticKVCache, "concat": ConcatKVCache}

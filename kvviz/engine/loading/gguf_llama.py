@@ -1,0 +1,283 @@
+"""Read a GGUF file (llama.cpp's format) of the Llama family into kvviz's Llama parameter names:
+architectures ``llama`` (Mistral is ``llama`` with ``llama.attention.sliding_window``), ``qwen2``
+(q/k/v biases) and ``qwen3`` (per-head q/k RMSNorm). ``gemma3`` has its own model; anything else
+is refused in one line that names this list.
+
+Steps, each failing with a KVVizError that names the problem:
+1. ``gguf_checks.scan_header`` checks the file's structure and sizes (truncation, lying counts);
+2. ``gguf.GGUFReader`` (llama.cpp's own reader) memory-maps it: nothing is copied yet;
+3. the metadata gives a ``LlamaConfig`` (architecture must be ``llama``);
+4. every tensor's type and shape is checked against the config, still without copying;
+5. each tensor is dequantized in numpy (``gguf.quants.dequantize``) and cast to the chosen dtype.
+
+llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` so that each head's rotary
+pairs sit next to each other (dimensions 2i, 2i+1: GPT-J's interleaved RoPE). transformers'
+Llama rotates the two halves of a head instead (dimension i with i + head_dim/2). We undo the
+permutation on load, as transformers' GGUF integration does; without it the model writes garbage.
+Only ``llama`` files are permuted: llama.cpp runs Qwen2 and Qwen3 with NeoX-style RoPE (the halves
+of a head, like transformers), so their converter writes q and k unchanged.
+
+Where transformers' GGUF loader reads the header differently, kvviz follows the header, as
+llama.cpp does (tests/test_gguf_families.py holds both to transformers):
+- ``llama.attention.sliding_window`` is dropped by transformers: a llama file loads as its Llama
+  (no window), or as its Mistral when general.name is "mistral", whose class default window of
+  4,096 then applies whatever the header says. kvviz applies the header's window, and none when
+  there is none (Mistral v0.2 and later have none);
+- ``qwen3.attention.key_length`` (head_dim) is not mapped by transformers, which takes Qwen3's
+  class default of 128 (every released Qwen3 has 128).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.gguf_reader import ReaderTensor
+from gguf.quants import dequantize
+
+from kvviz.engine.loading.gguf_checks import check_architecture, family_of, scan_header
+from kvviz.engine.models.llama import LlamaConfig, param_shapes
+from kvviz.errors import KVVizError
+
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # the ones this Llama reader builds
+
+# llama.cpp tensor name -> transformers LlamaForCausalLM name ({i} = layer).
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",  # Qwen2
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+@dataclass
+class GGUFModel:
+    """What a GGUF file holds, in kvviz's terms."""
+
+    config: LlamaConfig
+    state_dict: dict[str, torch.Tensor]  # transformers' names; no lm_head.weight when tied
+    tokenizer_metadata: dict[str, Any]  # tokenizer.ggml.* and tokenizer.chat_template, as read
+    # The reader, still open on the file: hand it to a tokenizer builder so the metadata is not
+    # parsed twice (GGUFReader takes ~4 s on SmolLM2's 49k-token vocabulary), then drop it.
+    reader: GGUFReader
+    info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """A GGUFReader over a file whose header has been checked (no tensor data is read)."""
+    path = Path(path)
+    scan_header(path)
+    try:
+        return GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OverflowError, OSError) as e:
+        # The header walk checked sizes; what is left is a file the reader cannot make sense of
+        # (duplicate keys or tensors, a bad alignment type, ...).
+        raise KVVizError(f"{path.name} is not a readable GGUF file: {e}") from None
+
+
+def _value(reader: GGUFReader, key: str) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return f.contents()
+    except (ValueError, IndexError, UnicodeDecodeError) as e:
+        raise KVVizError(f"GGUF metadata {key} cannot be read: {e}") from None
+
+
+def _int(reader: GGUFReader, key: str, default: int | None = None) -> int:
+    v = _value(reader, key)
+    if v is None:
+        if default is None:
+            raise KVVizError(f"GGUF metadata has no {key}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise KVVizError(f"GGUF metadata {key} must be an integer (got {v!r:.60})")
+    return v
+
+
+def _float(reader: GGUFReader, key: str, default: float | None = None) -> float:
+    v = _value(reader, key)
+    if v is None:
+        if default is None:
+            raise KVVizError(f"GGUF metadata has no {key}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise KVVizError(f"GGUF metadata {key} must be a number (got {v!r:.60})")
+    return float(v)
+
+
+def architecture(reader: GGUFReader) -> str:
+    arch = _value(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise KVVizError("GGUF metadata has no general.architecture string")
+    return arch
+
+
+def config_from_metadata(reader: GGUFReader) -> LlamaConfig:
+    """A LlamaConfig from ``<arch>.*`` metadata; refuses other architectures and Llama variants
+    kvviz does not implement (rope scaling, partial rotary, mixture of experts)."""
+    arch = architecture(reader)
+    check_architecture(arch)
+    if arch not in SUPPORTED_ARCHS:  # gemma3: its own model, not this reader
+        raise KVVizError("a gemma3 GGUF loads through kvviz's Gemma 3 model, not the Llama family's reader")
+    p = arch + "."
+    if _int(reader, p + "expert_count", 0) > 0:
+        raise KVVizError(f"mixture-of-experts files ({p}expert_count = "
+                         f"{_int(reader, p + 'expert_count')}) are not supported")
+    scaling = _value(reader, p + "rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise KVVizError(f"RoPE scaling {scaling!r} ({p}rope.scaling.type) is not supported")
+    n_embd = _int(reader, p + "embedding_length")
+    n_head = _int(reader, p + "attention.head_count")
+    head_dim = _int(reader, p + "attention.key_length", n_embd // n_head if n_head > 0 else 0)
+    if _int(reader, p + "attention.value_length", head_dim) != head_dim:
+        raise KVVizError(f"{p}attention.value_length differs from key_length ({head_dim}); not supported")
+    if _int(reader, p + "rope.dimension_count", head_dim) != head_dim:
+        raise KVVizError(f"partial RoPE ({p}rope.dimension_count = {_int(reader, p + 'rope.dimension_count')} "
+                         f"of head_dim {head_dim}) is not supported")
+    vocab = _value(reader, p + "vocab_size")
+    if vocab is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens.data) if tokens is not None else None
+    if vocab is None:
+        raise KVVizError(f"GGUF metadata has neither {p}vocab_size nor tokenizer.ggml.tokens")
+    eos = _value(reader, "tokenizer.ggml.eos_token_id")
+    names = {t.name for t in reader.tensors}
+    # llama.cpp reads a window only for llama files; Qwen2/3 GGUFs run every layer full there too.
+    window = _int(reader, p + "attention.sliding_window", 0) if arch == "llama" else 0
+    fields = dict(
+        vocab_size=vocab, block_size=_int(reader, p + "context_length"), n_layer=_int(reader, p + "block_count"),
+        n_head=n_head, n_kv_head=_int(reader, p + "attention.head_count_kv", n_head), n_embd=n_embd,
+        head_dim=head_dim, intermediate_size=_int(reader, p + "feed_forward_length"),
+        rope_theta=_float(reader, p + "rope.freq_base", 10000.0),  # llama.cpp's default when absent
+        rms_norm_eps=_float(reader, p + "attention.layer_norm_rms_epsilon"),
+        tie_word_embeddings="output.weight" not in names,  # llama.cpp drops a tied output matrix
+        eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab else None,
+        family=family_of(arch, window or None, _value(reader, "general.name")), qkv_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3", sliding_window=window or None,
+    )
+    try:
+        return LlamaConfig(**fields)
+    except ValueError as e:
+        raise KVVizError(f"GGUF metadata describes an invalid model: {e}") from None
+
+
+def hf_name(gguf_name: str, n_layer: int) -> str | None:
+    """transformers' name for a llama.cpp tensor name, or None if kvviz's Llama has no such weight."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and int(m.group(1)) < n_layer and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def check_tensors(reader: GGUFReader, config: LlamaConfig, where: str) -> dict[str, ReaderTensor]:
+    """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
+    expected = param_shapes(config)
+    out: dict[str, ReaderTensor] = {}
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            raise KVVizError(f"{where} carries rope_freqs (Llama 3.1-style RoPE scaling), which kvviz does not implement")
+        name = hf_name(t.name, config.n_layer)
+        if name is None or name not in expected:
+            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's {config.family} has no place for")
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
+                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the innermost dim first
+        if shape != expected[name]:
+            raise KVVizError(f"{where}: tensor {t.name} has shape {shape}, but the metadata implies "
+                             f"{expected[name]}")
+        out[name] = t
+    missing = [k for k in expected if k not in out]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise KVVizError(f"{where} is missing tensors: {', '.join(missing[:3])}{more}")
+    return out
+
+
+def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's row order for attn_q (n_head = query heads) or attn_k (K/V heads).
+
+    The converter reshapes each head's rows as (2, hs/2) and swaps the axes to (hs/2, 2), so the
+    rows of rotary pair i (i and i + hs/2 in transformers' layout) become rows 2i and 2i+1.
+    Swapping back restores the half-split layout that ``rotate_half`` expects.
+    """
+    out_rows, n_in = w.shape
+    hs = out_rows // n_head
+    w = w.view(n_head, hs // 2, 2, n_in)  # llama.cpp's (head, pair, member, in)
+    return w.transpose(1, 2).reshape(out_rows, n_in)  # (head, member, pair, in) -> (out, in)
+
+
+def dequantize_tensor(t: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor, dequantized in numpy to fp32 and cast to ``dtype``, in torch's (out, in) order."""
+    arr = dequantize(t.data, t.tensor_type)  # numpy (rows, cols): ggml's dims reversed
+    if not arr.flags.writeable:  # F32 comes back as a view of the read-only file mapping
+        arr = np.array(arr)
+    x = torch.from_numpy(arr)
+    return x if dtype == torch.float32 else x.to(dtype)
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
+    """Config, dequantized state dict and tokenizer metadata of a Llama-family GGUF file."""
+    path = Path(path)
+    t0 = time.perf_counter()
+    reader = open_gguf(path)
+    config = config_from_metadata(reader)
+    tensors = check_tensors(reader, config, path.name)
+    t1 = time.perf_counter()
+    sd: dict[str, torch.Tensor] = {}
+    permuted = architecture(reader) == "llama"  # Qwen2/3 files keep transformers' row order
+    for name, t in tensors.items():
+        w = dequantize_tensor(t, torch.float32)
+        if permuted and name.endswith("q_proj.weight"):
+            w = unpermute_rope_rows(w, config.n_head)
+        elif permuted and name.endswith("k_proj.weight"):
+            w = unpermute_rope_rows(w, config.kv_heads)
+        sd[name] = w if dtype == torch.float32 else w.to(dtype)
+    types: dict[str, int] = {}
+    for t in tensors.values():
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
+            "dequantize_seconds": time.perf_counter() - t1, "general.name": _value(reader, "general.name"),
+            "family": config.family}
+    return GGUFModel(config, sd, tokenizer_metadata(reader), reader, info)
+
+
+def tokenizer_metadata(source: GGUFReader | str | Path) -> dict[str, Any]:
+    """Every ``tokenizer.*`` field (``tokenizer.ggml.tokens``, ``.merges``, ``.token_type``,
+    ``.bos/eos_token_id``, ``.pre``, ``tokenizer.chat_template``, ...) as plain Python values."""
+    reader = source if isinstance(source, GGUFReader) else open_gguf(source)
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key.startswith("tokenizer."):
+            v = _value(reader, key)
+            if f.types and f.types[0] == GGUFValueType.ARRAY and isinstance(v, np.ndarray):
+                v = v.tolist()
+            out[key] = v
+    return out

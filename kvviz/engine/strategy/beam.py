@@ -1,0 +1,278 @@
+"""Beam search over the KV cache, step for step what transformers' ``generate(num_beams=k, do_sample=False)`` does.
+
+The prompt is prefilled once (one cache row) and fanned out to k rows by ``cache.reorder``. Each
+step scores every row's next token (log-softmax added to the row's running log-probability),
+keeps the best ``max(2, 1 + #EOS) * k`` continuations of all k x V, and then:
+- the best k that did not end (EOS, or the length limit) become the next running beams, and the
+  cache rows are reordered by their parents (``cache.reorder``: an ``index_select`` on the batch
+  dim of every layer; the bytes it moves are counted);
+- among the best k of them, those that ended join the finished list, scored
+  ``sum log p / generated_len ** length_penalty``, which keeps its best k.
+
+Stopping follows transformers 5's ``_beam_search`` (``generation/utils.py``): ``early_stopping=True``
+stops once k beams have finished; ``False`` stops when the best running beam, scored at its
+current length, cannot beat the worst finished one; ``"never"`` assumes, when length_penalty > 0,
+that the running beam could reach the maximum length. The tensor operations below are the same
+ones in the same order (batch of one prompt), so sequences and scores match transformers'.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from kvviz.engine.generation.events import StepEvent
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.strategy.strategy_events import BeamCandidate, BeamResult, BeamStep
+from kvviz.engine.strategy.strategy_stream import StrategyStream
+from kvviz.errors import KVVizError
+from kvviz.limits import MAX_BEAMS  # shared with the CLI's --num-beams
+from kvviz.units import fmt_bytes, kv_bytes_per_token
+
+NEG = -1.0e9  # transformers' "impossible" score: added, never assigned, exactly as there
+MEMORY_SHARE = 0.8  # refuse a beam cache that would take more than this share of free memory
+
+
+def length_norm(length: int, penalty: float) -> float:
+    """``length ** penalty``, the divisor of a finished beam's score, as transformers computes it
+    (a Python float) but saturated: where the power overflows a double (2 ** 2000) it is inf
+    instead of an OverflowError.
+
+    Nothing is lost by saturating: the score tensors are float32, so transformers' own division
+    already turns any divisor past float32's 3.4e38 into inf (a score of -0.0). Up to a double's
+    range the result is transformers' to the bit; past it, the same -0.0 transformers reaches
+    from 3.4e38 on. A power that underflows is 0.0 in Python as in transformers (a score of -inf:
+    at such a negative penalty only one-token beams can finish).
+    """
+    try:
+        return float(length) ** penalty
+    except OverflowError:  # length >= 2 and penalty > 0: the power is past 1.8e308
+        return math.inf
+
+
+def parse_early_stopping(value: object) -> bool | str:
+    """True, False or "never" (transformers' three meanings); the CLI's strings too."""
+    if value is True or value is False or value == "never":
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and value.lower() in ("true", "false", "never"):
+        return {"true": True, "false": False, "never": "never"}[value.lower()]
+    raise KVVizError(f"early_stopping must be true, false or never (got {value!r})")
+
+
+def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """transformers' _gather_beams: pick beams along dim 1 by (batch, n) indices."""
+    while idx.dim() < t.dim():
+        idx = idx.unsqueeze(-1)
+    return torch.take_along_dim(t, idx, dim=1)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (None when this system cannot say)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def beam_cache_bytes(model: LoadedModel, num_beams: int, n_tokens: int, cache_kind: str) -> int:
+    """Bytes the k-row cache needs: a static cache preallocates every position of its context;
+    a concat cache holds n_tokens, twice over while ``torch.cat`` copies it."""
+    c = model.config
+    per_row = kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
+    return int(num_beams * per_row * (c.block_size if cache_kind == "static" else 2 * n_tokens))
+
+
+def check_beam_request(model: LoadedModel, num_beams: object, length_penalty: object, early_stopping: object,
+                       num_return_sequences: object, n_tokens: int, use_cache: bool, cache_kind: str,
+                       greedy: bool, stop: tuple[str, ...], batch_size: int) -> tuple[int, float, bool | str, int]:
+    """The beam parameters, checked (KVVizError with a specific message) before any compute."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
+        raise KVVizError(f"num_beams must be an integer from 1 to {MAX_BEAMS} (got {num_beams!r})")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
+            or not abs(float(length_penalty)) < float("inf"):
+        raise KVVizError(f"length_penalty must be a finite number (got {length_penalty!r})")
+    es = parse_early_stopping(early_stopping)
+    nrs = num_return_sequences
+    if isinstance(nrs, bool) or not isinstance(nrs, int) or not 1 <= nrs <= num_beams:
+        raise KVVizError(f"num_return_sequences must be from 1 to num_beams ({num_beams}) (got {nrs!r})")
+    if not greedy:
+        raise KVVizError("beam search here is deterministic (transformers' do_sample=False): "
+                         "sampling with num_beams > 1 is not supported; use greedy")
+    if stop:
+        raise KVVizError("stop strings are not supported with beam search (each beam would end at its own place)")
+    if batch_size != 1:
+        raise KVVizError("beam search takes one prompt row: the k beams are its batch")
+    if use_cache:
+        need = beam_cache_bytes(model, num_beams, n_tokens, cache_kind)
+        free = available_memory(model.device)
+        if free is not None and need > MEMORY_SHARE * free:
+            raise KVVizError(
+                f"{num_beams} beams x {model.config.block_size if cache_kind == 'static' else n_tokens} positions "
+                f"need {fmt_bytes(need)} of KV cache ({cache_kind}), more than {MEMORY_SHARE:.0%} of the "
+                f"{fmt_bytes(free)} free on {model.device.type}: use fewer beams or the concat cache")
+    return num_beams, float(length_penalty), es, nrs
+
+
+@dataclass
+class BeamStream(StrategyStream):
+    num_beams: int = 2
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
+    eos_ids: tuple[int, ...] = ()
+    steps: list[BeamStep] = field(default_factory=list)
+    result: BeamResult | None = None
+    _live: str = ""  # the best running beam's text so far
+
+    @property
+    def text(self) -> str:
+        return self.result.texts[0] if self.result is not None else self._live
+
+    def _decode(self, ids: list[int]) -> str:
+        tok = self.model.tokenizer
+        return tok.decode(ids) if self.model.has_tokenizer else "".join(tok.token_display(i) for i in ids)
+
+    def _extra(self) -> dict[str, object]:
+        if self.result is not None:
+            return {"beams": self.result}
+        return {"beams": BeamResult(self.num_beams, self.length_penalty, self.early_stopping,
+                                    self.num_return_sequences, (), (), (), (), tuple(self.steps))}
+
+    def _loop(self) -> Iterator[StepEvent]:  # noqa: C901 - one loop, read top to bottom like transformers'
+        m, k, N = self.model, self.num_beams, len(self.prompt_ids)
+        cfg, dev = m.config, m.device
+        max_len = N + self.max_new_tokens
+        lp_pen, es = self.length_penalty, self.early_stopping
+        keep = max(2, 1 + len(self.eos_ids)) * k  # enough that k survive even if the best all end
+        with torch.inference_mode():
+            eos = torch.tensor(self.eos_ids, dtype=torch.long, device=dev)
+            top_mask = torch.zeros(keep, dtype=torch.bool, device=dev)
+            top_mask[:k] = True
+            running = torch.full((1, k, max_len), -1, dtype=torch.long, device=dev)  # (1, k, L)
+            running[:, :, :N] = torch.tensor(self.prompt_ids, dtype=torch.long, device=dev)
+            seqs = running.clone()  # the finished beams
+            run_scores = torch.zeros((1, k), dtype=torch.float, device=dev)
+            run_scores[:, 1:] = NEG  # only row 0's tokens count at first: the rows are copies
+            beam_scores = torch.full((1, k), NEG, dtype=torch.float, device=dev)
+            is_fin = torch.zeros((1, k), dtype=torch.bool, device=dev)
+            improvable = torch.ones((1, 1), dtype=torch.bool, device=dev)
+            run_idx = torch.full((1, k, max_len - N), -1, dtype=torch.int32, device=dev)  # parent per step
+            fin_idx = run_idx.clone()
+            positions = torch.arange(cfg.block_size, device=dev)
+            cache = self._cache(k, max_len) if self.use_cache else None
+        cur, step = N, 0
+        while True:
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                rows_before = 1 if step == 0 else k
+                if step == 0:
+                    inp, start = running[0, :1, :N], 0  # (1, N): the prompt, once
+                elif cache is not None:
+                    inp, start = running[0, :, cur - 1: cur], cur - 1  # (k, 1): each beam's newest token
+                else:
+                    inp, start = running[0, :, :cur], 0  # (k, cur): recomputed, nothing cached
+                logits = self.forward(inp, positions[start: start + inp.shape[1]], cache, None, last_only=True)
+                logits = logits[:, -1, :].float().expand(k, -1)  # (k, V); the prefill's one row is every row
+                if cache is not None:
+                    cache.advance(inp.shape[1])
+                V = logits.shape[-1]
+                log_probs = torch.log_softmax(logits, dim=-1).view(1, k, V) + run_scores[:, :, None]
+                log_probs = log_probs.reshape(1, k * V)
+                topk_lp, topk_flat = torch.topk(log_probs, k=keep)  # (1, keep)
+                parent = topk_flat // V
+                topk_ids = topk_flat % V
+                topk_seqs = _take(running, parent)
+                topk_seqs[:, :, cur] = topk_ids
+                topk_idx = _take(run_idx, parent)
+                topk_idx[:, :, cur - N] = parent.to(torch.int32)
+                hits = torch.isin(topk_ids, eos) | (cur + 1 >= max_len)  # (1, keep): EOS or the length limit
+
+                # The best k that go on; ended ones are pushed out of reach.
+                run_lp = topk_lp + hits.to(torch.float32) * NEG
+                nxt = torch.topk(run_lp, k=k)[1]
+                running, run_scores, run_idx = _take(topk_seqs, nxt), _take(run_lp, nxt), _take(topk_idx, nxt)
+
+                # The finished list: only the best k candidates may end here.
+                did = hits & top_mask[None, :]
+                fin_lp = topk_lp / length_norm(cur + 1 - N, lp_pen)
+                fin_lp += (torch.all(is_fin, dim=-1, keepdim=True) & (es is True)).to(torch.float32) * NEG
+                fin_lp += (~improvable).to(torch.float32) * NEG
+                fin_lp += (~did) * NEG
+                merged = torch.topk(torch.cat((beam_scores, fin_lp), dim=1), k=k)[1]
+                seqs = _take(torch.cat((seqs, topk_seqs), dim=1), merged)
+                beam_scores = _take(torch.cat((beam_scores, fin_lp), dim=1), merged)
+                fin_idx = _take(torch.cat((fin_idx, topk_idx), dim=1), merged)
+                is_fin = _take(torch.cat((is_fin, did), dim=1), merged)
+
+                parents = run_idx[0, :, cur - N].long()  # (k,) old row of each new row
+                cur += 1
+                # transformers' early-stop heuristic, then its three reasons to go on.
+                if es == "never" and lp_pen > 0.0:
+                    best_len = max_len - N
+                else:
+                    best_len = cur - N
+                best_running = run_scores[:, :1] / length_norm(best_len, lp_pen)
+                worst_fin = torch.where(is_fin, torch.min(beam_scores, dim=1, keepdim=True)[0], NEG)
+                improvable = improvable & torch.any(best_running > worst_fin, dim=-1, keepdim=True)
+                go_on = bool(torch.any(improvable)) and not (bool(torch.all(is_fin)) and es is True) \
+                    and not bool(torch.all(hits))
+                moved = 0
+                if cache is not None and go_on:  # the last step's reorder would feed nothing
+                    moved = cache.reorder(parents if rows_before == k else torch.zeros_like(parents))
+                latency_ms = (time.perf_counter() - t0) * 1000.0
+
+                self.steps.append(self._record(step, cur - 1, topk_lp, parent, topk_ids, hits, did, fin_lp, nxt, merged,
+                                               parents, rows_before, moved, cache.pos if cache is not None else 0,
+                                               latency_ms))
+                new_ids = running[0, :, cur - 1].tolist()
+                self._live = self._decode(running[0, 0, N:cur].tolist())
+                ev = self._event(step, new_ids, cur - 1, inp.shape[1], start, inp.shape[0], cache, latency_ms,
+                                 logits[0])
+            self.events.append(ev)
+            yield ev
+            step += 1
+            if not go_on:
+                break
+        self._finish(seqs, beam_scores, fin_idx, is_fin, N)
+
+    def _record(self, step: int, position: int, topk_lp: torch.Tensor, parent: torch.Tensor, ids: torch.Tensor,
+                hits: torch.Tensor, did: torch.Tensor, fin_lp: torch.Tensor, nxt: torch.Tensor, merged: torch.Tensor,
+                parents: torch.Tensor, rows_before: int, moved: int, cache_len: int, latency_ms: float) -> BeamStep:
+        """Every weighed candidate with what became of it (plain Python, for the views)."""
+        tok, k = self.model.tokenizer, self.num_beams
+        row_of = {int(j): r for r, j in enumerate(nxt[0].tolist())}
+        joined = {int(j) - k for j in merged[0].tolist() if j >= k}  # candidates that entered the finished list
+        scores, fins, dids, ended = topk_lp[0].tolist(), fin_lp[0].tolist(), did[0].tolist(), hits[0].tolist()
+        cands = []
+        for j, (p, t) in enumerate(zip(parent[0].tolist(), ids[0].tolist())):
+            if dids[j] and j in joined:
+                status, row, final = "finished", None, fins[j]
+            elif j in row_of and not ended[j]:
+                status, row, final = "kept", row_of[j], None
+            else:
+                status, row, final = "pruned", None, None
+            cands.append(BeamCandidate(p if rows_before == k else 0, t, tok.token_display(t), scores[j], status,
+                                       row, final))
+        return BeamStep(step, position, tuple(cands), tuple(parents.tolist()) if rows_before == k
+                        else (0,) * k, rows_before, moved, cache_len, latency_ms)
+
+    def _finish(self, seqs: torch.Tensor, scores: torch.Tensor, fin_idx: torch.Tensor, is_fin: torch.Tensor,
+                N: int) -> None:
+        n = self.num_return_sequences
+        lens = (fin_idx[0, :n] + 1).bool().sum(dim=-1).tolist()  # generated length of each returned beam
+        out = tuple(tuple(seqs[0, r, N: N + lens[r]].tolist()) for r in range(n))
+        self.result = BeamResult(
+            self.num_beams, self.length_penalty, self.early_stopping, n, out,
+            tuple(self._decode(list(s)) for s in out), tuple(scores[0, :n].tolist()),
+            tuple(is_fin[0, :n].tolist()), tuple(self.steps))
+        best = out[0] if out else ()
+        self.stop_reason = "eos" if best and best[-1] in self.eos_ids else "max_new_tokens"
