@@ -205,7 +205,7 @@ def test_accelerator_takes_what_it_computes_exactly(case: tuple[str, Any, Path])
     m = load_model(str(path), device="cpu")
     assert (m.fast is not None) == (family in ("llama", "qwen2"))
     if m.fast is None:
-        assert build_fast(m.gpt) is None
+        assert build_fast(m.model) is None
         return
     # The one-row decode step (the whole step in one call into C on a static cache), step by step
     # against the readable model on a cache of its own.

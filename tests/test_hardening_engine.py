@@ -348,19 +348,4 @@ def test_a_shared_build_folder_is_refused(tmp_path: Path) -> None:
     assert "writable by other users" in status and not list(shared.iterdir()), status
 
 
-@needs_cc
-def test_a_tampered_build_is_never_loaded(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    assert _rowops_status(cache).startswith("built with")
-    (lib,) = cache.glob("rowops-*.so")
-    digest = lib.with_suffix(".sha256").read_text()
-    data = bytearray(lib.read_bytes())
-    data[-1] ^= 0xFF  # same size, one byte changed: still a loadable ELF, but not the one built
-    lib.write_bytes(bytes(data))
-    assert _rowops_status(cache).startswith("built with")  # detected and rebuilt
-    import hashlib
-
-    assert lib.read_bytes() != bytes(data)
-    assert hashlib.sha256(lib.read_bytes()).hexdigest() == lib.with_suffix(".sha256").read_text().strip()
-    assert digest
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+# A tampered build (one byte changed) is rebuilt: tests/test_rowops.py walks a build folder's life.

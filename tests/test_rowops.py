@@ -1,7 +1,9 @@
 """The C row ops (kvviz.fast.rowops): each fused call against the PyTorch ops it replaces, in float64."""
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -146,30 +148,38 @@ def test_an_unusable_build_folder_gets_one_clear_reason(tmp_path: Path) -> None:
 
 
 @needs_c
-def test_a_damaged_cached_build_is_rebuilt(tmp_path: Path) -> None:
+def test_a_build_is_made_once_reused_and_rebuilt_when_damaged_or_tampered(tmp_path: Path) -> None:
+    """One build folder's life (each build compiles the C sources, seconds apiece, so one test walks
+    it): a fresh folder gets one build and nothing else; a second process reuses it; a file that is
+    not a library is rebuilt; a library with one byte changed (still a loadable ELF, not the one
+    built) is caught by its recorded sha256 and rebuilt; the folder is private (0700)."""
+    cache = tmp_path / "cache"  # created by the build, private
     code = "from kvviz.fast import rowops\nprint(rowops.load() is not None, rowops.status())"
-    first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
-    assert first.stdout.startswith("True built with"), first.stdout + first.stderr
-    (built,) = tmp_path.glob("rowops-*.so")
-    built.write_bytes(b"not a shared library")
-    second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
-    assert second.stdout == first.stdout, second.stdout + second.stderr
-    # The library and the sha256 recorded beside it at build time, nothing else.
-    assert built.stat().st_size > 1000 and set(tmp_path.iterdir()) == {built, built.with_suffix(".sha256")}
-
-
-@needs_c
-def test_builds_into_the_cache_dir_once(tmp_path: Path) -> None:
-    """A fresh cache folder gets one build; a second process reuses it."""
-    code = "from kvviz.fast import rowops\nprint(rowops.load() is not None, rowops.status())"
-    first = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
+    first = _run(code, KVVIZ_CACHE_DIR=str(cache))
     assert first.returncode == 0 and first.stdout.startswith("True built with"), first.stdout + first.stderr
-    built = sorted(tmp_path.glob("rowops-*.so"))
+    built = sorted(cache.glob("rowops-*.so"))
     # No temporary file left behind: the library and its recorded sha256 only.
-    assert len(built) == 1 and set(tmp_path.iterdir()) == {built[0], built[0].with_suffix(".sha256")}
-    mtime = built[0].stat().st_mtime_ns
-    second = _run(code, KVVIZ_CACHE_DIR=str(tmp_path))
-    assert second.stdout == first.stdout and built[0].stat().st_mtime_ns == mtime
+    assert len(built) == 1 and set(cache.iterdir()) == {built[0], built[0].with_suffix(".sha256")}
+    (lib,) = built
+    digest = lib.with_suffix(".sha256").read_text().strip()
+    assert digest == hashlib.sha256(lib.read_bytes()).hexdigest()
+    mtime = lib.stat().st_mtime_ns
+    second = _run(code, KVVIZ_CACHE_DIR=str(cache))
+    assert second.stdout == first.stdout and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+    lib.write_bytes(b"not a shared library")
+    third = _run(code, KVVIZ_CACHE_DIR=str(cache))
+    assert third.stdout == first.stdout, third.stdout + third.stderr
+    assert lib.stat().st_size > 1000 and set(cache.iterdir()) == {lib, lib.with_suffix(".sha256")}
+
+    data = bytearray(lib.read_bytes())
+    data[-1] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    fourth = _run(code, KVVIZ_CACHE_DIR=str(cache))
+    assert fourth.stdout == first.stdout, fourth.stdout + fourth.stderr
+    assert lib.read_bytes() != bytes(data)
+    assert hashlib.sha256(lib.read_bytes()).hexdigest() == lib.with_suffix(".sha256").read_text().strip()
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
 
 
 # --- rowdot.c: nn.Linear's (out, in) layout, fp32 or bf16 weights (the Llama family) ---------------
