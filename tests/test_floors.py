@@ -36,6 +36,10 @@ FLOORS: dict[str, int] = {
     "kvviz.chat_cli": 8,
     "kvviz.engine.cache": 2, "kvviz.engine.models": 2, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2, "kvviz.charts": 2,
     "kvviz.engine.gguf": 2,  # GGUF -> LlamaConfig + state dict: beside the model family it fills
+    "kvviz.engine.loading": 0,  # folder marker
+    "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
+    "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
+    "kvviz.engine.tokenize": 1,  # tokenizers read from a model file
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
     "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,
     "kvviz.engine.strategy_events": 1,  # beam / speculation records: plain dataclasses, no torch
@@ -47,7 +51,7 @@ FLOORS: dict[str, int] = {
     "kvviz.cli": 8, "kvviz.memory_cli": 8, "kvviz.kv_cli": 8, "kvviz.__main__": 8, "app": 8,
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
-EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.measure", "kvviz.charts", "kvviz.ui")
+EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize", "kvviz.measure", "kvviz.charts", "kvviz.ui")
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.flops", "kvviz.errors", "kvviz.safeio",
             "kvviz.limits", "kvviz.argtypes")
