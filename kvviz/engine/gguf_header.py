@@ -45,6 +45,7 @@ class HeaderScan:
     file_size: int
     data_start: int  # absolute offset of the tensor data section
     tensors: tuple[TensorEntry, ...]
+    architecture: str | None = None  # general.architecture, read on the way (the loader dispatches on it)
 
 
 class _Walker:
@@ -130,6 +131,7 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
         raise KVVizError(f"{where}'s header claims {n_kv:,} metadata entries and {n_tensors:,} tensors, "
                          f"more than its {w.size:,} bytes can hold: the file is truncated or its header is corrupt")
     alignment = DEFAULT_ALIGNMENT
+    arch: str | None = None
     for i in range(n_kv):
         key_bytes = w.string(f"metadata key #{i}")
         key = key_bytes.decode("utf-8", errors="replace")
@@ -138,6 +140,8 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
             alignment = w.unpack("<I", key)
             if alignment == 0 or alignment & (alignment - 1):
                 raise KVVizError(f"{where}: general.alignment is {alignment}, not a power of two")
+        elif key == "general.architecture" and vtype == STRING:
+            arch = w.string(key).decode("utf-8", errors="replace")
         else:
             w.skip_value(vtype, f"metadata {key!r}")
     tensors = []
@@ -153,7 +157,7 @@ def _scan(w: _Walker, where: str) -> HeaderScan:
     data_start = w.pos + (-w.pos % alignment)
     for t in tensors:
         _check_extent(t, data_start, w.size, where)
-    return HeaderScan(version, w.size, data_start, tuple(tensors))
+    return HeaderScan(version, w.size, data_start, tuple(tensors), arch)
 
 
 def _check_extent(t: TensorEntry, data_start: int, size: int, where: str) -> None:

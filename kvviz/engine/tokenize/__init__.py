@@ -1,0 +1,1 @@
+"""Tokenizers rebuilt from a model file's own metadata."""
