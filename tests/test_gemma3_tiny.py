@@ -110,3 +110,12 @@ def test_bad_config_refused() -> None:
         Gemma3Config(**{**TINY, "n_kv_head": 3})
     with pytest.raises(ValueError, match="sliding_window"):
         Gemma3Config(**{**TINY, "sliding_window": 0})
+
+
+def test_no_accelerator_and_quantized_kv_runs_window_refused() -> None:
+    m = tiny()
+    assert m.fast is None  # kvviz.fast knows GPT-2 and Llama; Gemma 3 runs the readable model
+    run = kvviz.generate(m, prompt_ids=list(range(40, 52)), max_new_tokens=10, kv_dtype="int8")
+    assert len(run.generated_ids) == 10
+    with pytest.raises(kvviz.KVVizError, match="512-token window on 15 of its 18 layers"):
+        kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=2, window=8)
