@@ -39,6 +39,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading": 0,  # folder marker
     "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
     "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
+    "kvviz.engine.loading.gguf_lite": 1,  # GGUF metadata and tensor views in one pass (big vocabularies)
     "kvviz.engine.tokenize": 1,  # tokenizers read from a model file
     "kvviz.fast": 3,  # the accelerator: built from a model, below the loader that attaches it
     "kvviz.engine.load": 4, "kvviz.engine.save": 4, "kvviz.engine.gpt2_header": 2, "kvviz.engine.load_llama": 4,

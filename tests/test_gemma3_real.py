@@ -1,38 +1,30 @@
 """Gemma 3 270M (the Q4_K_M GGUF from its chunk packages) against transformers loading the same
-file in fp32. Few tests on purpose: one kvviz model and one transformers model (plus its GGUF
-tokenizer) for the module, and transformers' greedy runs computed once in a fixture."""
+file in fp32 with its GGUF tokenizer.
+
+transformers' side is computed by ``tests/data/gemma3_reference.py`` (transformers 5.x, fp32) and
+kept in ``tests/data/gemma3_hf_reference.json``: loading transformers' copy of the model, its
+tokenizer and running its greedy searches costs minutes on a 2-core box, every run; the kvviz
+side below is computed live, from one model loaded for the module.
+"""
 from __future__ import annotations
 
-import gzip
+import hashlib
 import importlib.util
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 import kvviz
-from kvviz.engine.load import ASSETS, LoadedModel, load_model
+from kvviz.engine.load import LoadedModel, load_model
+from kvviz.engine.loading.gemma3_package import SHA256
 from kvviz.engine.models.gemma3 import Gemma3
 
 pytestmark = pytest.mark.gemma3
-transformers = pytest.importorskip("transformers")
-
-N_NEW = 40
-SHORT = ["Once upon a time, there was a little", "def fibonacci(n):\n    "]
+REFERENCE = Path(__file__).parent / "data" / "gemma3_hf_reference.json"
 LILY = " girl named Lily"  # transformers' greedy continuation, as the issue quotes it
-# Held out from the code that was written against it: code, CJK, emoji (joined and skin-toned),
-# combining marks, numbers, whitespace runs, tabs, CRLF, RTL, control-token look-alikes.
-VARIED = ("fn main() {\n\tlet x: Vec<u8> = vec![0x1F, 255];\t\t// 注释\r\n}\n\n\n"
-          "Größe: 3.14159e-10 m, 1,234,567.89 €; 2026-11-27T04:00Z   —   ½ ≠ 0.5\n"
-          "🏳️‍🌈 👩🏾‍💻 नमस्ते दुनिया · שלום עולם · Ελληνικά · 한국어 텍스트 · ｆｕｌｌｗｉｄｔｈ\n"
-          "e\u0301 a\u0308 n\u0303 \u200b zero-width   <start_of_turn>user <0x41> [multimodal] <eos>")
-
-
-def long_prompt() -> str:
-    """The first ~2,700 characters of Tiny Shakespeare: over 600 Gemma tokens, so the prompt alone
-    is past the sliding layers' 512-token window."""
-    with gzip.open(ASSETS / "data" / "tinyshakespeare.txt.gz", "rt", encoding="utf-8") as f:
-        return f.read(2700)
 
 
 @pytest.fixture(scope="module")
@@ -43,68 +35,67 @@ def gemma3() -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def hf(gemma3: LoadedModel) -> dict[str, Any]:
-    """transformers' model and tokenizer from the same GGUF, and its greedy runs (computed once)."""
-    path = gemma3.source
-    folder, name = path.rsplit("/", 1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    runs = {}
-    with torch.inference_mode():
-        for text in [*SHORT, long_prompt()]:
-            ids = tok(text, return_tensors="pt").input_ids
-            out = model.generate(ids, max_new_tokens=N_NEW, do_sample=False, min_new_tokens=N_NEW)
-            runs[text] = (ids[0].tolist(), out[0, ids.shape[1]:].tolist())
-        long_ids = torch.tensor([runs[long_prompt()][0] + runs[long_prompt()][1]])
-        logits = model(long_ids).logits  # (1, ~650, V): every position, windows in force from 512 on
-    return {"model": model, "tok": tok, "runs": runs, "long_ids": long_ids, "long_logits": logits}
+def ref() -> dict[str, Any]:
+    data = json.loads(REFERENCE.read_text(encoding="utf-8"))
+    assert data["gguf_sha256"] == SHA256  # made from the file kvviz loads
+    return data
 
 
-def test_config_and_weights(gemma3: LoadedModel, hf: dict[str, Any]) -> None:
+def test_config_and_weights_equal_transformers(gemma3: LoadedModel, ref: dict[str, Any]) -> None:
     c = gemma3.config
     assert isinstance(gemma3.gpt, Gemma3)
     assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim, c.intermediate_size) == (18, 640, 4, 1, 256, 2048)
     assert (c.sliding_window, c.vocab_size, c.context_length, c.eos_token_id) == (512, 262144, 32768, 1)
     assert [i for i, k in enumerate(c.layer_types) if k == "full"] == [5, 11, 17]
     assert gemma3.info["tensor_types"] == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
-    ref = hf["model"].state_dict()
-    mine = gemma3.gpt.state_dict()
-    assert set(mine) == set(ref)
-    for k, v in mine.items():
-        assert torch.equal(v, ref[k]), k  # the same dequantization, the same 1 + w subtracted
+    mine = {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest() for k, v in gemma3.gpt.state_dict().items()}
+    # The same dequantization and the same 1 subtracted from every norm: equal to the bit.
+    assert mine == ref["params"]
 
 
-def test_tokenizer_equals_transformers(gemma3: LoadedModel, hf: dict[str, Any]) -> None:
-    tok = hf["tok"]
-    for text in (VARIED, long_prompt(), *SHORT, "  two leading spaces", "x\n\n\n\n\ty"):
-        ids = gemma3.tokenizer.encode(text)
-        assert ids == tok(text).input_ids, text[:40]
-        assert gemma3.tokenizer.decode(ids) == tok.decode(ids)
-        assert gemma3.tokenizer.encode(text, parse_special=False) == tok(text, split_special_tokens=True).input_ids
+def test_tokenizer_equals_transformers(gemma3: LoadedModel, ref: dict[str, Any]) -> None:
+    tok = gemma3.tokenizer
+    for case in ref["tokenizer"]:
+        text = case["text"]
+        assert tok.encode(text) == case["ids"], text[:40]
+        assert tok.encode(text, parse_special=False) == case["ids_literal"], text[:40]
+        assert tok.decode(case["ids"]) == case["decoded"], text[:40]
 
 
-def test_greedy_equals_transformers_cached_and_uncached(gemma3: LoadedModel, hf: dict[str, Any]) -> None:
-    for text in SHORT:
-        prompt, ref = hf["runs"][text]
-        run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=N_NEW, ignore_eos=True)
-        assert run.generated_ids == ref, text
-        uncached = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=N_NEW, use_cache=False, ignore_eos=True)
-        assert uncached.generated_ids == ref, text
-    prompt, ref = hf["runs"][SHORT[0]]
-    assert gemma3.tokenizer.decode(ref).startswith(LILY)
+def test_greedy_equals_transformers_cached_and_uncached(gemma3: LoadedModel, ref: dict[str, Any]) -> None:
+    n = ref["n_new"]
+    for case in ref["greedy"][:2]:
+        prompt = case["prompt_ids"]
+        assert gemma3.tokenizer.encode(case["prompt"]) == prompt
+        cached = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=n, ignore_eos=True)
+        assert cached.generated_ids == case["generated"], case["prompt"]
+        uncached = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=n, use_cache=False, ignore_eos=True)
+        assert uncached.generated_ids == case["generated"], case["prompt"]
+    assert gemma3.tokenizer.decode(ref["greedy"][0]["generated"]).startswith(LILY)
 
 
-def test_past_the_window_equals_transformers(gemma3: LoadedModel, hf: dict[str, Any]) -> None:
-    text = long_prompt()
-    prompt, ref = hf["runs"][text]
-    assert len(prompt) > 512
-    for kind in ("static", "paged"):
-        run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=N_NEW, cache_kind=kind, ignore_eos=True)
-        assert run.generated_ids == ref, kind
-    # Uncached: one forward over prompt + continuation, every position's logits (cheaper than 40
-    # uncached steps, and the same logits each of them would take the last row of).
-    with torch.inference_mode():
-        logits = gemma3.gpt(hf["long_ids"])
-    torch.testing.assert_close(logits, hf["long_logits"], atol=2e-3, rtol=1e-3)
-    n = len(prompt)
-    assert logits[0, n - 1:-1].argmax(-1).tolist() == ref
+def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str, Any]) -> None:
+    case = ref["greedy"][2]
+    prompt, want = case["prompt_ids"], case["generated"]
+    assert len(prompt) > 512  # the sliding layers' window is in force from the prompt on
+    run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True)
+    assert run.generated_ids == want  # (paged equals static on the tiny model: test_gemma3_tiny.py)
+    # Uncached: one forward over prompt + continuation (what each uncached step would take the last
+    # row of). The LM head runs on the positions checked only: 680 x 262,144 logits are 0.7 GB.
+    ids = ref["logits"]["ids"]
+    net = gemma3.gpt
+    hidden: list[torch.Tensor] = []
+    hook = net.model.layers[-1].register_forward_hook(lambda mod, args, out: hidden.append(out))
+    try:
+        with torch.inference_mode():
+            net(torch.tensor([ids]), last_only=True)
+            h = net.model.norm(hidden[0][0])  # (S, C): the final norm of every position
+            n = len(prompt)
+            assert net.lm_head(h[n - 1:-1]).argmax(-1).tolist() == want
+            for pos, top in ref["logits"]["positions"].items():
+                logits = net.lm_head(h[int(pos)])  # (V,)
+                torch.testing.assert_close(logits[top["ids"]], torch.tensor(top["values"]), atol=2e-3, rtol=1e-4,
+                                           msg=f"position {pos}")
+                assert logits.topk(5).indices.tolist() == top["ids"][:5], pos
+    finally:
+        hook.remove()

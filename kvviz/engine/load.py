@@ -333,7 +333,7 @@ def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, name: 
 
 def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
     """A Gemma 3 GGUF file: the readable model and the SentencePiece tokenizer from its metadata
-    (the reader is opened once: parsing a 262k-piece vocabulary takes seconds)."""
+    (read once, by engine/loading/gguf_lite.py)."""
     try:  # imported here: only GGUF users need the gguf package
         from kvviz.engine.loading.gemma3_gguf import load_gemma3_gguf
     except ModuleNotFoundError as e:
@@ -343,9 +343,8 @@ def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name
     from kvviz.engine.tokenize.spm import load_spm_tokenizer
 
     g = load_gemma3_gguf(path, dtype)
-    assert isinstance(g.config, Gemma3Config)
     model = Gemma3.from_state_dict(g.config, g.state_dict).freeze()
-    tok = load_spm_tokenizer(g.reader, path.name)
+    tok = load_spm_tokenizer(g.metadata, path.name)
     if tok.vocab_size > g.config.vocab_size:
         raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
                          f"vocabulary is {g.config.vocab_size:,}: they do not belong together")

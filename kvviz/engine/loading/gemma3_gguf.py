@@ -1,7 +1,8 @@
 """Read a Gemma 3 GGUF file (llama.cpp's ``gemma3`` architecture) into kvviz's Gemma3 names.
 
-The same steps as engine/gguf.py for Llama (header walk, llama.cpp's reader, metadata, every
-tensor's type and shape checked before anything is dequantized), with Gemma's differences:
+The same steps as engine/gguf.py for Llama (header walk, metadata, every tensor's type and shape
+checked before anything is dequantized), read through ``gguf_lite`` rather than ``gguf.GGUFReader``
+(which parses Gemma's 262k-piece vocabulary item by item: 10-35 s), with Gemma's differences:
 - no Q/K row permutation: llama.cpp's Gemma converter leaves attn_q/attn_k in transformers' order;
 - every norm weight is stored as ``1 + w`` (the converter adds the 1); we subtract it, as
   transformers' GGUF loader does, so the model's ``(1 + w)`` rounds exactly as transformers';
@@ -12,15 +13,16 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.constants import GGMLQuantizationType as Q
-from gguf.gguf_reader import ReaderTensor
+from gguf.quants import dequantize
 
-from kvviz.engine.gguf import GGUFModel, _float, _int, _value, architecture, dequantize_tensor, open_gguf, \
-    tokenizer_metadata
+from kvviz.engine.loading.gguf_lite import LiteTensor, read_gguf
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
 
@@ -48,35 +50,63 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def config_from_metadata(reader: GGUFReader) -> Gemma3Config:
+@dataclass
+class Gemma3GGUF:
+    """What a Gemma 3 GGUF file holds, in kvviz's terms."""
+
+    config: Gemma3Config
+    state_dict: dict[str, torch.Tensor]  # transformers' names, norms as w (not 1 + w); no lm_head (tied)
+    metadata: dict[str, Any]  # every metadata key (tokenizer.ggml.* builds the tokenizer)
+    info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
+
+
+def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
+    v = meta.get(key, default)
+    if v is None:
+        raise KVVizError(f"GGUF metadata has no {key}")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise KVVizError(f"GGUF metadata {key} must be an integer (got {v!r:.60})")
+    return v
+
+
+def _float(meta: dict[str, Any], key: str, default: float | None = None) -> float:
+    v = meta.get(key, default)
+    if v is None:
+        raise KVVizError(f"GGUF metadata has no {key}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise KVVizError(f"GGUF metadata {key} must be a number (got {v!r:.60})")
+    return float(v)
+
+
+def config_from_metadata(meta: dict[str, Any]) -> Gemma3Config:
     """A Gemma3Config from ``gemma3.*`` metadata; refuses any other architecture."""
-    arch = architecture(reader)
+    arch = meta.get("general.architecture")
     if arch != "gemma3":
         raise KVVizError(f"GGUF architecture {arch!r} is not Gemma 3")
     p = "gemma3."
-    head_dim = _int(reader, p + "attention.key_length", 256)
-    if _int(reader, p + "attention.value_length", head_dim) != head_dim:
+    head_dim = _int(meta, p + "attention.key_length", 256)
+    if _int(meta, p + "attention.value_length", head_dim) != head_dim:
         raise KVVizError(f"{p}attention.value_length differs from key_length ({head_dim}); not supported")
-    scaling = _value(reader, p + "rope.scaling.type")
+    scaling = meta.get(p + "rope.scaling.type")
     if scaling not in (None, "none"):
         raise KVVizError(f"RoPE scaling {scaling!r} ({p}rope.scaling.type) is not supported")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = _value(reader, p + "vocab_size")
-    if vocab is None and tokens is not None:
-        vocab = len(tokens.data)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(p + "vocab_size")
+    if vocab is None and isinstance(tokens, list):
+        vocab = len(tokens)
     if vocab is None:
         raise KVVizError(f"GGUF metadata has neither {p}vocab_size nor tokenizer.ggml.tokens")
-    context = _int(reader, p + "context_length")
-    eos = _value(reader, "tokenizer.ggml.eos_token_id")
-    softcap = _value(reader, p + "final_logit_softcapping")
+    context = _int(meta, p + "context_length")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    softcap = meta.get(p + "final_logit_softcapping")
     fields = dict(
         vocab_size=vocab, block_size=min(context, MAX_CONTEXT), context_length=context,
-        n_layer=_int(reader, p + "block_count"), n_head=_int(reader, p + "attention.head_count"),
-        n_kv_head=_int(reader, p + "attention.head_count_kv"), n_embd=_int(reader, p + "embedding_length"),
-        head_dim=head_dim, intermediate_size=_int(reader, p + "feed_forward_length"),
-        rope_theta=_float(reader, p + "rope.freq_base", 1_000_000.0),
-        rms_norm_eps=_float(reader, p + "attention.layer_norm_rms_epsilon"),
-        sliding_window=_int(reader, p + "attention.sliding_window"),
+        n_layer=_int(meta, p + "block_count"), n_head=_int(meta, p + "attention.head_count"),
+        n_kv_head=_int(meta, p + "attention.head_count_kv"), n_embd=_int(meta, p + "embedding_length"),
+        head_dim=head_dim, intermediate_size=_int(meta, p + "feed_forward_length"),
+        rope_theta=_float(meta, p + "rope.freq_base", 1_000_000.0),
+        rms_norm_eps=_float(meta, p + "attention.layer_norm_rms_epsilon"),
+        sliding_window=_int(meta, p + "attention.sliding_window"),
         # transformers' Gemma3TextConfig: query_pre_attn_scalar defaults to 256 (= head_dim here).
         final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) else None,
         eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab else None,
@@ -97,20 +127,19 @@ def hf_name(gguf_name: str, n_layer: int) -> str | None:
     return None
 
 
-def check_tensors(reader: GGUFReader, config: Gemma3Config, where: str) -> dict[str, ReaderTensor]:
+def check_tensors(tensors: tuple[LiteTensor, ...], config: Gemma3Config, where: str) -> dict[str, LiteTensor]:
     """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
     expected = param_shapes(config)
-    out: dict[str, ReaderTensor] = {}
-    for t in reader.tensors:
+    out: dict[str, LiteTensor] = {}
+    for t in tensors:
         name = hf_name(t.name, config.n_layer)
         if name is None:
             raise KVVizError(f"{where} has tensor {t.name}, which kvviz's Gemma 3 has no place for")
         if t.tensor_type not in SUPPORTED_TYPES:
             raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
                              f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the innermost dim first
-        if shape != expected[name]:
-            raise KVVizError(f"{where}: tensor {t.name} has shape {shape}, but the metadata implies {expected[name]}")
+        if t.shape != expected[name]:
+            raise KVVizError(f"{where}: tensor {t.name} has shape {t.shape}, but the metadata implies {expected[name]}")
         out[name] = t
     missing = [k for k in expected if k not in out]
     if missing:
@@ -119,17 +148,25 @@ def check_tensors(reader: GGUFReader, config: Gemma3Config, where: str) -> dict[
     return out
 
 
-def load_gemma3_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
-    """Config (a Gemma3Config), dequantized state dict and tokenizer metadata of a Gemma 3 GGUF."""
+def dequantize_tensor(t: LiteTensor) -> torch.Tensor:
+    """One tensor dequantized in numpy to fp32, in torch's shape."""
+    arr = dequantize(t.data, t.tensor_type).reshape(t.shape)
+    if not arr.flags.writeable:  # F32 comes back as a view of the read-only file mapping
+        arr = np.array(arr)
+    return torch.from_numpy(arr)
+
+
+def load_gemma3_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> Gemma3GGUF:
+    """Config, dequantized state dict and metadata of a Gemma 3 GGUF file."""
     path = Path(path)
     t0 = time.perf_counter()
-    reader = open_gguf(path)
-    config = config_from_metadata(reader)
-    tensors = check_tensors(reader, config, path.name)
+    g = read_gguf(path)
+    config = config_from_metadata(g.metadata)
+    tensors = check_tensors(g.tensors, config, path.name)
     t1 = time.perf_counter()
     sd: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        w = dequantize_tensor(t, torch.float32)
+        w = dequantize_tensor(t)
         if name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stored 1 + w
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
@@ -137,5 +174,5 @@ def load_gemma3_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GG
     for t in tensors.values():
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
-            "dequantize_seconds": time.perf_counter() - t1, "general.name": _value(reader, "general.name")}
-    return GGUFModel(config, sd, tokenizer_metadata(reader), reader, info)  # type: ignore[arg-type]
+            "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name")}
+    return Gemma3GGUF(config, sd, g.metadata, info)

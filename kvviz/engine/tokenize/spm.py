@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import heapq
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from kvviz.engine.tokenizers import display_bytes
 from kvviz.errors import KVVizError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from gguf import GGUFReader
 
 _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6  # llama.cpp's token types
 SPACE = "\u2581"  # ▁, SentencePiece's visible space
@@ -174,22 +172,18 @@ def _matcher(tokens: dict[str, int]) -> "re.Pattern[str] | None":
     return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
 
 
-def load_spm_tokenizer(reader: "GGUFReader", name: str = "model.gguf") -> SPMTokenizer:
-    """The SentencePiece tokenizer of a GGUF file, from the reader already open on it."""
+def load_spm_tokenizer(metadata: Mapping[str, Any], name: str = "model.gguf") -> SPMTokenizer:
+    """The SentencePiece tokenizer of a GGUF file, from its metadata already read
+    (``gguf_lite.read_gguf``: arrays of numbers as numpy arrays, of strings as lists)."""
     def get(key: str, default: Any = None) -> Any:
-        f = reader.fields.get(key)
-        if f is None:
-            return default
-        try:
-            return f.contents()
-        except (UnicodeDecodeError, ValueError, IndexError) as e:
-            raise KVVizError(f"{name}: metadata key {key} is unreadable: {e}") from None
+        v = metadata.get(key, default)
+        return v.tolist() if hasattr(v, "tolist") else v
 
     model = get("tokenizer.ggml.model")
     if model != "llama":
         raise KVVizError(f"{name}: tokenizer.ggml.model is {model!r}, not a SentencePiece ('llama') vocabulary")
     tokens = get("tokenizer.ggml.tokens")
-    if not tokens:
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         raise KVVizError(f"{name} has no vocabulary (tokenizer.ggml.tokens is missing or empty)")
     types = get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
 
