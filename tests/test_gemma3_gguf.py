@@ -44,7 +44,8 @@ def hf_tiny() -> Any:
     return model
 
 
-def write_gemma3_gguf(path: Path, hf: Any) -> Path:
+def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = True) -> Path:
+    """``hf`` as llama.cpp's converter writes it; ``skip`` leaves out a tensor, ``tokenizer=False`` the vocabulary."""
     c = hf.config
     w = gguf.GGUFWriter(str(path), "gemma3")
     for key, val in [("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
@@ -55,14 +56,16 @@ def write_gemma3_gguf(path: Path, hf: Any) -> Path:
         w.add_uint32("gemma3." + key, val)
     w.add_float32("gemma3.rope.freq_base", 1_000_000.0)
     w.add_float32("gemma3.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(TOKENS)
-    w.add_token_scores([-float(i) for i in range(len(TOKENS))])
-    w.add_token_types(TYPES)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)
+    w.add_uint32("gemma3.vocab_size", len(TOKENS))
+    if tokenizer:
+        w.add_tokenizer_model("llama")
+        w.add_token_list(TOKENS)
+        w.add_token_scores([-float(i) for i in range(len(TOKENS))])
+        w.add_token_types(TYPES)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(False)
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight":
             continue  # tied: llama.cpp writes no output matrix
@@ -77,6 +80,8 @@ def write_gemma3_gguf(path: Path, hf: Any) -> Path:
             i, rest = name.removeprefix("model.layers.").split(".", 1)
             short = _LAYER[rest.removesuffix(".weight")]
             gname = f"blk.{i}.{short}.weight"
+        if gname == skip:
+            continue
         qtype = QTYPES.get(short, Q.F32)
         if qtype == Q.F32:
             w.add_tensor(gname, arr)
@@ -125,3 +130,17 @@ def test_tiny_gemma3_gguf_equals_transformers(tiny_file: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(tiny_file.parent, gguf_file=tiny_file.name)
     for text in ("ab abba <start_of_turn>a\n\n\nb", " a  ab€"):
         assert ours.tokenizer.encode(text) == tok(text).input_ids, text
+
+
+def test_damaged_or_partial_files(tmp_path: Path) -> None:
+    hf = hf_tiny()
+    missing = write_gemma3_gguf(tmp_path / "missing.gguf", hf, skip="blk.3.attn_k_norm.weight")
+    with pytest.raises(kvviz.KVVizError, match=r"missing\.gguf is missing tensors: model\.layers\.3\.self_attn\.k_norm"):
+        kvviz.load_model(str(missing))
+    full = write_gemma3_gguf(tmp_path / "full.gguf", hf)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(full.read_bytes()[:-1000])
+    with pytest.raises(kvviz.KVVizError, match="truncated"):
+        kvviz.load_model(str(cut))
+    bare = kvviz.load_model(str(write_gemma3_gguf(tmp_path / "bare.gguf", hf, tokenizer=False)))
+    assert not bare.has_tokenizer and len(kvviz.generate(bare, prompt_ids=[5, 6], max_new_tokens=3).generated_ids) == 3

@@ -344,11 +344,16 @@ def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name
 
     g = load_gemma3_gguf(path, dtype)
     model = Gemma3.from_state_dict(g.config, g.state_dict).freeze()
-    tok = load_spm_tokenizer(g.metadata, path.name)
-    if tok.vocab_size > g.config.vocab_size:
-        raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
-                         f"vocabulary is {g.config.vocab_size:,}: they do not belong together")
-    return _finish(model, tok, name or path.stem, device, dtype, True, str(path), {**g.info, "source": str(path)})
+    cfg = g.config
+    if "tokenizer.ggml.model" not in g.metadata:  # no tokenizer in the file: ids only, as for Llama
+        tok: Tokenizer = NoTokenizer(cfg.vocab_size, cfg.eos_token_id)
+        has_tok = False
+    else:
+        tok, has_tok = load_spm_tokenizer(g.metadata, path.name), True
+        if tok.vocab_size > cfg.vocab_size:
+            raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
+                             f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
+    return _finish(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)})
 
 
 def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
