@@ -56,10 +56,10 @@ class SPMTokenizer:
         self._ids = {p: i for i, p in enumerate(self._pieces)}  # a repeated piece: its last id, as transformers
         self._types = types
         self._special = frozenset(i for i, k in enumerate(types) if k == _CONTROL)
-        self._bytes_ids: list[int | None] = [self._ids.get(f"<0x{b:02X}>") for b in range(256)]
         self.control_tokens = {tokens[i]: i for i in sorted(self._special)}
         user = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == _USER_DEFINED and t in self._ids}
-        self._match_all = _matcher({**user, **self.control_tokens})
+        self._whole = {**user, **self.control_tokens}  # text matched whole -> its id
+        self._match_all = _matcher(self._whole)
         self._match_user = _matcher(user)
         self.special_tokens = {key: tokens[i] for key, i in (
             ("bos_token", bos_token_id), ("eos_token", eos_token_id),
@@ -80,8 +80,7 @@ class SPMTokenizer:
         for m in (matcher.finditer(text) if matcher is not None else ()):
             if m.start() > at:
                 ids += self._encode_plain(text[at:m.start()], first=at == 0)
-            ids.append(self._ids[_respell(m.group())] if m.group() not in self.control_tokens
-                       else self.control_tokens[m.group()])
+            ids.append(self._whole[m.group()])
             at = m.end()
         if at < len(text):
             ids += self._encode_plain(text[at:], first=at == 0)
