@@ -32,6 +32,7 @@ os.environ.setdefault("KVVIZ_THREADS", "1")
 MARKERS = {
     "browser": "drives the app in Chromium (tests/browser/)",
     "smollm2": "loads the real SmolLM2-135M model (seconds each, ~600 MB)",
+    "gemma3": "loads the real Gemma 3 270M model and transformers' (a minute or more, ~2.5 GB)",
     "bench": "a benchmark report, not a pass/fail check (minutes)",
 }
 

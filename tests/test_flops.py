@@ -130,3 +130,17 @@ def test_llama_flops_and_weight_bytes_against_torch(overrides: dict) -> None:
         decode = _torch_matmul_flops(net, idx[:, :1], cache)
     assert forward_flops(cfg, N, 0) == prefill + attn(N * (N + 1) // 2)
     assert forward_flops(cfg, 1, N) == decode + attn(N + 1)
+
+
+def test_gemma3_flops_count_the_windows_and_weight_bytes_the_parameters() -> None:
+    """Sliding layers see at most `sliding_window` keys; 270M's weights are its 268,098,176 parameters."""
+    from kvviz.engine.models.gemma3 import Gemma3Config
+
+    c = Gemma3Config()
+    assert weight_bytes(c, 4) == 4 * 268_098_176
+    qd = c.n_head * c.head_dim
+    no_attn = forward_flops(c, 1, 0) - 2 * 2 * qd * c.n_layer  # one query seeing one key, per layer
+    for T, start in ((1, 0), (1, 511), (1, 512), (1, 5000), (700, 0), (300, 400), (64, 2000)):
+        seen = {w: sum(min(p + 1, w) for p in range(start, start + T)) for w in (512, 10**9)}
+        keys = 15 * seen[512] + 3 * seen[10**9]  # brute force: 15 sliding layers, 3 global
+        assert forward_flops(c, T, start) == T * no_attn - (T - 1) * 2 * c.n_embd * c.vocab_size + 2 * 2 * qd * keys

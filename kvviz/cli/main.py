@@ -54,7 +54,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 
 # ----------------------------------------------------------------------------- generate
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="default | random:NAME | path to a model folder")
+    p.add_argument("--model", default="default", help="default | smollm2 | gemma3 | shakespeare | random:NAME | a model folder | a .gguf file")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", type=_id_list, help="comma-separated token ids, e.g. 1,2,3")

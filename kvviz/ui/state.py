@@ -26,6 +26,7 @@ from kvviz.engine.loading.loader import (
     RANDOM_SHAPES, SHAKESPEARE_DIR, config_from_json, default_model_name, read_config, resolve_device,
 )
 from kvviz.engine.generation.flops import weight_bytes
+from kvviz.engine.loading.gemma3_package import part_paths as gemma3_parts
 from kvviz.engine.loading.gguf_checks import model_family
 from kvviz.fast.heap import freeze_once
 from kvviz.engine.models.config import GPTConfig
@@ -106,8 +107,18 @@ def smollm2_present() -> bool:
     return default_model_name() == "smollm2"
 
 
+def gemma3_present() -> bool:
+    """Whether Gemma 3's four chunk packages are installed (found, not joined: that waits for a load)."""
+    try:
+        gemma3_parts()
+    except KVVizError:
+        return False
+    return True
+
+
 def model_choices() -> list[str]:
     choices = ["smollm2"] if smollm2_present() else []
+    choices += ["gemma3"] if gemma3_present() else []
     choices += ["shakespeare"] if default_model_present() else []
     choices += [f"random:{name}" for name in RANDOM_SHAPES]
     choices += [FOLDER_PREFIX + name for name in list_model_folders()]
@@ -130,7 +141,7 @@ def spec_for(choice: str) -> str:
         return str(resolve_model_folder(choice[len(FOLDER_PREFIX):]))
     if choice.startswith(GGUF_PREFIX):
         return str(resolve_model_gguf(choice[len(GGUF_PREFIX):]))
-    if choice in ("smollm2", "shakespeare") or choice.startswith("random:"):
+    if choice in ("smollm2", "gemma3", "shakespeare") or choice.startswith("random:"):
         return choice
     raise KVVizError(f"unknown model choice {choice!r}")
 
@@ -149,6 +160,7 @@ def choice_config(choice: str) -> GPTConfig:
 
 BUILTIN_LABELS = {
     "smollm2": "smollm2: SmolLM2-135M-Instruct (chat)",  # short: the sidebar is narrow
+    "gemma3": "gemma3: Gemma 3 270M (base, sliding + global)",
 }
 
 
@@ -220,7 +232,7 @@ def available_devices() -> list[str]:
 
 def _file_stamp(spec: str) -> float:
     """The weights' modification time, so a retrained or replaced model is loaded afresh."""
-    if spec == "smollm2":
+    if spec in ("smollm2", "gemma3"):
         return 0.0  # an installed package's file: it changes only with a reinstall (a restart)
     if spec.lower().endswith(".gguf"):
         try:

@@ -3,7 +3,9 @@
 Counted: the matrix multiplies (2 FLOPs per multiply-add) of the QKV projection, attention
 scores (QK^T), attention-weighted values (AV), the output projection, the MLP and the LM head.
 Not counted: LayerNorm, GELU, softmax, residual adds and embeddings (a few % at these sizes).
-Attention counts only the causal work: query at position p attends to p + 1 keys.
+Attention counts only the causal work: query at position p attends to p + 1 keys, or to at most
+``sliding_window`` of them on a sliding-window layer (Gemma 3: every layer its ``layer_types``
+does not mark "full").
 
 Bytes (for arithmetic intensity) count what a forward must move at least once: every weight
 read once, the K/V cache read once, the new K/V written. Activations are not counted.
@@ -36,6 +38,27 @@ def _is_llama(c: Any) -> bool:
     return getattr(c, "intermediate_size", None) is not None
 
 
+def _keys_seen(T: int, start: int, window: int | None) -> int:
+    """Keys the queries at positions start..start+T-1 see in all: sum of min(p + 1, window)."""
+    lo, hi = start + 1, start + T  # each query's causal key count
+    if window is None or hi <= window:
+        return (lo + hi) * T // 2
+    capped = hi - max(lo - 1, window)  # queries that see exactly `window` keys
+    below = max(0, window - lo + 1)  # queries still under the window: lo..window keys
+    return (lo + window) * below // 2 + capped * window
+
+
+def _layer_windows(c: Any) -> list[int | None]:
+    """Each layer's attention span: None (every earlier key) or its sliding window."""
+    kinds = getattr(c, "layer_types", None)
+    window = getattr(c, "sliding_window", None)
+    if window is None:
+        return [None] * c.n_layer
+    if kinds is None:  # one window on every layer (Mistral)
+        return [window] * c.n_layer
+    return [None if k == "full" else window for k in kinds]
+
+
 def forward_flops(c: Shape, n_new: int, start: int = 0, n_logits: int = 1, batch: int = 1) -> int:
     """FLOPs of one forward: ``n_new`` tokens at positions start..start+n_new-1.
 
@@ -45,24 +68,19 @@ def forward_flops(c: Shape, n_new: int, start: int = 0, n_logits: int = 1, batch
     L, C, kvd, V, nh = _dims(c)
     qd = nh * c.head_dim  # query width: C for GPT-2, may differ for Llama (head_dim != C / n_head)
     T = n_new
-    # Sum over queries of the keys each one sees: sum_{i=0}^{T-1} (start + i + 1), each capped at
-    # a sliding window W where the model has one (Mistral): min(start + i + 1, W).
-    keys_seen = T * start + T * (T + 1) // 2
-    W = getattr(c, "sliding_window", None)
-    if W is not None and start + T > W:
-        first_full = max(0, W - 1 - start)  # queries before this one still see fewer than W keys
-        keys_seen = first_full * start + first_full * (first_full + 1) // 2 + (T - first_full) * W
+    # Sum over layers and queries of the keys each one sees (start + i + 1, or the window's span).
+    keys_seen = sum(_keys_seen(T, start, w) for w in _layer_windows(c))
     if _is_llama(c):  # SwiGLU: gate and up (C -> I), down (I -> C)
         mlp = 3 * 2 * T * C * c.intermediate_size
     else:  # GPT-2: up (C -> 4C) and down (4C -> C)
         mlp = 2 * 2 * T * C * 4 * C
     per_layer = (
         2 * T * C * (qd + 2 * kvd)  # q, k, v projections
-        + 2 * 2 * qd * keys_seen  # QK^T and AV, over all query heads
         + 2 * T * qd * C  # attention output projection
         + mlp
     )
-    return batch * (L * per_layer + 2 * n_logits * C * V)
+    attention = 2 * 2 * qd * keys_seen  # QK^T and AV, over all query heads and layers
+    return batch * (L * per_layer + attention + 2 * n_logits * C * V)
 
 
 def weight_bytes(c: Shape, dtype_bytes: int) -> int:
@@ -71,6 +89,8 @@ def weight_bytes(c: Shape, dtype_bytes: int) -> int:
     if _is_llama(c):
         qd, inter = nh * c.head_dim, c.intermediate_size
         per_layer = C * (qd + 2 * kvd) + qd * C + 3 * C * inter + 2 * C  # + the two RMSNorm weights
+        if getattr(c, "model_type", None) == "gemma3":  # two more norms around them, and q/k norms per head
+            per_layer += 2 * C + 2 * c.head_dim
         if getattr(c, "attention_bias", False):
             per_layer += qd + 2 * kvd + C
         elif getattr(c, "qkv_bias", False):  # Qwen2: q, k, v only

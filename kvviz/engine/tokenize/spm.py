@@ -1,0 +1,205 @@
+"""A SentencePiece-style tokenizer read from a GGUF file (``tokenizer.ggml.model`` "llama"): Gemma 3.
+
+The file stores pieces (``▁`` for a space), their scores and types; no merges. Encoding, as
+transformers' GGUF tokenizer for Gemma does it (whose ids the tests hold this to):
+
+1. whole-token matches first, leftmost-longest over the raw text: the CONTROL pieces (``<bos>``,
+   ``<start_of_turn>``, ...; skipped with ``parse_special=False``) and the USER_DEFINED ones that
+   are pieces as spelled (runs of newlines or tabs, ``<table>``...);
+2. the text between them: every space becomes ``▁`` (plus one in front if the file's
+   ``add_space_prefix`` says so), each character is a symbol, a character with no piece becomes
+   its UTF-8 bytes' ``<0xNN>`` pieces (byte fallback);
+3. llama.cpp's SentencePiece loop: repeatedly merge the adjacent pair whose concatenation is a
+   piece and ranks best, leftmost first among equals. The rank is the merged piece's position in
+   the vocabulary (earlier is better), then the longer left part: Gemma's scores do not follow
+   its merge order (transformers says so and sorts by position; the two disagree on one pair of
+   262,144), so the position decides here too.
+
+Gemma's GGUF stores its runs of two or more spaces as real spaces; they are respelled with ``▁``
+so that merges reach them, as transformers does.
+"""
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from kvviz.engine.tokenize.tokenizer import display_bytes
+from kvviz.errors import KVVizError
+
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6  # llama.cpp's token types
+SPACE = "\u2581"  # ▁, SentencePiece's visible space
+_BYTE_PIECE = re.compile(r"<0x([0-9A-F]{2})>")
+
+
+def _respell(piece: str) -> str:
+    """A run of real spaces as ``▁``s (how Gemma's GGUF stores them, and how merges reach them)."""
+    return SPACE * len(piece) if " " in piece and not piece.strip() else piece
+
+
+class SPMTokenizer:
+    """kvviz's Tokenizer protocol over a GGUF's SentencePiece vocabulary (see the module docstring)."""
+
+    def __init__(self, name: str, tokens: list[str], types: list[int], *, bos_token_id: int | None,
+                 eos_token_id: int | None, unk_token_id: int | None, pad_token_id: int | None,
+                 add_bos: bool, add_space_prefix: bool) -> None:
+        if len(types) != len(tokens):
+            raise KVVizError(f"{name}: {len(types)} token types for {len(tokens)} tokens")
+        self.name = name
+        self.vocab_size = len(tokens)
+        self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
+        self.unk_token_id, self.pad_token_id = unk_token_id, pad_token_id
+        self.add_bos, self.add_space_prefix = add_bos, add_space_prefix
+        self.chat_template: str | None = None  # a base model: nothing in the file
+        self._pieces = [_respell(t) for t in tokens]
+        self._ids = {p: i for i, p in enumerate(self._pieces)}  # a repeated piece: its last id, as transformers
+        self._types = types
+        self._special = frozenset(i for i, k in enumerate(types) if k == _CONTROL)
+        self.control_tokens = {tokens[i]: i for i in sorted(self._special)}
+        user = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == _USER_DEFINED and t in self._ids}
+        self._whole = {**user, **self.control_tokens}  # text matched whole -> its id
+        self._match_all = _matcher(self._whole)
+        self._match_user = _matcher(user)
+        self.special_tokens = {key: tokens[i] for key, i in (
+            ("bos_token", bos_token_id), ("eos_token", eos_token_id),
+            ("unk_token", unk_token_id), ("pad_token", pad_token_id)) if i is not None}
+        self._display: dict[int, str] = {}
+
+    # -- encoding -------------------------------------------------------------------------
+    def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        """Ids for ``text``; BOS first if ``add_bos`` (default: what the file says).
+        ``parse_special=False`` reads control-token text as plain text."""
+        # Lone surrogates (pasted broken text) have no UTF-8 bytes: each becomes U+FFFD.
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        ids: list[int] = []
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
+            ids.append(self.bos_token_id)
+        matcher = self._match_all if parse_special else self._match_user
+        at = 0
+        for m in (matcher.finditer(text) if matcher is not None else ()):
+            if m.start() > at:
+                ids += self._encode_plain(text[at:m.start()], first=at == 0)
+            ids.append(self._whole[m.group()])
+            at = m.end()
+        if at < len(text):
+            ids += self._encode_plain(text[at:], first=at == 0)
+        return ids
+
+    def _encode_plain(self, text: str, first: bool) -> list[int]:
+        """SentencePiece's bigram merges over one stretch of text with no whole-token matches."""
+        text = text.replace(" ", SPACE)
+        if first and self.add_space_prefix:
+            text = SPACE + text
+        # Symbols as a doubly linked list of pieces; a character with no piece becomes its bytes.
+        sym: list[str] = []
+        for ch in text:
+            if ch in self._ids:
+                sym.append(ch)
+            else:
+                sym += [f"<0x{b:02X}>" for b in ch.encode("utf-8")]
+        n = len(sym)
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        nxt[-1:] = [-1] if n else []
+        heap: list[tuple[int, int, int, int, int]] = []
+
+        def push(i: int) -> None:
+            j = nxt[i]
+            if j < 0:
+                return
+            merged = self._ids.get(sym[i] + sym[j])
+            if merged is not None:
+                # Rank: earlier piece first, then the longer left part, then leftmost.
+                heapq.heappush(heap, (merged, -len(sym[i]), -len(sym[j]), i, j))
+
+        for i in range(n - 1):
+            push(i)
+        while heap:
+            merged, _, _, i, j = heapq.heappop(heap)
+            if not sym[i] or nxt[i] != j or self._ids.get(sym[i] + sym[j]) != merged:
+                continue  # stale: one side has been merged since
+            sym[i] += sym[j]
+            sym[j] = ""
+            nxt[i] = nxt[j]
+            if nxt[j] >= 0:
+                prev[nxt[j]] = i
+            if prev[i] >= 0:
+                push(prev[i])
+            push(i)
+        out: list[int] = []
+        for piece in sym:
+            if piece:
+                pid = self._ids.get(piece)
+                out.append(pid if pid is not None else (self.unk_token_id or 0))
+        return out
+
+    # -- decoding -------------------------------------------------------------------------
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for: ``▁the`` -> b' the', ``<0xE2>`` -> b'\\xe2'; a control
+        token -> its text."""
+        if not 0 <= token_id < self.vocab_size:
+            return b""
+        piece = self._pieces[token_id]
+        if self._types[token_id] == _BYTE:
+            m = _BYTE_PIECE.fullmatch(piece)
+            if m:
+                return bytes([int(m.group(1), 16)])
+        return piece.replace(SPACE, " ").encode("utf-8")
+
+    def decode(self, ids: list[int]) -> str:
+        # An id past the vocabulary (typed as --prompt-ids) has no text: dropped.
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+    def token_display(self, token_id: int) -> str:
+        """Chip text: the token's characters, or ``<0xNN>`` per byte for part of a character."""
+        text = self._display.get(token_id)
+        if text is None:
+            if not 0 <= token_id < self.vocab_size:
+                return f"<|{token_id}|>"
+            text = self._display[token_id] = display_bytes(self.token_bytes(token_id))
+        return text
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special
+
+
+def _matcher(tokens: dict[str, int]) -> "re.Pattern[str] | None":
+    """Leftmost-longest matching of whole tokens: a regex alternation, longest first."""
+    if not tokens:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def load_spm_tokenizer(metadata: Mapping[str, Any], name: str = "model.gguf") -> SPMTokenizer:
+    """The SentencePiece tokenizer of a GGUF file, from its metadata already read
+    (``gguf_lite.read_gguf``: arrays of numbers as numpy arrays, of strings as lists)."""
+    def get(key: str, default: Any = None) -> Any:
+        v = metadata.get(key, default)
+        return v.tolist() if hasattr(v, "tolist") else v
+
+    model = get("tokenizer.ggml.model")
+    if model != "llama":
+        raise KVVizError(f"{name}: tokenizer.ggml.model is {model!r}, not a SentencePiece ('llama') vocabulary")
+    tokens = get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise KVVizError(f"{name} has no vocabulary (tokenizer.ggml.tokens is missing or empty)")
+    types = get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
+
+    def token_id(key: str) -> int | None:
+        v = get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(tokens):
+            raise KVVizError(f"{name}: {key} = {v!r} is outside the {len(tokens)}-token vocabulary")
+        return v
+
+    return SPMTokenizer(
+        name, list(tokens), [int(t) for t in types], bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
+        eos_token_id=token_id("tokenizer.ggml.eos_token_id"), unk_token_id=token_id("tokenizer.ggml.unknown_token_id"),
+        pad_token_id=token_id("tokenizer.ggml.padding_token_id"),
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise.
+        add_bos=bool(get("tokenizer.ggml.add_bos_token", True)),
+        add_space_prefix=bool(get("tokenizer.ggml.add_space_prefix", True)),
+    )
+
