@@ -45,13 +45,29 @@ function plotlyReady(src) {
   return window.__kvvizPlotly;
 }
 
+// Every kept node of the page. Unmounted ones (a finished run, another page) are let go at the next
+// call: not by a cleanup returned to Streamlit, which can run one late, after a newer figure was drawn.
+const kept = (window.__kvvizKept = window.__kvvizKept || new Set());
+
+function sweep() {
+  for (const d of kept) {
+    if (d.isConnected) continue;
+    kept.delete(d);
+    if (d.__kvvizResize) d.__kvvizResize.disconnect();
+    if (d.__kvvizSeen) d.__kvvizSeen.disconnect();
+    if (window.Plotly) window.Plotly.purge(d);
+  }
+}
+
 export default function ({ data, parentElement }) {
+  sweep();
   let div = parentElement.querySelector("div.%(cls)s");
   if (!div) {
     div = document.createElement("div");
     div.className = "%(cls)s";
     div.style.width = "100%%";
     parentElement.appendChild(div);
+    kept.add(div);
   }
   if (div.__kvvizWant && div.__kvvizWant.spec === data.spec) return;  // a script run that changed nothing here
   const fig = JSON.parse(data.spec);
