@@ -5,13 +5,15 @@ Why: Streamlit 1.67 derives an ``st.plotly_chart``'s element id from its figure
 same key: the browser unmounts it and Plotly builds it from scratch. In step mode that was four
 charts per Step press, about 1 s of the browser's main thread (docs/benchmarks.md, 2026-11-27). A
 components-v2 element keeps its identity under its key, and its script gets each new figure and
-hands it to ``Plotly.react`` on the same node, which diffs and redraws what changed.
+hands it to ``Plotly.react`` on the same node: the traces whose data changed are recomputed and
+redrawn, but the chart's DOM is not built anew. A chart off screen waits until it scrolls into view.
 
 Security: the figure goes to the browser as data (its JSON, parsed by ``JSON.parse``), never into
 HTML or script text, and Plotly draws its text as SVG text as it does for ``st.plotly_chart``.
-plotly.js is the copy the Python ``plotly`` package ships, served by Streamlit's own
-custom-component file route (a v1 component declared for that folder and never mounted), so the
-page needs no network.
+plotly.js is the copy the Python ``plotly`` package ships (its ``package_data`` folder, served by
+Streamlit's own custom-component file route: a v1 component declared for that folder and never
+mounted), or Streamlit's own bundled plotly.js where a ``st.plotly_chart`` already put it on the
+page as ``window.Plotly`` (the same 4.x line); either way the page needs no network.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ function sweep() {
     kept.delete(d);
     if (d.__kvvizResize) d.__kvvizResize.disconnect();
     if (d.__kvvizSeen) d.__kvvizSeen.disconnect();
-    if (window.Plotly) window.Plotly.purge(d);
+    if (d.__kvvizPlotlyLib) d.__kvvizPlotlyLib.purge(d);
   }
 }
 
@@ -89,8 +91,10 @@ function draw(div) {
   const want = div.__kvvizWant;
   if (!want || div.__kvvizDrawn === want) return;
   // The newest figure wins: a slow plotly.js load must not draw an older figure over a newer one.
-  plotlyReady(want.src).then((Plotly) => {
+  plotlyReady(want.src).then((loaded) => {
     if (div.__kvvizWant !== want) return;
+    // One plotly.js per node: Streamlit's own bundle may set window.Plotly after ours did.
+    const Plotly = (div.__kvvizPlotlyLib = div.__kvvizPlotlyLib || loaded);
     Plotly.react(div, want.fig.data, want.fig.layout, want.config);
     div.__kvvizDrawn = want;
     if (!div.__kvvizResize) {  // follow the column's width (the sidebar opening, a window resize)
