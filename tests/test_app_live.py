@@ -76,7 +76,12 @@ def markdown(at: AppTest) -> str:
 
 
 def chart_specs(at: AppTest) -> list[dict[str, Any]]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    """The figures of the run view: st.plotly_chart's, or in step mode the kept charts' (kept_chart.py)."""
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")] + kept_specs(at)
+
+
+def kept_specs(at: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(json.loads(c.proto.json)["spec"]) for c in at.get("bidi_component")]
 
 
 def generate(at: AppTest, prompt: str | None = None, n: int = 6, **widgets: Any) -> AppTest:
@@ -332,11 +337,18 @@ def test_step_mode_advances_one_token_per_click(app: AppTest) -> None:
     assert_clean(app)
     assert "step mode, 1 of 3 steps" in markdown(app)
     assert "after step 0" in chart_specs(app)[0]["layout"]["title"]["text"]  # the prefill
+    # Step mode's four charts are kept charts under the run's replay keys (the browser redraws them in
+    # place on the next press), not st.plotly_chart elements (rebuilt whenever their figure changes).
+    assert not app.get("plotly_chart")
+    assert [c.proto.id.split("-", 2)[-1] for c in app.get("bidi_component")] == [
+        f"{w}-1-replay" for w in ("notebook", "attention", "bars", "latency")]
     app.button(key="step").click().run()
     assert "step mode, 2 of 3 steps" in markdown(app)
+    assert "after step 1" in kept_specs(app)[0]["layout"]["title"]["text"]
     app.button(key="step").click().run()
     assert_clean(app)
     assert "Run #1 finished: 3 tokens, reached max_new_tokens." in markdown(app)
+    assert len(app.get("plotly_chart")) == 4 and not app.get("bidi_component")  # a finished run: replay's charts
     stepped = store(app)[-1].run
     generate(app, n=3)  # the same settings, generated in one go: the same tokens
     assert store(app)[-1].run.generated_ids == stepped.generated_ids

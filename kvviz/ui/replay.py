@@ -122,8 +122,10 @@ def _replay_fragment(entry: StoredRun) -> None:
     step = min(int(st.session_state.get(POS_KEY, n - 1)), max(0, n - 1))
     _status(entry, step)
     slots, opts = layout((run.n_layer, run.n_head, run.n_kv_head), replay=lambda: _replay_row(entry))
-    # One key per run, not per step: scrubbing and Play update the same charts instead of new ones.
-    draw(run.upto(step), slots, opts, f"{entry.id}-replay")
+    # One key per run, not per step. A stepped run's charts are kept in the browser and redrawn in
+    # place on each Step press (kept_chart.py); st.plotly_chart's would be rebuilt (a new figure is a
+    # new element in Streamlit 1.67 whatever its key).
+    draw(run.upto(step), slots, opts, f"{entry.id}-replay", kept=entry.stepping)
 
 
 def _replay_row(entry: StoredRun) -> None:

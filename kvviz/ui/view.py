@@ -114,10 +114,12 @@ def _layout_present(shape: tuple[int, int, int] | None,
 
 
 def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool = True,
-         numbers_too: bool | None = None) -> None:
+         numbers_too: bool | None = None, kept: bool = False) -> None:
     """Draw the run as it stands after its last event into the placeholders.
 
-    ``numbers_too`` (default: as ``charts_too``) redraws the metrics without the charts.
+    ``numbers_too`` (default: as ``charts_too``) redraws the metrics without the charts. ``kept``:
+    charts the browser keeps under their keys and redraws in place on the next script run with the
+    same ``key`` (step mode: each Step press is a script run; figs.show says why).
     """
     with slots.output.container():
         chips.render(run)
@@ -131,11 +133,11 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
     else:
         fig = charts.cache_notebook(run, opts.nb_view, opts.nb_layer)
     tall = PRESENT_HEIGHT if slots.compact else None
-    show(slots.notebook, fig, key=f"notebook-{key}", height=tall)
+    show(slots.notebook, fig, key=f"notebook-{key}", height=tall, kept=kept)
     show(slots.attention, charts.attention_heatmap(run, (opts.attn_layer, opts.attn_head)), key=f"attention-{key}",
-         height=tall)
-    show(slots.bars, charts.attention_bars(run, opts.attn_layer, opts.attn_head), key=f"bars-{key}")
-    show(slots.latency, charts.latency_chart(run), key=f"latency-{key}")
+         height=tall, kept=kept)
+    show(slots.bars, charts.attention_bars(run, opts.attn_layer, opts.attn_head), key=f"bars-{key}", kept=kept)
+    show(slots.latency, charts.latency_chart(run), key=f"latency-{key}", kept=kept)
 
 
 def _cache_controls(n_layer: int, n_kv_head: int, n_head: int) -> ViewOptions:

@@ -181,10 +181,30 @@ def test_step_mode_without_a_cache(page, app_url: str, screenshot) -> None:  # t
     page.locator(".st-key-cache_mode label:has-text('No cache')").click()
     page.wait_for_function("document.querySelector('.st-key-cache_mode input[type=radio]:checked')"
                            "?.closest('label')?.textContent.includes('No cache')")
+    # Step mode's charts are kept (kvviz/ui/kept_chart.py): each press redraws the same nodes with the
+    # new step's figure instead of mounting new charts. The cache chart's node after the first press
+    # must be the one on the page after every later press, showing that press's step.
+    # A chart off screen waits until it scrolls into view, so the page is made tall enough to show all
+    # four (a click scrolls back up to the Step button).
+    nodes = "[...document.querySelectorAll('.kvviz-kept-chart')]"
+    page.set_viewport_size({"width": 1400, "height": 4000})
+    first_cols = 0
     for i in range(1, 9):
         click(page, "step")
         page.get_by_text(f"step mode, {i} of 24 steps so far").wait_for()
-    wait_for_chart_title(page, "No cache, step 7: all")
+        wait_for_chart_title(page, f"No cache, step {i - 1}: all")
+        page.wait_for_function(f"{nodes}.length === 4")
+        if i == 1:
+            page.evaluate(f"window.__kvvizFirst = {nodes}")
+        kept = page.evaluate(f"{nodes}.map((d, j) => d === window.__kvvizFirst[j] && d.isConnected)")
+        assert kept == [True] * 4, (i, kept)
+        # The kept cache chart's figure is this step's: one more column per press.
+        cols = int(page.evaluate(f"{nodes}[0].layout.title.text.match(/all (\\d+) K\\/V columns/)[1]"))
+        if i == 1:
+            first_cols = cols
+        assert cols == first_cols + i - 1, (i, cols, first_cols)
+        # ... and so is the kept time chart's (the last of the four), once this press's figure reaches it.
+        page.wait_for_function(f"{nodes}[3].layout.title.text.startsWith('Time per step, {i} of 24 steps')")
     page.mouse.move(0, 0)  # no tooltip in the picture
     screenshot(page, "step-no-cache.png")
 
