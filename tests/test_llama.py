@@ -183,7 +183,7 @@ def test_random_init_is_seeded_and_runs() -> None:
     (dict(n_head=6, n_kv_head=4), "must divide n_head"),
     (dict(head_dim=15), "must be even"),
     (dict(n_layer=0), "n_layer must be a positive integer"),
-    (dict(vocab_size=1 << 30), "vocab_size = 1,073,741,824 is over"),
+    (dict(vocab_size=1 << 30), "vocab_size is 1,073,741,824; kvviz allows at most 2,097,152"),
     (dict(block_size=1 << 20, head_dim=512), "precomputed RoPE tables"),
     (dict(rope_theta=float("nan")), "rope_theta must be a positive finite number"),
     (dict(rms_norm_eps=-1.0), "rms_norm_eps must be a positive finite number"),

@@ -47,34 +47,27 @@ def models_root() -> Path:
     return Path(env) if env else REPO_ROOT / "models"
 
 
-def list_model_folders() -> list[str]:
-    """Names of the model folders under models_root(); hidden folders and escaping links skipped."""
+def _offered_entries() -> list[Path]:
+    """The entries of models_root() that may be offered: not hidden, and not a link that leads
+    outside the folder (a symlink pointing elsewhere is never offered); sorted by name."""
     root = models_root()
     try:
         real_root = root.resolve(strict=True)
         entries = sorted(root.iterdir(), key=lambda p: p.name)
     except OSError:
         return []
-    out = []
-    for p in entries:
-        if p.name.startswith(".") or not p.is_dir():
-            continue
-        if p.resolve().is_relative_to(real_root):  # a symlink pointing elsewhere is not offered
-            out.append(p.name)
-    return out
+    return [p for p in entries if not p.name.startswith(".") and p.resolve().is_relative_to(real_root)]
+
+
+def list_model_folders() -> list[str]:
+    """Names of the model folders under models_root(); hidden folders and escaping links skipped."""
+    return [p.name for p in _offered_entries() if p.is_dir()]
 
 
 def list_model_ggufs() -> list[str]:
     """Names of the regular ``.gguf`` files directly in models_root(); hidden files and links that
     lead outside it skipped (a FIFO or device named .gguf is not a regular file: never listed)."""
-    root = models_root()
-    try:
-        real_root = root.resolve(strict=True)
-        entries = sorted(root.iterdir(), key=lambda p: p.name)
-    except OSError:
-        return []
-    return [p.name for p in entries if p.name.lower().endswith(".gguf") and not p.name.startswith(".")
-            and p.is_file() and p.resolve().is_relative_to(real_root)]
+    return [p.name for p in _offered_entries() if p.name.lower().endswith(".gguf") and p.is_file()]
 
 
 def resolve_model_gguf(name: str) -> Path:

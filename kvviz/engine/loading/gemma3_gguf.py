@@ -11,7 +11,6 @@ checked before anything is dequantized), read through ``gguf_lite`` rather than 
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from kvviz.engine.loading.gguf_lite import LiteTensor, read_gguf
+from kvviz.engine.loading.gguf_llama import map_name
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
 
@@ -47,7 +47,6 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 @dataclass
@@ -119,12 +118,7 @@ def config_from_metadata(meta: dict[str, Any]) -> Gemma3Config:
 
 def hf_name(gguf_name: str, n_layer: int) -> str | None:
     """transformers' name for a llama.cpp Gemma 3 tensor, or None if the model has no such weight."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _LAYER_RE.fullmatch(gguf_name)
-    if m and int(m.group(1)) < n_layer and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
-    return None
+    return map_name(gguf_name, n_layer, _GLOBAL_NAMES, _LAYER_NAMES)
 
 
 def check_tensors(tensors: tuple[LiteTensor, ...], config: Gemma3Config, where: str) -> dict[str, LiteTensor]:

@@ -186,14 +186,20 @@ def config_from_metadata(reader: GGUFReader) -> LlamaConfig:
         raise KVVizError(f"GGUF metadata describes an invalid model: {e}") from None
 
 
+def map_name(gguf_name: str, n_layer: int, global_names: dict[str, str], layer_names: dict[str, str]) -> str | None:
+    """transformers' name for a llama.cpp tensor (``blk.N.<part>`` or a global one) through a
+    family's two tables, or None if the family has no such weight (or N is past its layers)."""
+    if gguf_name in global_names:
+        return global_names[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and int(m.group(1)) < n_layer and m.group(2) in layer_names:
+        return f"model.layers.{int(m.group(1))}.{layer_names[m.group(2)]}"
+    return None
+
+
 def hf_name(gguf_name: str, n_layer: int) -> str | None:
     """transformers' name for a llama.cpp tensor name, or None if kvviz's Llama has no such weight."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _LAYER_RE.fullmatch(gguf_name)
-    if m and int(m.group(1)) < n_layer and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
-    return None
+    return map_name(gguf_name, n_layer, _GLOBAL_NAMES, _LAYER_NAMES)
 
 
 def check_tensors(reader: GGUFReader, config: LlamaConfig, where: str) -> dict[str, ReaderTensor]:

@@ -1,7 +1,10 @@
 """Model configs: one frozen dataclass per family, each field commented, validated on creation.
 
 A config is what the cache, the FLOP model and the views read: every family exposes
-``vocab_size, block_size, n_layer, n_head, kv_heads, head_dim, n_embd, eos_token_id``.
+``vocab_size, block_size, n_layer, n_head, kv_heads, head_dim, n_embd, eos_token_id``. GPT-2's
+config lives here; Llama's and Gemma 3's beside their models, in the same style: each is a
+``ConfigDict`` (one way to and from a plain dict) whose ``__post_init__`` raises ValueError with
+every problem ``config_problems`` finds, the dimensions checked first by ``bound_problems``.
 """
 from __future__ import annotations
 
@@ -10,8 +13,21 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 
+class ConfigDict:
+    """What every family's frozen config dataclass shares: a plain dict out (config.json, the
+    views) and back in, keys the family does not know dropped."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(ConfigDict):
     vocab_size: int = 256  # tokens in the vocabulary (256 for the byte-level tokenizer)
     block_size: int = 512  # maximum context: number of learned position embeddings
     n_layer: int = 4  # transformer blocks
@@ -40,13 +56,6 @@ class GPTConfig:
         assert self.n_kv_head is not None
         return self.n_kv_head
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 # Upper bounds on every dimension, checked before anything is allocated. Generous for a CPU
@@ -86,16 +95,27 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def config_problems(c: GPTConfig) -> list[str]:
-    """Every problem with a config (each field's type, range and bound), as sentences; empty when valid."""
+def bound_problems(c: Any, bounds: dict[str, int]) -> list[str]:
+    """Each named dimension a positive integer no larger than its bound, as sentences: the check
+    every family's config runs first (absurd sizes are refused before anything is allocated)."""
     out: list[str] = []
-    for name, limit in BOUNDS.items():
+    for name, limit in bounds.items():
         v = getattr(c, name)
         if not _is_int(v) or v <= 0:
             out.append(f"{name} must be a positive integer (got {show(v)})")
         elif v > limit:
             out.append(f"{name} is {v:,}; kvviz allows at most {limit:,}" if v < 10**30 else
                        f"{name} is {show(v)}; kvviz allows at most {limit:,}")
+    return out
+
+
+def positive_int(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+def config_problems(c: GPTConfig) -> list[str]:
+    """Every problem with a config (each field's type, range and bound), as sentences; empty when valid."""
+    out = bound_problems(c, BOUNDS)
     if not isinstance(c.bias, bool):
         # "no" or 0 would read as a truth value; a config must say true or false.
         out.append(f"bias must be true or false (got {show(c.bias)})")

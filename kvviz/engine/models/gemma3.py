@@ -23,7 +23,7 @@ Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kvviz.engine.models.attention import attention_mask
+from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
 from kvviz.engine.models.llama import MAX_BLOCK, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, rotate_half
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,7 +42,7 @@ FULL, SLIDING = "full", "sliding"
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
+class Gemma3Config(ConfigDict):
     model_type: ClassVar[str] = "gemma3"  # the family, as GGUF names it
 
     vocab_size: int = 262144  # tokens in the vocabulary (rows of embed_tokens; the head is tied)
@@ -77,17 +78,6 @@ class Gemma3Config:
         """Each layer's kind, FULL (global) or SLIDING, as transformers' ``layer_types``."""
         return tuple(FULL if (i + 1) % self.sliding_pattern == 0 else SLIDING for i in range(self.n_layer))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Gemma3Config":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def _pos_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def config_problems(c: Gemma3Config) -> list[str]:
@@ -96,12 +86,7 @@ def config_problems(c: Gemma3Config) -> list[str]:
     bounds = {"vocab_size": MAX_VOCAB, "block_size": MAX_BLOCK, "context_length": MAX_BLOCK, "n_layer": MAX_LAYERS,
               "n_head": MAX_HEADS, "n_kv_head": MAX_HEADS, "n_embd": MAX_WIDTH, "head_dim": MAX_HEAD_DIM,
               "intermediate_size": 4 * MAX_WIDTH, "sliding_window": MAX_BLOCK, "sliding_pattern": MAX_LAYERS}
-    for name, hi in bounds.items():
-        v = getattr(c, name)
-        if not _pos_int(v):
-            out.append(f"{name} must be a positive integer (got {v!r})")
-        elif v > hi:
-            out.append(f"{name} = {v:,} is over kvviz's limit of {hi:,}")
+    out += bound_problems(c, bounds)
     for name in ("rope_theta", "rope_local_theta", "rms_norm_eps", "query_pre_attn_scalar", "final_logit_softcapping"):
         v = getattr(c, name)
         if v is None and name == "final_logit_softcapping":

@@ -16,7 +16,7 @@ twice and the captured q/k give the attention weights the model really used.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kvviz.engine.models.attention import attention_mask
+from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
@@ -42,7 +43,7 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(ConfigDict):
     model_type: ClassVar[str] = "llama"  # the family, as config.json and GGUF name it
 
     vocab_size: int = 49152  # tokens in the vocabulary (rows of embed_tokens and lm_head)
@@ -68,7 +69,7 @@ class LlamaConfig:
         # A frozen dataclass still needs its derived defaults filled in; object.__setattr__ is the idiom.
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
-        if self.head_dim is None and _pos_int(self.n_embd) and _pos_int(self.n_head):
+        if self.head_dim is None and positive_int(self.n_embd) and positive_int(self.n_head):
             object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
         problems = config_problems(self)
         if problems:
@@ -79,17 +80,6 @@ class LlamaConfig:
         assert self.n_kv_head is not None
         return self.n_kv_head
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LlamaConfig":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def _pos_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def config_problems(c: LlamaConfig) -> list[str]:
@@ -98,12 +88,7 @@ def config_problems(c: LlamaConfig) -> list[str]:
     bounds = {"vocab_size": MAX_VOCAB, "block_size": MAX_BLOCK, "n_layer": MAX_LAYERS, "n_head": MAX_HEADS,
               "n_kv_head": MAX_HEADS, "n_embd": MAX_WIDTH, "head_dim": MAX_HEAD_DIM,
               "intermediate_size": 4 * MAX_WIDTH}
-    for name, hi in bounds.items():
-        v = getattr(c, name)
-        if not _pos_int(v):
-            out.append(f"{name} must be a positive integer (got {v!r})")
-        elif v > hi:
-            out.append(f"{name} = {v:,} is over kvviz's limit of {hi:,}")
+    out += bound_problems(c, bounds)
     for name, hi in (("rope_theta", math.inf), ("rms_norm_eps", 1.0)):
         v = getattr(c, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -112,7 +97,7 @@ def config_problems(c: LlamaConfig) -> list[str]:
             out.append(f"{name} must be below {hi} (got {v!r})")
     if c.family not in FAMILIES:
         out.append(f"family must be one of {', '.join(FAMILIES)} (got {c.family!r})")
-    if c.sliding_window is not None and not _pos_int(c.sliding_window):
+    if c.sliding_window is not None and not positive_int(c.sliding_window):
         out.append(f"sliding_window must be a positive integer or None (got {c.sliding_window!r})")
     for name in ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "qk_norm"):
         if not isinstance(getattr(c, name), bool):
