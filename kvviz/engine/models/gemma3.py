@@ -16,8 +16,10 @@ Parameter names are transformers' (``model.layers.{i}.self_attn.q_norm``, ...), 
 holding transformers' ``w`` (a GGUF file stores ``1 + w``; the reader subtracts the 1 as
 transformers' GGUF loader does, so the fp32 rounding is the same).
 
-The cache holds every position of every layer; a sliding layer's window is a mask over it, so the
-result is exact and every cache kind works unchanged. The forward/cache/capture contract is
+The static cache keeps a ring of the window's rows for a sliding layer (``KVCache.ring_positions``
+names the position each row holds; ``ring_mask`` masks a chunk over them) and every position for a
+global one. The concat and paged caches hold every position of every layer; there a sliding layer's
+window is a mask over them (``sliding_mask``). The forward/cache/capture contract is
 Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 """
 from __future__ import annotations
@@ -158,6 +160,15 @@ def sliding_mask(T: int, start: int, input_pos: torch.Tensor, window: int) -> tu
     if start + T <= window:
         return attention_mask(T, start, input_pos)
     keys = torch.arange(start + T, device=input_pos.device)
+    p = input_pos[:, None]
+    return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
+
+
+def ring_mask(keys: torch.Tensor, input_pos: torch.Tensor, window: int) -> tuple[torch.Tensor | None, bool]:
+    """A sliding layer's mask over a ring cache's rows, ``keys`` (S,) naming the position each holds:
+    query at p sees the rows holding p - window + 1 .. p. One query over a full ring sees all of it."""
+    if input_pos.numel() == 1:
+        return None, False  # the ring is then exactly the query's window (KVCache.ring_positions)
     p = input_pos[:, None]
     return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
 
@@ -312,7 +323,9 @@ class Gemma3(nn.Module):
         # and transformers keeps them fp32.
         full = (*attention_mask(T, start, input_pos),
                 *rope(inv_freq(c.rope_theta, c.head_dim).to(idx.device), input_pos, x.dtype))
-        local = (*sliding_mask(T, start, input_pos, c.sliding_window),
+        ring = cache.ring_positions(c.sliding_window, T) if cache is not None else None
+        local = (*(sliding_mask(T, start, input_pos, c.sliding_window) if ring is None
+                   else ring_mask(ring.to(idx.device), input_pos, c.sliding_window)),
                  *rope(inv_freq(c.rope_local_theta, c.head_dim).to(idx.device), input_pos, x.dtype))
         for layer in self.model.layers:
             mask, is_causal, cos, sin = local if layer.self_attn.sliding else full
