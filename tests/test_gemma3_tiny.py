@@ -255,3 +255,24 @@ def test_real_gemma3_layer_bytes_equal_the_calculator(length: int) -> None:
     assert cache.layer_bytes() == preset == _calculator_layers(cfg, length, "bf16")
     row = 2 * 1 * 256 * 2  # K and V, one head of 256 bf16 numbers
     assert cache.layer_bytes()[0] == min(length, 512) * row and cache.layer_bytes()[5] == length * row
+
+
+def test_chat_on_the_ring_answers_as_a_full_cache() -> None:
+    """Turns, an edit and a regenerate past the window: the static cache's rings cannot roll back to
+    the shared prefix, so each such turn starts again, and answers as the concat cache (every
+    position kept) does, greedy, token for token."""
+    from chat_fixtures import chat_model
+    from kvviz.engine.sessions.conversation import Conversation
+
+    m = chat_model(tiny(seed=3, block_size=256))
+    got = {}
+    for kind in ("static", "concat"):
+        conv = Conversation(m, cache_kind=kind, max_new_tokens=6)
+        turns = [conv.send("hi there"), conv.send("and more"), conv.edit(0, "edited"), conv.regenerate()]
+        got[kind] = [t.generated_ids for t in turns]
+        if kind == "static":
+            # the second turn appends to all the cache holds (no rollback); the edit and the regenerate
+            # would roll back past rings that had slid, so they start again
+            assert [t.reused_tokens for t in turns] == [0, turns[1].cached_before, 0, 0]
+            assert turns[1].cached_before > 5
+    assert got["static"] == got["concat"]
