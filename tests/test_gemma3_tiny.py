@@ -276,3 +276,31 @@ def test_chat_on_the_ring_answers_as_a_full_cache() -> None:
             assert [t.reused_tokens for t in turns] == [0, turns[1].cached_before, 0, 0]
             assert turns[1].cached_before > 5
     assert got["static"] == got["concat"]
+
+
+@pytest.mark.parametrize("kind", ["static", "concat"])
+def test_every_step_event_carries_the_layer_bytes(kind: str) -> None:
+    """The run's events: the static cache's per-layer bytes equal the calculator's at every step
+    (sliding layers level off at the window); the concat cache holds every position on every layer."""
+    from kvviz.ui.metrics import bytes_formula
+
+    m = tiny(seed=1)
+    run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10, cache_kind=kind)
+    for ev in run.events:
+        want = (_calculator_layers(m.config, ev.position, "fp32") if kind == "static"
+                else [ev.position * 128] * 3)
+        assert list(ev.cache_layer_bytes) == want, ev.step
+        assert sum(ev.cache_layer_bytes) == ev.cache_bytes_used
+    text = bytes_formula(run)
+    assert "⚠️" not in text and f"{run.events[-1].cache_bytes_used:,} B" in text
+    if kind == "static":
+        assert "(1 layer × 12 tokens + 2 layers × 5 tokens)" in text
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_quantized_store_layer_bytes_sum_to_its_bytes(kv_dtype: str) -> None:
+    """The quantized store keeps every position on every layer (its rings are not built yet):
+    equal shares of its slots and of fp8's per-head scales, summing to bytes_used."""
+    run = kvviz.generate(tiny(), prompt_ids=list(range(40, 43)), max_new_tokens=8, kv_dtype=kv_dtype)
+    for ev in run.events:
+        assert len(set(ev.cache_layer_bytes)) == 1 and sum(ev.cache_layer_bytes) == ev.cache_bytes_used

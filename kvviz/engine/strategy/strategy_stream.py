@@ -130,6 +130,7 @@ class StrategyStream:
             token_text=tok.token_display(tid), token_bytes=tok.token_bytes(tid), position=position,
             input_len=input_len, cache_len=cache.pos if cache is not None else 0,
             cache_bytes_used=cache.bytes_used if cache is not None else 0,
+            cache_layer_bytes=tuple(cache.layer_bytes()) if cache is not None else (),
             cache_bytes_allocated=cache.bytes_allocated if cache is not None else 0,
             cache_bytes_copied=cache.bytes_copied if cache is not None else 0,
             latency_ms=latency_ms, flops=forward_flops(cfg, input_len, start, n_logits, rows) if input_len else 0,
