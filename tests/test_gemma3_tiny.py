@@ -304,3 +304,20 @@ def test_quantized_store_layer_bytes_sum_to_its_bytes(kv_dtype: str) -> None:
     run = kvviz.generate(tiny(), prompt_ids=list(range(40, 43)), max_new_tokens=8, kv_dtype=kv_dtype)
     for ev in run.events:
         assert len(set(ev.cache_layer_bytes)) == 1 and sum(ev.cache_layer_bytes) == ev.cache_bytes_used
+
+
+def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:
+    from kvviz.charts.run_charts import LAYER_COLORS, layer_strip
+
+    m = tiny(seed=1)
+    run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10)
+    ev = run.events[-1]
+    assert run.layer_kinds == ("sliding", "sliding", "full")
+    fig = layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position)
+    bars = {t.name.split()[0]: t for t in fig.data}
+    assert list(bars["sliding"].x) == [0, 1] and list(bars["sliding"].y) == [5 * 128, 5 * 128]
+    assert list(bars["global"].x) == [2] and list(bars["global"].y) == [12 * 128]
+    assert bars["sliding"].marker.color == LAYER_COLORS["sliding"] != bars["global"].marker.color
+    sub = fig.layout.title.subtitle.text
+    assert sub == "after 12 tokens · 2 sliding: 1,280 B · 1 global: 1,536 B · total 2,816 B"
+    assert "Generate" in layer_strip((), (), 0).layout.annotations[0].text  # nothing to draw: says why

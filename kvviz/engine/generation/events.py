@@ -139,6 +139,7 @@ class Run:
     n_kv_head: int = 0
     head_dim: int = 0
     block_size: int = 0
+    layer_kinds: tuple[str, ...] = ()  # "full" or "sliding" per layer (models with layer_types), else ()
     note: str = ""  # e.g. why the run was stopped early
     beams: BeamResult | None = None  # beam search: the returned beams and every step's tree and reorder
     speculation: SpecResult | None = None  # speculative decoding: drafted / accepted / rolled back per forward

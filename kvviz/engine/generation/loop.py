@@ -131,7 +131,7 @@ class GenerationStream:
             max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=EventLog(self.events),
             prompt_tokens=self.prompt_tokens, prompt_bytes=self.prompt_bytes, engine=self.engine,
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
-            block_size=c.block_size,
+            block_size=c.block_size, layer_kinds=tuple(getattr(c, "layer_types", ())),
         )
         reason = self.stop_reason
         note = self.note

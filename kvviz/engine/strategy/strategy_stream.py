@@ -107,7 +107,7 @@ class StrategyStream:
             prompt_tokens=tuple(tok.token_display(i) for i in self.prompt_ids),
             prompt_bytes=tuple(tok.token_bytes(i) for i in self.prompt_ids), engine=self.engine,
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
-            block_size=c.block_size, **self._extra(),
+            block_size=c.block_size, layer_kinds=tuple(getattr(c, "layer_types", ())), **self._extra(),
         )
         reason, note = self.stop_reason, self.note
         if reason is None:
