@@ -321,3 +321,26 @@ def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:
     sub = fig.layout.title.subtitle.text
     assert sub == "after 12 tokens · 2 sliding: 1,280 B · 1 global: 1,536 B · total 2,816 B"
     assert "Generate" in layer_strip((), (), 0).layout.annotations[0].text  # nothing to draw: says why
+
+
+def test_captures_over_the_ring_equal_a_full_cache_and_respect_the_window() -> None:
+    """Attention, new-K/V norms and raw K/V captured through the static cache's rings equal the
+    concat cache's and the uncached run's; a sliding layer's newest query gives no weight to keys
+    before its window (the window is 5: 5 of 10 keys weighted)."""
+    import numpy as np
+
+    m = tiny(seed=1)
+    cap = kvviz.Capture(attention=True, kv_norms=True, kv_layer=0)
+    kw = dict(prompt_ids=list(range(40, 43)), max_new_tokens=8, capture=cap)
+    runs = [kvviz.generate(m, cache_kind="static", **kw), kvviz.generate(m, cache_kind="concat", **kw)]
+    runs.append(kvviz.generate(m, use_cache=False, **kw))
+    for evs in zip(*(r.events for r in runs)):
+        for name in ("attn", "kv_norms", "kv_values"):
+            ref = getattr(evs[0], name).astype(np.float32)
+            for e in evs[1:]:
+                if name != "attn" and e is evs[2] and e.step:
+                    continue  # uncached steps capture the newest column only (kv_start moves)
+                np.testing.assert_allclose(getattr(e, name).astype(np.float32), ref, atol=2e-3)
+    last = runs[0].events[-1].attn.astype(np.float32)  # (3 layers, 4 heads, 10 keys)
+    assert last.shape == (3, 4, 10)
+    assert (last[:2, :, :5] == 0).all() and (last[:2, :, 5:] > 0).all() and (last[2] > 0).all()

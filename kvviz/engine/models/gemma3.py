@@ -192,6 +192,7 @@ class Gemma3Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.sliding = config.layer_types[layer_idx] == SLIDING
+        self.window = config.sliding_window
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         self.scale = config.query_pre_attn_scalar ** -0.5
         C = config.n_embd
@@ -214,8 +215,18 @@ class Gemma3Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # every cached position: (B, nkv, S, hs)
         if capture is not None and self.layer_idx in capture.layers:
             capture.q_last[self.layer_idx] = q[:, :, -1:, :]  # (B, nh, 1, hs), post-norm, post-RoPE
-            capture.k[self.layer_idx] = k
-            capture.v[self.layer_idx] = v
+            S = (cache.pos if cache is not None else 0) + T  # positions so far, this step's included
+            kk, vv = k, v
+            if cache is not None and k.shape[2] != S:  # a ring's rows: laid out at their positions
+                keys = cache.ring_positions(self.window, T)
+                assert keys is not None
+                keys = keys.to(k.device)
+                kk = k.new_zeros((B, nkv, S, hs)).index_copy_(2, keys, k)  # (B, nkv, S, hs), evicted rows 0
+                vv = v.new_zeros((B, nkv, S, hs)).index_copy_(2, keys, v)
+            if self.sliding and S > self.window:
+                capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
+            capture.k[self.layer_idx] = kk
+            capture.v[self.layer_idx] = vv
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
                                            enable_gqa=nkv != nh)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
