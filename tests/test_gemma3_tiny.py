@@ -344,3 +344,14 @@ def test_captures_over_the_ring_equal_a_full_cache_and_respect_the_window() -> N
     last = runs[0].events[-1].attn.astype(np.float32)  # (3 layers, 4 heads, 10 keys)
     assert last.shape == (3, 4, 10)
     assert (last[:2, :, :5] == 0).all() and (last[:2, :, 5:] > 0).all() and (last[2] > 0).all()
+
+
+def test_speculative_on_the_ring_refused_past_the_window_and_exact_elsewhere() -> None:
+    m = tiny(seed=1)
+    ids = [40, 41, 40, 41, 40, 41, 40]
+    kw = dict(prompt_ids=ids, max_new_tokens=12, speculative="prompt_lookup", draft_tokens=3)
+    with pytest.raises(kvviz.KVVizError, match="only the last 5 positions on its sliding layers"):
+        kvviz.generate(m, **kw)
+    want = kvviz.generate(m, prompt_ids=ids, max_new_tokens=12).generated_ids
+    assert kvviz.generate(m, cache_kind="concat", **kw).generated_ids == want
+    assert kvviz.generate(m, cache_kind="paged", **kw).generated_ids == want
