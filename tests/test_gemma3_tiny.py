@@ -198,7 +198,8 @@ def test_ring_reorder_moves_rows() -> None:
     with torch.inference_mode():
         cache = make_cache("static", m.config, 2, "cpu", torch.float32)
         _feed(m, cache, ids[:, :9], (9,))
-        cache.reorder(torch.tensor([1, 1, 0]))
+        moved = cache.reorder(torch.tensor([1, 1, 0]))
+        assert moved == 2 * 3 * 16 * 4 * (5 + 5 + 9)  # the rings' 5 rows, the global layer's 9, 3 new rows
         nxt = ids[[1, 1, 0], 9:]
         got = _feed(m, cache, torch.cat([ids[[1, 1, 0], :9], nxt], 1), (10,))
         torch.testing.assert_close(got, m.model(ids[[1, 1, 0]])[:, 9:], atol=1e-5, rtol=1e-5)

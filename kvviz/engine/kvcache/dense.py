@@ -180,9 +180,13 @@ class KVCache(ABC):
         self.batch = int(index.numel())
         self.bytes_per_token = self._token_bytes()
         # every filled position of every new row is copied, unless the cache shares by reference
-        moved = self.held * self.bytes_per_token if self.copies_on_reorder else 0
+        moved = self._moved_bytes() if self.copies_on_reorder else 0
         self.bytes_copied += moved
         return moved
+
+    def _moved_bytes(self) -> int:
+        """What a reorder copies: every held position of every new row."""
+        return self.held * self.bytes_per_token
 
     @abstractmethod
     def _truncate(self, n: int) -> None: ...
@@ -234,6 +238,9 @@ class StaticKVCache(KVCache):
 
     def layer_bytes(self) -> list[int]:
         return [self._filled(i) * self._row_bytes for i in range(self.config.n_layer)]
+
+    def _moved_bytes(self) -> int:
+        return self.bytes_used  # a ring moves only the rows it holds
 
     def can_truncate(self, n: int) -> bool:
         # A ring past its window has overwritten positions pos-W-.. that a shorter cache would hold.
