@@ -85,6 +85,17 @@ def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str,
     assert len(prompt) > 512  # the sliding layers' window is in force from the prompt on
     run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True)
     assert run.generated_ids == want  # (paged equals static on the tiny model: test_gemma3_tiny.py)
+    # At every step, each layer's live bytes equal the calculator's preset figure for that layer:
+    # 15 sliding layers level off at 512 positions, the 3 global ones hold every position.
+    from kvviz.memory.formulas import layer_token_bytes, tokens_held
+    from kvviz.memory.presets import load_presets
+    from kvviz.memory.spec import MemoryRequest
+
+    spec = load_presets()["gemma-3-270m"]
+    fmt = MemoryRequest(seq_len=1, kv_dtype=gemma3.dtype_name).kv_format
+    for ev in run.events:
+        assert list(ev.cache_layer_bytes) == [layer_token_bytes(spec, fmt) * tokens_held(spec.layer(i), ev.position)
+                                              for i in range(18)], ev.step
     # Uncached: one forward over prompt + continuation (what each uncached step would take the last
     # row of). The LM head runs on the positions checked only: 680 x 262,144 logits are 0.7 GB.
     ids = ref["logits"]["ids"]

@@ -119,3 +119,240 @@ def test_no_accelerator_and_quantized_kv_runs_window_refused() -> None:
     assert len(run.generated_ids) == 10
     with pytest.raises(kvviz.KVVizError, match="already slides its own window of 5 positions on 2 of its 3 layers"):
         kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=2, window=8)
+
+
+# ----------------------------------------------------------------------------- per-layer cache kinds
+def _feed(m: kvviz.LoadedModel, cache, ids: torch.Tensor, cuts: tuple[int, ...]) -> torch.Tensor:
+    """Logits of ``ids`` fed through ``cache`` in chunks ending at each cut (then one token at a time)."""
+    out, a = [], cache.pos
+    for b in (*cuts, *range(cuts[-1] + 1, ids.shape[1] + 1)) if cuts else range(a + 1, ids.shape[1] + 1):
+        out.append(m.model(ids[:, a:b], cache=cache))
+        cache.advance(b - a)
+        a = b
+    return torch.cat(out, 1)
+
+
+def test_static_cache_keeps_a_ring_of_the_window_on_sliding_layers() -> None:
+    m = tiny()
+    cache = make_cache("static", m.config, 1, "cpu", torch.float32)
+    # (B, nkv, rows, hs): 5 rows on the two sliding layers, block_size (64) on the global one
+    assert [t.shape[2] for t in cache.k] == [5, 5, 64]
+    assert cache.bytes_allocated == 2 * (5 + 5 + 64) * 16 * 4
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(8))
+    with torch.inference_mode():
+        whole = m.model(ids)
+        # decode far past the window: 25 one-token steps after a 5-token prefill
+        torch.testing.assert_close(_feed(m, cache, ids, (5,)), whole, atol=1e-5, rtol=1e-5)
+    assert cache.layer(0)[0].shape[2] == 5 and cache.layer(2)[0].shape[2] == 30
+
+
+@pytest.mark.parametrize("cuts", [(3, 7, 12, 20, 30), (4, 11, 30), (2, 3, 9, 10, 17), (13,)])
+def test_ring_chunked_prefill_across_the_window_equals_one_forward(cuts: tuple[int, ...]) -> None:
+    """Chunks that cross the window's edge, are longer than it (7, 8, 19 > 5) or start mid-ring."""
+    m = tiny()
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        whole = m.model(ids)
+        cache = make_cache("static", m.config, 1, "cpu", torch.float32)
+        torch.testing.assert_close(_feed(m, cache, ids, cuts), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_ring_greedy_equals_uncached_past_the_window() -> None:
+    m = tiny(seed=2)
+    kw = dict(prompt_ids=list(range(60, 63)), max_new_tokens=40)
+    cached = kvviz.generate(m, **kw)
+    assert cached.generated_ids == kvviz.generate(m, use_cache=False, **kw).generated_ids
+    assert cached.cache_kind == "static"
+
+
+def test_ring_checkpoint_restore_is_exact_and_truncate_refused_once_overwritten() -> None:
+    m = tiny()
+    ids = torch.randint(0, 256, (1, 26), generator=torch.Generator().manual_seed(10))
+    with torch.inference_mode():
+        cache = make_cache("static", m.config, 1, "cpu", torch.float32)
+        _feed(m, cache, ids[:, :12], (12,))
+        before = [t.clone() for t in (*cache.k, *cache.v)]
+        cp = cache.checkpoint(10)
+        _feed(m, cache, ids, (16,))  # a turn of 14 tokens rewrites every ring row
+        cache.restore(cp)
+        assert cache.pos == 12
+        for t, b in zip((*cache.k, *cache.v), before):
+            assert torch.equal(t[:, :, : min(12, t.shape[2])], b[:, :, : min(12, t.shape[2])])
+        # the restored cache continues exactly as one that never saw the turn
+        torch.testing.assert_close(_feed(m, cache, ids, (14,)), m.model(ids)[:, 12:], atol=1e-5, rtol=1e-5)
+    assert not cache.can_truncate(20) and cache.can_truncate(26)
+    with pytest.raises(ValueError, match="ring of their last 5 positions"):
+        cache.truncate(20)
+    assert cache.pos == 26  # refused before anything moved
+    small = make_cache("static", m.config, 1, "cpu", torch.float32)
+    with torch.inference_mode():
+        _feed(m, small, ids[:, :4], (4,))
+        small.truncate(2)  # inside the window nothing was overwritten: an ordinary rollback
+        torch.testing.assert_close(_feed(m, small, ids[:, :9], (9,)), m.model(ids[:, :9])[:, 2:], atol=1e-5,
+                                   rtol=1e-5)
+
+
+def test_ring_reorder_moves_rows() -> None:
+    m = tiny()
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(11))
+    with torch.inference_mode():
+        cache = make_cache("static", m.config, 2, "cpu", torch.float32)
+        _feed(m, cache, ids[:, :9], (9,))
+        moved = cache.reorder(torch.tensor([1, 1, 0]))
+        assert moved == 2 * 3 * 16 * 4 * (5 + 5 + 9)  # the rings' 5 rows, the global layer's 9, 3 new rows
+        nxt = ids[[1, 1, 0], 9:]
+        got = _feed(m, cache, torch.cat([ids[[1, 1, 0], :9], nxt], 1), (10,))
+        torch.testing.assert_close(got, m.model(ids[[1, 1, 0]])[:, 9:], atol=1e-5, rtol=1e-5)
+    assert cache.layer_bytes() == [2 * 3 * 16 * 4 * n for n in (5, 5, 12)]
+
+
+def _calculator_layers(cfg: Gemma3Config, length: int, kv_dtype: str) -> list[int]:
+    """The memory calculator's bytes per layer for this config at ``length`` tokens, through its
+    public functions on the config as a Hugging Face config.json would state it."""
+    from kvviz.memory.formulas import layer_token_bytes, tokens_held
+    from kvviz.memory.hf_config import parse_config
+    from kvviz.memory.spec import MemoryRequest
+
+    spec = parse_config({
+        "model_type": "gemma3_text", "hidden_size": cfg.n_embd, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.n_head,
+        "num_hidden_layers": cfg.n_layer, "num_key_value_heads": cfg.n_kv_head, "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length, "sliding_window": cfg.sliding_window,
+        "layer_types": [f"{k}_attention" for k in cfg.layer_types]})
+    req = MemoryRequest(seq_len=length, kv_dtype=kv_dtype)
+    return [layer_token_bytes(spec, req.kv_format) * tokens_held(spec.layer(i), length)
+            for i in range(cfg.n_layer)]
+
+
+def test_live_layer_bytes_equal_the_calculator_at_every_step() -> None:
+    m = tiny()
+    ids = torch.randint(0, 256, (1, 14), generator=torch.Generator().manual_seed(12))
+    cache = make_cache("static", m.config, 1, "cpu", torch.float32)
+    with torch.inference_mode():
+        m.model(ids[:, :3], cache=cache)
+        cache.advance(3)
+        for t in range(3, 14):
+            assert cache.layer_bytes() == _calculator_layers(m.config, cache.pos, "fp32"), cache.pos
+            assert cache.bytes_used == sum(cache.layer_bytes())
+            m.model(ids[:, t:t + 1], cache=cache)
+            cache.advance(1)
+    assert cache.layer_bytes() == [5 * 128, 5 * 128, 14 * 128]
+
+
+@pytest.mark.parametrize("length", [100, 512, 513, 2000])
+def test_real_gemma3_layer_bytes_equal_the_calculator(length: int) -> None:
+    """The 270M's shapes (no weights): 15 sliding layers level off at 512 positions, 3 global grow.
+    The cache is bf16, as the calculator's preset is counted in 16-bit floats."""
+    from kvviz.memory.presets import load_presets
+    from kvviz.memory.formulas import layer_token_bytes, tokens_held
+    from kvviz.memory.spec import MemoryRequest
+
+    cfg = Gemma3Config(block_size=2048)
+    cache = make_cache("static", cfg, 1, "cpu", torch.bfloat16)
+    cache.advance(length)
+    spec = load_presets()["gemma-3-270m"]
+    fmt = MemoryRequest(seq_len=length, kv_dtype="bf16").kv_format
+    preset = [layer_token_bytes(spec, fmt) * tokens_held(spec.layer(i), length) for i in range(18)]
+    assert cache.layer_bytes() == preset == _calculator_layers(cfg, length, "bf16")
+    row = 2 * 1 * 256 * 2  # K and V, one head of 256 bf16 numbers
+    assert cache.layer_bytes()[0] == min(length, 512) * row and cache.layer_bytes()[5] == length * row
+
+
+def test_chat_on_the_ring_answers_as_a_full_cache() -> None:
+    """Turns, an edit and a regenerate past the window: the static cache's rings cannot roll back to
+    the shared prefix, so each such turn starts again, and answers as the concat cache (every
+    position kept) does, greedy, token for token."""
+    from chat_fixtures import chat_model
+    from kvviz.engine.sessions.conversation import Conversation
+
+    m = chat_model(tiny(seed=3, block_size=256))
+    got = {}
+    for kind in ("static", "concat"):
+        conv = Conversation(m, cache_kind=kind, max_new_tokens=6)
+        turns = [conv.send("hi there"), conv.send("and more"), conv.edit(0, "edited"), conv.regenerate()]
+        got[kind] = [t.generated_ids for t in turns]
+        if kind == "static":
+            # the second turn appends to all the cache holds (no rollback); the edit and the regenerate
+            # would roll back past rings that had slid, so they start again
+            assert [t.reused_tokens for t in turns] == [0, turns[1].cached_before, 0, 0]
+            assert turns[1].cached_before > 5
+    assert got["static"] == got["concat"]
+
+
+@pytest.mark.parametrize("kind", ["static", "concat"])
+def test_every_step_event_carries_the_layer_bytes(kind: str) -> None:
+    """The run's events: the static cache's per-layer bytes equal the calculator's at every step
+    (sliding layers level off at the window); the concat cache holds every position on every layer."""
+    from kvviz.ui.metrics import bytes_formula
+
+    m = tiny(seed=1)
+    run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10, cache_kind=kind)
+    for ev in run.events:
+        want = (_calculator_layers(m.config, ev.position, "fp32") if kind == "static"
+                else [ev.position * 128] * 3)
+        assert list(ev.cache_layer_bytes) == want, ev.step
+        assert sum(ev.cache_layer_bytes) == ev.cache_bytes_used
+    text = bytes_formula(run)
+    assert "⚠️" not in text and f"{run.events[-1].cache_bytes_used:,} B" in text
+    if kind == "static":
+        assert "(1 layer × 12 tokens + 2 layers × 5 tokens)" in text
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_quantized_store_layer_bytes_sum_to_its_bytes(kv_dtype: str) -> None:
+    """The quantized store keeps every position on every layer (its rings are not built yet):
+    equal shares of its slots and of fp8's per-head scales, summing to bytes_used."""
+    run = kvviz.generate(tiny(), prompt_ids=list(range(40, 43)), max_new_tokens=8, kv_dtype=kv_dtype)
+    for ev in run.events:
+        assert len(set(ev.cache_layer_bytes)) == 1 and sum(ev.cache_layer_bytes) == ev.cache_bytes_used
+
+
+def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:
+    from kvviz.charts.run_charts import LAYER_COLORS, layer_strip
+
+    m = tiny(seed=1)
+    run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10)
+    ev = run.events[-1]
+    assert run.layer_kinds == ("sliding", "sliding", "full")
+    fig = layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position)
+    bars = {t.name.split()[0]: t for t in fig.data}
+    assert list(bars["sliding"].x) == [0, 1] and list(bars["sliding"].y) == [5 * 128, 5 * 128]
+    assert list(bars["global"].x) == [2] and list(bars["global"].y) == [12 * 128]
+    assert bars["sliding"].marker.color == LAYER_COLORS["sliding"] != bars["global"].marker.color
+    sub = fig.layout.title.subtitle.text
+    assert sub == "after 12 tokens · 2 sliding: 1,280 B · 1 global: 1,536 B · total 2,816 B"
+    assert "Generate" in layer_strip((), (), 0).layout.annotations[0].text  # nothing to draw: says why
+
+
+def test_captures_over_the_ring_equal_a_full_cache_and_respect_the_window() -> None:
+    """Attention, new-K/V norms and raw K/V captured through the static cache's rings equal the
+    concat cache's and the uncached run's; a sliding layer's newest query gives no weight to keys
+    before its window (the window is 5: 5 of 10 keys weighted)."""
+    import numpy as np
+
+    m = tiny(seed=1)
+    cap = kvviz.Capture(attention=True, kv_norms=True, kv_layer=0)
+    kw = dict(prompt_ids=list(range(40, 43)), max_new_tokens=8, capture=cap)
+    runs = [kvviz.generate(m, cache_kind="static", **kw), kvviz.generate(m, cache_kind="concat", **kw)]
+    runs.append(kvviz.generate(m, use_cache=False, **kw))
+    for evs in zip(*(r.events for r in runs)):
+        for name in ("attn", "kv_norms", "kv_values"):
+            ref = getattr(evs[0], name).astype(np.float32)
+            for e in evs[1:]:
+                if name != "attn" and e is evs[2] and e.step:
+                    continue  # uncached steps capture the newest column only (kv_start moves)
+                np.testing.assert_allclose(getattr(e, name).astype(np.float32), ref, atol=2e-3)
+    last = runs[0].events[-1].attn.astype(np.float32)  # (3 layers, 4 heads, 10 keys)
+    assert last.shape == (3, 4, 10)
+    assert (last[:2, :, :5] == 0).all() and (last[:2, :, 5:] > 0).all() and (last[2] > 0).all()
+
+
+def test_speculative_on_the_ring_refused_past_the_window_and_exact_elsewhere() -> None:
+    m = tiny(seed=1)
+    ids = [40, 41, 40, 41, 40, 41, 40]
+    kw = dict(prompt_ids=ids, max_new_tokens=12, speculative="prompt_lookup", draft_tokens=3)
+    with pytest.raises(kvviz.KVVizError, match="only the last 5 positions on its sliding layers"):
+        kvviz.generate(m, **kw)
+    want = kvviz.generate(m, prompt_ids=ids, max_new_tokens=12).generated_ids
+    assert kvviz.generate(m, cache_kind="concat", **kw).generated_ids == want
+    assert kvviz.generate(m, cache_kind="paged", **kw).generated_ids == want

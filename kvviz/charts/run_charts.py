@@ -11,6 +11,8 @@ the sampled token goes, so it is also the number of K/V columns that exist after
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -446,3 +448,33 @@ def latency_chart(run: Run) -> go.Figure:
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
     return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"],
                    dict(r=rate_axis_margin(float(tps.max()) if decode.size else None), b=AXIS_MARGIN_FLAT))
+
+
+# --- per-layer bytes: hybrid attention -----------------------------------------------------------
+LAYER_COLORS = {"sliding": "#1c7ed6", "full": "#e8590c"}
+LAYER_NAMES = {"sliding": "sliding (keeps its window)", "full": "global (keeps every token)"}
+
+
+def layer_strip(layer_bytes: Sequence[int], kinds: Sequence[str], tokens: int) -> go.Figure:
+    """One bar per layer: the bytes its cache holds after ``tokens`` positions, sliding and global
+    layers coloured apart; the title gives each kind's total (exact bytes, from the cache)."""
+    title = "Bytes each layer holds"
+    if not layer_bytes or len(layer_bytes) != len(kinds):
+        return _message_figure(title, "Generate with a cache on a model with sliding layers.", HEIGHTS["bars"])
+    fig = go.Figure()
+    totals = []
+    for kind in ("sliding", "full"):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        if not idx:
+            continue
+        got = [int(layer_bytes[i]) for i in idx]
+        totals.append(f"{len(idx)} {kind if kind == 'sliding' else 'global'}: {sum(got):,} B")
+        fig.add_trace(go.Bar(x=np.array(idx, dtype=np.int32), y=np.array(got, dtype=np.float32),
+                             marker_color=LAYER_COLORS[kind], name=LAYER_NAMES[kind],
+                             customdata=np.array(got, dtype=np.float64),
+                             hovertemplate="layer %{x}<br>%{customdata:,.0f} B<extra></extra>"))
+    fig.update_xaxes(title=dict(text="layer"), tickmode="linear", dtick=1 if len(kinds) <= 32 else 4)
+    fig.update_yaxes(title=dict(text="bytes held"), rangemode="tozero")
+    fig.update_layout(bargap=0.15, legend=dict(orientation="h", x=1.0, xanchor="right", y=1.02, yanchor="bottom"))
+    sub = f"after {tokens:,} tokens · " + " · ".join(totals) + f" · total {sum(int(b) for b in layer_bytes):,} B"
+    return _layout(fig, title, sub, HEIGHTS["bars"])

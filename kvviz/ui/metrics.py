@@ -43,6 +43,16 @@ def bytes_formula(run: Run) -> str:
                 f"K and V for all {ev.input_len:,} tokens.")
     used = per_token * ev.cache_len
     lines = [f"**Bytes used** = {factors} × {ev.cache_len:,} tokens = **{used:,} B** ({fmt_bytes(used)})"]
+    mixed = len(set(ev.cache_layer_bytes)) > 1 and run.n_layer
+    if mixed:  # sliding layers hold only their window (Gemma 3): count each layer's own tokens
+        layer_token = int(per_token) // run.n_layer
+        held = [b // layer_token for b in ev.cache_layer_bytes] if layer_token else []
+        groups = sorted({h: held.count(h) for h in held}.items(), reverse=True)
+        terms = " + ".join(f"{n} layer{'s' if n != 1 else ''} × {h:,} tokens" for h, n in groups)
+        used = layer_token * sum(held)
+        lines = [f"**Bytes used** = {factors.replace(f'{run.n_layer} layers × ', '')} per layer and token "
+                 f"({layer_token:,} B) × ({terms}) = **{used:,} B** ({fmt_bytes(used)}): a sliding layer "
+                 f"keeps only its window, a global one every token"]
     if run.n_kv_head and run.n_kv_head < run.n_head:
         mha = used * run.n_head // run.n_kv_head
         lines.append(f"**GQA saves**: {run.n_head} query heads share {run.n_kv_head} K/V heads. With one K/V head per "
@@ -50,7 +60,11 @@ def bytes_formula(run: Run) -> str:
                      f"{run.n_head // run.n_kv_head}× more, {mha - used:,} B saved.")
     if used != ev.cache_bytes_used:  # would mean the formula or the cache accounting is wrong: show both
         lines.append(f"⚠️ the cache reports {ev.cache_bytes_used:,} B used.")
-    if run.cache_kind == "static":
+    if run.cache_kind == "static" and mixed:
+        lines.append(f"**Bytes allocated** = **{ev.cache_bytes_allocated:,} B** "
+                     f"({fmt_bytes(ev.cache_bytes_allocated)}): a ring of the window per sliding layer, "
+                     f"every slot of the context per global layer; {used / max(1, ev.cache_bytes_allocated):.1%} filled")
+    elif run.cache_kind == "static":
         slots = ev.cache_bytes_allocated // per_token if per_token else 0
         lines.append(f"**Bytes allocated** = {factors} × {slots:,} slots = **{ev.cache_bytes_allocated:,} B** "
                      f"({fmt_bytes(ev.cache_bytes_allocated)}), {used / max(1, ev.cache_bytes_allocated):.1%} filled")

@@ -126,6 +126,10 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
     if numbers_too if numbers_too is not None else charts_too:
         with slots.metrics.container():
             metrics.render(run, per_row=3 if slots.compact else 6)
+            if charts_too and len(set(run.layer_kinds)) > 1 and run.events and run.events[-1].cache_layer_bytes:
+                # hybrid attention (Gemma 3): the sliding layers level off at their window
+                ev = run.events[-1]
+                show(st, charts.layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position), key=f"layers-{key}")
     if not charts_too:
         return
     if opts.nb_view == "values":

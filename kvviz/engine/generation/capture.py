@@ -59,6 +59,8 @@ class ForwardCapture:
     k: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs) all keys so far
     v: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs)
     probs: torch.Tensor | None = None  # (n_layer, nh, S): the one new query row's weights, batch row 0
+    # A sliding layer past its window: the newest query sees keys from this position on only.
+    key_from: dict[int, int] = field(default_factory=dict)
     new_norms: torch.Tensor | None = None  # (n_layer, 2, nkv): L2 norms of the one new K and V column
 
 
@@ -93,8 +95,12 @@ def record(capture: Capture, fc: ForwardCapture | None, cfg: Any, kv_start: int,
         for layer in layers:
             k = fc.k[layer][0]  # (nkv, S, hs), read in place: no copy of the keys
             q = fc.q_last[layer][0, :, -1].view(cfg.kv_heads, group, -1)  # (nkv, group, hs)
-            scores.append(q.float() @ k.float().transpose(-1, -2))  # (nkv, group, S)
-        # The newest query is the last position, so no mask is needed: it sees all S keys.
+            s = q.float() @ k.float().transpose(-1, -2)  # (nkv, group, S)
+            if layer in fc.key_from:  # a sliding layer: keys before its window get no weight
+                s[..., : fc.key_from[layer]] = float("-inf")
+            scores.append(s)
+        # The newest query is the last position, so no causal mask is needed: it sees all S keys
+        # (a sliding layer: those of its window).
         w = torch.softmax(torch.stack(scores) * scale, dim=-1)  # (n_cap, nkv, group, S)
         attn = w.flatten(1, 2).to(torch.float16).cpu().numpy()  # (n_cap, nh, S)
     if capture.kv_norms and fc.new_norms is not None and t - kv_start == 1:

@@ -54,6 +54,7 @@ class StepEvent:
     kv_values: np.ndarray | None = None  # (2, n_kv_head, T_new, head_dim) new K and V of kv_layer
     kv_start: int = 0  # position of the first new K/V column in kv_norms / kv_values
     logits: np.ndarray | None = None  # (V,) float32 last-position logits, tests only
+    cache_layer_bytes: tuple[int, ...] = ()  # bytes each layer holds after this step (KVCache.layer_bytes)
 
     def summary(self) -> dict[str, Any]:
         """The CLI's per-step contract fields."""
@@ -138,6 +139,7 @@ class Run:
     n_kv_head: int = 0
     head_dim: int = 0
     block_size: int = 0
+    layer_kinds: tuple[str, ...] = ()  # "full" or "sliding" per layer (models with layer_types), else ()
     note: str = ""  # e.g. why the run was stopped early
     beams: BeamResult | None = None  # beam search: the returned beams and every step's tree and reorder
     speculation: SpecResult | None = None  # speculative decoding: drafted / accepted / rolled back per forward

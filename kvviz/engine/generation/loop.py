@@ -131,7 +131,7 @@ class GenerationStream:
             max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, events=EventLog(self.events),
             prompt_tokens=self.prompt_tokens, prompt_bytes=self.prompt_bytes, engine=self.engine,
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
-            block_size=c.block_size,
+            block_size=c.block_size, layer_kinds=tuple(getattr(c, "layer_types", ())),
         )
         reason = self.stop_reason
         note = self.note
@@ -245,6 +245,7 @@ class GenerationStream:
             token_text=tok.token_display(s.ids[0]), token_bytes=tok.token_bytes(s.ids[0]), position=s.t,
             input_len=n_in, cache_len=cache.held if cached else 0,
             cache_bytes_used=cache.bytes_used if cached else 0,
+            cache_layer_bytes=tuple(cache.layer_bytes()) if cached else (),
             cache_bytes_allocated=cache.bytes_allocated if cached else 0,
             cache_bytes_copied=cache.bytes_copied if cached else 0,
             latency_ms=s.latency_ms, flops=forward_flops(cfg, n_in, s.start, 1, self.batch_size),

@@ -57,6 +57,11 @@ class _StoreCache(KVCache):
     def bytes_allocated(self) -> int:
         return self.store.allocated
 
+    def layer_bytes(self) -> list[int]:
+        # every layer's store is the same shape: its share of a slot, and of the fp8 per-head scales
+        n = self.config.n_layer
+        return [self.held * (self.bytes_per_token // n) + self.store.fixed_bytes // n] * n
+
     @property
     def errors(self) -> ErrorLog | None:
         return self.store.errors

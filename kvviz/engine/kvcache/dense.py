@@ -15,7 +15,12 @@ forgets the undo data.
 
 Byte accounting is exact (it is what the app and the memory calculator compare against):
 ``bytes_allocated`` is the storage the tensors hold; ``bytes_used`` is what the ``pos``
-filled positions occupy.
+filled positions occupy, ``layer_bytes()`` the same per layer.
+
+Per-layer kinds (Gemma 3's hybrid attention): ``layer_windows(config)`` gives each layer's window,
+None for a global layer. The static cache keeps a ring of W rows for a sliding layer (position p
+in slot p % W) and every position for a global one; ``ring_positions`` tells the model which
+position each returned K row holds, so it can mask a chunk that crosses the window.
 """
 from __future__ import annotations
 
@@ -38,6 +43,17 @@ class Checkpoint:
     batch: int
     bytes_copied: int
     state: Any
+
+
+def layer_windows(config: Any) -> tuple[int | None, ...]:
+    """Each layer's window (a sliding layer keeps its last W positions) or None (a global layer keeps
+    every one). Only configs with per-layer kinds (``layer_types``, Gemma 3) have windows here:
+    Mistral's one window over every layer stays a mask over the full cache (models/llama.py)."""
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        return (None,) * config.n_layer
+    w = int(config.sliding_window)
+    return tuple(w if k == "sliding" else None for k in kinds)
 
 
 class KVCache(ABC):
@@ -77,6 +93,22 @@ class KVCache(ABC):
     @property
     def bytes_used(self) -> int:
         return self.pos * self.bytes_per_token
+
+    def layer_bytes(self) -> list[int]:
+        """Bytes each layer's held positions occupy (K and V, every row); sums to ``bytes_used``
+        for the dense kinds. Here every layer holds ``held`` positions of equal size."""
+        per = self.bytes_per_token // self.config.n_layer
+        return [self.held * per] * self.config.n_layer
+
+    def can_truncate(self, n: int) -> bool:
+        """Whether ``truncate(n)`` can give back positions n-W..n-1 of every layer (a ring cannot once
+        it has overwritten them)."""
+        return 0 <= n <= self.pos
+
+    def ring_positions(self, window: int, T: int) -> torch.Tensor | None:
+        """The position each K row of a sliding layer's ``update`` holds for a T-token step at ``pos``,
+        or None when those rows are positions 0..pos+T-1 in order (the model's usual masks apply)."""
+        return None
 
     @property
     @abstractmethod
@@ -148,9 +180,13 @@ class KVCache(ABC):
         self.batch = int(index.numel())
         self.bytes_per_token = self._token_bytes()
         # every filled position of every new row is copied, unless the cache shares by reference
-        moved = self.held * self.bytes_per_token if self.copies_on_reorder else 0
+        moved = self._moved_bytes() if self.copies_on_reorder else 0
         self.bytes_copied += moved
         return moved
+
+    def _moved_bytes(self) -> int:
+        """What a reorder copies: every held position of every new row."""
+        return self.held * self.bytes_per_token
 
     @abstractmethod
     def _truncate(self, n: int) -> None: ...
@@ -167,12 +203,18 @@ class StaticKVCache(KVCache):
     def __init__(self, config: GPTConfig, batch: int = 1, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__(config, batch, device, dtype)
-        shape = (batch, config.kv_heads, config.block_size, config.head_dim)
+        # A sliding layer's ring: W rows (never more than the context); a global layer: every position.
+        self.windows = tuple(None if w is None else min(w, config.block_size) for w in layer_windows(config))
+        rows = [config.block_size if w is None else w for w in self.windows]
         # empty, not zeros: reads never go past pos, and zero-filling touches every page of the
         # buffer up front (3.2 ms per run for tiny's 8 MB on CPU) where a run of N tokens
         # touches only the pages its positions land on.
-        self.k = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
+        self.k = [torch.empty((batch, config.kv_heads, r, config.head_dim), device=self.device, dtype=dtype)
+                  for r in rows]
+        self.v = [torch.empty((batch, config.kv_heads, r, config.head_dim), device=self.device, dtype=dtype)
+                  for r in rows]
+        # one position of one layer: K and V, every row and head
+        self._row_bytes = 2 * batch * config.kv_heads * config.head_dim * dtype.itemsize
         self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)  # never changes
         self._hi = 0  # one past the highest position any update wrote (what a restore must clear)
 
@@ -185,12 +227,48 @@ class StaticKVCache(KVCache):
         self.pos = 0
         self.bytes_copied = 0
 
+    def _filled(self, i: int) -> int:
+        """Rows of layer i that hold a position: pos, or the ring's min(pos, W)."""
+        w = self.windows[i]
+        return self.pos if w is None else min(self.pos, w)
+
+    @property
+    def bytes_used(self) -> int:
+        return sum(self.layer_bytes())
+
+    def layer_bytes(self) -> list[int]:
+        return [self._filled(i) * self._row_bytes for i in range(self.config.n_layer)]
+
+    def _moved_bytes(self) -> int:
+        return self.bytes_used  # a ring moves only the rows it holds
+
+    def can_truncate(self, n: int) -> bool:
+        # A ring past its window has overwritten positions pos-W-.. that a shorter cache would hold.
+        return 0 <= n <= self.pos and (n == self.pos or all(w is None or self.pos <= w for w in self.windows))
+
+    def ring_positions(self, window: int, T: int) -> torch.Tensor | None:
+        w = min(window, self.config.block_size)
+        start = self.pos
+        if w not in self.windows or start + T <= w:
+            return None  # no ring of this window, or nothing overwritten yet: slot = position
+        if T == 1:  # written in place: slot s holds the position in start-W+1..start that is s mod W
+            lo = start - w + 1
+            return lo + (torch.arange(w) - lo) % w
+        held = min(start, w)
+        lo = max(0, start - w)
+        old = lo + (torch.arange(held) - lo) % w if start > w else torch.arange(held)
+        return torch.cat([old, torch.arange(start, start + T)])  # the ring's rows, then the chunk's
+
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[i][:, :, : self.pos], self.v[i][:, :, : self.pos]
+        n = self._filled(i)  # a ring's rows in slot order (ring_positions(W, 1) names them once full)
+        return self.k[i][:, :, :n], self.v[i][:, :, :n]
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start, T = self.pos, k.shape[2]
         kc, vc = self.k[layer_idx], self.v[layer_idx]
+        w = self.windows[layer_idx]
+        if w is not None and start + T > w:
+            return self._ring_update(kc, vc, start, w, k, v)
         # Copies into the preallocated buffer: no allocation per step. narrow + copy_ rather
         # than slice assignment: two dispatcher calls instead of Python's indexing machinery.
         if start + T > self._hi:  # before the copies: one may fail halfway
@@ -200,24 +278,54 @@ class StaticKVCache(KVCache):
         self.bytes_copied += 2 * k.nbytes
         return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
+    def _ring_update(self, kc: torch.Tensor, vc: torch.Tensor, start: int, w: int, k: torch.Tensor,
+                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sliding layer past its window: position p goes to slot p % W."""
+        T = k.shape[2]
+        self._hi = max(self._hi, w)
+        self.bytes_copied += 2 * k.nbytes
+        if T == 1:  # decode: overwrite the oldest row; the ring is then exactly the query's window
+            kc.narrow(2, start % w, 1).copy_(k)
+            vc.narrow(2, start % w, 1).copy_(v)
+            return kc, vc  # (B, nkv, W, hs)
+        # A chunk: its first queries need ring rows its last tokens would overwrite, so the keys
+        # are the ring before the write, then the chunk (ring_positions names them), and only the
+        # chunk's last W rows are kept.
+        held = min(start, w)
+        ks = torch.cat([kc[:, :, :held], k], dim=2)  # (B, nkv, held+T, hs)
+        vs = torch.cat([vc[:, :, :held], v], dim=2)
+        n = min(T, w)
+        slots = torch.arange(start + T - n, start + T, device=kc.device) % w
+        kc.index_copy_(2, slots, k[:, :, T - n:])
+        vc.index_copy_(2, slots, v[:, :, T - n:])
+        return ks, vs
+
     def _save(self, keep: int) -> Any:
-        # (B, nkv, pos-keep, hs) per layer: what a truncation to keep and the writes after it lose
-        return [t[:, :, keep: self.pos].clone() for t in (*self.k, *self.v)]
+        # (B, nkv, pos-keep, hs) per global layer: what a truncation to keep and the writes after it
+        # lose; a ring overwrites its oldest row on every step whatever keep says, so all of it.
+        return [t[:, :, keep: self.pos].clone() if w is None else t.clone()
+                for t, w in zip((*self.k, *self.v), self.windows * 2)]
 
     def _load(self, cp: Checkpoint) -> None:
         # The accelerator's one-row step writes slot pos in C (no update call): pos + 1 covers it.
         hi = min(max(self._hi, self.pos + 1), self.config.block_size)
-        for t, old in zip((*self.k, *self.v), cp.state):
+        for t, old, w in zip((*self.k, *self.v), cp.state, self.windows * 2):
+            if w is not None:
+                t.copy_(old)
+                continue
             t[:, :, cp.keep: hi].zero_()  # as a cache that never saw the turn (truncate's convention)
             t[:, :, cp.keep: cp.pos].copy_(old)
         self._hi = cp.pos
 
     def _truncate(self, n: int) -> None:
+        if not self.can_truncate(n):
+            raise ValueError(f"this cache's sliding layers keep a ring of their last {max(w for w in self.windows if w)} "
+                             f"positions and have overwritten the ones before {self.pos}; they cannot roll back to {n}")
         # Zero the forgotten positions: nothing reads past pos, but a rolled-back cache should
         # hold exactly what a cache that never saw them holds, so a test can compare the buffers.
         hi = min(max(self._hi, self.pos), self.config.block_size)
         for t in (*self.k, *self.v):
-            t[:, :, n: hi].zero_()
+            t[:, :, n: min(hi, t.shape[2])].zero_()
         self._hi = n
 
     def _reorder(self, index: torch.Tensor) -> None:
@@ -227,12 +335,14 @@ class StaticKVCache(KVCache):
         same = index.numel() == self.batch
         for buf in (self.k, self.v):
             for i, old in enumerate(buf):
-                picked = old[:, :, : self.pos].index_select(0, index)  # (B', nkv, pos, hs)
+                n = self._filled(i)
+                picked = old[:, :, :n].index_select(0, index)  # (B', nkv, filled, hs)
                 new = old if same else torch.empty((index.numel(), *old.shape[1:]), device=self.device,
                                                    dtype=self.dtype)
-                new[:, :, : self.pos] = picked
+                new[:, :, :n] = picked
                 buf[i] = new
         self._allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+        self._row_bytes = 2 * index.numel() * self.config.kv_heads * self.config.head_dim * self.dtype.itemsize
 
 
 class ConcatKVCache(KVCache):

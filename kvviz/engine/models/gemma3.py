@@ -16,8 +16,10 @@ Parameter names are transformers' (``model.layers.{i}.self_attn.q_norm``, ...), 
 holding transformers' ``w`` (a GGUF file stores ``1 + w``; the reader subtracts the 1 as
 transformers' GGUF loader does, so the fp32 rounding is the same).
 
-The cache holds every position of every layer; a sliding layer's window is a mask over it, so the
-result is exact and every cache kind works unchanged. The forward/cache/capture contract is
+The static cache keeps a ring of the window's rows for a sliding layer (``KVCache.ring_positions``
+names the position each row holds; ``ring_mask`` masks a chunk over them) and every position for a
+global one. The concat and paged caches hold every position of every layer; there a sliding layer's
+window is a mask over them (``sliding_mask``). The forward/cache/capture contract is
 Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 """
 from __future__ import annotations
@@ -147,6 +149,15 @@ def sliding_mask(T: int, start: int, input_pos: torch.Tensor, window: int) -> tu
     return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
 
 
+def ring_mask(keys: torch.Tensor, input_pos: torch.Tensor, window: int) -> tuple[torch.Tensor | None, bool]:
+    """A sliding layer's mask over a ring cache's rows, ``keys`` (S,) naming the position each holds:
+    query at p sees the rows holding p - window + 1 .. p. One query over a full ring sees all of it."""
+    if input_pos.numel() == 1:
+        return None, False  # the ring is then exactly the query's window (KVCache.ring_positions)
+    p = input_pos[:, None]
+    return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
+
+
 class RMSNorm(nn.Module):
     """Gemma's RMSNorm: normalised in fp32 and scaled by (1 + w) in fp32, then cast back."""
 
@@ -166,6 +177,7 @@ class Gemma3Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.sliding = config.layer_types[layer_idx] == SLIDING
+        self.window = config.sliding_window
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         self.scale = config.query_pre_attn_scalar ** -0.5
         C = config.n_embd
@@ -188,8 +200,18 @@ class Gemma3Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # every cached position: (B, nkv, S, hs)
         if capture is not None and self.layer_idx in capture.layers:
             capture.q_last[self.layer_idx] = q[:, :, -1:, :]  # (B, nh, 1, hs), post-norm, post-RoPE
-            capture.k[self.layer_idx] = k
-            capture.v[self.layer_idx] = v
+            S = (cache.pos if cache is not None else 0) + T  # positions so far, this step's included
+            kk, vv = k, v
+            if cache is not None and k.shape[2] != S:  # a ring's rows: laid out at their positions
+                keys = cache.ring_positions(self.window, T)
+                assert keys is not None
+                keys = keys.to(k.device)
+                kk = k.new_zeros((B, nkv, S, hs)).index_copy_(2, keys, k)  # (B, nkv, S, hs), evicted rows 0
+                vv = v.new_zeros((B, nkv, S, hs)).index_copy_(2, keys, v)
+            if self.sliding and S > self.window:
+                capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
+            capture.k[self.layer_idx] = kk
+            capture.v[self.layer_idx] = vv
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
                                            enable_gqa=nkv != nh)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
@@ -297,7 +319,9 @@ class Gemma3(nn.Module):
         # and transformers keeps them fp32.
         full = (*attention_mask(T, start, input_pos),
                 *rope(inv_freq(c.rope_theta, c.head_dim).to(idx.device), input_pos, x.dtype))
-        local = (*sliding_mask(T, start, input_pos, c.sliding_window),
+        ring = cache.ring_positions(c.sliding_window, T) if cache is not None else None
+        local = (*(sliding_mask(T, start, input_pos, c.sliding_window) if ring is None
+                   else ring_mask(ring.to(idx.device), input_pos, c.sliding_window)),
                  *rope(inv_freq(c.rope_local_theta, c.head_dim).to(idx.device), input_pos, x.dtype))
         for layer in self.model.layers:
             mask, is_causal, cos, sin = local if layer.self_attn.sliding else full

@@ -221,7 +221,8 @@ class Conversation:
         if isinstance(cache, PagedKVCache):
             found = cache.match_prefix(ids[: len(ids) - 1])
         adopt = len(found) * getattr(cache, "block_size", 1) > reuse  # the pool knows more of this prefix
-        evicted = cache.held < cache.pos  # a full window cannot roll back to a prefix: start again
+        # a full window (or a sliding layer's ring past its window) cannot roll back to a prefix: start again
+        evicted = cache.held < cache.pos or not cache.can_truncate(reuse)
         keep = 0 if adopt or evicted else reuse
         tx.cp = cache.checkpoint(keep)
         if adopt:

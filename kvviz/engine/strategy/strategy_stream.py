@@ -107,7 +107,7 @@ class StrategyStream:
             prompt_tokens=tuple(tok.token_display(i) for i in self.prompt_ids),
             prompt_bytes=tuple(tok.token_bytes(i) for i in self.prompt_ids), engine=self.engine,
             n_layer=c.n_layer, n_head=c.n_head, n_kv_head=c.kv_heads, head_dim=c.head_dim,
-            block_size=c.block_size, **self._extra(),
+            block_size=c.block_size, layer_kinds=tuple(getattr(c, "layer_types", ())), **self._extra(),
         )
         reason, note = self.stop_reason, self.note
         if reason is None:
@@ -130,6 +130,7 @@ class StrategyStream:
             token_text=tok.token_display(tid), token_bytes=tok.token_bytes(tid), position=position,
             input_len=input_len, cache_len=cache.pos if cache is not None else 0,
             cache_bytes_used=cache.bytes_used if cache is not None else 0,
+            cache_layer_bytes=tuple(cache.layer_bytes()) if cache is not None else (),
             cache_bytes_allocated=cache.bytes_allocated if cache is not None else 0,
             cache_bytes_copied=cache.bytes_copied if cache is not None else 0,
             latency_ms=latency_ms, flops=forward_flops(cfg, input_len, start, n_logits, rows) if input_len else 0,
