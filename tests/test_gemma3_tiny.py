@@ -316,8 +316,12 @@ def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:
     assert run.layer_kinds == ("sliding", "sliding", "full")
     fig = layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position)
     bars = {t.name.split()[0]: t for t in fig.data}
-    assert list(bars["sliding"].x) == [0, 1] and list(bars["sliding"].y) == [5 * 128, 5 * 128]
-    assert list(bars["global"].x) == [2] and list(bars["global"].y) == [12 * 128]
+    # The axis in KiB (the biggest layer holds 1,536 B), the exact bytes in the hover's customdata.
+    assert fig.layout.yaxis.title.text == "held (KiB)"
+    assert list(bars["sliding"].x) == [0, 1] and list(bars["sliding"].y) == [5 * 128 / 1024] * 2
+    assert list(bars["sliding"].customdata) == [5 * 128, 5 * 128]
+    assert list(bars["global"].x) == [2] and list(bars["global"].y) == [12 * 128 / 1024]
+    assert list(bars["global"].customdata) == [12 * 128]
     assert bars["sliding"].marker.color == LAYER_COLORS["sliding"] != bars["global"].marker.color
     sub = fig.layout.title.subtitle.text
     assert sub == "after 12 tokens · 2 sliding: 1,280 B · 1 global: 1,536 B · total 2,816 B"

@@ -463,18 +463,22 @@ def layer_strip(layer_bytes: Sequence[int], kinds: Sequence[str], tokens: int) -
         return _message_figure(title, "Generate with a cache on a model with sliding layers.", HEIGHTS["bars"])
     fig = go.Figure()
     totals = []
+    # The axis in the app's binary units (KiB, MiB, GiB: never Plotly's SI "800k"); the hover and the
+    # subtitle keep the exact bytes.
+    top = max(int(b) for b in layer_bytes)
+    unit, div = next(((u, d) for u, d in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= d), ("B", 1))
     for kind in ("sliding", "full"):
         idx = [i for i, k in enumerate(kinds) if k == kind]
         if not idx:
             continue
         got = [int(layer_bytes[i]) for i in idx]
         totals.append(f"{len(idx)} {kind if kind == 'sliding' else 'global'}: {sum(got):,} B")
-        fig.add_trace(go.Bar(x=np.array(idx, dtype=np.int32), y=np.array(got, dtype=np.float32),
+        fig.add_trace(go.Bar(x=np.array(idx, dtype=np.int32), y=np.array(got, dtype=np.float64) / div,
                              marker_color=LAYER_COLORS[kind], name=LAYER_NAMES[kind],
                              customdata=np.array(got, dtype=np.float64),
                              hovertemplate="layer %{x}<br>%{customdata:,.0f} B<extra></extra>"))
     fig.update_xaxes(title=dict(text="layer"), tickmode="linear", dtick=1 if len(kinds) <= 32 else 4)
-    fig.update_yaxes(title=dict(text="bytes held"), rangemode="tozero")
+    fig.update_yaxes(title=dict(text=f"held ({unit})"), rangemode="tozero", exponentformat="none")
     fig.update_layout(bargap=0.15, legend=dict(orientation="h", x=1.0, xanchor="right", y=1.02, yanchor="bottom"))
     sub = f"after {tokens:,} tokens · " + " · ".join(totals) + f" · total {sum(int(b) for b in layer_bytes):,} B"
     return _layout(fig, title, sub, HEIGHTS["bars"])
