@@ -24,7 +24,7 @@ from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = (
     "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n\n"
     "ALL:\nSpeak, speak.\n\n"

@@ -10,7 +10,7 @@ import pytest
 
 from kvviz.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

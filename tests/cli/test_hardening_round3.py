@@ -4,7 +4,7 @@ every ``--out`` checked before the work and written atomically, beam scores that
 Most cases run ``kvviz.cli.main`` in-process (an exception other than SystemExit(2) fails the test,
 as a traceback would). The issue's own reproductions (the SIGSEGV, the endless repeats, /dev/full,
 a folder, a missing folder, the OverflowError) and a few variants run ``python -m kvviz`` in a real
-process with a timeout and a peak-RSS bound (tests/test_hardening_cli.py's helpers).
+process with a timeout and a peak-RSS bound (tests/cli/test_hardening_cli.py's helpers).
 """
 from __future__ import annotations
 

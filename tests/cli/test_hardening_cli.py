@@ -20,7 +20,7 @@ from kvviz.cli.main import main
 from kvviz.engine.loading.loader import SHAKESPEARE_DIR
 from kvviz.engine.loading.save import save_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 60  # a case that needs this long has hung: each one finishes in seconds
 MAX_RSS_MB = 600  # torch + the CLI is ~300 MB; the cases went past 3 GB
 

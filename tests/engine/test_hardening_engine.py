@@ -328,7 +328,7 @@ def _rowops_status(cache: Path) -> str:
     import sys
 
     code = "from kvviz.fast import rowops\nprint(rowops.status())"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=root,
                        env={**os.environ, "PYTHONPATH": str(root), "KVVIZ_CACHE_DIR": str(cache)})
     assert p.returncode == 0, p.stderr
@@ -348,4 +348,4 @@ def test_a_shared_build_folder_is_refused(tmp_path: Path) -> None:
     assert "writable by other users" in status and not list(shared.iterdir()), status
 
 
-# A tampered build (one byte changed) is rebuilt: tests/test_rowops.py walks a build folder's life.
+# A tampered build (one byte changed) is rebuilt: tests/engine/test_rowops.py walks a build folder's life.
