@@ -1,4 +1,4 @@
-"""Issue 3: bits/byte against exact references, and a tiny training run that saves, loads and resumes."""
+"""Evaluation and training: bits/byte against exact references, and a tiny training run that saves, loads and resumes."""
 from __future__ import annotations
 
 import hashlib

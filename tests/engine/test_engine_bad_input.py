@@ -1,8 +1,8 @@
-"""Issue 18, engine side: configs, headers, files, sampling extremes and non-finite numbers.
+"""Bad input at the engine's boundary: configs, headers, files, sampling extremes and non-finite numbers.
 
 Every case is refused (or handled) at the boundary with a KVVizError whose message says what is
 wrong, before anything big is allocated. The CLI replays of the same cases, in subprocesses where a
-traceback, a hang or the memory would show, are in test_hardening_cli.py.
+traceback, a hang or the memory would show, are in test_cli_bad_input.py.
 """
 from __future__ import annotations
 
