@@ -265,9 +265,9 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
     gpt.load_state_dict(m.model.state_dict())
     with torch.no_grad():
         gpt.transformer.h[1].ln_2.weight.fill_(3e38)  # its MLP input overflows to inf
-    from kvviz.engine.loading.loader import _finish
+    from kvviz.engine.loading.loader import wrap_model
 
-    return _finish(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
+    return wrap_model(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(temperature=0.8, seed=1), dict(use_cache=False),
