@@ -3,7 +3,7 @@
 The public API is resolved on first use, so ``import kvviz.memory`` (the calculator, pure
 Python) never imports torch. That is safe because no submodule shares an API name: the
 generation loop lives in ``kvviz.engine.generation.loop``, so ``kvviz.generate`` is always the
-function (tests/test_generate.py holds that).
+function (tests/engine/test_generate.py holds that).
 """
 from __future__ import annotations
 

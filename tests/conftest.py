@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kvviz.engine.loading.loader import LoadedModel, _finish, load_model  # noqa: E402
+from kvviz.engine.loading.loader import LoadedModel, load_model, wrap_model  # noqa: E402
 from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT  # noqa: E402
 from kvviz.engine.models.llama import Llama, LlamaConfig  # noqa: E402
@@ -69,7 +69,7 @@ def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float3
         # (without touching the residual stream), so argmax never sits on a near-tie that float
         # noise (batched vs single row, cached vs not) could flip.
         gpt.transformer.ln_f.weight.mul_(10.0)
-    return _finish(gpt, ByteTokenizer(cfg.vocab_size, cfg.eos_token_id), name, torch.device("cpu"), dtype,
+    return wrap_model(gpt, ByteTokenizer(cfg.vocab_size, cfg.eos_token_id), name, torch.device("cpu"), dtype,
                    True, "tests")
 
 
@@ -114,7 +114,7 @@ def make_llama() -> Callable[..., LoadedModel]:
                 if p.dim() == 2:
                     p.mul_(10.0)
             net.model.norm.weight.mul_(10.0)
-        return _finish(net, ByteTokenizer(cfg.vocab_size, cfg.eos_token_id), "test-llama", torch.device("cpu"),
+        return wrap_model(net, ByteTokenizer(cfg.vocab_size, cfg.eos_token_id), "test-llama", torch.device("cpu"),
                        dtype, True, "tests")
 
     return make

@@ -28,7 +28,7 @@ EXAMPLES: dict[str, str] = {
 }
 DEFAULT_PROMPT = EXAMPLES["Romeo"]
 # An instruct model answers questions (its chat template wraps them as a user turn). Each is one
-# SmolLM2-135M answers right, greedily (tests/test_examples_smollm2.py holds it to that): a 135M model
+# SmolLM2-135M answers right, greedily (tests/ui/test_examples_smollm2.py holds it to that): a 135M model
 # asked about KV caches answered "a type of electronic circuit", and its haiku repeated one line.
 CHAT_EXAMPLES: dict[str, str] = {
     "France": "What is the capital of France?",

@@ -1,5 +1,5 @@
 """Writes tests/data/gemma3_hf_reference.json: what transformers (fp32, loading the same GGUF and
-its GGUF tokenizer) says about Gemma 3 270M, so tests/test_gemma3_real.py compares kvviz with it
+its GGUF tokenizer) says about Gemma 3 270M, so tests/engine/test_gemma3_real.py compares kvviz with it
 without loading transformers' copy of the model on every run (that costs minutes on a 2-core box).
 
     .venv/bin/python tests/data/gemma3_reference.py    # needs the Gemma 3 packages; ~3 minutes

@@ -18,7 +18,7 @@ Only ``llama`` files are permuted: llama.cpp runs Qwen2 and Qwen3 with NeoX-styl
 of a head, like transformers), so their converter writes q and k unchanged.
 
 Where transformers' GGUF loader reads the header differently, kvviz follows the header, as
-llama.cpp does (tests/test_gguf_families.py holds both to transformers):
+llama.cpp does (tests/engine/test_gguf_families.py holds both to transformers):
 - ``llama.attention.sliding_window`` is dropped by transformers: a llama file loads as its Llama
   (no window), or as its Mistral when general.name is "mistral", whose class default window of
   4,096 then applies whatever the header says. kvviz applies the header's window, and none when

@@ -164,7 +164,7 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         gpt = GPT(cfg)
         gpt.init_weights(torch.Generator().manual_seed(0))  # same weights every time
         tok: Tokenizer = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
-        out = _finish(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
+        out = wrap_model(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
     elif spec == "default":
         return load_model(default_model_name(), device, dtype)
     elif spec == "smollm2":
@@ -192,10 +192,14 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
     return out
 
 
-def _finish(net: GPT | Llama | Gemma3, tok: Tokenizer, name: str, dev: torch.device, dt: torch.dtype, has_tok: bool,
-            source: str, info: dict[str, Any] | None = None) -> LoadedModel:
-    net = net.to(device=dev, dtype=dt).freeze()  # shared read-only across app sessions
-    return LoadedModel(net, tok, name, dev, dt, has_tok, source, dict(info or {}), fast=build_fast(net))
+def wrap_model(net: GPT | Llama | Gemma3, tokenizer: Tokenizer, name: str, device: torch.device = torch.device("cpu"),
+               dtype: torch.dtype = torch.float32, has_tokenizer: bool = True, source: str = "",
+               info: dict[str, Any] | None = None) -> LoadedModel:
+    """A built model (any family) as a LoadedModel, the way every loader finishes one: moved to the
+    device and dtype, frozen, and given its accelerator. Tests wrap their hand-built models here."""
+    net = net.to(device=device, dtype=dtype).freeze()  # shared read-only across app sessions
+    return LoadedModel(net, tokenizer, name, device, dtype, has_tokenizer, source, dict(info or {}),
+                       fast=build_fast(net))
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -312,7 +316,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
             info["training"] = parse_json(read_bounded(tj, MAX_CONFIG_BYTES, "training.json"), "training.json")
         except KVVizError:
             info["training"] = None  # provenance only: a damaged file does not stop the model
-    return _finish(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
+    return wrap_model(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
 
 
 def _gguf_tokenizer(reader: Any) -> Tokenizer | None:
@@ -354,7 +358,7 @@ def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name
         if tok.vocab_size > cfg.vocab_size:
             raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
-    return _finish(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)})
+    return wrap_model(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)})
 
 
 def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -369,7 +373,7 @@ def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dt
     has_tok = tok is not None
     if tok is None:
         tok = NoTokenizer(cfg.vocab_size, cfg.eos_token_id)
-    return _finish(out.model, tok, name, device, dtype, has_tok, str(path), out.info)
+    return wrap_model(out.model, tok, name, device, dtype, has_tok, str(path), out.info)
 
 
 def _map_state_dict(sd: dict[str, torch.Tensor], names: dict[str, str], where: str) -> dict[str, torch.Tensor]:

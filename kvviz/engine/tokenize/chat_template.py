@@ -175,7 +175,7 @@ def _render_literal(tokenizer: ChatTokenizer, template: str, clean: list[dict[st
     control tokens are the only ones left in the text. The text is cut at those: each is its id,
     and each piece between them (markers turned back into the typed text) is encoded with control
     tokens read as text. Without typed specials this is exactly what encode() of the whole text
-    does (it cuts at control tokens, then encodes the pieces alone): tests/test_chat_literal.py.
+    does (it cuts at control tokens, then encodes the pieces alone): tests/engine/test_tokenizer_gguf.py.
     """
     pattern = _special_pattern(controls)
     assert pattern is not None

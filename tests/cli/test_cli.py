@@ -17,7 +17,7 @@ import kvviz
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = {"model", "device", "use_cache", "engine", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}
 STEP_KEYS = {"step", "phase", "token_id", "position", "input_len", "cache_len", "cache_bytes", "latency_ms"}
 TINY_BYTES_PER_TOKEN = 2 * 4 * 4 * 64 * 4  # K and V, 4 layers, 4 heads of 64, fp32

@@ -1,4 +1,4 @@
-"""Chart fixes for learners and projectors (issue 19): word labels on long token axes, the time-per-step
+"""Charts legible to learners and on projectors: word labels on long token axes, the time-per-step
 chart's spike cut and smooth tokens/s line, legible text, the calculator's grouped legend."""
 from __future__ import annotations
 

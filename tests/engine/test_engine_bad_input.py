@@ -1,8 +1,8 @@
-"""Issue 18, engine side: configs, headers, files, sampling extremes and non-finite numbers.
+"""Bad input at the engine's boundary: configs, headers, files, sampling extremes and non-finite numbers.
 
 Every case is refused (or handled) at the boundary with a KVVizError whose message says what is
 wrong, before anything big is allocated. The CLI replays of the same cases, in subprocesses where a
-traceback, a hang or the memory would show, are in test_hardening_cli.py.
+traceback, a hang or the memory would show, are in test_cli_bad_input.py.
 """
 from __future__ import annotations
 
@@ -265,9 +265,9 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
     gpt.load_state_dict(m.model.state_dict())
     with torch.no_grad():
         gpt.transformer.h[1].ln_2.weight.fill_(3e38)  # its MLP input overflows to inf
-    from kvviz.engine.loading.loader import _finish
+    from kvviz.engine.loading.loader import wrap_model
 
-    return _finish(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
+    return wrap_model(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(temperature=0.8, seed=1), dict(use_cache=False),
@@ -328,7 +328,7 @@ def _rowops_status(cache: Path) -> str:
     import sys
 
     code = "from kvviz.fast import rowops\nprint(rowops.status())"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=root,
                        env={**os.environ, "PYTHONPATH": str(root), "KVVIZ_CACHE_DIR": str(cache)})
     assert p.returncode == 0, p.stderr
@@ -348,4 +348,4 @@ def test_a_shared_build_folder_is_refused(tmp_path: Path) -> None:
     assert "writable by other users" in status and not list(shared.iterdir()), status
 
 
-# A tampered build (one byte changed) is rebuilt: tests/test_rowops.py walks a build folder's life.
+# A tampered build (one byte changed) is rebuilt: tests/engine/test_rowops.py walks a build folder's life.

@@ -1,4 +1,4 @@
-"""Issue 3: bits/byte against exact references, and a tiny training run that saves, loads and resumes."""
+"""Evaluation and training: bits/byte against exact references, and a tiny training run that saves, loads and resumes."""
 from __future__ import annotations
 
 import hashlib
@@ -17,14 +17,14 @@ import torch.nn.functional as F
 import kvviz
 
 from kvviz import train as train_mod
-from kvviz.engine.loading.loader import LoadedModel, _finish
+from kvviz.engine.loading.loader import LoadedModel, wrap_model
 from kvviz.cli.main import main
 from kvviz.evaluate import bits_per_byte
 from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = (
     "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n\n"
     "ALL:\nSpeak, speak.\n\n"
@@ -38,7 +38,7 @@ def _uniform_model(block_size: int = 32) -> LoadedModel:
     with torch.no_grad():
         for p in gpt.parameters():
             p.zero_()  # wte = 0, so every logit is 0: a uniform distribution over 256 bytes
-    return _finish(gpt, ByteTokenizer(), "uniform", torch.device("cpu"), torch.float32, True, "tests")
+    return wrap_model(gpt, ByteTokenizer(), "uniform", torch.device("cpu"), torch.float32, True, "tests")
 
 
 @pytest.mark.parametrize("text", ["hello world, " * 3, "x" * 200, "caf\u00e9 \U0001F642 \u05e9\u05dc\u05d5\u05dd " * 9])
@@ -75,7 +75,7 @@ def test_bits_per_byte_with_a_bpe_tokenizer(bpe_tokenizer_json: Path) -> None:
     """Tokenizer-independent: total nats / ln 2 / the bytes of the scored tokens."""
     gpt = GPT(GPTConfig(vocab_size=300, block_size=64, n_layer=1, n_head=2, n_embd=16))
     gpt.init_weights(torch.Generator().manual_seed(0))
-    m = _finish(gpt, HFTokenizer(bpe_tokenizer_json), "bpe", torch.device("cpu"), torch.float32, True, "tests")
+    m = wrap_model(gpt, HFTokenizer(bpe_tokenizer_json), "bpe", torch.device("cpu"), torch.float32, True, "tests")
     text = "To be, or not to be, that is the question: whether 'tis nobler"
     ids = m.tokenizer.encode(text)
     assert len(ids) < 64

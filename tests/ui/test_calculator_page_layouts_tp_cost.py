@@ -1,4 +1,4 @@
-"""AppTest over the calculator page's round-2 parts (issue 16): the per-layer strip, tensor
+"""AppTest over the calculator page's per-layer and cost parts: the per-layer strip, tensor
 parallelism, the cost per token and the gap to a real engine."""
 from __future__ import annotations
 

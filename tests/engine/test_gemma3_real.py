@@ -23,7 +23,7 @@ from kvviz.engine.loading.gemma3_package import SHA256
 from kvviz.engine.models.gemma3 import Gemma3
 
 pytestmark = pytest.mark.gemma3
-REFERENCE = Path(__file__).parent / "data" / "gemma3_hf_reference.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "gemma3_hf_reference.json"
 LILY = " girl named Lily"  # transformers' greedy continuation, as the issue quotes it
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kvviz.fast import rowops
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_c = pytest.mark.skipif(rowops.load() is None, reason=f"no C row ops here: {rowops.status()}")
 
 

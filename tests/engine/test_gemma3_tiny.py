@@ -9,7 +9,7 @@ import torch
 
 import kvviz
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.loading.loader import _finish
+from kvviz.engine.loading.loader import wrap_model
 from kvviz.engine.models.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config, param_shapes, sliding_mask
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 
@@ -27,7 +27,7 @@ def tiny(seed: int = 0, **over: object) -> kvviz.LoadedModel:
         for p in net.parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed + 1)))
-    return _finish(net, ByteTokenizer(256), "tiny-gemma3", torch.device("cpu"), torch.float32, True, "tests")
+    return wrap_model(net, ByteTokenizer(256), "tiny-gemma3", torch.device("cpu"), torch.float32, True, "tests")
 
 
 def test_layer_kinds_follow_the_pattern() -> None:

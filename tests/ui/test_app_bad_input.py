@@ -1,4 +1,4 @@
-"""Issue 18 in the app (AppTest): bad model folders, plain-text messages, NaN runs, interrupted runs.
+"""Bad input in the app (AppTest): bad model folders, plain-text messages, NaN runs, interrupted runs.
 
 One unreadable folder is listed as unreadable with its reason while every generation page keeps
 working; names and reasons reach Markdown only through ``md_plain``; a model that produces NaN says

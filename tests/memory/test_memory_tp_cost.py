@@ -1,4 +1,4 @@
-"""Calculator round 2 (issue 16): tensor parallelism and the cost per token, worked by hand."""
+"""The calculator's tensor parallelism and the cost per token, worked by hand."""
 from __future__ import annotations
 
 import pytest

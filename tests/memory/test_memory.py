@@ -18,7 +18,7 @@ from kvviz.memory import (
     max_seq_len_for, parse_config, parse_config_text, weight_bytes,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PRESETS = load_presets()
 
 

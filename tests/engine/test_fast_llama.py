@@ -16,7 +16,7 @@ import kvviz
 import kvviz.fast.llama_flat
 from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
 from kvviz.engine.generation.capture import Capture, ForwardCapture
-from kvviz.engine.loading.loader import LoadedModel, _finish
+from kvviz.engine.loading.loader import LoadedModel, wrap_model
 from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops
@@ -49,7 +49,7 @@ def make_llama(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
             else:
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
         model.model.norm.weight.mul_(3.0)
-    return _finish(model, ByteTokenizer(BASE["vocab_size"], None), f"llama-{kind}", torch.device("cpu"), dtype,
+    return wrap_model(model, ByteTokenizer(BASE["vocab_size"], None), f"llama-{kind}", torch.device("cpu"), dtype,
                    True, "tests")
 
 

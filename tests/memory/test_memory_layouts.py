@@ -1,4 +1,4 @@
-"""Calculator round 2 (issue 16): per-layer layouts read from config.json, worked by hand.
+"""The calculator's per-layer layouts read from config.json, worked by hand.
 
 Every case uses a tiny shape (4 heads, 2 KV heads, head_dim 16, fp16), so one token in one KV
 layer is 2 (K, V) x 2 heads x 16 x 2 B = 128 B and each total below is checked by hand.

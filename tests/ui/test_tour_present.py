@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvviz.ui import present, tour
 
-APP = Path(__file__).resolve().parent.parent / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 
 # Every term the tour uses, and the words that define it where it first appears.
 TERMS = {

@@ -1,10 +1,10 @@
-"""Issue 28 through the CLI: every subcommand's numeric options bounded by the shared argument types,
+"""The CLI's options: every subcommand's numeric options bounded by the shared argument types,
 every ``--out`` checked before the work and written atomically, beam scores that cannot overflow.
 
 Most cases run ``kvviz.cli.main`` in-process (an exception other than SystemExit(2) fails the test,
-as a traceback would). The issue's own reproductions (the SIGSEGV, the endless repeats, /dev/full,
+as a traceback would). The reported reproductions (the SIGSEGV, the endless repeats, /dev/full,
 a folder, a missing folder, the OverflowError) and a few variants run ``python -m kvviz`` in a real
-process with a timeout and a peak-RSS bound (tests/test_hardening_cli.py's helpers).
+process with a timeout and a peak-RSS bound (tests/cli/test_cli_bad_input.py's helpers).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import kvviz.cli.argtypes as argtypes
 from kvviz.errors import KVVizError
 from kvviz.limits import MAX_BEAMS, MAX_DRAFT, MAX_KV_BLOCK_SIZE, MAX_NGRAM, MAX_REPEATS, MAX_SINKS
 from kvviz.safeio import out_file_problem, write_atomic
-from test_hardening_cli import MAX_RSS_MB, cli, cli_subprocess
+from test_cli_bad_input import MAX_RSS_MB, cli, cli_subprocess
 
 CPUS = os.cpu_count() or 1
 BIG = "1000000000"
@@ -172,7 +172,7 @@ def _fifo(tmp_path: Path) -> str:
     return str(tmp_path / "fifo")
 
 
-# The issue's reproductions and variants: (argv, needle); {tmp} is the test's folder.
+# Values that once crashed, hung or overflowed, and variants: (argv, needle); {tmp} is the test's folder.
 PROCESS_CASES = {
     "bench_spec_threads_sigsegv": (["bench-spec", "--model", "random:tiny", "--threads", "1000000"],
                                    "--threads: expected an integer from 1 to"),
@@ -193,7 +193,7 @@ PROCESS_CASES = {
 
 
 @pytest.mark.parametrize("case", PROCESS_CASES)
-def test_issue_cases_end_in_one_error_line_in_a_real_process(tmp_path: Path, case: str) -> None:
+def test_extreme_options_end_in_one_error_line_in_a_real_process(tmp_path: Path, case: str) -> None:
     argv, needle = PROCESS_CASES[case]
     argv = [a.replace("{tmp}", str(tmp_path)).replace("{fifo}", _fifo(tmp_path) if a == "{fifo}" else "")
             if "{" in a else a for a in argv]
@@ -206,7 +206,7 @@ BEAM = ["generate", "--model", "random:tiny", "--prompt", "The cat", "--num-beam
         "--device", "cpu", "--json"]
 
 
-def test_the_issue_s_length_penalty_runs_in_a_real_process() -> None:
+def test_a_huge_length_penalty_runs_in_a_real_process() -> None:
     code, out, err, _ = cli_subprocess(*BEAM, "--length-penalty", "2000")
     assert code == 0 and "Traceback" not in err, err
     beams = json.loads(out)["beams"]

@@ -14,7 +14,7 @@ from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
 from kvviz.fast.rowstep import LlamaStep, step_for
-from tests.test_fast_llama import BASE, make_llama, reference, tokens
+from test_fast_llama import BASE, make_llama, reference, tokens
 
 pytestmark = pytest.mark.skipif(rowops.load() is None, reason="needs the C row ops")
 

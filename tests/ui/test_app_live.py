@@ -21,7 +21,7 @@ from kvviz import iter_generate
 from kvviz.ui.plain_text import unescape
 from kvviz.ui.settings import CACHE_MODES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app.py"
 OTHER_PAGES = ("race", "prefill", "batching", "calculator")
 TIMEOUT = 120  # generous: the CI box has 2 cores and may be training a model

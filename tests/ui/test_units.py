@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvviz.units import GB, GIB, MIB, fmt_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DECIMAL = re.compile(r"(?<![\w/])(KB|MB|GB|TB)(?![\w/])")  # 'GB/s' and 'MB/s' are rates, allowed
 BINARY = re.compile(r"\b(KiB|MiB|GiB|TiB)\b")
 

@@ -1,4 +1,4 @@
-"""Issue 18 through the CLI: every bad input ends in one ``kvviz <cmd>: error: ...`` line (exit 2).
+"""Bad input through the CLI: every bad input ends in one ``kvviz <cmd>: error: ...`` line (exit 2).
 
 Most cases run ``kvviz.cli.main`` in-process (any exception but SystemExit(2) fails the test, the
 same as a traceback would). The cases where a traceback, a hang or memory would only show in a
@@ -20,9 +20,9 @@ from kvviz.cli.main import main
 from kvviz.engine.loading.loader import SHAKESPEARE_DIR
 from kvviz.engine.loading.save import save_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 60  # a case that needs this long has hung: each one finishes in seconds
-MAX_RSS_MB = 600  # torch + the CLI is ~300 MB; the issue's cases went past 3 GB
+MAX_RSS_MB = 600  # torch + the CLI is ~300 MB; these cases once went past 3 GB
 
 # Runs the CLI and reports the process's own peak RSS on stderr, even after sys.exit. VmHWM, not
 # getrusage's ru_maxrss: Linux carries ru_maxrss across fork + exec, so a child of a large pytest
@@ -115,9 +115,9 @@ def test_model_paths_get_precise_messages(tmp_path: Path, capsys: pytest.Capture
         assert_refused(code, err, needle)
 
 
-# In subprocesses: the exact reproductions of the issue, with a timeout and the peak RSS.
+# In subprocesses: the hostile files that once crashed or hung, with a timeout and the peak RSS.
 @pytest.mark.parametrize("case", ["bigint", "deep", "million_layers", "fifo_config", "dev_zero_config"])
-def test_issue_cases_in_a_real_process(tmp_path: Path, weights: Path, case: str) -> None:
+def test_hostile_files_in_a_real_process(tmp_path: Path, weights: Path, case: str) -> None:
     if case == "bigint":
         f, needle = folder(tmp_path, None, '{"model_type": "kvviz-gpt", "n_layer": ' + "9" * 5000 + "}"), "5,000-digit"
     elif case == "deep":

@@ -1,4 +1,4 @@
-"""The gemma-3-270m preset (issue 30 sizes it with `memory --preset gemma-3-270m`): its parameter
+"""The gemma-3-270m preset (what `memory --preset gemma-3-270m` prints): its parameter
 count, its per-layer KV bytes and vLLM's / llama.cpp's figures, all worked by hand here.
 
 Independent reference for the count: the tensor shapes of gemma-3-270m-q4_k_m.gguf (sha256

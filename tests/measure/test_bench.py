@@ -1,15 +1,27 @@
 """``python -m kvviz bench``: the JSON it writes, its ratios, the floor's byte count, bad input."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from kvviz.cli.main import main
+
+
+def _engine_test(name: str) -> Any:
+    """A module of tests/engine/ (its tiny-model writers), imported under the name pytest gives it:
+    the test folders are not packages, so pytest puts each test's own folder on sys.path, and a
+    run of this file alone has not put tests/engine/ there yet."""
+    folder = str(Path(__file__).resolve().parents[1] / "engine")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
 
 
 def _tiny_weight_bytes() -> int:
@@ -129,7 +141,7 @@ def test_a_llama_case_measures_both_engines_bf16_and_the_floors(tmp_path: Path,
     from kvviz.fast import rowops
     from kvviz.measure.bench import Case, _floor_runner, bench_case
     from kvviz.engine.loading.loader import load_model
-    from test_llama import save_hf_llama
+    save_hf_llama = _engine_test("test_llama").save_hf_llama
 
     folder = tmp_path / "llama"
     save_hf_llama(folder, num_key_value_heads=2)  # 2 layers, C 64, I 112, V 96, tied
@@ -161,7 +173,8 @@ def test_llama_cpp_is_measured_beside_kvviz_when_installed(tmp_path: Path, monke
     import types
 
     from kvviz.measure import bench
-    from test_gguf import make_hf, write_gguf
+    gguf = _engine_test("test_gguf")
+    make_hf, write_gguf = gguf.make_hf, gguf.write_gguf
 
     path = write_gguf(tmp_path / "tiny.gguf", make_hf())
     seen: dict[str, object] = {}

@@ -50,7 +50,7 @@ def test_model_windows_shorter_than_the_cache_window_are_kept() -> None:
 
 
 def test_equals_kvviz_windowed_cache_formula() -> None:
-    # memory/compressed.py counts kvviz's live WindowKVCache (tests/test_kvcompress.py holds it to the
+    # memory/compressed.py counts kvviz's live WindowKVCache (tests/engine/test_kvcompress.py holds it to the
     # cache step by step); the calculator's window must give the same bytes at every length
     shape = CacheShape(n_layer=32, n_kv_heads=8, head_dim=128, elem_bytes=2)
     spec = with_cache_window(LLAMA3, 64, 4)

@@ -10,7 +10,7 @@ import pytest
 
 from kvviz.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -103,7 +103,7 @@ def test_module_entry_point_prints_only_json() -> None:
     assert json.loads(out.stdout)["kv_bytes_per_token"] == 800 * 1024
 
 
-# ----------------------------------------------------------------------------- round 2 (issue 16)
+# ---------------------------------------------------- per-layer layouts, tensor parallelism, cost
 def test_layers_breakdown_and_state_in_json(capsys: pytest.CaptureFixture[str]) -> None:
     d = run_json(capsys, "--preset", "qwen3-next-80b-a3b", "--seq-len", "1000", "--dtype", "bf16",
                  "--weight-dtype", "bf16")

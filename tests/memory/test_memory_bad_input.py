@@ -1,4 +1,4 @@
-"""Issue 18, the calculator's items: hostile config files and link settings, in the CLI and the page.
+"""Bad input to the calculator: hostile config files and link settings, in the CLI and the page.
 
 (5) ``memory --config`` and the pasted/uploaded config: huge integers, devices, FIFOs, folders,
 non-UTF-8 bytes and absurd nesting each give one named problem: exit 2 in the CLI, st.error on
