@@ -98,7 +98,12 @@ function draw(div) {
     Plotly.react(div, want.fig.data, want.fig.layout, want.config);
     div.__kvvizDrawn = want;
     if (!div.__kvvizResize) {  // follow the column's width (the sidebar opening, a window resize)
-      div.__kvvizResize = new ResizeObserver(() => { if (div._fullLayout) Plotly.Plots.resize(div); });
+      // Only a node on the page with a box: a rerun hides or detaches old elements (width 0), and
+      // Plotly's resize of an undisplayed div rejects ("Resize must be passed a displayed plot div").
+      div.__kvvizResize = new ResizeObserver(() => {
+        if (!div._fullLayout || !div.isConnected || div.getClientRects().length === 0 || div.offsetWidth === 0) return;
+        Promise.resolve(Plotly.Plots.resize(div)).catch(() => {});  // hidden between the check and the call
+      });
       div.__kvvizResize.observe(div);
     }
   }).catch((e) => { div.textContent = String(e.message); });
