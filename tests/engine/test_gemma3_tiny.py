@@ -360,3 +360,17 @@ def test_speculative_on_the_ring_refused_past_the_window_and_exact_elsewhere() -
     want = kvviz.generate(m, prompt_ids=ids, max_new_tokens=12).generated_ids
     assert kvviz.generate(m, cache_kind="concat", **kw).generated_ids == want
     assert kvviz.generate(m, cache_kind="paged", **kw).generated_ids == want
+
+
+def test_json_export_carries_each_layers_bytes_and_kinds() -> None:
+    """`--json` and the run's export name each layer's kind and bytes at every step: past the window
+    the two sliding layers hold 5 positions, the global one all of them (128 B a position here:
+    K and V x 1 head x 16 dims x 4 B), and the layers sum to the step's cache bytes."""
+    import json
+
+    run = kvviz.generate(tiny(seed=1), prompt_ids=list(range(40, 43)), max_new_tokens=10)
+    d = json.loads(run.to_json())
+    assert d["config"]["layer_kinds"] == ["sliding", "sliding", "full"]
+    last = d["steps"][-1]
+    assert last["cache_layer_bytes"] == [5 * 128, 5 * 128, 12 * 128]
+    assert all(sum(s["cache_layer_bytes"]) == s["cache_bytes"] for s in d["steps"])

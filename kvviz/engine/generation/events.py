@@ -249,6 +249,7 @@ class Run:
                 "n_kv_head": self.n_kv_head,
                 "head_dim": self.head_dim,
                 "block_size": self.block_size,
+                "layer_kinds": list(self.layer_kinds),
             },
             "steps": [event_record(e, captures) for e in self.events],
         }
@@ -274,6 +275,8 @@ def event_record(e: StepEvent, captures: bool = False) -> dict[str, Any]:
     )
     if len(e.token_ids) > 1:
         d["token_ids"] = list(e.token_ids)
+    if e.cache_layer_bytes:  # per layer: a sliding layer levels off at its window (Gemma 3)
+        d["cache_layer_bytes"] = list(e.cache_layer_bytes)
     if captures:
         for name in ("attn", "kv_norms", "kv_values"):
             arr = getattr(e, name)
