@@ -3,7 +3,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvviz.ui import batching, calculator, chat_page, compress, decoding, live, prefill, present, race, tour
+from kvviz.ui import present, tour
+from kvviz.ui.pages.batching import batching
+from kvviz.ui.pages.calculator import calculator
+from kvviz.ui.pages.chat import chat_page
+from kvviz.ui.pages.compress import compress
+from kvviz.ui.pages.decoding import decoding
+from kvviz.ui.pages.generate import live
+from kvviz.ui.pages.prefill import prefill
+from kvviz.ui.pages.race import race
 from kvviz.ui.sidebar import render_sidebar
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on

@@ -15,7 +15,7 @@ from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
 from kvviz.ui import machine, persist
 from kvviz.ui.present import switch as presentation_switch
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import (available_devices, choice_label, default_choice, get_model, human_count, model_choices,
                             smollm2_present)

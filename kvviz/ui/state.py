@@ -30,7 +30,7 @@ from kvviz.engine.loading.gemma3_package import part_paths as gemma3_parts
 from kvviz.engine.loading.gguf_checks import model_family
 from kvviz.fast.heap import freeze_once
 from kvviz.engine.models.config import GPTConfig
-from kvviz.ui.budget import SESSION_CAPTURE_BUDGET, strip_captures
+from kvviz.ui.common.budget import SESSION_CAPTURE_BUDGET, strip_captures
 from kvviz.units import fmt_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ PARAM = "tour"
 BIG_MODEL = "llama-2-70b"  # step 7's comparison: a preset of the calculator
 BIG_CONTEXT = 4096
 LAST_PAGE_KEY = "_kvviz_tour_last_page"  # the page of the previous script run
-# The calculator's settings for step 7's example (its widget keys, kvviz/ui/calculator_links.py).
+# The calculator's settings for step 7's example (its widget keys, kvviz/ui/pages/calculator/calculator_links.py).
 CALC_EXAMPLE = {"mem_source": "preset", "mem_preset": BIG_MODEL, "mem_seq_len": BIG_CONTEXT, "mem_dtype": "fp16"}
 
 

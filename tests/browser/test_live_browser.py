@@ -181,7 +181,7 @@ def test_step_mode_without_a_cache(page, app_url: str, screenshot) -> None:  # t
     page.locator(".st-key-cache_mode label:has-text('No cache')").click()
     page.wait_for_function("document.querySelector('.st-key-cache_mode input[type=radio]:checked')"
                            "?.closest('label')?.textContent.includes('No cache')")
-    # Step mode's charts are kept (kvviz/ui/kept_chart.py): each press redraws the same nodes with the
+    # Step mode's charts are kept (kvviz/ui/common/kept_chart.py): each press redraws the same nodes with the
     # new step's figure instead of mounting new charts. The cache chart's node after the first press
     # must be the one on the page after every later press, showing that press's step.
     # A chart off screen waits until it scrolls into view, so the page is made tall enough to show all

@@ -233,7 +233,7 @@ def test_a_good_out_is_written_whole_in_a_real_process(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- 4. the chat page's note
 def test_the_chat_page_names_typed_control_tokens() -> None:
-    from kvviz.ui.chat_views import typed_note
+    from kvviz.ui.pages.chat.chat_views import typed_note
 
     controls = {"<|im_start|>": 1, "<|im_end|>": 2}
     note = typed_note("a<|im_end|>\n<|im_start|>system\nb<|im_end|>", controls, parsed=False)

@@ -283,7 +283,7 @@ def test_chat_on_the_ring_answers_as_a_full_cache() -> None:
 def test_every_step_event_carries_the_layer_bytes(kind: str) -> None:
     """The run's events: the static cache's per-layer bytes equal the calculator's at every step
     (sliding layers level off at the window); the concat cache holds every position on every layer."""
-    from kvviz.ui.metrics import bytes_formula
+    from kvviz.ui.pages.generate.metrics import bytes_formula
 
     m = tiny(seed=1)
     run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10, cache_kind=kind)

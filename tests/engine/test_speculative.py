@@ -149,7 +149,7 @@ def test_smollm2_page_default_prompt_is_one_speculation_wins(smollm2: LoadedMode
     """The Decoding page opens on copy_text: with EOS ignored both runs make all 48 tokens, the same
     ones, and nearly every draft is accepted (48 tokens in at most 8 forwards instead of 48)."""
     from kvviz.measure.spec_bench import PROMPTS, compare_runs
-    from kvviz.ui.decoding import SPEC_PROMPTS
+    from kvviz.ui.pages.decoding.decoding import SPEC_PROMPTS
 
     assert next(iter(SPEC_PROMPTS)) == "copy_text"
     cmp, plain, spec = compare_runs(smollm2, PROMPTS["copy_text"], 48, 1, 10, 2, None, ignore_eos=True)

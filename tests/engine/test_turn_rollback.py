@@ -342,7 +342,7 @@ def test_a_stepper_advanced_from_two_threads_takes_turns() -> None:
     "generator already executing")."""
     import time
 
-    from kvviz.ui.stepper import Stepper
+    from kvviz.ui.common.stepper import Stepper
 
     class Slow:
         def __iter__(self) -> Iterator[int]:

@@ -67,7 +67,7 @@ def test_calibrate_times_the_model(random_models: dict[str, LoadedModel]) -> Non
 
 
 def test_about_and_time_left() -> None:
-    from kvviz.ui.perf_common import time_left
+    from kvviz.ui.common.perf_common import time_left
 
     assert [about(x) for x in (3.2, 42.0, 61.0, 600.0)] == ["about 3 s", "about 40 s", "about 60 s", "about 10 min"]
     assert time_left(10.0, 0.25) == " · about 30 s left"
@@ -75,7 +75,7 @@ def test_about_and_time_left() -> None:
 
 
 def test_example_sentence_never_formats_nan(random_models: dict[str, LoadedModel]) -> None:
-    from kvviz.ui.prefill import _example_sentence
+    from kvviz.ui.pages.prefill.prefill import _example_sentence
 
     def df(short: float, long: float) -> pd.DataFrame:
         return pd.DataFrame({"series": ["short question", "long document"], "median": [short, long], "x": [10, 500]})

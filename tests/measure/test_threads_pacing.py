@@ -1,10 +1,10 @@
-"""The app's thread rule (kvviz.measure.threads) and the live loop's pacing (kvviz.ui.pacing): plain values."""
+"""The app's thread rule (kvviz.measure.threads) and the live loop's pacing (kvviz.ui.pages.generate.pacing): plain values."""
 from __future__ import annotations
 
 import pytest
 
 from kvviz.measure.threads import MAX_RULE_THREADS, choose
-from kvviz.ui.pacing import LiveCost, Pacer
+from kvviz.ui.pages.generate.pacing import LiveCost, Pacer
 
 
 @pytest.mark.parametrize("cores, torch_default, want", [

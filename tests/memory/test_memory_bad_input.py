@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from kvviz.cli.main import main
 from kvviz.memory import MAX_CONFIG_BYTES, ConfigError, load_config_file, parse_config_text
-from kvviz.ui.plain_text import md_plain, unescape
+from kvviz.ui.common.plain_text import md_plain, unescape
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
 HUGE_INT = "9" * 5000
@@ -147,7 +147,7 @@ def test_parse_errors_are_config_errors_for_bytes_and_text() -> None:
 
 # ----------------------------------------------------------------------------- the page
 def _script() -> None:
-    from kvviz.ui.calculator import page
+    from kvviz.ui.pages.calculator.calculator import page
 
     page()
 

@@ -99,7 +99,7 @@ def test_cli_window_errors(capsys: pytest.CaptureFixture[str], argv: list[str], 
 
 
 def _page() -> None:
-    from kvviz.ui import calculator
+    from kvviz.ui.pages.calculator import calculator
 
     calculator.page()
 

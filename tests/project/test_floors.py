@@ -56,7 +56,9 @@ FLOORS: dict[str, int] = {
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
                   "kvviz.engine.kvcache", "kvviz.engine.generation", "kvviz.engine.strategy", "kvviz.engine.sessions",
-                  "kvviz.cli", "kvviz.measure", "kvviz.charts", "kvviz.ui")
+                  "kvviz.cli", "kvviz.measure", "kvviz.charts", "kvviz.ui", "kvviz.ui.common", "kvviz.ui.pages",
+                  *(f"kvviz.ui.pages.{page}" for page in ("generate", "race", "prefill", "batching", "chat", "decoding",
+                                                          "compress", "calculator")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
             "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo")

@@ -18,8 +18,8 @@ from streamlit.testing.v1 import AppTest
 
 from kvviz import LoadedModel, iter_generate
 from kvviz.engine.loading.save import save_model
-from kvviz.ui import live
-from kvviz.ui.plain_text import unescape
+from kvviz.ui.pages.generate import live
+from kvviz.ui.common.plain_text import unescape
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import LiveRuns, RunStore
 
@@ -32,7 +32,10 @@ def _pages_app() -> None:
     """The sidebar and one generation page, chosen by session state (app.py's shape, per page)."""
     import streamlit as st
 
-    from kvviz.ui import batching, live, prefill, race
+    from kvviz.ui.pages.batching import batching
+    from kvviz.ui.pages.generate import live
+    from kvviz.ui.pages.prefill import prefill
+    from kvviz.ui.pages.race import race
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()

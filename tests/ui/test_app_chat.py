@@ -6,13 +6,13 @@ from streamlit.testing.v1 import AppTest
 
 from apptest_pages import ok as _ok, tiny_default, titles as _titles  # noqa: F401 (tiny_default: autouse)
 
-from kvviz.ui.plain_text import unescape
+from kvviz.ui.common.plain_text import unescape
 
 
 def _chat() -> None:
     import streamlit as st
 
-    from kvviz.ui import chat_page
+    from kvviz.ui.pages.chat import chat_page
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()

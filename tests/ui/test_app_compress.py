@@ -10,7 +10,7 @@ from apptest_pages import ok as _ok, tiny_default, titles as _titles  # noqa: F4
 def _compress() -> None:
     import streamlit as st
 
-    from kvviz.ui import compress
+    from kvviz.ui.pages.compress import compress
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()

@@ -9,7 +9,7 @@ from apptest_pages import ok as _ok, tiny_default, titles as _titles  # noqa: F4
 def _decoding() -> None:
     import streamlit as st
 
-    from kvviz.ui import decoding
+    from kvviz.ui.pages.decoding import decoding
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()

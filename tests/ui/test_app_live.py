@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import kvviz.ui.live as live
-import kvviz.ui.replay as replay
+import kvviz.ui.pages.generate.live as live
+import kvviz.ui.pages.generate.replay as replay
 from kvviz import iter_generate
-from kvviz.ui.plain_text import unescape
+from kvviz.ui.common.plain_text import unescape
 from kvviz.ui.settings import CACHE_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def _live_only_app() -> None:
     """app.py's shape for the Generate page alone (used until every page module exists)."""
     import streamlit as st
 
-    from kvviz.ui import live
+    from kvviz.ui.pages.generate import live
     from kvviz.ui.sidebar import render_sidebar
 
     if not st.session_state.get("_test_hide_sidebar"):  # False = what the calculator page does

@@ -14,7 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz.measure.stats import MachineProbe, Sample
-from kvviz.ui.plain_text import unescape  # errors are shown through md_plain
+from kvviz.ui.common.plain_text import unescape  # errors are shown through md_plain
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,
                      copy_bytes=2**20, seconds=0.1)
@@ -23,7 +23,7 @@ PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwid
 def _race() -> None:
     import streamlit as st
 
-    from kvviz.ui import race
+    from kvviz.ui.pages.race import race
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()
@@ -33,7 +33,7 @@ def _race() -> None:
 def _prefill() -> None:
     import streamlit as st
 
-    from kvviz.ui import prefill
+    from kvviz.ui.pages.prefill import prefill
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()
@@ -43,7 +43,7 @@ def _prefill() -> None:
 def _batching() -> None:
     import streamlit as st
 
-    from kvviz.ui import batching
+    from kvviz.ui.pages.batching import batching
     from kvviz.ui.sidebar import render_sidebar
 
     st.session_state["settings"] = render_sidebar()
@@ -84,7 +84,7 @@ def no_problems(at: AppTest) -> None:
 def raced() -> Iterator[AppTest]:
     import os
 
-    from kvviz.ui import perf_common
+    from kvviz.ui.common import perf_common
 
     os.environ.setdefault("KVVIZ_DEFAULT_MODEL", "random:tiny")
     # The machine running the tests may be busy; these tests are about a steady machine's pages
@@ -192,7 +192,7 @@ def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyP
     # "Probe again" measures anew (here a stand-in probe: the real one allocates hundreds of MB).
     import dataclasses
 
-    import kvviz.ui.perf_common as common
+    import kvviz.ui.common.perf_common as common
 
     quiet = dataclasses.replace(PROBE, peak_flops=80e9)
     monkeypatch.setattr(common, "probe_machine", lambda device, dtype: quiet)

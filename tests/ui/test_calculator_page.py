@@ -6,13 +6,13 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.ui.plain_text import unescape
+from kvviz.ui.common.plain_text import unescape
 
 LLAMA_SENTENCE = "is the MHA figure"
 
 
 def _script() -> None:
-    from kvviz.ui.calculator import page
+    from kvviz.ui.pages.calculator.calculator import page
 
     page()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from kvviz.ui.plain_text import unescape
+from kvviz.ui.common.plain_text import unescape
 
 LOG = ("INFO [gpu_worker.py:276] Available KV cache memory: 30.00 GiB\n"
        "INFO [kv_cache_utils.py:849] GPU KV cache size: 245,760 tokens\n"
@@ -12,7 +12,7 @@ LOG = ("INFO [gpu_worker.py:276] Available KV cache memory: 30.00 GiB\n"
 
 
 def _script() -> None:
-    from kvviz.ui.calculator import page
+    from kvviz.ui.pages.calculator.calculator import page
 
     page()
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvviz.ui.plain_text import unescape
+from kvviz.ui.common.plain_text import unescape
 
 
 def _script() -> None:
-    from kvviz.ui.calculator import page
+    from kvviz.ui.pages.calculator.calculator import page
 
     page()
 

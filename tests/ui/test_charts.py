@@ -221,7 +221,7 @@ def test_attention_labels_at_most_12_layers(make_llama) -> None:  # type: ignore
 def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  # type: ignore[no-untyped-def]
     """4 query heads over 2 K/V heads: rows say which K/V head each reads, and the metrics show
     the bytes GQA saves against MHA from the run's own numbers."""
-    from kvviz.ui.metrics import bytes_formula
+    from kvviz.ui.pages.generate.metrics import bytes_formula
 
     run = generate(make_model(n_kv_head=2), prompt="Hi there", max_new_tokens=3, capture=Capture(attention=True))
     fig = charts.attention_heatmap(run)

@@ -13,7 +13,7 @@ from kvviz.engine.sessions.conversation import Conversation
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.measure.sweeps import SHORT_QUESTION
-from kvviz.ui.chat_scenario import NEW_TOKENS, Q1, Q1_EDITED, Q2
+from kvviz.ui.pages.chat.chat_scenario import NEW_TOKENS, Q1, Q1_EDITED, Q2
 from kvviz.ui.sidebar import CHAT_EXAMPLES
 
 # What a right answer contains, for each shipped question (independent of kvviz: plain facts).

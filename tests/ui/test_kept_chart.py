@@ -7,14 +7,14 @@ import os
 
 from streamlit.testing.v1 import AppTest
 
-from kvviz.ui import kept_chart
+from kvviz.ui.common import kept_chart
 
 
 def _script() -> None:
     import plotly.graph_objects as go
     import streamlit as st
 
-    from kvviz.ui.kept_chart import kept_chart
+    from kvviz.ui.common.kept_chart import kept_chart
 
     title = "<img src=x onerror=alert(1)> step " + str(st.session_state.get("n", 0))
     kept_chart(st.empty(), go.Figure(go.Bar(y=[1, 2, 3]), layout={"title": {"text": title}, "width": 300}),
@@ -31,7 +31,7 @@ def test_the_figure_is_data_under_a_stable_key() -> None:
     assert spec["layout"]["width"] == 300  # the browser drops it (the chart fills its column)
     assert "alert(1)" not in el.proto.js_content + el.proto.html_content  # the module is constant code
     assert data["config"] == {"displaylogo": False, "responsive": True}
-    assert data["src"].startswith("/component/kvviz.ui.kept_chart.plotlyjs/") and data["src"].endswith("/plotly.min.js")
+    assert data["src"].startswith("/component/kvviz.ui.common.kept_chart.plotlyjs/") and data["src"].endswith("/plotly.min.js")
     first_id = el.proto.id
     at.session_state["n"] = 1
     at.run()

@@ -8,7 +8,9 @@ import pytest
 
 from kvviz import Capture, KVVizError, LoadedModel, generate
 from kvviz.engine.loading.loader import RANDOM_SHAPES
-from kvviz.ui import budget, chips, metrics, state
+from kvviz.ui import state
+from kvviz.ui.common import budget
+from kvviz.ui.pages.generate import chips, metrics
 from kvviz.ui.settings import Settings
 
 XSS = '<img src=x onerror=alert(1)> <b>bold</b> "q" & \'s\' 😀 שלום'

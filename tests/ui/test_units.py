@@ -15,10 +15,10 @@ BINARY = re.compile(r"\b(KiB|MiB|GiB|TiB)\b")
 
 # The few strings that must name a decimal unit on its own, each for a reason.
 ALLOWED = {
-    ("kvviz/ui/calculator.py", "~4 GB for Llama 3 8B"),  # a quotation, then explained in GiB
-    ("kvviz/ui/calculator.py", "GB"),  # _pair's (binary, decimal) unit names
-    ("kvviz/ui/calculator.py", "MB"),
-    ("kvviz/ui/calculator.py", "KB"),
+    ("kvviz/ui/pages/calculator/calculator.py", "~4 GB for Llama 3 8B"),  # a quotation, then explained in GiB
+    ("kvviz/ui/pages/calculator/calculator.py", "GB"),  # _pair's (binary, decimal) unit names
+    ("kvviz/ui/pages/calculator/calculator.py", "MB"),
+    ("kvviz/ui/pages/calculator/calculator.py", "KB"),
     ("kvviz/memory/__init__.py", "GB"),  # the constant's name in __all__
     # SGLang's own log lines, in its words (its GB is 2**30 bytes: sglang's memory_pool GB = 1024**3)
     ("kvviz/memory/engine_sglang.py", "KV Cache is allocated. #tokens: {}, KV size: {} GB"),

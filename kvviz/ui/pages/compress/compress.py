@@ -1,7 +1,7 @@
 """The compression lab: what a quantized or windowed KV cache costs, measured on the model itself.
 
 Tab 1 runs the sidebar's prompt greedily with full-precision, int8, int4 and fp8 KV caches side by
-side and measures the error as the cache is really read. Tabs 2 and 3 (ui/compress_window.py):
+side and measures the error as the cache is really read. Tabs 2 and 3 (ui/pages/compress/compress_window.py):
 a sliding window with StreamingLLM's sinks, and perplexity by position.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from kvviz.engine.generation.request import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
 from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
-from kvviz.ui import compress_window
-from kvviz.ui.figs import show
-from kvviz.ui.perf_common import acquire_or_warn, page_model, results_key, where
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.pages.compress import compress_window
+from kvviz.ui.common.figs import show
+from kvviz.ui.common.perf_common import acquire_or_warn, page_model, results_key, where
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
 

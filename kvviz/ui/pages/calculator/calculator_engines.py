@@ -17,7 +17,7 @@ from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows,
 from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens
 from kvviz.memory.engines import EngineRequest, engine_report, estimate_parts
 from kvviz.memory.formulas import weight_bytes
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.plain_text import md_plain
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,

@@ -37,18 +37,19 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
 from kvviz.engine.generation.loop import GenerationStream
 from kvviz.measure import threads
-from kvviz.ui import chips, persist, present, tour
-from kvviz.ui.budget import Shape, plan_capture
-from kvviz.ui.pacing import Pacer
-from kvviz.ui.perf_common import busy_note
-from kvviz.ui.plain_text import md_plain
-from kvviz.ui.replay import stored_view
+from kvviz.ui import persist, present, tour
+from kvviz.ui.pages.generate import chips
+from kvviz.ui.common.budget import Shape, plan_capture
+from kvviz.ui.pages.generate.pacing import Pacer
+from kvviz.ui.common.perf_common import busy_note
+from kvviz.ui.common.plain_text import md_plain
+from kvviz.ui.pages.generate.replay import stored_view
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import RunStore, get_model, live_runs, run_store
-from kvviz.ui.stepper import Stepper, close_iterator
-from kvviz.ui.view import Slots, ViewOptions, draw, layout
+from kvviz.ui.common.stepper import Stepper, close_iterator
+from kvviz.ui.pages.generate.view import Slots, ViewOptions, draw, layout
 
-# Redraw intervals (kvviz/ui/pacing.py) are for one live run; with N runs live in the process each
+# Redraw intervals (kvviz/ui/pages/generate/pacing.py) are for one live run; with N runs live in the process each
 # is N times longer, so the server sends the browsers about what one run would (see state.LiveRuns).
 # With more live runs than this in the process, charts wait for the end of the run (the text and
 # numbers keep updating). Measured: ten browsers re-rendering four Plotly charts each stopped
@@ -323,7 +324,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
                                            "they are drawn when this run ends. The text and numbers keep updating.")
                 # The live views get a tenth of the loop's time, and charts at most once a second (what
                 # the browser can draw), so the page streams at about 0.8x the engine's own speed
-                # click to done; intervals N times longer with N live runs (ui/pacing.py).
+                # click to done; intervals N times longer with N live runs (ui/pages/generate/pacing.py).
                 due = pacer.due(now, engine_ms / 1000, load, steps_left=stream.max_new_tokens - len(stream.events))
                 chart_due = due.charts and not paused
                 if due.text:

@@ -9,11 +9,11 @@ from kvviz.charts import perf as pc
 from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
 from kvviz.measure.sizing import about, pick_batch
 from kvviz.measure.stats import Sample, aggregate
-from kvviz.ui.perf_common import (
+from kvviz.ui.common.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, estimator, page_model, prompt_ids, results_key, where,
 )
 from kvviz.ui.settings import ENGINES, Settings
-from kvviz.ui.figs import show
+from kvviz.ui.common.figs import show
 from kvviz.units import MIB, fmt_bytes
 
 INTRO = (

@@ -16,9 +16,9 @@ from kvviz.engine.loading.loader import ASSETS
 from kvviz.errors import KVVizError
 from kvviz.measure.kv_curves import measure
 from kvviz.safeio import read_bounded
-from kvviz.ui.figs import show
-from kvviz.ui.perf_common import acquire_or_warn, results_key, where
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.figs import show
+from kvviz.ui.common.perf_common import acquire_or_warn, results_key, where
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
 

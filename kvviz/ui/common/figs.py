@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from kvviz.charts.style import legible
 from kvviz.ui import present
-from kvviz.ui.kept_chart import kept_chart
+from kvviz.ui.common.kept_chart import kept_chart
 
 # No Plotly hover toolbar (mode bar) on any chart: it sat over the right end of the titles, and on a
 # projector over the selector buttons in the charts' corners. Drag to zoom and double-click to reset

@@ -15,10 +15,10 @@ from kvviz.engine.generation.events import Run
 from kvviz.engine.generation.loop import iter_generate
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
-from kvviz.ui.figs import show
+from kvviz.ui.common.figs import show
 from kvviz.measure.sizing import about
-from kvviz.ui.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
 

@@ -22,9 +22,9 @@ from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import PagedPool
 from kvviz.engine.sessions.parallel_samples import ParallelSamples
 from kvviz.errors import KVVizError
-from kvviz.ui import chat_views
-from kvviz.ui.figs import show
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.pages.chat import chat_views
+from kvviz.ui.common.figs import show
+from kvviz.ui.common.plain_text import md_plain
 
 Q1 = "What is the capital of France?"
 Q2 = "And of Italy?"

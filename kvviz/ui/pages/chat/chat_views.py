@@ -13,7 +13,7 @@ from kvviz.charts import paged_charts as pc
 from kvviz.charts.tokens import lookalike_positions, visible
 from kvviz.engine.tokenize.chat_template import typed_specials
 from kvviz.engine.sessions.conversation import InterruptedTurn, TurnRecord
-from kvviz.ui.figs import show
+from kvviz.ui.common.figs import show
 from kvviz.units import fmt_bytes
 
 CSS = """<style>

@@ -17,12 +17,12 @@ from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_context
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.engine.generation.request import resolve_chat
 from kvviz.errors import KVVizError
-from kvviz.ui.perf_common import (
+from kvviz.ui.common.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
     results_key, where,
 )
 from kvviz.ui.settings import ENGINES
-from kvviz.ui.figs import show
+from kvviz.ui.common.figs import show
 
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "

@@ -25,7 +25,7 @@ from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
 from kvviz.measure.probe import probe_machine
 from kvviz.measure.sizing import Estimator, about, calibrate
 from kvviz.measure.stats import MachineProbe, Sample
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.ui.state import get_model
 

@@ -18,14 +18,14 @@ from kvviz.memory import (
     MAX_SINKS, ConfigError, MemoryRequest, MemoryResult, ModelSpec, builtin_specs, cache_window_problems, calculate, load_gpus,
     parse_config_text, with_builtins, with_cache_window,
 )
-from kvviz.ui import calculator_engines as engines
-from kvviz.ui import calculator_panels as panels
+from kvviz.ui.pages.calculator import calculator_engines as engines
+from kvviz.ui.pages.calculator import calculator_panels as panels
 from kvviz.engine.loading.loader import builtin_shapes
-from kvviz.ui.calculator_engine import SHAPES_SOURCE
-from kvviz.ui.calculator_links import (
+from kvviz.ui.pages.calculator.calculator_engine import SHAPES_SOURCE
+from kvviz.ui.pages.calculator.calculator_links import (
     CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
 )
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.plain_text import md_plain
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -16,14 +16,14 @@ from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, 
 from kvviz.measure.sweeps import start as start_stream
 from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
-from kvviz.ui.perf_common import (
+from kvviz.ui.common.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
     results_key, time_left, where,
 )
 from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_ns
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
-from kvviz.ui.figs import show
+from kvviz.ui.common.figs import show
 
 SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token

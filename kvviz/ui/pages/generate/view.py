@@ -15,8 +15,9 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.charts import run_charts as charts
-from kvviz.ui import chips, metrics, persist, present
-from kvviz.ui.figs import show
+from kvviz.ui import persist, present
+from kvviz.ui.pages.generate import chips, metrics
+from kvviz.ui.common.figs import show
 
 VIEWS = {"layer": "All layers", "head": "Heads of one layer", "values": "Raw values of one head"}
 PRESENT_HEIGHT = 400  # the cache and the attention map side by side, above the fold at 1920x1080

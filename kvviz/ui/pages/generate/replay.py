@@ -13,10 +13,10 @@ import streamlit as st
 from kvviz import Run
 from kvviz.engine.generation.events import to_dataframe
 from kvviz.ui import persist, present
-from kvviz.ui.pacing import LiveCost
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.pages.generate.pacing import LiveCost
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.state import RunStore, StoredRun
-from kvviz.ui.view import draw, layout
+from kvviz.ui.pages.generate.view import draw, layout
 
 REPLAY_SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 PLAYING_KEY = "_kvviz_playing"

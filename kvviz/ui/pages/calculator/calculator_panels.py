@@ -20,10 +20,10 @@ from kvviz.memory import (
     cost_curve, kv_bytes, layer_token_bytes, no_cost_reason, state_bytes, state_layer_bytes, tokens_held,
 )
 
-from kvviz.ui.calculator_engine import measure_caches
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.pages.calculator.calculator_engine import measure_caches
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.units import fmt_bytes, fmt_usd
-from kvviz.ui.figs import show
+from kvviz.ui.common.figs import show
 
 MAX_STRIP_LAYERS = 2000  # a bar per layer; past this the strip shows the first layers only
 

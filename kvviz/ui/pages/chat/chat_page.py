@@ -3,7 +3,7 @@
 Each turn prefills only what is new (the chat template's tokens for the new message plus the
 assistant header) and decodes on the same cache; editing an earlier message keeps the cache up to
 its first changed token; a timestamp at the start of the system prompt misses every turn. The
-one-click scenario (kvviz/ui/chat_scenario.py) runs parallel samples, a hit and a miss on one pool.
+one-click scenario (kvviz/ui/pages/chat/chat_scenario.py) runs parallel samples, a hit and a miss on one pool.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from kvviz.charts import paged_charts as pc
 from kvviz.engine.sessions.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
-from kvviz.ui import chat_scenario, chat_views
-from kvviz.ui.figs import show
-from kvviz.ui.perf_common import busy_note, page_model, where
-from kvviz.ui.plain_text import md_plain
+from kvviz.ui.pages.chat import chat_scenario, chat_views
+from kvviz.ui.common.figs import show
+from kvviz.ui.common.perf_common import busy_note, page_model, where
+from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES
-from kvviz.ui.stepper import close_iterator
+from kvviz.ui.common.stepper import close_iterator
 
 INTRO = (
     "Serving engines keep the KV cache **between requests**. A chat's second turn then computes only its new "

@@ -1,0 +1,1 @@
+"""The Batching page."""

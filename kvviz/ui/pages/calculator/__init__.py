@@ -1,0 +1,1 @@
+"""The KV memory calculator page and its parts."""

@@ -1,0 +1,1 @@
+"""The Chat page: a conversation over one cache, its views and the one-click scenario."""

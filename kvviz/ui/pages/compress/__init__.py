@@ -1,0 +1,1 @@
+"""The Compression lab page: KV dtypes, the sliding window, perplexity by position."""

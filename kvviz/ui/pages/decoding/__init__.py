@@ -1,0 +1,1 @@
+"""The Decoding strategies page: beam search and speculative decoding."""

@@ -1,0 +1,1 @@
+"""The Prefill vs decode page."""

@@ -1,0 +1,1 @@
+"""The Cache vs no cache page."""
