@@ -13,6 +13,7 @@ from kvviz.ui.pages.generate import live
 from kvviz.ui.pages.prefill import prefill
 from kvviz.ui.pages.race import race
 from kvviz.ui.sidebar import render_sidebar
+from kvviz.ui.state import session
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
 # fonts.gstatic.com, which fails offline and tells a third party who opens the app.
@@ -37,6 +38,6 @@ tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calc
 present.apply()  # the presentation layout's fonts, on every page
 if pg.url_path != CALCULATOR.url_path:
     # Model, prompt and sampling controls: shared by every generation page.
-    st.session_state["settings"] = render_sidebar()
+    session.set_settings(render_sidebar())
 tour.banner(pg.url_path)  # on the other pages while the tour is on
 pg.run()

@@ -6,6 +6,7 @@ import streamlit as st
 
 from kvviz import LoadedModel
 from kvviz.measure import threads
+from kvviz.ui.state import session
 
 KEY = "cpu_threads"
 
@@ -16,7 +17,7 @@ def apply() -> threads.ThreadChoice:
 
 
 def _on_change() -> None:
-    threads.set_threads(int(st.session_state[KEY]))
+    threads.set_threads(int(session.read(KEY)))
 
 
 def render(model: LoadedModel | None) -> None:
@@ -26,7 +27,7 @@ def render(model: LoadedModel | None) -> None:
     with st.container(key="machine_line"):
         st.caption(f":material/developer_board: {choice.describe()}.{where}")
         with st.popover("CPU threads", icon=":material/tune:"):
-            st.session_state[KEY] = choice.threads  # follow the process's value (another session may set it)
+            session.put(KEY, choice.threads)  # follow the process's value (another session may set it)
             st.number_input(
                 "Threads for the model's forwards", 1, max(choice.cores, choice.threads), step=1, key=KEY,
                 on_change=_on_change,

@@ -13,9 +13,10 @@ a link to ``/?present=1`` opens the app ready for the projector.
 from __future__ import annotations
 
 import streamlit as st
+from kvviz.ui.state import session
 
 KEY = "present_layout"  # the switch in the sidebar
-STATE_KEY = "_kvviz_present"  # the value, kept across pages
+STATE_KEY = session.PRESENT_ON  # the value, kept across pages
 PARAM = "present"  # ?present=1
 ON_VALUES = ("1", "true", "on", "yes")
 
@@ -54,10 +55,9 @@ def _from_url() -> bool:
 
 def active() -> bool:
     """Is the presentation layout on for this session? The URL switches it on the first time."""
-    ss = st.session_state
     if _from_url():  # turning the switch off removes the parameter (_on_switch)
-        ss[STATE_KEY] = True
-    return bool(ss.get(STATE_KEY, False))
+        session.put(STATE_KEY, True)
+    return bool(session.get(STATE_KEY, False))
 
 
 def sidebar_state() -> str:
@@ -66,8 +66,8 @@ def sidebar_state() -> str:
 
 
 def _on_switch() -> None:
-    on = bool(st.session_state[KEY])
-    st.session_state[STATE_KEY] = on
+    on = bool(session.read(KEY))
+    session.put(STATE_KEY, on)
     if on:
         st.query_params[PARAM] = "1"
     elif PARAM in st.query_params:
@@ -77,7 +77,7 @@ def _on_switch() -> None:
 def switch() -> bool:
     """The sidebar's switch; returns whether the layout is on."""
     on = active()
-    st.session_state[KEY] = on
+    session.put(KEY, on)
     st.toggle("Presentation layout", key=KEY, on_change=_on_switch,
               help="For a projector: the sidebar folds away, fonts grow, and the Generate page puts the chips, "
                    "the cache and the attention map on one 1920×1080 screen. Press S to step. A link with "

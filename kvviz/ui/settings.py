@@ -1,6 +1,6 @@
 """The sidebar's answer: one frozen ``Settings`` value per script run (no streamlit import).
 
-Pages read it from ``st.session_state["settings"]`` (app.py stores it) and turn it into
+Pages read it from ``state.session.settings()`` (app.py stores it) and turn it into
 ``iter_generate`` arguments with ``generate_kwargs``; nothing else parses widget values.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ ENGINES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Settings:
-    model: str = "random:tiny"  # a model choice: "default", "random:NAME" or "folder:NAME" (see state.py)
+    model: str = "random:tiny"  # a model choice: "default", "random:NAME" or "folder:NAME" (see state/model_menu.py)
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     dtype: str = "fp32"  # weights and KV cache dtype: one of DTYPE_CHOICES
     prompt: str = ""  # exactly as typed; validated by the engine, never trimmed here

@@ -13,12 +13,14 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
-from kvviz.ui import machine, persist
+from kvviz.ui import machine
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
-from kvviz.ui.state import (available_devices, choice_label, default_choice, get_model, human_count, model_choices,
-                            smollm2_present)
+from kvviz.ui.state import persist, session
+from kvviz.ui.state.model_cache import get_model
+from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, human_count, model_choices,
+                                       smollm2_present)
 from kvviz.units import fmt_bytes
 
 EXAMPLES: dict[str, str] = {
@@ -97,7 +99,7 @@ def is_chat_model(model: LoadedModel | None) -> bool:
 
 
 def _set_prompt(text: str) -> None:
-    st.session_state["prompt"] = text
+    session.put("prompt", text)
 
 
 def _model_section() -> tuple[str, str, str, LoadedModel | None]:
@@ -120,7 +122,7 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     with c2:
         dtype = st.selectbox("dtype", DTYPE_CHOICES, index=persist.keep_index("dtype", "fp32", DTYPE_CHOICES),
                              key="dtype", help=HELP["dtype"])
-    choice = st.session_state["model"]
+    choice = session.read("model")
 
     model = None
     try:
@@ -152,15 +154,15 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
     chat_model = is_chat_model(model)
     persist.keep("prompt", DEFAULT_CHAT_PROMPT if chat_model else DEFAULT_PROMPT)
     # An untouched default prompt follows the model: a question for a chat model, verse otherwise.
-    if chat_model and st.session_state["prompt"] == DEFAULT_PROMPT:
-        st.session_state["prompt"] = DEFAULT_CHAT_PROMPT
-    elif not chat_model and st.session_state["prompt"] == DEFAULT_CHAT_PROMPT:
-        st.session_state["prompt"] = DEFAULT_PROMPT
+    if chat_model and session.read("prompt") == DEFAULT_PROMPT:
+        session.put("prompt", DEFAULT_CHAT_PROMPT)
+    elif not chat_model and session.read("prompt") == DEFAULT_CHAT_PROMPT:
+        session.put("prompt", DEFAULT_PROMPT)
     kept_chat = persist.keep("chat", True)
     chat = False
     if chat_model:  # a model without a chat template gets no switch that could not work
         chat = st.toggle("Chat (use the model's chat template)", value=kept_chat, key="chat", help=HELP["chat"])
-    prompt = st.text_area("Message" if chat else "Prompt", value=st.session_state["prompt"], key="prompt",
+    prompt = st.text_area("Message" if chat else "Prompt", value=session.read("prompt"), key="prompt",
                           height=110, help=HELP["prompt"])
     examples = CHAT_EXAMPLES if chat else EXAMPLES
     cols = st.columns(len(examples))
@@ -176,7 +178,7 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
     kept_new = persist.keep("max_new_tokens", 64, bounds=(1, limit))
     st.number_input("Max new tokens", min_value=1, max_value=limit, value=kept_new, step=16, key="max_new_tokens",
                     help=HELP["max_new_tokens"])
-    n_new = int(st.session_state["max_new_tokens"])
+    n_new = int(session.read("max_new_tokens"))
     if n_prompt is None:
         st.caption(f"At most {limit:,}: the context holds {block:,} tokens.")
     else:
@@ -208,7 +210,7 @@ def _sampling_section() -> dict[str, object]:
         st.slider("top-p", 0.05, 1.0, value=kept_p, step=0.05, key="top_p", disabled=greedy, help=HELP["top_p"])
     kept_seed = persist.keep("seed", 0, bounds=(0, 2**31 - 1))
     st.number_input("Seed", 0, 2**31 - 1, value=kept_seed, step=1, key="seed", help=HELP["seed"])
-    ss = st.session_state
+    ss = session.mapping()
     return {
         "greedy": greedy,
         "temperature": float(ss["temperature"]),

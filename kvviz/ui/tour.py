@@ -20,12 +20,13 @@ import streamlit as st
 
 from kvviz import LoadedModel
 from kvviz.units import dtype_bytes, fmt_bytes, kv_bytes_per_token
+from kvviz.ui.state import session
 
-STEP_KEY = "_kvviz_tour"
+STEP_KEY = session.TOUR_STEP
 PARAM = "tour"
 BIG_MODEL = "llama-2-70b"  # step 7's comparison: a preset of the calculator
 BIG_CONTEXT = 4096
-LAST_PAGE_KEY = "_kvviz_tour_last_page"  # the page of the previous script run
+LAST_PAGE_KEY = session.TOUR_LAST_PAGE  # the page of the previous script run
 # The calculator's settings for step 7's example (its widget keys, kvviz/ui/pages/calculator/calculator_links.py).
 CALC_EXAMPLE = {"mem_source": "preset", "mem_preset": BIG_MODEL, "mem_seq_len": BIG_CONTEXT, "mem_dtype": "fp16"}
 
@@ -147,18 +148,18 @@ def steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
 def current() -> int:
     """The tour's step (1-based), or 0 when off; ``?tour=N`` in the URL starts it at step N."""
     raw = st.query_params.get(PARAM)
-    if raw is not None and "_kvviz_tour_url" not in st.session_state:
-        st.session_state["_kvviz_tour_url"] = True
+    if raw is not None and not session.has(session.TOUR_URL_READ):
+        session.put(session.TOUR_URL_READ, True)
         try:
-            st.session_state[STEP_KEY] = min(max(int(raw), 1), 8)
+            session.put(STEP_KEY, min(max(int(raw), 1), 8))
         except ValueError:
             pass
-    return int(st.session_state.get(STEP_KEY, 0))
+    return int(session.get(STEP_KEY, 0))
 
 
 def go(n: int) -> None:
     """Button callback: move to step n (0 ends the tour); the URL follows."""
-    st.session_state[STEP_KEY] = n
+    session.put(STEP_KEY, n)
     if n:
         st.query_params[PARAM] = str(n)
     elif PARAM in st.query_params:
@@ -166,13 +167,13 @@ def go(n: int) -> None:
 
 
 def _set_cache(mode: str) -> None:
-    st.session_state["cache_mode"] = mode
-    from kvviz.ui import persist
+    session.put("cache_mode", mode)
+    from kvviz.ui.state import persist
 
     persist.remember("cache_mode")
 
 
-SCROLLED_KEY = "_kvviz_tour_scrolled"  # the step whose chart was last scrolled into view
+SCROLLED_KEY = session.TOUR_SCROLLED  # the step whose chart was last scrolled into view
 
 
 def scroll_js(key: str, arrival: int = 0) -> str:
@@ -236,14 +237,15 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
     n = min(n, len(all_steps))
     s = all_steps[n - 1]
     st.html(highlight_css(s.points_at))
-    if s.scroll_to and st.session_state.get(SCROLLED_KEY) != n:
+    if s.scroll_to and session.get(SCROLLED_KEY) != n:
         # Once per arrival at the step: the text says "the chart below", which in the normal layout
         # sits about 1,000 px under the fold; later reruns (Step, Generate) leave the scroll alone.
-        st.session_state[SCROLLED_KEY] = n
-        arrival = st.session_state["_kvviz_tour_arrivals"] = st.session_state.get("_kvviz_tour_arrivals", 0) + 1
+        session.put(SCROLLED_KEY, n)
+        arrival = session.get(session.TOUR_ARRIVALS, 0) + 1
+        session.put(session.TOUR_ARRIVALS, arrival)
         st.html(scroll_js(s.scroll_to, arrival), unsafe_allow_javascript=True)
     elif not s.scroll_to:
-        st.session_state[SCROLLED_KEY] = None
+        session.put(SCROLLED_KEY, None)
     asked = None
     with st.container(key="tour_card", border=True):
         # One row of title, action and navigation; the text below runs the card's full width, so a
@@ -274,14 +276,14 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
 def banner(page: str) -> None:
     """On the other pages while the tour is on: what to do here, and the way back."""
     n = current()
-    came_from = st.session_state.get(LAST_PAGE_KEY)
-    st.session_state[LAST_PAGE_KEY] = page
+    came_from = session.get(LAST_PAGE_KEY)
+    session.put(LAST_PAGE_KEY, page)
     if not n or page not in BANNERS:
         return
     if page == "calculator" and came_from != "calculator":
         # Arriving on the calculator during the tour: it shows the example step 7 quotes (set before
         # its widgets exist, so they take these values), as the banner says.
-        st.session_state.update(CALC_EXAMPLE)
+        session.update(CALC_EXAMPLE)
     with st.container(key="tour_banner", border=True):
         text, back = st.columns([6, 1.4], vertical_alignment="center")
         text.markdown(f"**Tour** (step {n} of 8): {BANNERS[page]}")

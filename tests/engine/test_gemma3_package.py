@@ -63,8 +63,8 @@ def test_missing_chunk_file_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_app_offers_gemma3_only_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvviz.ui import state
+    from kvviz.ui.state import model_menu
 
-    assert state.gemma3_present() == ("gemma3" in state.model_choices())
+    assert model_menu.gemma3_present() == ("gemma3" in model_menu.model_choices())
     monkeypatch.setattr(gp, "PARTS", (("kvviz_no_such_package_part1", "x.part00"),))
-    assert not state.gemma3_present() and "gemma3" not in state.model_choices()
+    assert not model_menu.gemma3_present() and "gemma3" not in model_menu.model_choices()

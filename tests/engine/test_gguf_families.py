@@ -278,7 +278,7 @@ def test_a_qwen_file_missing_its_biases_names_them(tmp_path: Path) -> None:
 def test_ggufs_dropped_in_models_are_offered_named_and_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The app lists the .gguf files directly in its models folder (no path outside it), names each
     by the family its header says, says why a foreign or damaged one cannot load, and loads one."""
-    from kvviz.ui import state
+    from kvviz.ui.state import model_menu
 
     root = tmp_path / "models"
     root.mkdir()
@@ -293,9 +293,9 @@ def test_ggufs_dropped_in_models_are_offered_named_and_loaded(tmp_path: Path, mo
     os.mkfifo(root / "fifo.gguf")
     monkeypatch.setenv("KVVIZ_MODELS_DIR", str(root))
     names = ["junk.gguf", "llama.gguf", "mistral.gguf", "phi.gguf", "qwen2.gguf", "qwen3.gguf"]
-    assert state.list_model_ggufs() == names
-    assert [c for c in state.model_choices() if c.startswith("gguf:")] == ["gguf:" + n for n in names]
-    labels = {n: state.choice_label("gguf:" + n) for n in names}
+    assert model_menu.list_model_ggufs() == names
+    assert [c for c in model_menu.model_choices() if c.startswith("gguf:")] == ["gguf:" + n for n in names]
+    labels = {n: model_menu.choice_label("gguf:" + n) for n in names}
     for family in ("llama", "qwen2", "qwen3", "mistral"):
         assert labels[f"{family}.gguf"].startswith(f"gguf:{family}.gguf ({family}, ") and "KiB)" in labels[f"{family}.gguf"]
     assert model_family(root / "mistral.gguf") == "mistral"
@@ -303,13 +303,13 @@ def test_ggufs_dropped_in_models_are_offered_named_and_loaded(tmp_path: Path, mo
     assert labels["junk.gguf"].startswith("gguf:junk.gguf (unreadable: junk.gguf is not a GGUF file")
     for bad in ("escape.gguf", "fifo.gguf", ".hidden.gguf", "../outside.gguf", "/etc/passwd", "x/../llama.gguf"):
         with pytest.raises(KVVizError):
-            state.spec_for("gguf:" + bad)
-    spec = state.spec_for("gguf:qwen2.gguf")
+            model_menu.spec_for("gguf:" + bad)
+    spec = model_menu.spec_for("gguf:qwen2.gguf")
     assert spec == str((root / "qwen2.gguf").resolve())
     m = load_model(spec, device="cpu")
     assert m.config.family == "qwen2" and m.name == "qwen2"
     with pytest.raises(KVVizError, match="not supported; kvviz reads llama, qwen2, qwen3, gemma3"):
-        load_model(state.spec_for("gguf:phi.gguf"), device="cpu")
+        load_model(model_menu.spec_for("gguf:phi.gguf"), device="cpu")
 
 
 def test_weight_bytes_flops_and_the_bench_baseline_know_each_family(case: tuple[str, Any, Path]) -> None:

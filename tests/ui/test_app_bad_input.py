@@ -21,7 +21,7 @@ from kvviz.engine.loading.save import save_model
 from kvviz.ui.pages.generate import live
 from kvviz.ui.common.plain_text import unescape
 from kvviz.ui.settings import Settings
-from kvviz.ui.state import LiveRuns, RunStore
+from kvviz.ui.state.run_store import LiveRuns, RunStore
 
 TIMEOUT = 120
 GOOD = dict(model_type="kvviz-gpt", vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32)
@@ -99,7 +99,7 @@ def _clean(at: AppTest) -> None:
 def test_bad_folders_are_listed_as_unreadable_with_their_reason(models: Path) -> None:
     at = _app()
     _clean(at)
-    from kvviz.ui.state import choice_label
+    from kvviz.ui.state.model_menu import choice_label
 
     labels = at.selectbox(key="model").options  # AppTest shows the format_func labels
     for name, reason in BAD.items():

@@ -209,7 +209,7 @@ def test_sidebar_states_the_weights_bytes_and_how_to_get_the_default_model(monke
 
 
 def test_the_load_spinner_says_what_it_is_loading() -> None:
-    from kvviz.ui.state import LOAD_MESSAGE
+    from kvviz.ui.state.model_cache import LOAD_MESSAGE
 
     assert "93.8 MiB GGUF file" in LOAD_MESSAGE and "dequantized" in LOAD_MESSAGE
 

@@ -145,7 +145,7 @@ def test_gap_panel_and_the_live_cache_for_a_builtin() -> None:
     at = fresh(mem_preset="gemma-3-1b")
     assert "Per-layer-type cache groups" in texts(at, "markdown")
     assert "Pick a model kvviz runs" in texts(at, "caption")
-    from kvviz.ui.state import smollm2_present
+    from kvviz.ui.state.model_menu import smollm2_present
 
     if smollm2_present():  # the default model, its caches built from its own GGUF file's header
         at = fresh(mem_preset="smollm2-135m", mem_seq_len="1000", mem_dtype="fp32")

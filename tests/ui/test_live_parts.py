@@ -8,7 +8,8 @@ import pytest
 
 from kvviz import Capture, KVVizError, LoadedModel, generate
 from kvviz.engine.loading.loader import RANDOM_SHAPES
-from kvviz.ui import state
+from kvviz.ui.state import model_menu
+from kvviz.ui.state.run_store import RunStore
 from kvviz.ui.common import budget
 from kvviz.ui.pages.generate import chips, metrics
 from kvviz.ui.settings import Settings
@@ -110,7 +111,7 @@ def test_run_store_keeps_the_last_runs_and_strips_old_captures(small_model: Load
     run = generate(small_model, prompt="Hello", max_new_tokens=4, capture=Capture(attention=True, kv_norms=True))
     size = run.capture_nbytes()
     ss: dict = {}
-    store = state.RunStore(ss, keep=5, budget=int(size * 2.5))
+    store = RunStore(ss, keep=5, budget=int(size * 2.5))
     ids = [store.new_id() for _ in range(7)]
     for rid in ids:
         store.put(rid, run)
@@ -121,7 +122,7 @@ def test_run_store_keeps_the_last_runs_and_strips_old_captures(small_model: Load
     assert kept[0].run.text == run.text and kept[0].run.events[0].attn is None
     store.put(ids[-1], run, stepping=True)  # replacing keeps the order and the count
     assert [r.id for r in store.runs()] == ids[-5:] and store.latest().stepping
-    assert state.RunStore(ss).get(ids[-2]) is not None  # state lives in the mapping, not the object
+    assert RunStore(ss).get(ids[-2]) is not None  # state lives in the mapping, not the object
 
 
 # --- models and settings ---------------------------------------------------------------------------
@@ -135,28 +136,28 @@ def test_model_folders_are_listed_from_the_allowed_dir_only(tmp_path: Path, monk
     outside.mkdir()
     os.symlink(outside, root / "escape")
     monkeypatch.setenv("KVVIZ_MODELS_DIR", str(root))
-    assert state.list_model_folders() == ["gpt2"]
-    assert "folder:gpt2" in state.model_choices()
-    assert state.resolve_model_folder("gpt2") == (root / "gpt2").resolve()
+    assert model_menu.list_model_folders() == ["gpt2"]
+    assert "folder:gpt2" in model_menu.model_choices()
+    assert model_menu.resolve_model_folder("gpt2") == (root / "gpt2").resolve()
     for bad in ("escape", "..", "../elsewhere", "/etc", ".hidden", "gpt2/../.."):
         with pytest.raises(KVVizError):
-            state.resolve_model_folder(bad)
+            model_menu.resolve_model_folder(bad)
     with pytest.raises(KVVizError):
-        state.spec_for("/etc/passwd")
+        model_menu.spec_for("/etc/passwd")
 
 
 def test_default_choice_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:tiny-gqa")
-    assert state.default_choice(["random:tiny", "random:tiny-gqa"]) == "random:tiny-gqa"
+    assert model_menu.default_choice(["random:tiny", "random:tiny-gqa"]) == "random:tiny-gqa"
     monkeypatch.setenv("KVVIZ_DEFAULT_MODEL", "random:nope")
-    assert state.default_choice(["random:tiny"]) == "random:tiny"
-    assert state.default_choice(["shakespeare", "random:tiny"]) == "shakespeare"
-    assert state.default_choice(["smollm2", "shakespeare", "random:tiny"]) == "smollm2"  # the real LLM first
+    assert model_menu.default_choice(["random:tiny"]) == "random:tiny"
+    assert model_menu.default_choice(["shakespeare", "random:tiny"]) == "shakespeare"
+    assert model_menu.default_choice(["smollm2", "shakespeare", "random:tiny"]) == "smollm2"  # the real LLM first
 
 
 def test_param_count_matches_the_built_model(small_model: LoadedModel) -> None:
-    assert state.param_count(small_model.config) == small_model.num_params
-    assert state.choice_label("random:gpt2-small") == "random:gpt2-small (124.4M params)"
+    assert model_menu.param_count(small_model.config) == small_model.num_params
+    assert model_menu.choice_label("random:gpt2-small") == "random:gpt2-small (124.4M params)"
 
 
 def test_settings_turn_into_generate_arguments() -> None:

@@ -27,13 +27,14 @@ from kvviz.measure.sizing import Estimator, about, calibrate
 from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
-from kvviz.ui.state import get_model
+from kvviz.ui.state import session
+from kvviz.ui.state.model_cache import get_model
 
 REDRAW_S = 0.5  # sweeps redraw their live chart at most twice a second
 
 
 def settings() -> Settings:
-    s = st.session_state.get("settings")
+    s = session.settings()
     return s if isinstance(s, Settings) else Settings()
 
 
@@ -142,7 +143,7 @@ def time_left(elapsed_s: float, frac: float) -> str:
 def estimator(model: LoadedModel, fast: bool = True) -> Estimator | None:
     """This model timed on this machine (``measure.sizing.calibrate``), once per session and engine;
     None while another session holds the measurement lock (the page keeps its smallest defaults)."""
-    cals: dict[Any, Any] = st.session_state.setdefault("sizing_cal", {})
+    cals: dict[Any, Any] = session.setdefault(session.SIZING_CALIBRATION, {})
     key = (model.name, str(model.device), model.dtype_name, bool(fast))
     if key not in cals:
         lock = measurement_lock()
@@ -159,7 +160,7 @@ def estimator(model: LoadedModel, fast: bool = True) -> Estimator | None:
 def machine_probe(model: LoadedModel, again: bool = False) -> MachineProbe:
     """Peak FLOP/s and bandwidth of this device in the model's dtype, measured once per session
     (``again`` measures anew, e.g. once a competing job has finished)."""
-    probes: dict[Any, MachineProbe] = st.session_state.setdefault("pd_probes", {})
+    probes: dict[Any, MachineProbe] = session.setdefault(session.MACHINE_PROBES, {})
     key = (str(model.device), model.dtype_name)
     if again or key not in probes:
         with st.spinner("Measuring this machine's peak matmul FLOP/s and memory bandwidth (a second or two)…"):
@@ -179,16 +180,16 @@ class SweepState:
 
     @property
     def status(self) -> str | None:
-        return st.session_state.get(self.key)
+        return session.get(self.key)
 
     def begin(self) -> None:
-        st.session_state[self.key] = "running"
+        session.put(self.key, "running")
 
     def end(self) -> None:
-        st.session_state[self.key] = "done"
+        session.put(self.key, "done")
 
     def settle(self) -> str | None:
         """On a fresh script run: a sweep still marked running was stopped."""
-        if st.session_state.get(self.key) == "running":
-            st.session_state[self.key] = "stopped"
-        return st.session_state.get(self.key)
+        if session.get(self.key) == "running":
+            session.put(self.key, "stopped")
+        return session.get(self.key)

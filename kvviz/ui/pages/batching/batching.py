@@ -15,6 +15,7 @@ from kvviz.ui.common.perf_common import (
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.common.figs import show
 from kvviz.units import MIB, fmt_bytes
+from kvviz.ui.state import session
 
 INTRO = (
     "A decode step reads every weight to produce one token per request. Put B requests in one batch and "
@@ -73,7 +74,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
         st.button("Stop", key="batch_stop", help="Stop the sweep; the points measured so far are kept")
 
     key = results_key("batch", model)
-    stored: dict[str, list[Sample]] = st.session_state.setdefault(key, {})
+    stored: dict[str, list[Sample]] = session.setdefault(key, {})
     live = st.empty()
     series = "different prompts" if prompts == "different" else "same prompt"
     if run_it:

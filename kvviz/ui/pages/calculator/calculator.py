@@ -26,6 +26,7 @@ from kvviz.ui.pages.calculator.calculator_links import (
     CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
 )
 from kvviz.ui.common.plain_text import md_plain
+from kvviz.ui.state import session
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -69,7 +70,7 @@ def _settings_controls(has_state: bool) -> None:
     c1, c2 = st.columns(2)
     c1.selectbox("KV cache dtype", DTYPES, key="mem_dtype")
     c2.selectbox("Weight dtype", DTYPES, key="mem_weight_dtype")
-    quant = st.session_state["mem_dtype"] in ("int8", "int4")
+    quant = session.read("mem_dtype") in ("int8", "int4")
     with st.expander("int8 / int4 scales", expanded=quant):
         st.number_input("Group size", min_value=1, max_value=4096, step=32, key="mem_group_size",
                         disabled=not quant, help="Values sharing one scale.")
@@ -77,7 +78,7 @@ def _settings_controls(has_state: bool) -> None:
         st.checkbox("Zero point per group too", key="mem_zero_point", disabled=not quant)
     st.checkbox("Apply sliding windows and chunks", key="mem_windows",
                 help="Off: every layer keeps every token, as a runtime without window support would.")
-    windowed = bool(st.session_state["mem_cache_window"])
+    windowed = bool(session.read("mem_cache_window"))
     with st.expander("Cache window (StreamingLLM)", expanded=windowed):
         st.checkbox("Keep only sinks + the last W positions", key="mem_cache_window",
                     help="A run-time cache window on every layer, as kvviz's own --window/--sinks caches "
@@ -93,7 +94,7 @@ def _settings_controls(has_state: bool) -> None:
     c1, c2 = st.columns(2)
     c1.checkbox("Paged", key="mem_paged", help="vLLM-style: each layer's tokens rounded up to whole blocks.")
     c2.number_input("Block size (tokens)", min_value=1, max_value=4096, key="mem_block_size",
-                    disabled=not st.session_state["mem_paged"])
+                    disabled=not session.read("mem_paged"))
     st.divider()
     gpus = load_gpus()
     st.selectbox("GPU", [*gpus, CUSTOM_GPU], key="mem_gpu_kind", on_change=apply_gpu_kind,
@@ -103,7 +104,7 @@ def _settings_controls(has_state: bool) -> None:
     c1.selectbox("GPU memory", GPU_OPTIONS, key="mem_gpu", format_func=lambda g: "custom" if g == CUSTOM_GPU else f"{g} GiB",
                  help='Nominal sizes read as GiB: an "80 GB" A100 has 80 GiB (81,920 MiB).')
     c2.number_input("Custom (GiB)", min_value=0.5, max_value=100_000.0, step=1.0, key="mem_gpu_custom",
-                    disabled=st.session_state["mem_gpu"] != CUSTOM_GPU)
+                    disabled=session.read("mem_gpu") != CUSTOM_GPU)
     st.number_input("Tensor-parallel GPUs", min_value=1, max_value=MAX_TP, step=1, key="mem_tp",
                     help="KV heads and weights split across the GPUs; heads are replicated when there are more GPUs "
                          "than KV heads. MLA's latent is never split.")
@@ -120,7 +121,7 @@ def _settings_controls(has_state: bool) -> None:
 
 
 def _request() -> MemoryRequest:
-    ss = st.session_state
+    ss = session.mapping()
     gpu = float(ss["mem_gpu_custom"]) if ss["mem_gpu"] == CUSTOM_GPU else float(ss["mem_gpu"])
     return MemoryRequest(
         seq_len=int(ss["mem_seq_len"]), batch=int(ss["mem_batch"]), beams=int(ss["mem_beams"]),
@@ -221,7 +222,7 @@ def page_words(warning: str) -> str:
 
 def cache_window() -> tuple[int, int] | None:
     """The sidebar's cache window as (W, S), or None when it is off."""
-    ss = st.session_state
+    ss = session.mapping()
     return (int(ss["mem_window"]), int(ss["mem_sinks"])) if ss["mem_cache_window"] else None
 
 
@@ -238,7 +239,7 @@ def compared(spec: ModelSpec, req: MemoryRequest, presets: dict[str, ModelSpec],
     """The current model (with the user's parameter count) and the compared presets (with their own),
     each under the same cache window. A compared preset that the request's TP cannot split is compared at tp 1."""
     out = [(spec, calculate(spec, req))]  # raises CalcError for the page to show
-    for k in st.session_state["mem_compare"]:
+    for k in session.read("mem_compare"):
         m = presets[k]
         if m.key == spec.key and m.name == spec.name:
             continue
@@ -283,13 +284,13 @@ def page() -> None:
                "layers, tensor parallelism, and the cost per token on a GPU.")
     presets = _presets()
     for key, value in DEFAULTS.items():
-        st.session_state.setdefault(key, list(value) if isinstance(value, list) else value)
+        session.setdefault(key, list(value) if isinstance(value, list) else value)
     for msg in read_query_params(list(presets)):
         st.warning(f"Link setting {md_plain(msg)}")  # the value is whatever the link says: never Markdown
     # A preset that disappeared (e.g. the shipped model is missing) falls back to the default one.
-    if st.session_state["mem_preset"] not in presets:
-        st.session_state["mem_preset"] = DEFAULTS["mem_preset"]
-    st.session_state["mem_compare"] = [k for k in st.session_state["mem_compare"] if k in presets]
+    if session.read("mem_preset") not in presets:
+        session.put("mem_preset", DEFAULTS["mem_preset"])
+    session.put("mem_compare", [k for k in session.read("mem_compare") if k in presets])
 
     with st.sidebar:
         spec = _model_controls(presets)
@@ -326,5 +327,5 @@ def page() -> None:
     panels.gap(spec, req, res)
     engines.section(spec, req, res.params)
     _table(side_by_side)
-    if st.session_state["mem_source"] == "import":
+    if session.read("mem_source") == "import":
         st.caption("The link in the address bar carries these settings, not the imported config.json.")

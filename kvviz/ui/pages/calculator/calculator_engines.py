@@ -18,6 +18,7 @@ from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens
 from kvviz.memory.engines import EngineRequest, engine_report, estimate_parts
 from kvviz.memory.formulas import weight_bytes
 from kvviz.ui.common.plain_text import md_plain
+from kvviz.ui.state import session
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
@@ -51,7 +52,7 @@ def _controls() -> None:
 def usable_gpu(req: MemoryRequest) -> tuple[float | None, str]:
     """The GPU memory an engine sizes against: nvidia-smi's total for a preset GPU left at its nominal size
     (with the words to say so), else the sidebar's figure."""
-    g = load_gpus().get(st.session_state.get("mem_gpu_kind", ""))
+    g = load_gpus().get(session.get("mem_gpu_kind", ""))
     if g is not None and g.usable_mib and req.gpu_gib == float(g.memory_gib):
         return g.usable_gib, (f"{g.name}: {g.usable_mib:,} MiB usable (what nvidia-smi reports), "
                               f"{g.memory_gib} GiB nominal")
@@ -59,7 +60,7 @@ def usable_gpu(req: MemoryRequest) -> tuple[float | None, str]:
 
 
 def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineRequest:
-    ss = st.session_state
+    ss = session.mapping()
     gib = float(ss["mem_eng_kv_gib"]) or None
     return EngineRequest(
         engine=engine, max_model_len=req.seq_len, kv_dtype=req.kv_dtype, kv_memory_gib=gib, gpu_gib=usable_gpu(req)[0],
@@ -72,12 +73,12 @@ def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineReque
 
 
 def _gpu_name() -> str:
-    g = load_gpus().get(st.session_state.get("mem_gpu_kind", ""))
+    g = load_gpus().get(session.get("mem_gpu_kind", ""))
     return g.name if g is not None else ""
 
 
 def _lengths() -> tuple[int, ...]:
-    text = str(st.session_state.get("mem_eng_pcts", "")).strip()
+    text = str(session.get("mem_eng_pcts", "")).strip()
     return tuple(lengths_from_percentiles(parse_percentiles(text))) if text else ()
 
 
@@ -108,7 +109,7 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
 def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
     """The three engines for the sidebar's model, context (as max_model_len), TP, KV dtype and GPU."""
     for k, v in DEFAULTS.items():
-        st.session_state.setdefault(k, v)
+        session.setdefault(k, v)
     st.subheader("Engine: what vLLM, llama.cpp and SGLang allocate")
     st.caption("The context is the engines' max_model_len / -c; TP, the KV dtype, the block size and the GPU come "
                "from the sidebar. Only vLLM's tokens from a logged available memory are exact; an estimate says so.")
@@ -147,9 +148,9 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
         if not log.found:
             reconcile(spec, log, VLLMSettings(0, 1))  # the sentence for a log without KV lines
         s = VLLMSettings(0, flags.get("max_model_len") or req.seq_len, flags.get("block_size") or req.block_size,
-                         flags.get("tp") or req.tp, flags.get("pp") or int(st.session_state["mem_eng_pp"]),
+                         flags.get("tp") or req.tp, flags.get("pp") or int(session.read("mem_eng_pp")),
                          flags.get("kv_dtype") or req.kv_dtype,
-                         flags.get("max_num_batched_tokens") or int(st.session_state["mem_eng_batched"])
+                         flags.get("max_num_batched_tokens") or int(session.read("mem_eng_batched"))
                          or default_batched_tokens(usable_gpu(req)[0], _gpu_name()),
                          req.use_windows)
         rows, notes = reconcile(spec, log, s)

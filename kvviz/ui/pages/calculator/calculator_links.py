@@ -14,6 +14,7 @@ from kvviz.memory import (
     MAX_TP,
     SCALE_DTYPE_BYTES, STATE_DTYPES, load_gpus,
 )
+from kvviz.ui.state import session
 
 SOURCES = {"preset": "Preset", "import": "Import config.json"}
 GPU_OPTIONS = [str(g) for g in GPU_PRESETS_GIB] + ["custom"]
@@ -110,9 +111,9 @@ def _parsers(preset_keys: list[str]) -> dict[str, Callable[[str], Any]]:
 
 def read_query_params(preset_keys: list[str]) -> list[str]:
     """Seed the widgets from the URL once per session; return a message for each invalid value."""
-    if st.session_state.get("mem_qp_loaded"):
+    if session.get(session.CALC_LINK_READ):
         return []
-    st.session_state["mem_qp_loaded"] = True
+    session.put(session.CALC_LINK_READ, True)
     bad: list[str] = []
     for key, parse in _parsers(preset_keys).items():
         if key not in st.query_params:
@@ -124,14 +125,14 @@ def read_query_params(preset_keys: list[str]) -> list[str]:
             bad.append(f"{key}={raw[:40]!r} ignored: {str(e)[:120]}")
             continue
         if key == "mem_gpu" and isinstance(value, float):
-            st.session_state["mem_gpu"], st.session_state["mem_gpu_custom"] = CUSTOM_GPU, value
+            session.update({"mem_gpu": CUSTOM_GPU, "mem_gpu_custom": value})
         else:
-            st.session_state[key] = value
+            session.put(key, value)
     if "mem_gpu_kind" in st.query_params:  # a hand-written link may name the GPU alone: fill in the rest
-        given = {k: st.session_state.get(k) for k in ("mem_gpu", "mem_gpu_custom", "mem_bandwidth", "mem_price")
+        given = {k: session.get(k) for k in ("mem_gpu", "mem_gpu_custom", "mem_bandwidth", "mem_price")
                  if k in st.query_params}
         apply_gpu_kind()
-        st.session_state.update(given)
+        session.update(given)
     return bad
 
 
@@ -139,10 +140,10 @@ def write_query_params() -> None:
     """The current settings back into the URL, so the address bar is always a shareable link."""
     out: dict[str, str] = {}
     for key in SHARED_KEYS:
-        v = st.session_state.get(key, DEFAULTS[key])
-        if key == "mem_preset" and st.session_state.get("mem_source") == "import":
+        v = session.get(key, DEFAULTS[key])
+        if key == "mem_preset" and session.get("mem_source") == "import":
             continue  # an imported config is too big for a link
-        if key == "mem_gpu_custom" and st.session_state.get("mem_gpu") != CUSTOM_GPU:
+        if key == "mem_gpu_custom" and session.get("mem_gpu") != CUSTOM_GPU:
             continue
         out[key] = ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
     if dict(st.query_params) != out:
@@ -151,14 +152,14 @@ def write_query_params() -> None:
 
 def apply_gpu_kind() -> None:
     """on_change of the GPU model: its memory, bandwidth and example price fill the other controls."""
-    kind = st.session_state.get("mem_gpu_kind")
+    kind = session.get("mem_gpu_kind")
     gpus = load_gpus()
     if kind not in gpus:
         return  # "custom": keep whatever the user typed
     g = gpus[kind]
     if str(g.memory_gib) in GPU_OPTIONS:
-        st.session_state["mem_gpu"] = str(g.memory_gib)
+        session.put("mem_gpu", str(g.memory_gib))
     else:
-        st.session_state["mem_gpu"], st.session_state["mem_gpu_custom"] = CUSTOM_GPU, float(g.memory_gib)
-    st.session_state["mem_bandwidth"] = g.bandwidth_gbs
-    st.session_state["mem_price"] = g.price_per_hour
+        session.update({"mem_gpu": CUSTOM_GPU, "mem_gpu_custom": float(g.memory_gib)})
+    session.put("mem_bandwidth", g.bandwidth_gbs)
+    session.put("mem_price", g.price_per_hour)

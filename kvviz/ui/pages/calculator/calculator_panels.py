@@ -24,6 +24,7 @@ from kvviz.ui.pages.calculator.calculator_engine import measure_caches
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.units import fmt_bytes, fmt_usd
 from kvviz.ui.common.figs import show
+from kvviz.ui.state import session
 
 MAX_STRIP_LAYERS = 2000  # a bar per layer; past this the strip shows the first layers only
 
@@ -68,8 +69,8 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
     c2.multiselect("Dtypes to plot", DTYPES, key="mem_chart_dtypes")
     c3.checkbox("Log axes", key="mem_log")
     c4.checkbox("Add weights", key="mem_chart_weights")
-    dtypes = st.session_state["mem_chart_dtypes"] or [req.kv_dtype]
-    add_w = st.session_state["mem_chart_weights"]
+    dtypes = session.read("mem_chart_dtypes") or [req.kv_dtype]
+    add_w = session.read("mem_chart_weights")
     ctx = _contexts(req.seq_len)
     curves = []
     for m, r in compared:
@@ -82,7 +83,7 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
         caps = [(f"GPU {res.fit.gpu_bytes / GIB:g} GiB", res.fit.gpu_bytes),
                 (f"usable after {req.reserve:.0%} reserve", res.fit.usable_bytes)]
     what = "Weights + KV cache" if add_w else "KV cache"
-    show(st, charts.memory_vs_context(curves, caps, st.session_state["mem_log"],
+    show(st, charts.memory_vs_context(curves, caps, session.read("mem_log"),
                                              f"{what} vs context (batch {req.batch}, beams {req.beams})"),
                     key="mem_chart_context")
     top = max(64, 1 << math.ceil(math.log2(2 * req.batch)))
@@ -104,9 +105,9 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
 def measured_mbu() -> str | None:
     """The decode memory-bandwidth utilisation the Prefill vs decode page measured in this session:
     achieved bytes/s (analytic FLOPs / intensity / time) over the probed peak. None until it has run."""
-    probes: Any = st.session_state.get("pd_probes") or {}
+    probes: Any = session.get(session.MACHINE_PROBES) or {}
     found = []
-    for key, results in list(st.session_state.items()):
+    for key, results in list(session.items()):
         if not (isinstance(key, str) and key.startswith("pd_results::") and isinstance(results, dict)):
             continue
         for sample in results.get("decode") or []:

@@ -22,6 +22,7 @@ from kvviz.ui.common.perf_common import busy_note, page_model, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.stepper import close_iterator
+from kvviz.ui.state import session
 
 INTRO = (
     "Serving engines keep the KV cache **between requests**. A chat's second turn then computes only its new "
@@ -76,7 +77,7 @@ def page() -> None:
 def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: int, blocks: int, max_new: int,
                   stamp: bool, fast: bool, sampling: dict[str, Any]) -> Conversation | None:
     """This session's conversation; a new one when a setting it was built with changes."""
-    if st.session_state.get("chat_key") != key or st.session_state.get("chat_conv") is None:
+    if session.get(session.CHAT_CONVERSATION_KEY) != key or session.get(session.CHAT_CONVERSATION) is None:
         try:
             conv = Conversation(model, cache_kind=kind, kv_block_size=block, kv_blocks=blocks, timestamp=stamp,
                                 max_new_tokens=max_new, fast=fast, **sampling)
@@ -84,9 +85,10 @@ def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: in
         except KVVizError as e:
             st.error(md_plain(e))
             return None
-        st.session_state["chat_conv"], st.session_state["chat_key"] = conv, key
-        st.session_state["chat_checks"] = {}
-    return st.session_state["chat_conv"]
+        session.put(session.CHAT_CONVERSATION, conv)
+        session.put(session.CHAT_CONVERSATION_KEY, key)
+        session.put(session.CHAT_CHECKS, {})
+    return session.read(session.CHAT_CONVERSATION)
 
 
 def _chat(conv: Conversation) -> None:
@@ -108,7 +110,7 @@ def _chat(conv: Conversation) -> None:
 
 
 def _conversation_view(conv: Conversation) -> None:
-    checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
+    checks: dict[int, tuple[bool, float]] = session.setdefault(session.CHAT_CHECKS, {})
     # A turn still running belongs to an older script run that this rerun stopped (Streamlit's fast
     # reruns start a new thread at once): roll it back now, so what is drawn below is current.
     conv.interrupt("interrupted by a rerun")
@@ -127,13 +129,13 @@ def _conversation_view(conv: Conversation) -> None:
             got = checks.get(i)
             st.caption(chat_views.turn_line(t, got[1] if got else None, got[0] if got else None))
     _interrupted(cut, len(turns))
-    err = st.session_state.pop("chat_error", None)
+    err = session.pop(session.CHAT_ERROR, None)
     if err:
         st.error(md_plain(err))
 
 
 def _controls(conv: Conversation) -> None:
-    checks: dict[int, tuple[bool, float]] = st.session_state.setdefault("chat_checks", {})
+    checks: dict[int, tuple[bool, float]] = session.setdefault(session.CHAT_CHECKS, {})
     tok = conv.model.tokenizer
     b0, b1, b2, b3, b4 = st.columns([1.2, 2, 1.6, 1, 1])
     # Any earlier message: the cache is kept up to the first token that changes (in the chips).
@@ -154,7 +156,7 @@ def _controls(conv: Conversation) -> None:
                       "and a block the old answer filled is copied on write"):
         _send(conv, "", regenerate=True)
     if b4.button("New chat", key="chat_reset"):
-        st.session_state["chat_conv"] = None
+        session.put(session.CHAT_CONVERSATION, None)
         st.rerun()
     if not conv.turns:
         return
@@ -218,11 +220,11 @@ def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerat
                     if snap:
                         show(st, pc.pool_grid(snap, ["conversation"]), key=f"chat_live_{len(conv.turns)}_{i}")
         if edit_turn is not None or regenerate:
-            st.session_state["chat_checks"] = {}
+            session.put(session.CHAT_CHECKS, {})
     except TurnInterrupted:
         return  # a newer turn replaced this one: the script run that started it draws the page
     except KVVizError as e:
-        st.session_state["chat_error"] = str(e)
+        session.put(session.CHAT_ERROR, str(e))
     finally:
         if it is not None and inspect.getgeneratorstate(it) == inspect.GEN_CREATED and edit_turn is None \
                 and not regenerate:  # stopped before the turn began: keep the message, unanswered

@@ -25,6 +25,7 @@ from kvviz.errors import KVVizError
 from kvviz.ui.pages.chat import chat_views
 from kvviz.ui.common.figs import show
 from kvviz.ui.common.plain_text import md_plain
+from kvviz.ui.state import session
 
 Q1 = "What is the capital of France?"
 Q2 = "And of Italy?"
@@ -44,11 +45,11 @@ def section(model: LoadedModel, fast: bool, block: int, blocks: int) -> None:
     if st.button("Run the scenario", key="chat_scn_run", type="primary"):
         live = st.empty()
         try:
-            st.session_state["chat_scn"] = _run(model, fast, block, blocks, live)
+            session.put(session.CHAT_SCENARIO, _run(model, fast, block, blocks, live))
         except KVVizError as e:
             st.error(md_plain(e))
         live.empty()
-    stages: list[dict[str, Any]] | None = st.session_state.get("chat_scn")
+    stages: list[dict[str, Any]] | None = session.get(session.CHAT_SCENARIO)
     if not stages:
         return
     titles = [s["title"] for s in stages]

@@ -26,6 +26,7 @@ from kvviz.ui.common.perf_common import acquire_or_warn, page_model, results_key
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
+from kvviz.ui.state import session
 
 INTRO = (
     "The KV cache often outgrows the model's weights at long context, so real servers shrink it: **quantized** "
@@ -92,7 +93,7 @@ def _quant(s: Settings, model: LoadedModel) -> None:
     key = results_key("kvq_result", model)
     if run_it:
         _run_quant(s, model, n, None if group == hs else int(group), zp, fp8, key, which)
-    got = st.session_state.get(key)
+    got = session.get(key)
     if got is None:
         st.info("Press **Compare the four caches**: the same prompt through full-precision, int8, int4 and fp8 "
                 "KV caches, then the measured errors.")
@@ -139,7 +140,7 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
         return
     finally:
         lock.release()
-    st.session_state[key] = out
+    session.put(key, out)
 
 
 def _calculator_bytes(model: LoadedModel, dt: str | None, group: int | None, zp: bool, fp8: str,

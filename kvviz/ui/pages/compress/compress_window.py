@@ -21,6 +21,7 @@ from kvviz.ui.common.perf_common import acquire_or_warn, results_key, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
+from kvviz.ui.state import session
 
 CURVES_FILE = ASSETS / "kv_curves_smollm2.json"
 POSITIONS_HELP = (
@@ -69,7 +70,7 @@ def window_tab(s: Settings, model: LoadedModel) -> None:
     key = results_key("kvw_result", model)
     if run_it:
         _run_window(s, model, w, sk, pos, n, key, which)
-    got = st.session_state.get(key)
+    got = session.get(key)
     if got is None:
         st.info("Press **Generate through the window**: the prompt runs past the window and the notebook shows "
                 "which positions are sinks, kept and evicted at every step.")
@@ -95,7 +96,7 @@ def _run_window(s: Settings, model: LoadedModel, w: int, sk: int, pos: str, n: i
         return
     finally:
         lock.release()
-    st.session_state[key] = (runs[0], runs[1], w, sk)
+    session.put(key, (runs[0], runs[1], w, sk))
 
 
 def _window_results(got: tuple[Any, Any, int, int]) -> None:
@@ -152,12 +153,12 @@ def curves_tab(model: LoadedModel) -> None:
         if lock is not None:
             try:
                 with st.spinner(f"Teacher-forcing {tokens} tokens through each cache…"):
-                    st.session_state[key] = measure(model, tokens, w, sk, bins=8, dtypes=("int8", "int4"))
+                    session.put(key, measure(model, tokens, w, sk, bins=8, dtypes=("int8", "int4")))
             except KVVizError as e:
                 st.error(md_plain(e))
             finally:
                 lock.release()
-    got = st.session_state.get(key)
+    got = session.get(key)
     if got is not None:
         _curves(got, "kvc_live", f"Measured now on {model.name}")
 

@@ -21,6 +21,7 @@ from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, estimator, p
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes
+from kvviz.ui.state import session
 
 INTRO = (
     "Plain decoding only ever appends to the KV cache. Two strategies move it. **Beam search** keeps k "
@@ -81,7 +82,7 @@ def _beam(s: Settings, model: LoadedModel) -> None:
     if run_it:
         _run_beams(s, model, dict(num_beams=k, length_penalty=lp, early_stopping=es,
                                   num_return_sequences=min(nrs, k), max_new_tokens=n), store_key)
-    run: Run | None = st.session_state.get(store_key)
+    run: Run | None = session.get(store_key)
     if run is None or run.beams is None:
         st.info("Press **Run beam search** to grow the beam tree from the sidebar's prompt.")
         return
@@ -102,7 +103,7 @@ def _run_beams(s: Settings, model: LoadedModel, opts: dict[str, Any], store_key:
             show(slot, dc.beam_tree(stream.steps, "The beam tree, growing"), key=f"beam_live_{next(_draws)}")
             last = now
     slot.empty()
-    st.session_state[store_key] = stream.run
+    session.put(store_key, stream.run)
 
 
 def _beam_results(run: Run) -> None:
@@ -148,7 +149,7 @@ def _spec(s: Settings, model: LoadedModel) -> None:
     store_key = results_key("spec_result", model)
     if run_it:
         _run_spec(s, model, which, k, ngram, n, repeats, store_key)
-    got = st.session_state.get(store_key)
+    got = session.get(store_key)
     if got is None:
         st.info("Press **Run and time both**: plain greedy and speculative decoding on the same prompt, "
                 "then the notebook of what each verify forward wrote and rolled back.")
@@ -175,7 +176,7 @@ def _run_spec(s: Settings, model: LoadedModel, which: str, k: int, ngram: int, n
         return
     finally:
         lock.release()
-    st.session_state[store_key] = (cmp, plain, spec)
+    session.put(store_key, (cmp, plain, spec))
 
 
 def _spec_results(cmp: Any, plain: Run, spec: Run) -> None:

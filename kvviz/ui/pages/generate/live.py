@@ -37,7 +37,7 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
 from kvviz.engine.generation.loop import GenerationStream
 from kvviz.measure import threads
-from kvviz.ui import persist, present, tour
+from kvviz.ui import present, tour
 from kvviz.ui.pages.generate import chips
 from kvviz.ui.common.budget import Shape, plan_capture
 from kvviz.ui.pages.generate.pacing import Pacer
@@ -45,18 +45,20 @@ from kvviz.ui.common.perf_common import busy_note
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.pages.generate.replay import stored_view
 from kvviz.ui.settings import Settings
-from kvviz.ui.state import RunStore, get_model, live_runs, run_store
+from kvviz.ui.state import persist, session
+from kvviz.ui.state.model_cache import get_model
+from kvviz.ui.state.run_store import RunStore, live_runs, run_store
 from kvviz.ui.common.stepper import Stepper, close_iterator
 from kvviz.ui.pages.generate.view import Slots, ViewOptions, draw, layout
 
 # Redraw intervals (kvviz/ui/pages/generate/pacing.py) are for one live run; with N runs live in the process each
-# is N times longer, so the server sends the browsers about what one run would (see state.LiveRuns).
+# is N times longer, so the server sends the browsers about what one run would (see run_store.LiveRuns).
 # With more live runs than this in the process, charts wait for the end of the run (the text and
 # numbers keep updating). Measured: ten browsers re-rendering four Plotly charts each stopped
 # reading their sockets for over 30 s, and the server's keepalive dropped them (docs/load-test.md).
 LIVE_CHARTS_MAX_RUNS = 3
-STEPPER_KEY = "_kvviz_stepper"
-VIEW_PLACE_KEY = "_kvviz_view_place"  # which of the run view's two places holds it (_view_place)
+STEPPER_KEY = session.STEPPER
+VIEW_PLACE_KEY = session.VIEW_PLACE  # which of the run view's two places holds it (_view_place)
 # A run interrupted by a rerun with no click (a reconnect) resumes within this many seconds; past
 # it (the tab was closed, the page left and revisited much later) it ends, saying so.
 RESUME_WINDOW_S = 120.0  # Streamlit's disconnectedSessionTTL default: the session outlives a drop that long
@@ -79,7 +81,7 @@ PAGE_CSS = '<style>[data-testid="stMainBlockContainer"]{padding-top:2.2rem}</sty
 # --- the page ------------------------------------------------------------------------------------
 
 def page() -> None:
-    settings: Settings = st.session_state.get("settings") or Settings()
+    settings: Settings = session.settings() or Settings()
     store = run_store()
     # A click (or a reconnect) during a live run starts this run at once, on another thread; let the
     # interrupted one park its stream first. It takes one step and one draw at most, but a step
@@ -120,7 +122,7 @@ def page() -> None:
     generate = generate or asked == "generate"
     step = step or asked == "step"
 
-    stepper: Stepper | None = st.session_state.get(STEPPER_KEY)
+    stepper: Stepper | None = session.get(STEPPER_KEY)
     if stop and stepper is not None:
         _end_stepping(store, "stopped by the user")
     parked = _resolve_parked(store, settings, stop=stop, new_run=generate or step)
@@ -216,9 +218,9 @@ def _view_place(live: bool) -> Any:
     view where the live one is, over it, part by part. Each place gets one delta per script run
     (two to one place, queued together, would go out as the second alone).
     """
-    current = int(st.session_state.get(VIEW_PLACE_KEY, 0))
+    current = int(session.get(VIEW_PLACE_KEY, 0))
     use = 1 - current if live else current
-    st.session_state[VIEW_PLACE_KEY] = use
+    session.put(VIEW_PLACE_KEY, use)
     place: Any = None
     for i in (0, 1):
         if i == use:
@@ -388,7 +390,7 @@ def _pause(seconds: float) -> None:
     end = time.perf_counter() + min(max(seconds, 0.0), 2.0)
     while (left := end - time.perf_counter()) > 0:
         time.sleep(min(left, 0.05))
-        st.session_state.get("settings")  # a session-state read is a Streamlit interrupt point
+        session.settings()  # a session-state read is a Streamlit interrupt point
 
 
 # --- step mode -----------------------------------------------------------------------------------
@@ -406,7 +408,7 @@ def _step(settings: Settings, model: LoadedModel, store: RunStore, stepper: Step
             return
         stream, meta = started
         stepper = Stepper(store.new_id(), stream, meta, _signature(settings))
-        st.session_state[STEPPER_KEY] = stepper
+        session.put(STEPPER_KEY, stepper)
     try:
         ev = stepper.advance()
         if ev is not None and (len(stepper.stream.events) >= stepper.stream.max_new_tokens
@@ -429,7 +431,7 @@ def _end_stepping(store: RunStore, why: str = "ended when a setting changed", re
 
     A run that had not ended by itself gets ``reason`` and the note ``why``.
     """
-    stepper: Stepper | None = st.session_state.pop(STEPPER_KEY, None)
+    stepper: Stepper | None = session.pop(STEPPER_KEY, None)
     if stepper is None:
         return
     stepper.close()

@@ -12,10 +12,11 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.engine.generation.events import to_dataframe
-from kvviz.ui import persist, present
+from kvviz.ui import present
+from kvviz.ui.state import persist
 from kvviz.ui.pages.generate.pacing import LiveCost
 from kvviz.ui.common.plain_text import md_plain
-from kvviz.ui.state import RunStore, StoredRun
+from kvviz.ui.state.run_store import RunStore, StoredRun
 from kvviz.ui.pages.generate.view import draw, layout
 
 REPLAY_SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)

@@ -15,7 +15,8 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.charts import run_charts as charts
-from kvviz.ui import persist, present
+from kvviz.ui import present
+from kvviz.ui.state import persist
 from kvviz.ui.pages.generate import chips, metrics
 from kvviz.ui.common.figs import show
 

@@ -23,6 +23,7 @@ from kvviz.ui.common.perf_common import (
 )
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.figs import show
+from kvviz.ui.state import session
 
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
@@ -44,7 +45,7 @@ def page() -> None:
     sweep_state.settle()
     example_state.settle()
     busy_note()
-    results: dict[str, list[Sample]] = st.session_state.setdefault(results_key("pd_results", model), {})
+    results: dict[str, list[Sample]] = session.setdefault(results_key("pd_results", model), {})
     fast = s.engine == "fast"  # the sidebar's engine runs every measured step
     est = estimator(model, fast)
     ctx, repeats = _context_limit(model, est)
@@ -147,10 +148,10 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
     if found:
         with st.container(key="pd_doubts"):
             st.warning(doubts.verdict(found), icon=":material/report:")
-    probe = st.session_state.get("pd_probes", {}).get((str(model.device), model.dtype_name))
+    probe = session.get(session.MACHINE_PROBES, {}).get((str(model.device), model.dtype_name))
     if probe is None:
         return
-    if st.session_state.get("pd_reprobe"):  # the button below was clicked on the previous run
+    if session.get("pd_reprobe"):  # the button below was clicked on the previous run
         lock = acquire_or_warn()
         if lock is not None:
             try:

@@ -24,6 +24,7 @@ from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_ns
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.common.figs import show
+from kvviz.ui.state import session
 
 SETTLE_WAIT_S = 10.0  # how long a script run waits for an interrupted race to store its runs
 LIVE_REDRAW_S = 0.2  # live latency chart: about 5 redraws a second; the text updates every token
@@ -111,7 +112,7 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
 
     if start:
         _run_race(s, model, key, slots, (progress, live_chart), state, est)
-    stored = st.session_state.get(key)
+    stored = session.get(key)
     if stored and not stored["settled"].wait(SETTLE_WAIT_S):
         # A Stop click started this script run on a new thread while the race's thread is still
         # finishing its current step; its partial runs land in `stored` when it does.
@@ -156,14 +157,14 @@ def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[
     lock = acquire_or_warn()
     if lock is None:
         return
-    race_id = st.session_state.get("race_next_id", 0) + 1
-    st.session_state["race_next_id"] = race_id
+    race_id = session.get(session.RACE_NEXT_ID, 0) + 1
+    session.put(session.RACE_NEXT_ID, race_id)
     # Stored before the loop and only mutated after: a Stop click raises StopException at the next
     # Streamlit call, after which assigning to st.session_state raises again, but mutating works.
     # With fast reruns the click's script run starts at once on another thread, before this one
     # has unwound, so it waits on `settled` before reading the runs (as the Generate page does).
     record: dict[str, Any] = {"id": race_id, "runs": {}, "complete": False, "settled": threading.Event()}
-    st.session_state[key] = record
+    session.put(key, record)
     streams: dict[str, GenerationStream] = {}
     finished: set[str] = set()
     last_draw, draws = 0.0, 0
@@ -240,7 +241,7 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
     with b:
         st.markdown("**Why the measured speedup is not the FLOP ratio**")
         if "static" in runs and "none" in runs:
-            probes = st.session_state.get("pd_probes", {})
+            probes = session.get(session.MACHINE_PROBES, {})
             probe = probes.get((str(model.device), model.dtype_name))
             nbytes = model.dtype.itemsize
             st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe,
@@ -303,8 +304,8 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
         if lock is None:
             return
         samples: list[Sample] = []
-        st.session_state[key] = samples
-        st.session_state[key + "::busy"] = None
+        session.put(key, samples)
+        session.put(key + session.BUSY_SUFFIX, None)
         state.begin()
         window = BusyWindow()
         draws = [0]
@@ -319,14 +320,14 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
             state.end()
         finally:
             lock.release()
-            st.session_state[key + "::busy"] = window.clause()
+            session.put(key + session.BUSY_SUFFIX, window.clause())
         charts.empty()
-    samples = st.session_state.get(key)
+    samples = session.get(key)
     if not samples:
         return
     if state.status == "stopped":
         st.warning(f"The sweep was stopped after {len(samples)} runs; these are the points it measured.")
-    _sweep_results(model, samples, st.session_state.get(key + "::busy"))
+    _sweep_results(model, samples, session.get(key + session.BUSY_SUFFIX))
 
 
 def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None = None) -> None:

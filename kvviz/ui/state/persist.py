@@ -20,15 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import streamlit as st
+from kvviz.ui.state import session
 
-SHADOW_KEY = "_kvviz_kept_widgets"
+SHADOW_KEY = session.KEPT_WIDGETS
 
 
 def _shadow() -> dict[str, Any]:
-    if SHADOW_KEY not in st.session_state:
-        st.session_state[SHADOW_KEY] = {}
-    return st.session_state[SHADOW_KEY]
+    if not session.has(SHADOW_KEY):
+        session.put(SHADOW_KEY, {})
+    return session.read(SHADOW_KEY)
 
 
 def keep(key: str, default: Any, options: Sequence[Any] | None = None,
@@ -38,7 +38,7 @@ def keep(key: str, default: Any, options: Sequence[Any] | None = None,
     ``options``: a value no longer offered (a model folder removed, CUDA gone) falls back to
     ``default``. ``bounds``: a number is clamped, e.g. when a smaller model shrinks the context.
     """
-    ss = st.session_state
+    ss = session.mapping()
     if key not in ss:
         ss[key] = _shadow().get(key, default)
     value = ss[key]
@@ -63,12 +63,12 @@ def keep_index(key: str, default: Any, options: Sequence[Any]) -> int:
 
 def last(key: str, default: Any = None) -> Any:
     """The widget's value now, or as it was when it was last drawn."""
-    return st.session_state.get(key, _shadow().get(key, default))
+    return session.get(key, _shadow().get(key, default))
 
 
 def remember(*keys: str) -> None:
     """Copy the widgets' current values into the shadow (call after creating them)."""
     shadow = _shadow()
     for key in keys:
-        if key in st.session_state:
-            shadow[key] = st.session_state[key]
+        if session.has(key):
+            shadow[key] = session.read(key)
