@@ -11,11 +11,10 @@ the sampled token goes, so it is also the number of K/V columns that exist after
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import plotly.graph_objects as go
 
+from kvviz.charts.fast_layout import set_layout
 from kvviz.charts.render_cost import (  # noqa: F401 (COLUMN_GAP_MAX: the tests read it here)
     AXIS, AXIS_MARGIN_FLAT, COLORBAR_R, COLORBAR_TITLE_R, COLUMN_GAP_MAX, MARGIN, axis_margin, column_gap, label_margin,
     rate_axis_margin,
@@ -53,15 +52,14 @@ def _layout(fig: go.Figure, title: str, subtitle: str, height: int, margin: dict
     # ``margin``: what the chart's labels need (charts/render_cost.py), so Plotly lays it out once.
     # Title and subtitle are anchored in pixels from the top of the figure, so a short chart
     # does not clip them (a fraction of the height would).
-    fig.update_layout(
-        title=dict(text=title, font=dict(size=TITLE_SIZE), x=0.0, xref="container", xanchor="left", pad=dict(l=12),
-                   y=1.0, yref="container", yanchor="top",
+    return set_layout(
+        fig,
+        title=dict(text=title, font=dict(size=TITLE_SIZE), x=0.0, xref="container", xanchor="left",
+                   pad=dict(l=12, t=14), y=1.0, yref="container", yanchor="top",
                    subtitle=dict(text=subtitle, font=dict(size=14, color="#495057"))),
         font=FONT, height=height, template=TEMPLATE,
-        margin=dict(MARGIN, t=96 if subtitle else 64, **(margin or {})), hoverlabel=dict(font_size=15),
+        margin=dict(MARGIN, t=96 if subtitle else 64, **(margin or {})), hoverlabel=dict(font=dict(size=15)),
     )
-    fig.update_layout(title_pad_t=14)
-    return fig
 
 
 def _message_figure(title: str, message: str, height: int) -> go.Figure:
@@ -69,8 +67,7 @@ def _message_figure(title: str, message: str, height: int) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=17, color="#495057"))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
+    set_layout(fig, xaxis=dict(visible=False), yaxis=dict(visible=False))
     return _layout(fig, title, "", height)
 
 
@@ -230,7 +227,8 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
     fig = go.Figure(traces)
     # automargin: a GQA head's label ("kv 0 ← q 0-2") is wider than "layer 29"
     y_common = dict(autorange="reversed", showgrid=False, automargin=True)
-    fig.update_layout(
+    set_layout(
+        fig,
         xaxis=dict(axis, anchor="y", showticklabels=False, title=None),
         xaxis2=dict(axis, anchor="y2", matches="x"),
         yaxis=dict(y_common, domain=[0.54, 1.0], title=dict(text=f"<b>K</b> (keys){where}")),
@@ -263,10 +261,9 @@ def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | Non
         zmid=0.0, zmin=-lim, zmax=lim, colorbar=dict(title=dict(text=kv, side="right"), thickness=14),
         hovertemplate=f"position %{{x}}<br>dimension %{{y}}<br>{kv} = %{{z:.3f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y")], z.shape[0])
-    fig.update_layout(shapes=shapes, annotations=notes)
     axis = token_axis(position_labels(run), X)
-    fig.update_xaxes(**axis)
-    fig.update_yaxes(title_text="dimension of the head vector", autorange="reversed", showgrid=False)
+    set_layout(fig, shapes=shapes, annotations=notes, xaxis=axis,
+               yaxis=dict(title=dict(text="dimension of the head vector"), autorange="reversed", showgrid=False))
     t, _ = _mode_story(run, ev)
     sub = (f"Layer {layer}, head {head}: one {run.head_dim}-number {kv} vector per position. "
            f"{'Red: written this step.' if run.use_cache else 'Red: recomputed this step.'}")
@@ -322,9 +319,9 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     stride = -(-len(layer_rows) // 12)
     labelled = layer_rows[::stride]
     mid = (n_head - 1) // 2
-    fig.update_yaxes(tickmode="array", tickvals=[rows[i + mid] for i in labelled],
-                     ticktext=[f"layer {keys[i][0]}" for i in labelled])
-    fig.update_yaxes(autorange="reversed", showgrid=False, title_text=f"layer (× {n_head} heads)")
+    yaxis = dict(tickmode="array", tickvals=[rows[i + mid] for i in labelled],
+                 ticktext=[f"layer {keys[i][0]}" for i in labelled], autorange="reversed", showgrid=False,
+                 title=dict(text=f"layer (× {n_head} heads)"))
     shapes = [dict(type="line", x0=0, x1=1, xref="paper", y0=i - 0.5, y1=i - 0.5, yref="y",
                    line=dict(color="white", width=3)) for i in layer_rows[1:]]  # gaps between layers
     if 1 < group < n_head:  # GQA: a thin line between the query heads of different K/V heads
@@ -339,9 +336,8 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     if 0 < N < X:
         shapes.append(dict(type="line", x0=N - 0.5, x1=N - 0.5, y0=0, y1=1, yref="paper",
                            line=dict(color="#495057", width=2, dash="dot")))
-    fig.update_layout(shapes=shapes)
     axis = token_axis(position_labels(run), X, "key position (token)")
-    fig.update_xaxes(**axis)
+    set_layout(fig, shapes=shapes, xaxis=axis, yaxis=yaxis)
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
     if group > 1:  # short enough for one line beside the notebook: a clipped subtitle hides the point
@@ -375,15 +371,15 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
         hovertemplate="position %{x} “%{customdata[0]}”<br>weight %{y:.3f}<extra></extra>"))
     # Name the three strongest positions so a projector audience can read them.
     top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards
-    fig.update_layout(annotations=[
+    set_layout(fig, annotations=[
         dict(x=p, y=float(w[p]), text=f"“{short_label(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
              # Fan the three labels out left, up, right; near the right edge, lean them all left.
              ax=50 * (i - 1) - (70 if p > 0.8 * X else 0), ay=-30 - 18 * (i % 2), font=dict(size=14, color="#212529"),
              bgcolor="rgba(255,255,255,0.85)")
         for i, p in enumerate(top)])
     axis = token_axis(labels, X, "key position (token)")
-    fig.update_xaxes(**axis)
-    fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.45)])
+    set_layout(fig, xaxis=axis, yaxis=dict(title=dict(text="attention weight"), rangemode="tozero",
+                                           range=[0, max(0.05, float(w.max()) * 1.45)]))
     sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
     return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"],
                    dict(b=axis_margin(axis)))
@@ -434,7 +430,8 @@ def latency_chart(run: Run) -> go.Figure:
                           textangle=-90, font=dict(size=13, color="#c92a2a"), bgcolor="rgba(255,255,255,0.8)")
                      for i in tall[np.argsort(lat[tall])[::-1][:6]]]
             cut = f" Bars above {cap:,.1f} ms are cut, their time written on them."
-    fig.update_layout(
+    set_layout(
+        fig,
         xaxis=dict(title=dict(text="step (0 = prefill, then one decode step per token)"), range=[-0.7, n_steps - 0.3]),
         yaxis=yaxis,
         yaxis2=dict(title=dict(text="tokens/s", font=dict(color="#2b8a3e")), overlaying="y", side="right",
@@ -448,37 +445,3 @@ def latency_chart(run: Run) -> go.Figure:
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
     return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"],
                    dict(r=rate_axis_margin(float(tps.max()) if decode.size else None), b=AXIS_MARGIN_FLAT))
-
-
-# --- per-layer bytes: hybrid attention -----------------------------------------------------------
-LAYER_COLORS = {"sliding": "#1c7ed6", "full": "#e8590c"}
-LAYER_NAMES = {"sliding": "sliding (keeps its window)", "full": "global (keeps every token)"}
-
-
-def layer_strip(layer_bytes: Sequence[int], kinds: Sequence[str], tokens: int) -> go.Figure:
-    """One bar per layer: the bytes its cache holds after ``tokens`` positions, sliding and global
-    layers coloured apart; the title gives each kind's total (exact bytes, from the cache)."""
-    title = "Bytes each layer holds"
-    if not layer_bytes or len(layer_bytes) != len(kinds):
-        return _message_figure(title, "Generate with a cache on a model with sliding layers.", HEIGHTS["bars"])
-    fig = go.Figure()
-    totals = []
-    # The axis in the app's binary units (KiB, MiB, GiB: never Plotly's SI "800k"); the hover and the
-    # subtitle keep the exact bytes.
-    top = max(int(b) for b in layer_bytes)
-    unit, div = next(((u, d) for u, d in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= d), ("B", 1))
-    for kind in ("sliding", "full"):
-        idx = [i for i, k in enumerate(kinds) if k == kind]
-        if not idx:
-            continue
-        got = [int(layer_bytes[i]) for i in idx]
-        totals.append(f"{len(idx)} {kind if kind == 'sliding' else 'global'}: {sum(got):,} B")
-        fig.add_trace(go.Bar(x=np.array(idx, dtype=np.int32), y=np.array(got, dtype=np.float64) / div,
-                             marker_color=LAYER_COLORS[kind], name=LAYER_NAMES[kind],
-                             customdata=np.array(got, dtype=np.float64),
-                             hovertemplate="layer %{x}<br>%{customdata:,.0f} B<extra></extra>"))
-    fig.update_xaxes(title=dict(text="layer"), tickmode="linear", dtick=1 if len(kinds) <= 32 else 4)
-    fig.update_yaxes(title=dict(text=f"held ({unit})"), rangemode="tozero", exponentformat="none")
-    fig.update_layout(bargap=0.15, legend=dict(orientation="h", x=1.0, xanchor="right", y=1.02, yanchor="bottom"))
-    sub = f"after {tokens:,} tokens · " + " · ".join(totals) + f" · total {sum(int(b) for b in layer_bytes):,} B"
-    return _layout(fig, title, sub, HEIGHTS["bars"])
