@@ -1,9 +1,8 @@
 """Pure Plotly charts of a Run: Run -> go.Figure. No streamlit, no torch.
 
-Every chart draws the run *as it stands after its last event*, so the live view, step mode and
-replay (``run.upto(step)``) share one code path. Arrays go to Plotly as float32, heights are
-fixed, and the x axis of the cache and attention charts spans the run's planned length
-(prompt + max_new_tokens), so the picture grows in a fixed frame instead of rescaling.
+Every chart draws the run *as it stands after its last event*: live, step mode and replay
+(``run.upto(step)``) share one path. float32 arrays, fixed heights; the cache and attention x axes
+span the planned length (prompt + max_new_tokens): the picture grows in a fixed frame.
 
 Positions: after step s the sequence holds ``N + s + 1`` tokens; the cache holds the K/V of the
 first ``N + s`` (the token sampled last has not been fed yet). ``StepEvent.position`` is where
@@ -38,9 +37,8 @@ EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
 ATTENTION_SCALE = [[0.0, "#ffffff"], [0.01, "#deebf7"], [0.05, "#9ecae1"], [0.2, "#4292c6"], [0.5, "#2171b5"],
                    [1.0, "#08306b"]]
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
-# A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
-# big template is looked up and deep-copied every time), too slow for live redraws and replay.
-# Its axes take render_cost.AXIS: what keeps Plotly from laying a chart out twice.
+# A small white template built once: "plotly_white" costs ~80 ms per figure (looked up and
+# deep-copied each time). Its axes take render_cost.AXIS: Plotly lays a chart out once.
 _GRID = "#e9ecef"
 TEMPLATE = go.layout.Template(layout=dict(
     paper_bgcolor="white", plot_bgcolor="white", colorway=[PROMPT_COLOR, GEN_COLOR, "#2b8a3e", "#862e9c"],
@@ -292,6 +290,10 @@ def _query_words(run: Run, ev: StepEvent) -> str:
     return f"“{tok}” (position {q})"
 
 
+def _rules(ys: list[float]) -> str:  # horizontal lines across the plot (a shape with xref="paper")
+    return "".join(f"M0,{y:g}H1" for y in ys)
+
+
 def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.Figure:
     """The newest token's attention over every cached position, one row per (layer, head)."""
     title = "Attention of the newest token"
@@ -322,12 +324,13 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     yaxis = dict(tickmode="array", tickvals=[rows[i + mid] for i in labelled],
                  ticktext=[f"layer {keys[i][0]}" for i in labelled], autorange="reversed", showgrid=False,
                  title=dict(text=f"layer (× {n_head} heads)"))
-    shapes = [dict(type="line", x0=0, x1=1, xref="paper", y0=i - 0.5, y1=i - 0.5, yref="y",
-                   line=dict(color="white", width=3)) for i in layer_rows[1:]]  # gaps between layers
+    # Row separators as one path each (y: a row's index), not SmolLM2's 89 shapes, each validated
+    # by Plotly and drawn by the browser on every step.
+    shapes = [dict(type="path", path=_rules([i - 0.5 for i in layer_rows[1:]]), xref="paper", yref="y",
+                   line=dict(color="white", width=3))] if len(layer_rows) > 1 else []  # gaps between layers
     if 1 < group < n_head:  # GQA: a thin line between the query heads of different K/V heads
-        shapes += [dict(type="line", x0=0, x1=1, xref="paper", y0=i + g * group - 0.5, y1=i + g * group - 0.5,
-                        yref="y", line=dict(color="#adb5bd", width=1, dash="dot"))
-                   for i in layer_rows for g in range(1, n_kv)]
+        shapes.append(dict(type="path", path=_rules([i + g * group - 0.5 for i in layer_rows for g in range(1, n_kv)]),
+                           xref="paper", yref="y", line=dict(color="#adb5bd", width=1, dash="dot")))
     if selected in keys:
         r = keys.index(selected)
         shapes.append(dict(type="rect", x0=-0.5, x1=ev.position - 0.5, y0=r - 0.5, y1=r + 0.5,

@@ -228,6 +228,9 @@ def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  #
     rows = list(fig.data[0].y)
     assert rows[:4] == ["L0 h0 (kv0)", "L0 h1 (kv0)", "L0 h2 (kv1)", "L0 h3 (kv1)"]
     assert "GQA: 4 query heads share 2 K/V heads (dotted lines group them)" in fig.layout.title.subtitle.text
+    gaps, groups = (s.path for s in fig.layout.shapes if s.type == "path")
+    assert gaps == "".join(f"M0,{4 * i - 0.5:g}H1" for i in range(1, run.n_layer))  # between layers
+    assert groups == "".join(f"M0,{4 * i + 1.5:g}H1" for i in range(run.n_layer))  # kv0 | kv1 within each
     ev = run.events[-1]
     text = bytes_formula(run)
     assert f"would take {2 * ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_used:,} B saved" in text
