@@ -110,9 +110,7 @@ def kv_head_labels(n_head: int, n_kv_head: int) -> list[str]:
     """One label per K/V head; under GQA/MQA it names the query heads that read it (query head h
     reads K/V head h // (n_head / n_kv_head), as the models' enable_gqa does)."""
     group = max(1, n_head // max(1, n_kv_head))
-    if group == 1:
-        return [f"head {h}" for h in range(n_kv_head)]
-    return [f"kv {g} ← q {g * group}-{(g + 1) * group - 1}" for g in range(n_kv_head)]
+    return [f"kv {g} ← q {g * group}-{(g + 1) * group - 1}" if group > 1 else f"head {g}" for g in range(n_kv_head)]
 
 
 def kv_value_grid(run: Run, kv: int = 0, head: int = 0) -> tuple[np.ndarray, int] | None:
@@ -290,7 +288,7 @@ def _query_words(run: Run, ev: StepEvent) -> str:
     return f"“{tok}” (position {q})"
 
 
-def _rules(ys: list[float]) -> str:  # horizontal lines across the plot (a shape with xref="paper")
+def _rules(ys: list[float]) -> str:  # lines across the plot (xref="paper")
     return "".join(f"M0,{y:g}H1" for y in ys)
 
 
@@ -343,10 +341,11 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     set_layout(fig, shapes=shapes, xaxis=axis, yaxis=yaxis)
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
-    if group > 1:  # short enough for one line beside the notebook: a clipped subtitle hides the point
+    if group > 1:  # one line beside the notebook: a clipped subtitle hides the point
         sub = (f"Step {ev.step}: {_query_words(run, ev)} reads {ev.position} "
-               f"{'cached' if run.use_cache else 'recomputed'} keys; rows sum to 1. GQA: {n_head} query heads share "
-               f"{n_kv} K/V head{'s' if n_kv > 1 else ''} (dotted lines group them).")
+               f"{'cached' if run.use_cache else 'recomputed'} keys; rows sum to 1. " +
+               (f"GQA: {n_head} query heads share {n_kv} K/V heads (dotted lines group them)." if n_kv > 1 else
+                f"MQA: all {n_head} query heads read one K/V head."))
     return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
                    HEIGHTS["attention"], dict(r=COLORBAR_TITLE_R, b=axis_margin(axis)))
 
