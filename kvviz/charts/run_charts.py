@@ -1,9 +1,8 @@
 """Pure Plotly charts of a Run: Run -> go.Figure. No streamlit, no torch.
 
-Every chart draws the run *as it stands after its last event*, so the live view, step mode and
-replay (``run.upto(step)``) share one code path. Arrays go to Plotly as float32, heights are
-fixed, and the x axis of the cache and attention charts spans the run's planned length
-(prompt + max_new_tokens), so the picture grows in a fixed frame instead of rescaling.
+Every chart draws the run *as it stands after its last event*: live, step mode and replay
+(``run.upto(step)``) share one path. float32 arrays, fixed heights; the cache and attention x axes
+span the planned length (prompt + max_new_tokens): the picture grows in a fixed frame.
 
 Positions: after step s the sequence holds ``N + s + 1`` tokens; the cache holds the K/V of the
 first ``N + s`` (the token sampled last has not been fed yet). ``StepEvent.position`` is where
@@ -11,11 +10,10 @@ the sampled token goes, so it is also the number of K/V columns that exist after
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import plotly.graph_objects as go
 
+from kvviz.charts.fast_layout import set_layout
 from kvviz.charts.render_cost import (  # noqa: F401 (COLUMN_GAP_MAX: the tests read it here)
     AXIS, AXIS_MARGIN_FLAT, COLORBAR_R, COLORBAR_TITLE_R, COLUMN_GAP_MAX, MARGIN, axis_margin, column_gap, label_margin,
     rate_axis_margin,
@@ -39,9 +37,8 @@ EMPTY_FILL = "#e9ecef"  # preallocated but not yet written
 ATTENTION_SCALE = [[0.0, "#ffffff"], [0.01, "#deebf7"], [0.05, "#9ecae1"], [0.2, "#4292c6"], [0.5, "#2171b5"],
                    [1.0, "#08306b"]]
 HEIGHTS = {"notebook": 470, "values": 470, "attention": 430, "bars": 360, "latency": 380}
-# A small white template built once. Naming "plotly_white" instead costs ~80 ms per figure (the
-# big template is looked up and deep-copied every time), too slow for live redraws and replay.
-# Its axes take render_cost.AXIS: what keeps Plotly from laying a chart out twice.
+# A small white template built once: "plotly_white" costs ~80 ms per figure (looked up and
+# deep-copied each time). Its axes take render_cost.AXIS: Plotly lays a chart out once.
 _GRID = "#e9ecef"
 TEMPLATE = go.layout.Template(layout=dict(
     paper_bgcolor="white", plot_bgcolor="white", colorway=[PROMPT_COLOR, GEN_COLOR, "#2b8a3e", "#862e9c"],
@@ -53,15 +50,14 @@ def _layout(fig: go.Figure, title: str, subtitle: str, height: int, margin: dict
     # ``margin``: what the chart's labels need (charts/render_cost.py), so Plotly lays it out once.
     # Title and subtitle are anchored in pixels from the top of the figure, so a short chart
     # does not clip them (a fraction of the height would).
-    fig.update_layout(
-        title=dict(text=title, font=dict(size=TITLE_SIZE), x=0.0, xref="container", xanchor="left", pad=dict(l=12),
-                   y=1.0, yref="container", yanchor="top",
+    return set_layout(
+        fig,
+        title=dict(text=title, font=dict(size=TITLE_SIZE), x=0.0, xref="container", xanchor="left",
+                   pad=dict(l=12, t=14), y=1.0, yref="container", yanchor="top",
                    subtitle=dict(text=subtitle, font=dict(size=14, color="#495057"))),
         font=FONT, height=height, template=TEMPLATE,
-        margin=dict(MARGIN, t=96 if subtitle else 64, **(margin or {})), hoverlabel=dict(font_size=15),
+        margin=dict(MARGIN, t=96 if subtitle else 64, **(margin or {})), hoverlabel=dict(font=dict(size=15)),
     )
-    fig.update_layout(title_pad_t=14)
-    return fig
 
 
 def _message_figure(title: str, message: str, height: int) -> go.Figure:
@@ -69,8 +65,7 @@ def _message_figure(title: str, message: str, height: int) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=17, color="#495057"))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
+    set_layout(fig, xaxis=dict(visible=False), yaxis=dict(visible=False))
     return _layout(fig, title, "", height)
 
 
@@ -115,9 +110,7 @@ def kv_head_labels(n_head: int, n_kv_head: int) -> list[str]:
     """One label per K/V head; under GQA/MQA it names the query heads that read it (query head h
     reads K/V head h // (n_head / n_kv_head), as the models' enable_gqa does)."""
     group = max(1, n_head // max(1, n_kv_head))
-    if group == 1:
-        return [f"head {h}" for h in range(n_kv_head)]
-    return [f"kv {g} ← q {g * group}-{(g + 1) * group - 1}" for g in range(n_kv_head)]
+    return [f"kv {g} ← q {g * group}-{(g + 1) * group - 1}" if group > 1 else f"head {g}" for g in range(n_kv_head)]
 
 
 def kv_value_grid(run: Run, kv: int = 0, head: int = 0) -> tuple[np.ndarray, int] | None:
@@ -230,7 +223,8 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
     fig = go.Figure(traces)
     # automargin: a GQA head's label ("kv 0 ← q 0-2") is wider than "layer 29"
     y_common = dict(autorange="reversed", showgrid=False, automargin=True)
-    fig.update_layout(
+    set_layout(
+        fig,
         xaxis=dict(axis, anchor="y", showticklabels=False, title=None),
         xaxis2=dict(axis, anchor="y2", matches="x"),
         yaxis=dict(y_common, domain=[0.54, 1.0], title=dict(text=f"<b>K</b> (keys){where}")),
@@ -263,10 +257,9 @@ def cache_values(run: Run, kv: str = "K", head: int = 0, wanted_layer: int | Non
         zmid=0.0, zmin=-lim, zmax=lim, colorbar=dict(title=dict(text=kv, side="right"), thickness=14),
         hovertemplate=f"position %{{x}}<br>dimension %{{y}}<br>{kv} = %{{z:.3f}}<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y")], z.shape[0])
-    fig.update_layout(shapes=shapes, annotations=notes)
     axis = token_axis(position_labels(run), X)
-    fig.update_xaxes(**axis)
-    fig.update_yaxes(title_text="dimension of the head vector", autorange="reversed", showgrid=False)
+    set_layout(fig, shapes=shapes, annotations=notes, xaxis=axis,
+               yaxis=dict(title=dict(text="dimension of the head vector"), autorange="reversed", showgrid=False))
     t, _ = _mode_story(run, ev)
     sub = (f"Layer {layer}, head {head}: one {run.head_dim}-number {kv} vector per position. "
            f"{'Red: written this step.' if run.use_cache else 'Red: recomputed this step.'}")
@@ -293,6 +286,10 @@ def _query_words(run: Run, ev: StepEvent) -> str:
     q = ev.position - 1
     tok = plotly_text(visible(labels[q])) if 0 <= q < len(labels) else "?"
     return f"“{tok}” (position {q})"
+
+
+def _rules(ys: list[float]) -> str:  # lines across the plot (xref="paper")
+    return "".join(f"M0,{y:g}H1" for y in ys)
 
 
 def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.Figure:
@@ -322,15 +319,16 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     stride = -(-len(layer_rows) // 12)
     labelled = layer_rows[::stride]
     mid = (n_head - 1) // 2
-    fig.update_yaxes(tickmode="array", tickvals=[rows[i + mid] for i in labelled],
-                     ticktext=[f"layer {keys[i][0]}" for i in labelled])
-    fig.update_yaxes(autorange="reversed", showgrid=False, title_text=f"layer (× {n_head} heads)")
-    shapes = [dict(type="line", x0=0, x1=1, xref="paper", y0=i - 0.5, y1=i - 0.5, yref="y",
-                   line=dict(color="white", width=3)) for i in layer_rows[1:]]  # gaps between layers
+    yaxis = dict(tickmode="array", tickvals=[rows[i + mid] for i in labelled],
+                 ticktext=[f"layer {keys[i][0]}" for i in labelled], autorange="reversed", showgrid=False,
+                 title=dict(text=f"layer (× {n_head} heads)"))
+    # Row separators as one path each (y: a row's index), not SmolLM2's 89 shapes, each validated
+    # by Plotly and drawn by the browser on every step.
+    shapes = [dict(type="path", path=_rules([i - 0.5 for i in layer_rows[1:]]), xref="paper", yref="y",
+                   line=dict(color="white", width=3))] if len(layer_rows) > 1 else []  # gaps between layers
     if 1 < group < n_head:  # GQA: a thin line between the query heads of different K/V heads
-        shapes += [dict(type="line", x0=0, x1=1, xref="paper", y0=i + g * group - 0.5, y1=i + g * group - 0.5,
-                        yref="y", line=dict(color="#adb5bd", width=1, dash="dot"))
-                   for i in layer_rows for g in range(1, n_kv)]
+        shapes.append(dict(type="path", path=_rules([i + g * group - 0.5 for i in layer_rows for g in range(1, n_kv)]),
+                           xref="paper", yref="y", line=dict(color="#adb5bd", width=1, dash="dot")))
     if selected in keys:
         r = keys.index(selected)
         shapes.append(dict(type="rect", x0=-0.5, x1=ev.position - 0.5, y0=r - 0.5, y1=r + 0.5,
@@ -339,15 +337,15 @@ def attention_heatmap(run: Run, selected: tuple[int, int] | None = None) -> go.F
     if 0 < N < X:
         shapes.append(dict(type="line", x0=N - 0.5, x1=N - 0.5, y0=0, y1=1, yref="paper",
                            line=dict(color="#495057", width=2, dash="dot")))
-    fig.update_layout(shapes=shapes)
     axis = token_axis(position_labels(run), X, "key position (token)")
-    fig.update_xaxes(**axis)
+    set_layout(fig, shapes=shapes, xaxis=axis, yaxis=yaxis)
     sub = (f"Step {ev.step}: the query of {_query_words(run, ev)} against {ev.position} keys"
            f"{' read from the cache' if run.use_cache else ' recomputed this step'}; each row sums to 1.")
-    if group > 1:  # short enough for one line beside the notebook: a clipped subtitle hides the point
+    if group > 1:  # one line beside the notebook: a clipped subtitle hides the point
         sub = (f"Step {ev.step}: {_query_words(run, ev)} reads {ev.position} "
-               f"{'cached' if run.use_cache else 'recomputed'} keys; rows sum to 1. GQA: {n_head} query heads share "
-               f"{n_kv} K/V head{'s' if n_kv > 1 else ''} (dotted lines group them).")
+               f"{'cached' if run.use_cache else 'recomputed'} keys; rows sum to 1. " +
+               (f"GQA: {n_head} query heads share {n_kv} K/V heads (dotted lines group them)." if n_kv > 1 else
+                f"MQA: all {n_head} query heads read one K/V head."))
     return _layout(fig, f"Where the newest token looks: {len(ev.attn_layers)} layers × {n_head} heads", sub,
                    HEIGHTS["attention"], dict(r=COLORBAR_TITLE_R, b=axis_margin(axis)))
 
@@ -375,15 +373,15 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
         hovertemplate="position %{x} “%{customdata[0]}”<br>weight %{y:.3f}<extra></extra>"))
     # Name the three strongest positions so a projector audience can read them.
     top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards
-    fig.update_layout(annotations=[
+    set_layout(fig, annotations=[
         dict(x=p, y=float(w[p]), text=f"“{short_label(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
              # Fan the three labels out left, up, right; near the right edge, lean them all left.
              ax=50 * (i - 1) - (70 if p > 0.8 * X else 0), ay=-30 - 18 * (i % 2), font=dict(size=14, color="#212529"),
              bgcolor="rgba(255,255,255,0.85)")
         for i, p in enumerate(top)])
     axis = token_axis(labels, X, "key position (token)")
-    fig.update_xaxes(**axis)
-    fig.update_yaxes(title_text="attention weight", rangemode="tozero", range=[0, max(0.05, float(w.max()) * 1.45)])
+    set_layout(fig, xaxis=axis, yaxis=dict(title=dict(text="attention weight"), rangemode="tozero",
+                                           range=[0, max(0.05, float(w.max()) * 1.45)]))
     sub = f"Blue: prompt tokens, orange: generated. Query: {_query_words(run, ev)}, step {ev.step}."
     return _layout(fig, f"Layer {layer}, head {head}: attention weights of the newest token", sub, HEIGHTS["bars"],
                    dict(b=axis_margin(axis)))
@@ -434,7 +432,8 @@ def latency_chart(run: Run) -> go.Figure:
                           textangle=-90, font=dict(size=13, color="#c92a2a"), bgcolor="rgba(255,255,255,0.8)")
                      for i in tall[np.argsort(lat[tall])[::-1][:6]]]
             cut = f" Bars above {cap:,.1f} ms are cut, their time written on them."
-    fig.update_layout(
+    set_layout(
+        fig,
         xaxis=dict(title=dict(text="step (0 = prefill, then one decode step per token)"), range=[-0.7, n_steps - 0.3]),
         yaxis=yaxis,
         yaxis2=dict(title=dict(text="tokens/s", font=dict(color="#2b8a3e")), overlaying="y", side="right",
@@ -448,37 +447,3 @@ def latency_chart(run: Run) -> go.Figure:
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
     return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"],
                    dict(r=rate_axis_margin(float(tps.max()) if decode.size else None), b=AXIS_MARGIN_FLAT))
-
-
-# --- per-layer bytes: hybrid attention -----------------------------------------------------------
-LAYER_COLORS = {"sliding": "#1c7ed6", "full": "#e8590c"}
-LAYER_NAMES = {"sliding": "sliding (keeps its window)", "full": "global (keeps every token)"}
-
-
-def layer_strip(layer_bytes: Sequence[int], kinds: Sequence[str], tokens: int) -> go.Figure:
-    """One bar per layer: the bytes its cache holds after ``tokens`` positions, sliding and global
-    layers coloured apart; the title gives each kind's total (exact bytes, from the cache)."""
-    title = "Bytes each layer holds"
-    if not layer_bytes or len(layer_bytes) != len(kinds):
-        return _message_figure(title, "Generate with a cache on a model with sliding layers.", HEIGHTS["bars"])
-    fig = go.Figure()
-    totals = []
-    # The axis in the app's binary units (KiB, MiB, GiB: never Plotly's SI "800k"); the hover and the
-    # subtitle keep the exact bytes.
-    top = max(int(b) for b in layer_bytes)
-    unit, div = next(((u, d) for u, d in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= d), ("B", 1))
-    for kind in ("sliding", "full"):
-        idx = [i for i, k in enumerate(kinds) if k == kind]
-        if not idx:
-            continue
-        got = [int(layer_bytes[i]) for i in idx]
-        totals.append(f"{len(idx)} {kind if kind == 'sliding' else 'global'}: {sum(got):,} B")
-        fig.add_trace(go.Bar(x=np.array(idx, dtype=np.int32), y=np.array(got, dtype=np.float64) / div,
-                             marker_color=LAYER_COLORS[kind], name=LAYER_NAMES[kind],
-                             customdata=np.array(got, dtype=np.float64),
-                             hovertemplate="layer %{x}<br>%{customdata:,.0f} B<extra></extra>"))
-    fig.update_xaxes(title=dict(text="layer"), tickmode="linear", dtick=1 if len(kinds) <= 32 else 4)
-    fig.update_yaxes(title=dict(text=f"held ({unit})"), rangemode="tozero", exponentformat="none")
-    fig.update_layout(bargap=0.15, legend=dict(orientation="h", x=1.0, xanchor="right", y=1.02, yanchor="bottom"))
-    sub = f"after {tokens:,} tokens · " + " · ".join(totals) + f" · total {sum(int(b) for b in layer_bytes):,} B"
-    return _layout(fig, title, sub, HEIGHTS["bars"])

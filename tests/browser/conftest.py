@@ -129,10 +129,15 @@ def _failure_record(pg: "sync_api.Page", name: str) -> str:
         state = pg.evaluate("document.querySelector('[data-testid=stApp]')?.dataset.testScriptState")
         box = pg.locator(".st-key-prompt textarea")
         prompt = box.first.input_value(timeout=2_000)[:40] if box.count() else None
+        # The run's status line and every button's label: where a replay or a run stood.
+        status = pg.locator("[class*='st-key-run_done_'], [class*='st-key-run_stepping_']").all_inner_texts()
+        buttons = [b.strip() for b in pg.locator("button:visible").all_inner_texts() if b.strip()][:20]
+        errors = pg.locator("[data-testid='stException']").all_inner_texts()
         folder = SCREENSHOTS / "failures"
         folder.mkdir(parents=True, exist_ok=True)
         pg.screenshot(path=str(folder / f"{name}.png"))
-        return f"page at failure: script {state}; alerts {[a[:300] for a in alerts]}; prompt box {prompt}"
+        return (f"page at failure: script {state}; alerts {[a[:300] for a in alerts]}; prompt box {prompt}; "
+                f"status {[t[:200] for t in status]}; buttons {buttons}; exceptions {[e[:300] for e in errors]}")
     except Exception as e:  # the page may be gone; the test's own error is what matters
         return f"page at failure: not readable ({type(e).__name__}: {e})"
 

@@ -308,7 +308,7 @@ def test_quantized_store_layer_bytes_sum_to_its_bytes(kv_dtype: str) -> None:
 
 
 def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:
-    from kvviz.charts.run_charts import LAYER_COLORS, layer_strip
+    from kvviz.charts.layer_charts import LAYER_COLORS, layer_strip
 
     m = tiny(seed=1)
     run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10)

@@ -331,6 +331,31 @@ def test_play_starts_from_the_beginning_at_the_end(app: AppTest) -> None:
     assert app.session_state[replay.PLAYING_KEY] is False
 
 
+def test_playback_ends_within_its_tick_budget(app: AppTest) -> None:
+    """However the browser's timer ticks arrive, one Play advances at most to the end it set out for."""
+    generate(app, n=6)
+    app.button(key="replay_play").click().run()  # from the end: restarts at 0 with 5 ticks to go
+    assert app.session_state[replay.PLAYING_KEY] is True
+    app.session_state[replay.POS_KEY] = 1
+    app.session_state[replay.TICKS_LEFT_KEY] = 2  # as if a stale value had jumped the playback back
+    app.run()  # a full run plays its tick inline, as the timer's would
+    assert app.session_state[replay.PLAYING_KEY] is True and app.session_state[replay.POS_KEY] == 2
+    app.run()
+    assert app.session_state[replay.PLAYING_KEY] is False and app.session_state[replay.POS_KEY] == 3
+    assert app.button(key="replay_play").label == "Play"
+    assert_clean(app)
+
+
+def test_a_stale_slider_value_never_moves_a_playback(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {replay.PLAYING_KEY: True, replay.POS_KEY: 4, "replay_step": 0}
+    monkeypatch.setattr(replay.st, "session_state", state)
+    replay._on_scrub()
+    assert state[replay.POS_KEY] == 4
+    state[replay.PLAYING_KEY] = False
+    replay._on_scrub()  # scrubbing while paused moves it
+    assert state[replay.POS_KEY] == 0
+
+
 def test_step_mode_advances_one_token_per_click(app: AppTest) -> None:
     app.number_input(key="max_new_tokens").set_value(3)
     app.button(key="step").click().run()

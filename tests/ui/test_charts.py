@@ -218,6 +218,20 @@ def test_attention_labels_at_most_12_layers(make_llama) -> None:  # type: ignore
     assert list(charts.attention_heatmap(small).layout.yaxis.ticktext) == ["layer 0", "layer 1"]
 
 
+def test_mqa_says_every_query_head_reads_the_one_kv_head(make_model) -> None:  # type: ignore[no-untyped-def]
+    """Gemma 3's shape (one K/V head): the heatmap and the metrics name it MQA, with MHA's bytes beside."""
+    from kvviz.ui.pages.generate.metrics import bytes_formula
+
+    run = generate(make_model(n_kv_head=1), prompt="Hi there", max_new_tokens=3, capture=Capture(attention=True))
+    fig = charts.attention_heatmap(run)
+    assert list(fig.data[0].y)[:4] == ["L0 h0 (kv0)", "L0 h1 (kv0)", "L0 h2 (kv0)", "L0 h3 (kv0)"]
+    assert "MQA: all 4 query heads read one K/V head." in fig.layout.title.subtitle.text
+    assert [s.line.dash for s in fig.layout.shapes if s.type == "path"] == [None]  # layer gaps, no groups
+    used = run.events[-1].cache_bytes_used
+    assert f"**MQA saves**: all 4 query heads read one K/V head. With one K/V head per query head (MHA) these " \
+           f"tokens would take {4 * used:,} B" in bytes_formula(run)
+
+
 def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  # type: ignore[no-untyped-def]
     """4 query heads over 2 K/V heads: rows say which K/V head each reads, and the metrics show
     the bytes GQA saves against MHA from the run's own numbers."""
@@ -228,6 +242,9 @@ def test_gqa_groups_query_heads_by_the_kv_head_they_read(make_model) -> None:  #
     rows = list(fig.data[0].y)
     assert rows[:4] == ["L0 h0 (kv0)", "L0 h1 (kv0)", "L0 h2 (kv1)", "L0 h3 (kv1)"]
     assert "GQA: 4 query heads share 2 K/V heads (dotted lines group them)" in fig.layout.title.subtitle.text
+    gaps, groups = (s.path for s in fig.layout.shapes if s.type == "path")
+    assert gaps == "".join(f"M0,{4 * i - 0.5:g}H1" for i in range(1, run.n_layer))  # between layers
+    assert groups == "".join(f"M0,{4 * i + 1.5:g}H1" for i in range(run.n_layer))  # kv0 | kv1 within each
     ev = run.events[-1]
     text = bytes_formula(run)
     assert f"would take {2 * ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_used:,} B saved" in text

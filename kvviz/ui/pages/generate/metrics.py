@@ -55,7 +55,9 @@ def bytes_formula(run: Run) -> str:
                  f"keeps only its window, a global one every token"]
     if run.n_kv_head and run.n_kv_head < run.n_head:
         mha = used * run.n_head // run.n_kv_head
-        lines.append(f"**GQA saves**: {run.n_head} query heads share {run.n_kv_head} K/V heads. With one K/V head per "
+        share = (f"**GQA saves**: {run.n_head} query heads share {run.n_kv_head} K/V heads" if run.n_kv_head > 1 else
+                 f"**MQA saves**: all {run.n_head} query heads read one K/V head")
+        lines.append(f"{share}. With one K/V head per "
                      f"query head (MHA) these tokens would take {mha:,} B ({fmt_bytes(mha)}): "
                      f"{run.n_head // run.n_kv_head}× more, {mha - used:,} B saved.")
     if used != ev.cache_bytes_used:  # would mean the formula or the cache accounting is wrong: show both

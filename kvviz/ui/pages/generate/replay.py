@@ -25,6 +25,7 @@ REPLAY_FOR_KEY = "_kvviz_replay_for"
 INTERVAL_KEY = "_kvviz_replay_interval"  # the timer the fragment was created with
 POS_KEY = "_kvviz_replay_pos"  # the step shown by replay (the slider follows it, Play advances it)
 TICK_KEY = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous run: only ticks advance
+TICKS_LEFT_KEY = "_kvviz_replay_ticks_left"  # what one Play may still advance: playback ends whatever arrives
 MAX_EXPORT_CAPTURES = 16 * 2**20  # offer a JSON with captures only when it stays a sane download
 
 
@@ -106,6 +107,9 @@ def _toggle_play(n: int) -> None:
     if playing and int(st.session_state.get(POS_KEY, n - 1)) >= n - 1:
         st.session_state[POS_KEY] = 0  # at the end: play from the start
     st.session_state[PLAYING_KEY] = playing
+    # A budget of ticks, not just "stop at the last step": the browser's timer sends its widget
+    # states with every tick, and a stale one must never keep a playback going for ever.
+    st.session_state[TICKS_LEFT_KEY] = n - 1 - int(st.session_state.get(POS_KEY, 0))
 
 
 def _replay_fragment(entry: StoredRun) -> None:
@@ -114,8 +118,10 @@ def _replay_fragment(entry: StoredRun) -> None:
     if st.session_state.get(PLAYING_KEY) and n > 1 and st.session_state.get(TICK_KEY) == (entry.id, True):
         # A timer tick (the fragment's previous run was playing this run too): one step on.
         nxt = int(st.session_state.get(POS_KEY, 0)) + 1
+        left = int(st.session_state.get(TICKS_LEFT_KEY, n)) - 1
         st.session_state[POS_KEY] = min(nxt, n - 1)
-        if nxt >= n - 1:
+        st.session_state[TICKS_LEFT_KEY] = left
+        if nxt >= n - 1 or left <= 0:
             st.session_state[PLAYING_KEY] = False
     st.session_state[TICK_KEY] = (entry.id, bool(st.session_state.get(PLAYING_KEY)))
     if _replay_interval(n) != st.session_state.get(INTERVAL_KEY):
@@ -154,6 +160,10 @@ def _replay_row(entry: StoredRun) -> None:
 
 
 def _on_scrub() -> None:
+    if st.session_state.get(PLAYING_KEY):
+        # No slider is drawn while playing, so a value now is a stale one the browser sent with a
+        # timer tick: taking it would jump the playback back, again and again.
+        return
     st.session_state[POS_KEY] = int(st.session_state["replay_step"])
 
 

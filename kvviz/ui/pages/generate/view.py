@@ -15,6 +15,7 @@ import streamlit as st
 
 from kvviz import Run
 from kvviz.charts import run_charts as charts
+from kvviz.charts.layer_charts import layer_strip
 from kvviz.ui import present
 from kvviz.ui.state import persist
 from kvviz.ui.pages.generate import chips, metrics
@@ -131,7 +132,7 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
             if charts_too and len(set(run.layer_kinds)) > 1 and run.events and run.events[-1].cache_layer_bytes:
                 # hybrid attention (Gemma 3): the sliding layers level off at their window
                 ev = run.events[-1]
-                show(st, charts.layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position), key=f"layers-{key}")
+                show(st, layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position), key=f"layers-{key}")
     if not charts_too:
         return
     if opts.nb_view == "values":
