@@ -1,4 +1,4 @@
-"""kvviz: page config and navigation only. Each page is a function in kvviz/ui/."""
+"""kvviz: page config and navigation only. Each page is a function in kvviz/ui/pages/."""
 from pathlib import Path
 
 import streamlit as st

@@ -27,6 +27,12 @@ RUNS_PREFIX = "kvviz_runs_"  # + a store's name: a RunStore's plain dict (run_st
 # Generate page
 STEPPER = "_kvviz_stepper"  # the step-mode Stepper between Step presses
 VIEW_PLACE = "_kvviz_view_place"  # which of the run view's two places holds it
+REPLAY_PLAYING = "_kvviz_playing"  # replay's Play is on
+REPLAY_FOR = "_kvviz_replay_for"  # (run id, steps) the replay state was set up for
+REPLAY_INTERVAL = "_kvviz_replay_interval"  # the timer the replay fragment was created with
+REPLAY_POS = "_kvviz_replay_pos"  # the step replay shows (the slider follows it, Play advances it)
+REPLAY_TICK = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous run
+REPLAY_TICKS_LEFT = "_kvviz_replay_ticks_left"  # what one Play may still advance
 # tour and presentation
 TOUR_STEP = "_kvviz_tour"  # the tour's step; 0 = off
 TOUR_URL_READ = "_kvviz_tour_url"  # ?tour=N was read once this session
