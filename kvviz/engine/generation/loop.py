@@ -117,7 +117,8 @@ class GenerationStream(StreamBase):
         # (the others were recomputed identically, which is the point the no-cache view makes).
         kv_start = start if (cached or step == 0) else t - 1
         got = record(self.capture, fc, self.model.config, kv_start, t)
-        e = Emitted(step, ids, t, t - start, start, self.req.batch_size, latency_ms, logits.select(0, 0))
+        e = Emitted(step=step, ids=ids, position=t, input_len=t - start, start=start, rows=self.req.batch_size,
+                    latency_ms=latency_ms, logits=logits.select(0, 0))
         return self._event(
             e, self.cache, attn=got.attn, attn_layers=got.attn_layers, kv_norms=got.kv_norms, kv_layer=got.kv_layer,
             kv_values=got.kv_values, kv_start=kv_start,

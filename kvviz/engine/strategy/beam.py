@@ -242,8 +242,9 @@ class BeamStream(StrategyStream):
                                                latency_ms))
                 new_ids = running[0, :, cur - 1].tolist()
                 self._live = self._decode(running[0, 0, N:cur].tolist())
-                ev = self._event(Emitted(step, new_ids, cur - 1, inp.shape[1], start, inp.shape[0], latency_ms,
-                                         logits[0]), cache)
+                ev = self._event(Emitted(step=step, ids=new_ids, position=cur - 1, input_len=inp.shape[1],
+                                         start=start, rows=inp.shape[0], latency_ms=latency_ms, logits=logits[0]),
+                                 cache)
             self.events.append(ev)
             yield ev
             step += 1

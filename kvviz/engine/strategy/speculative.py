@@ -165,8 +165,10 @@ class SpeculativeStream(StrategyStream):
                 rolled = tuple(range(p0 + 1 + a, p0 + T)) if step else ()
                 self.spec_steps.append(SpecStep(step, p0, tuple(draft), a, tuple(emitted), rolled, n, ms,
                                                 tuple(tok.token_display(t) for t in draft)))
-                evs = [self._event(Emitted(made + j, [t], N + made + j, T if j == 0 else 0, p0, 1, ms / len(emitted),
-                                           rows[min(j, rows.shape[0] - 1)], n_logits=rows.shape[0]), cache)
+                # One event per emitted token: the first carries the verify forward's input and FLOPs.
+                evs = [self._event(Emitted(step=made + j, ids=[t], position=N + made + j, input_len=T if j == 0 else 0,
+                                           start=p0, rows=1, latency_ms=ms / len(emitted),
+                                           logits=rows[min(j, rows.shape[0] - 1)], n_logits=rows.shape[0]), cache)
                        for j, t in enumerate(emitted)]
             for ev in evs:
                 ids.append(ev.token_id)

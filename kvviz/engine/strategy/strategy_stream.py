@@ -1,7 +1,7 @@
 """What beam search and speculative decoding add to the stream base: a cache sized for their rows.
 
-``iter_generate`` validates a request and hands it here (through dispatch.py) when it asks for
-``num_beams > 1`` or ``speculative=...``; text, stops, events and the Run come from
+``open_stream`` (engine/generation/loop.py) opens a beam or speculative stream when the checked
+request carries ``BeamOptions`` or ``SpecOptions``; text, stops, events and the Run come from
 ``StreamBase`` (engine/generation/stream_base.py), exactly as for the plain loop, so the CLI and
 the API treat every strategy alike.
 """
