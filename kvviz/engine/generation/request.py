@@ -217,9 +217,10 @@ class GenerateRequest:
         stops = tuple(s for s in (self.stop or ()) if s)
         beam, spec = self._strategy(model, n_tokens, params.greedy, stops, len(rows), ignore_eos)
         return ValidRequest(
-            tuple(tuple(r) for r in rows), text, self.max_new_tokens, self.use_cache, self.cache_kind, params,
-            stops, self.capture or Capture(), bool(self.fast), self.kv_block_size, self.kv_blocks, kv, ignore_eos,
-            beam, spec)
+            rows=tuple(tuple(r) for r in rows), text=text, max_new_tokens=self.max_new_tokens,
+            use_cache=self.use_cache, cache_kind=self.cache_kind, params=params, stop=stops,
+            capture=self.capture or Capture(), fast=bool(self.fast), kv_block_size=self.kv_block_size,
+            kv_blocks=self.kv_blocks, kv=kv, ignore_eos=ignore_eos, beam=beam, spec=spec)
 
     def _rows(self, model: LoadedModel) -> tuple[list[list[int]], str]:
         """The prompt's token rows (one per batch row) and row 0's text; the context budget checked."""
