@@ -175,7 +175,7 @@ class BeamStream(StrategyStream):
             run_idx = torch.full((1, k, max_len - N), -1, dtype=torch.int32, device=dev)  # parent per step
             fin_idx = run_idx.clone()
             positions = torch.arange(cfg.block_size, device=dev)
-            cache = self._cache(k, max_len) if self.use_cache else None
+            cache = self.cache = self._cache(k, max_len) if self.use_cache else None
         cur, step = N, 0
         while True:
             with torch.inference_mode():
