@@ -1,8 +1,11 @@
 """Shared fixtures for the core engine tests (browser tests keep their own conftest)."""
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,9 +30,10 @@ torch.set_num_threads(1)
 # The app chooses its own thread count (kvviz.measure.threads); in-process AppTests keep this one.
 os.environ.setdefault("KVVIZ_THREADS", "1")
 
-# The suite's subsets (`make test-fast` runs everything but these three; `make test` runs all
-# but `bench`, which `make bench` runs beside `python -m kvviz bench`).
+# The suite's subsets (`make test-fast` runs everything but these; `make test` runs all but
+# `bench`, which `make bench` runs beside `python -m kvviz bench`).
 MARKERS = {
+    "process": "starts a real Python process (the CLI as a user runs it, a C build): seconds each",
     "browser": "drives the app in Chromium (tests/browser/)",
     "smollm2": "loads the real SmolLM2-135M model (seconds each, ~600 MB)",
     "gemma3": "loads the real Gemma 3 270M model and transformers' (a minute or more, ~2.5 GB)",
@@ -54,6 +58,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         if "smollm2" in item.nodeid.lower() or any(name.startswith("smol") for name in fixtures):
             item.add_marker(pytest.mark.smollm2)
+        if _starts_a_process(item):
+            item.add_marker(pytest.mark.process)
+
+
+def _calls_subprocess(fn: Any) -> bool:
+    try:
+        return "subprocess." in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+
+
+def _starts_a_process(item: pytest.Item) -> bool:
+    """The test's own code calls subprocess, or calls a helper (its module's or imported) that does."""
+    fn, module = getattr(item, "function", None), getattr(item, "module", None)
+    if fn is None or module is None:
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    if "subprocess." in ast.unparse(tree):
+        return True
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return any(inspect.isfunction(h := getattr(module, name, None)) and _calls_subprocess(h) for name in called)
 
 
 # Small enough that a forward pass costs microseconds, big enough for 4 heads and GQA.
