@@ -21,6 +21,7 @@ from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import KINDS as CACHE_KINDS
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE
+from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.capture import Capture, ForwardCapture, record
 from kvviz.engine.generation.diagnose import nonfinite_error
 from kvviz.engine.generation.events import EventLog, Run, StepEvent, TopToken
@@ -329,7 +330,7 @@ def iter_generate(
     if cache_kind not in CACHE_KINDS:
         raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {cache_kind!r})")
     if cache_kind == "paged" and use_cache:
-        check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens)
+        check_pool(kv_block_size, kv_blocks, len(rows[0]) + max_new_tokens, config_groups(model.config).count)
         if kv_blocks is not None:
             check_pool_memory(model, kv_block_size, kv_blocks)
     kv = kv_spec(model, kv_dtype, window, sinks, kv_group_size, kv_zero_point, kv_fp8_scale, kv_positions,

@@ -19,6 +19,7 @@ from kvviz.engine.generation.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.generation.flops import forward_flops
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import blocks_for
+from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.engine.generation.stops import first_stop
 
@@ -59,7 +60,8 @@ class StrategyStream:
     def _cache(self, rows: int, tokens: int) -> KVCache:
         """The run's cache, any kind; a paged pool gets room for ``rows`` sequences of ``tokens``."""
         m = self.model
-        blocks = self.kv_blocks or rows * (blocks_for(tokens, self.kv_block_size) + 1)
+        groups = config_groups(m.config).count  # a hybrid model's layer groups each keep a table
+        blocks = self.kv_blocks or rows * groups * (blocks_for(tokens, self.kv_block_size) + 1)
         return make_cache(self.cache_kind, m.config, 1, m.device, m.dtype, block_size=self.kv_block_size,
                           num_blocks=blocks)
 
