@@ -194,3 +194,31 @@ def test_quantized_rings_equal_the_same_quant_keeping_every_position(kv_dtype: s
     assert ring.layer_bytes() == [5 * per + fixed] * 2 + [30 * per + fixed] and sum(ring.layer_bytes()) == ring.bytes_used
     assert flat.layer_bytes() == [30 * per + fixed] * 3
     assert ring.layer(0)[0].shape[2] == 5 and ring.layer(2)[0].shape[2] == 30
+
+
+def test_beam_search_on_the_paged_hybrid_equals_static() -> None:
+    """Beams reorder the rows' tables (let-go entries included) past the window: the static ring's beams."""
+    m = tiny(seed=2)
+    kw = dict(prompt_ids=list(range(60, 63)), max_new_tokens=20, num_beams=3)
+    assert kvviz.generate(m, cache_kind="paged", kv_block_size=2, **kw).generated_ids == \
+        kvviz.generate(m, cache_kind="static", **kw).generated_ids
+
+
+def test_quantized_ring_checkpoint_restore_is_exact_and_truncate_refused_once_overwritten() -> None:
+    m = tiny()
+    spec = kv_spec(m, "int4")
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(4))
+    cache = QuantizedKVCache(m.config, spec)
+    with torch.inference_mode():
+        _feed(m, cache, ids[:, :12], (12,))
+        assert not cache.can_truncate(11) and cache.can_truncate(12)
+        with pytest.raises(ValueError, match="cannot roll back to 11"):
+            cache.truncate(11)
+        before = [t.clone() for i in range(3) for t in cache.layer(i)]
+        cp = cache.checkpoint(12)
+        _feed(m, cache, ids, (15,))  # a chunk and decodes that wrap the rings
+        cache.restore(cp)
+        cache.commit(cp)
+        assert cache.pos == 12
+        for a, b in zip(before, [t for i in range(3) for t in cache.layer(i)]):
+            assert torch.equal(a, b)
