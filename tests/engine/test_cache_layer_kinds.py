@@ -222,3 +222,20 @@ def test_quantized_ring_checkpoint_restore_is_exact_and_truncate_refused_once_ov
         assert cache.pos == 12
         for a, b in zip(before, [t for i in range(3) for t in cache.layer(i)]):
             assert torch.equal(a, b)
+
+
+def test_block_tables_chart_draws_each_group_and_the_blocks_let_go() -> None:
+    from kvviz.charts import paged_charts as pc
+
+    m = tiny()
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(6))
+    cache = PagedKVCache(m.config, 1, block_size=2, num_blocks=40)
+    with torch.inference_mode():
+        _feed(m, cache, ids, (12,))
+    snap = cache.snapshot()
+    # 12 positions, block 2: the global table 6 blocks; each sliding one lets go of blocks 0..3
+    assert [g["freed"] for g in snap["groups"]] == [0, 4, 4] and snap["groups"][1]["tables"][0][:4] == [-1] * 4
+    tr = pc.block_tables(snap).data[0]
+    assert list(dict.fromkeys(tr.y)) == ["seq 0 · global L2", "seq 0 · sliding L0", "seq 0 · sliding L1"]
+    assert list(tr.text) == [str(b) for b in cache.gtables[0][0]] + (["–"] * 4 + [str(b) for b in cache.gtables[1][0][4:]]) \
+        + (["–"] * 4 + [str(b) for b in cache.gtables[2][0][4:]])
