@@ -84,7 +84,17 @@ def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str,
     prompt, want = case["prompt_ids"], case["generated"]
     assert len(prompt) > 512  # the sliding layers' window is in force from the prompt on
     run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True)
-    assert run.generated_ids == want  # (paged equals static on the tiny model: test_gemma3_tiny.py)
+    assert run.generated_ids == want
+    # The paged cache (block 16): its sliding groups let go of the blocks out of the window, and the
+    # tokens stay transformers'; per layer, blocks held x a layer's share of a block, by hand.
+    paged = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True,
+                           cache_kind="paged")
+    assert paged.generated_ids == want
+    p, share = paged.events[-1].position, 16 * 2 * 256 * gemma3.dtype.itemsize  # 16 slots, K and V, 1 head
+    full, sliding = -(-p // 16), -(-p // 16) - (p - 512 + 1) // 16
+    assert list(paged.events[-1].cache_layer_bytes) == [full * share if i in (5, 11, 17) else sliding * share
+                                                        for i in range(18)]
+    assert sliding <= 33 < full  # at most ceil(511 / 16) + 1 blocks: the window's
     # At every step, each layer's live bytes equal the calculator's preset figure for that layer:
     # 15 sliding layers level off at 512 positions, the 3 global ones hold every position.
     from kvviz.memory.formulas import layer_token_bytes, tokens_held

@@ -21,6 +21,7 @@ from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, blocks_for
+from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.errors import KVVizError
 from kvviz.limits import MAX_KV_BLOCK_SIZE  # shared with the CLI's --block-size
@@ -70,18 +71,20 @@ def check_flag(name: str, value: object) -> bool:
     return value
 
 
-def check_pool(block_size: object, num_blocks: object, tokens: int) -> None:
-    """A paged pool's shape is sane and can hold at least one sequence of ``tokens``."""
+def check_pool(block_size: object, num_blocks: object, tokens: int, groups: int = 1) -> None:
+    """A paged pool's shape is sane and can hold at least one sequence of ``tokens`` in each of
+    its ``groups`` layer groups (paged_pool.layer_groups: more than one for per-layer kinds)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_KV_BLOCK_SIZE:
         raise KVVizError(f"the paged block size must be 1..{MAX_KV_BLOCK_SIZE} tokens (got {block_size!r})")
     if num_blocks is None:
         return
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
         raise KVVizError(f"the paged pool needs a positive number of blocks (got {num_blocks!r})")
-    need = blocks_for(tokens, block_size)
+    need = groups * blocks_for(tokens, block_size)
     if num_blocks < need:
+        per = f" ({groups} layer groups of {blocks_for(tokens, block_size)})" if groups > 1 else ""
         raise KVVizError(f"a pool of {num_blocks} blocks of {block_size} tokens holds {num_blocks * block_size} "
-                         f"tokens; one sequence of {tokens} tokens needs {need} blocks")
+                         f"tokens; one sequence of {tokens} tokens needs {need} blocks{per}")
 
 
 def resolve_prompt(model: LoadedModel, prompt: str | None,
@@ -144,7 +147,8 @@ def check_pool_memory(model: LoadedModel, block_size: int, num_blocks: int, rows
     """A pool of ``num_blocks`` blocks is allocated whole up front: refuse one the memory cannot hold
     (a million blocks of 4,096 tokens asked torch for 4 TB and died in the allocator)."""
     c = model.config
-    need = num_blocks * block_size * kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
+    per_block = config_groups(c).size  # layers one block holds: all, or one layer group's (paged_pool.py)
+    need = num_blocks * block_size * kv_bytes_per_token(per_block, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
     free = available_memory(model.device)
     if free is not None and need > MEMORY_SHARE * free:
         raise KVVizError(f"a pool of {num_blocks:,} blocks of {block_size:,} tokens needs {fmt_bytes(need)} of KV "
@@ -245,7 +249,7 @@ class GenerateRequest:
         if kind not in CACHE_KINDS:
             raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {kind!r})")
         if kind == "paged" and self.use_cache:
-            check_pool(self.kv_block_size, self.kv_blocks, n_tokens)
+            check_pool(self.kv_block_size, self.kv_blocks, n_tokens, config_groups(model.config).count)
             if self.kv_blocks is not None:
                 check_pool_memory(model, self.kv_block_size, self.kv_blocks)
         kv = kv_spec(model, self.kv_dtype, self.window, self.sinks, self.kv_group_size, self.kv_zero_point,

@@ -28,6 +28,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
 from kvviz.engine.generation.valid_request import SpecOptions
@@ -125,12 +126,15 @@ class SpeculativeStream(StrategyStream):
         with torch.inference_mode():
             positions = torch.arange(cfg.block_size, device=dev)
             cache = self.cache = self._cache(1, len(ids) + self.max_new_tokens + o.draft_tokens)
+        if isinstance(cache, PagedKVCache):  # its sliding layers keep the blocks a rollback needs
+            cache.rollback = o.draft_tokens
         rings = [w for w in getattr(cache, "windows", ()) if w is not None]
         if rings and len(ids) + self.max_new_tokens + o.draft_tokens > min(rings):  # drafts written too
             # a rollback needs positions the sliding layers' rings will have overwritten
             raise KVVizError(f"speculative decoding rolls the cache back, but this model's static cache keeps "
                              f"only the last {min(rings):,} positions on its sliding layers and this run goes "
-                             f"past them: use cache_kind='concat' or 'paged' (they keep every position)")
+                             f"past them: use cache_kind='concat' (it keeps every position) or 'paged' (it keeps the "
+                             f"blocks a rollback needs)")
         while made < self.max_new_tokens:
             with torch.inference_mode():
                 t0 = time.perf_counter()

@@ -13,6 +13,7 @@ from kvviz.engine.generation.stream_base import StreamBase
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.paged_cache import blocks_for
+from kvviz.engine.kvcache.paged_pool import config_groups
 
 
 @dataclass
@@ -20,6 +21,7 @@ class StrategyStream(StreamBase):
     def _cache(self, rows: int, tokens: int) -> KVCache:
         """The run's cache, any kind; a paged pool gets room for ``rows`` sequences of ``tokens``."""
         m, r = self.model, self.req
-        blocks = r.kv_blocks or rows * (blocks_for(tokens, r.kv_block_size) + 1)
+        groups = config_groups(m.config).count  # a hybrid model's layer groups each keep a table
+        blocks = r.kv_blocks or rows * groups * (blocks_for(tokens, r.kv_block_size) + 1)
         return make_cache(r.cache_kind, m.config, 1, m.device, m.dtype, block_size=r.kv_block_size,
                           num_blocks=blocks)
