@@ -167,7 +167,7 @@ def test_every_supported_type_matches_transformers_gguf_loader(tmp_path: Path) -
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_load(f32_file: Path, dtype: torch.dtype) -> None:
-    out = load_llama_gguf(f32_file, dtype)
+    out = load_model(str(f32_file), device="cpu", dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
     m = out.model
     assert {p.dtype for p in m.parameters()} == {dtype} and m.rope_cos.dtype == dtype
     assert out.info["weights_bytes"] == 2 * m.num_params()

@@ -272,12 +272,15 @@ def test_a_tiny_gguf_tokenizes(tmp_path: Path) -> None:
 
 
 def test_bad_files_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(KVVizError, match="no GGUF file"):
+    # The tokenizer opens a file through the model loader's checked reader: the same messages.
+    with pytest.raises(KVVizError, match="no such GGUF file"):
         load_gguf_tokenizer(tmp_path / "missing.gguf")
-    for name, data in (("empty.gguf", b""), ("text.gguf", b"not a gguf file at all\n" * 10),
-                       ("cut.gguf", _write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()[:300])):
+    for name, data, message in (
+            ("empty.gguf", b"", "empty.gguf is empty"),
+            ("text.gguf", b"not a gguf file at all\n" * 10, r"text.gguf is not a GGUF file \(it starts with b'not "),
+            ("cut.gguf", _write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()[:300], "cut.gguf is truncated or corrupt")):
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(KVVizError, match="not a readable GGUF"):
+        with pytest.raises(KVVizError, match=message):
             load_gguf_tokenizer(tmp_path / name)
     with pytest.raises(KVVizError, match="sentencepiece"):
         load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "sp.gguf", model="llama"))
