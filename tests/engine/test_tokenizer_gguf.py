@@ -16,8 +16,9 @@ import pytest
 from kvviz.engine.tokenize.chat_template import chat_prompt, check_messages, render_chat
 from kvviz.engine.tokenize.gguf_bpe import (GGUFTokenizer, load_gguf_tokenizer,
                                          read_tokenizer_metadata)
-from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 from kvviz.errors import KVVizError
+
+from gguf_writers import write_bpe_tokenizer_gguf
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -238,34 +239,15 @@ def test_no_template_is_refused(smol: GGUFTokenizer, smol_meta: Any, tmp_path: P
     bare = GGUFTokenizer(dataclasses.replace(smol_meta, chat_template=None))
     with pytest.raises(KVVizError, match="no chat template"):
         chat_prompt(bare, ONE_TURN)
-    tiny = load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "tiny.gguf"))
+    tiny = load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "tiny.gguf"))
     with pytest.raises(KVVizError, match="tiny.gguf has no chat template"):
         chat_prompt(tiny, ONE_TURN)
 
 
 # --- files ---------------------------------------------------------------------------------------
 
-def _write_tiny_gguf(path: Path, model: str = "gpt2", pre: str = "smollm") -> Path:
-    """A GGUF with a 258-token vocabulary (256 bytes, "he", a control token) and no tensors."""
-    gguf = pytest.importorskip("gguf")
-    dec = _gpt2_byte_decoder()
-    tokens = sorted(dec, key=dec.__getitem__) + ["he", "<|end|>"]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model(model)
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_merges(["h e"])
-    w.add_token_types([1] * 257 + [3])
-    w.add_eos_token_id(257)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    return path
-
-
 def test_a_tiny_gguf_tokenizes(tmp_path: Path) -> None:
-    tok = load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "tiny.gguf"))
+    tok = load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "tiny.gguf"))
     assert (tok.vocab_size, tok.eos_token_id, tok.add_bos) == (258, 257, False)
     assert tok.encode("hello<|end|>") == [256, ord("l"), ord("l"), ord("o"), 257]
     assert tok.decode(tok.encode("héllo 42<|end|>")) == "héllo 42<|end|>"
@@ -278,14 +260,14 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
     for name, data, message in (
             ("empty.gguf", b"", "empty.gguf is empty"),
             ("text.gguf", b"not a gguf file at all\n" * 10, r"text.gguf is not a GGUF file \(it starts with b'not "),
-            ("cut.gguf", _write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()[:300], "cut.gguf is truncated or corrupt")):
+            ("cut.gguf", write_bpe_tokenizer_gguf(tmp_path / "whole.gguf").read_bytes()[:300], "cut.gguf is truncated or corrupt")):
         (tmp_path / name).write_bytes(data)
         with pytest.raises(KVVizError, match=message):
             load_gguf_tokenizer(tmp_path / name)
     with pytest.raises(KVVizError, match="sentencepiece"):
-        load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "sp.gguf", model="llama"))
+        load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "sp.gguf", model="llama"))
     with pytest.raises(KVVizError, match="pre-tokenizer 'mystery'"):
-        load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "pre.gguf", pre="mystery"))
+        load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "pre.gguf", pre="mystery"))
 
 
 # --- typed special-token text (issue 28) ----------------------------------------------------------

@@ -27,7 +27,7 @@ from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
 
-from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder, display_bytes, literal_backend, special_added_tokens
+from kvviz.engine.tokenize.tokenizer import PieceVocab, _gpt2_byte_decoder, literal_backend, special_added_tokens
 from kvviz.errors import KVVizError
 
 # llama.cpp's token types (llama_token_type / gguf.TokenType).
@@ -167,8 +167,9 @@ def _respell(text: str) -> str:
     return "".join(to_char[b] for b in text.encode("utf-8"))
 
 
-class GGUFTokenizer:
-    """kvviz's Tokenizer protocol over a GGUF's byte-level BPE (see the module docstring)."""
+class GGUFTokenizer(PieceVocab):
+    """kvviz's Tokenizer protocol over a GGUF's byte-level BPE (see the module docstring); decode,
+    token_display and is_special come from ``PieceVocab``."""
 
     def __init__(self, meta: GGUFTokenizerMeta) -> None:
         self._tok = build_backend(meta)
@@ -211,10 +212,6 @@ class GGUFTokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        # An id past the vocabulary (typed by hand as --prompt-ids) has no text: drop it.
-        return self._tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=False)
-
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes this token stands for: 'Ġthe' -> b' the'; a special token -> its text."""
         if not 0 <= token_id < self.vocab_size:
@@ -226,19 +223,6 @@ class GGUFTokenizer:
         if all(ch in dec for ch in piece):
             return bytes(dec[ch] for ch in piece)
         return piece.encode("utf-8")  # respelled in build_backend: the text is the bytes
-
-    def token_display(self, token_id: int) -> str:
-        """Chip text: the token's characters, or ``<0xNN>`` per byte for part of a character."""
-        text = self._display.get(token_id)
-        if text is None:
-            if not 0 <= token_id < self.vocab_size:
-                return f"<|{token_id}|>"
-            text = self._display[token_id] = display_bytes(self.token_bytes(token_id))
-        return text
-
-    def is_special(self, token_id: int) -> bool:
-        """Whether the id is a control token (``<|im_end|>``...): chips can style it apart."""
-        return token_id in self._special
 
 
 def load_gguf_tokenizer(source: str | Path | Mapping[str, Any], name: str | None = None) -> GGUFTokenizer:
