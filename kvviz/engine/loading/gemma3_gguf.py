@@ -20,7 +20,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
-from kvviz.engine.loading.gguf_llama import dequantize_tensor, map_name, meta_float, meta_int
+from kvviz.engine.loading.gguf_llama import dequantize_tensor, map_name, match_tensors, meta_float, meta_int, type_counts
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
 
@@ -102,24 +102,9 @@ def hf_name(gguf_name: str, n_layer: int) -> str | None:
 
 
 def check_tensors(tensors: tuple[LiteTensor, ...], config: Gemma3Config, where: str) -> dict[str, LiteTensor]:
-    """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
-    expected = param_shapes(config)
-    out: dict[str, LiteTensor] = {}
-    for t in tensors:
-        name = hf_name(t.name, config.n_layer)
-        if name is None:
-            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's Gemma 3 has no place for")
-        if t.tensor_type not in SUPPORTED_TYPES:
-            raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
-                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
-        if t.shape != expected[name]:
-            raise KVVizError(f"{where}: tensor {t.name} has shape {t.shape}, but the metadata implies {expected[name]}")
-        out[name] = t
-    missing = [k for k in expected if k not in out]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise KVVizError(f"{where} is missing tensors: {', '.join(missing[:3])}{more}")
-    return out
+    """{transformers name: tensor} of a Gemma 3 file, every name, type and shape checked (nothing is copied)."""
+    return match_tensors(tensors, param_shapes(config), lambda n: hf_name(n, config.n_layer), SUPPORTED_TYPES,
+                         "Gemma 3", where)
 
 
 def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32) -> Gemma3GGUF:
@@ -137,9 +122,6 @@ def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.f
         if name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stored 1 + w
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
-    types: dict[str, int] = {}
-    for t in tensors.values():
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
+    info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name")}
     return Gemma3GGUF(config, sd, g.metadata, info)

@@ -32,7 +32,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -179,19 +179,19 @@ def hf_name(gguf_name: str, n_layer: int) -> str | None:
     return map_name(gguf_name, n_layer, _GLOBAL_NAMES, _LAYER_NAMES)
 
 
-def check_tensors(tensors: tuple[LiteTensor, ...], config: LlamaConfig, where: str) -> dict[str, LiteTensor]:
-    """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
-    expected = param_shapes(config)
+def match_tensors(tensors: tuple[LiteTensor, ...], expected: dict[str, tuple[int, ...]],
+                  to_hf: Callable[[str], str | None], supported: tuple[Q, ...], model: str,
+                  where: str) -> dict[str, LiteTensor]:
+    """{transformers name: tensor}, after checking every name, type and shape against a family's
+    ``expected`` shapes (nothing is copied): what both families' loaders check, in their words."""
     out: dict[str, LiteTensor] = {}
     for t in tensors:
-        if t.name == "rope_freqs.weight":
-            raise KVVizError(f"{where} carries rope_freqs (Llama 3.1-style RoPE scaling), which kvviz does not implement")
-        name = hf_name(t.name, config.n_layer)
+        name = to_hf(t.name)
         if name is None or name not in expected:
-            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's {config.family} has no place for")
-        if t.tensor_type not in SUPPORTED_TYPES:
+            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's {model} has no place for")
+        if t.tensor_type not in supported:
             raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
-                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
+                             f"{', '.join(q.name for q in supported)}")
         if t.shape != expected[name]:  # torch order (gguf_lite reversed ggml's innermost-first dims)
             raise KVVizError(f"{where}: tensor {t.name} has shape {t.shape}, but the metadata implies "
                              f"{expected[name]}")
@@ -201,6 +201,22 @@ def check_tensors(tensors: tuple[LiteTensor, ...], config: LlamaConfig, where: s
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise KVVizError(f"{where} is missing tensors: {', '.join(missing[:3])}{more}")
     return out
+
+
+def type_counts(tensors: Iterable[LiteTensor]) -> dict[str, int]:
+    """{GGML type name: how many tensors} (the info a load reports)."""
+    types: dict[str, int] = {}
+    for t in tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return types
+
+
+def check_tensors(tensors: tuple[LiteTensor, ...], config: LlamaConfig, where: str) -> dict[str, LiteTensor]:
+    """{transformers name: tensor} of a Llama-family file, every name, type and shape checked."""
+    if any(t.name == "rope_freqs.weight" for t in tensors):
+        raise KVVizError(f"{where} carries rope_freqs (Llama 3.1-style RoPE scaling), which kvviz does not implement")
+    return match_tensors(tensors, param_shapes(config), lambda n: hf_name(n, config.n_layer), SUPPORTED_TYPES,
+                         config.family, where)
 
 
 def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -242,10 +258,7 @@ def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32)
         elif permuted and name.endswith("k_proj.weight"):
             w = unpermute_rope_rows(w, config.kv_heads)
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
-    types: dict[str, int] = {}
-    for t in tensors.values():
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
+    info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name"),
             "family": config.family}
     return GGUFModel(config, sd, g.tokenizer_metadata(), info)
