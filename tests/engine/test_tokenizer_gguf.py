@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,19 @@ def test_no_template_is_refused(smol: GGUFTokenizer, smol_meta: Any, tmp_path: P
 
 
 # --- files ---------------------------------------------------------------------------------------
+
+def test_decode_from_token_bytes_equals_the_tokenizers_decoder(smol: GGUFTokenizer) -> None:
+    """decode is PieceVocab's (each token's bytes joined, read as UTF-8), shared with Gemma 3's
+    tokenizer; on SmolLM2 it equals the `tokenizers` byte-level decoder, id by id and on runs of
+    random ids (broken UTF-8 included)."""
+    backend = smol._tok
+    for i in range(smol.vocab_size):
+        assert smol.decode([i]) == backend.decode([i], skip_special_tokens=False), i
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(smol.vocab_size) for _ in range(rng.randrange(1, 12))]
+        assert smol.decode(ids) == backend.decode(ids, skip_special_tokens=False), ids
+
 
 def test_a_tiny_gguf_tokenizes(tmp_path: Path) -> None:
     tok = load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "tiny.gguf"))
