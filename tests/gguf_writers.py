@@ -180,17 +180,20 @@ def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = Tru
 
 # --- a tokenizer alone --------------------------------------------------------------------------------
 
-def write_bpe_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str = "smollm") -> Path:
-    """A GGUF with a 258-token byte-level BPE vocabulary (256 bytes, "he", the control token
-    ``<|end|>``, EOS) and no tensors."""
+def write_bpe_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str = "smollm", arch: str = "llama",
+                             merges: tuple[str, ...] = ("h e",), control: str = "<|end|>") -> Path:
+    """A GGUF with no tensors and a byte-level BPE vocabulary: the 256 byte pieces, one piece per
+    merge (``"h e"`` -> ``"he"``), then ``control`` (a CONTROL token, also EOS). The defaults give
+    258 tokens: ``"he"`` is 256, ``<|end|>`` 257."""
     from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 
     dec = _gpt2_byte_decoder()
-    w = gguf.GGUFWriter(str(path), "llama")
+    tokens = sorted(dec, key=dec.__getitem__) + [m.replace(" ", "") for m in merges] + [control]
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
-    w.add_token_list(sorted(dec, key=dec.__getitem__) + ["he", "<|end|>"])
-    w.add_token_merges(["h e"])
-    w.add_token_types([1] * 257 + [3])
-    w.add_eos_token_id(257)
+    w.add_token_list(tokens)
+    w.add_token_merges(list(merges))
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_eos_token_id(len(tokens) - 1)
     return _finish(w, path)

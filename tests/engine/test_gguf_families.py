@@ -22,7 +22,7 @@ from kvviz.engine.loading.loader import load_model
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 
-from gguf_writers import Q, write_llama_gguf
+from gguf_writers import Q, write_bpe_tokenizer_gguf, write_llama_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -284,22 +284,9 @@ def test_qwen2_pre_tokenizer_equals_transformers(tmp_path: Path) -> None:
     """Qwen2/2.5/3 GGUFs name their split "qwen2" (Llama 3's, one digit per piece): a tiny byte-level
     BPE vocabulary with such a split gives transformers' GGUF tokenizer's ids on varied text."""
     from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
-    from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 
-    dec = _gpt2_byte_decoder()
-    merges = ["Ġ t", "h e", "Ġt he", "1 2", "Ġ a", "i n", "Ġ 1", "' s", "Ċ Ċ"]
-    tokens = sorted(dec, key=dec.__getitem__) + [m.replace(" ", "") for m in merges] + ["<|endoftext|>"]
-    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "qwen2")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([1] * (len(tokens) - 1) + [3])
-    w.add_eos_token_id(len(tokens) - 1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
+    merges = ("Ġ t", "h e", "Ġt he", "1 2", "Ġ a", "i n", "Ġ 1", "' s", "Ċ Ċ")
+    write_bpe_tokenizer_gguf(tmp_path / "q.gguf", pre="qwen2", arch="qwen2", merges=merges, control="<|endoftext|>")
     ours = load_gguf_tokenizer(tmp_path / "q.gguf")
     ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="q.gguf")
     texts = ["the 12345 in a theatre, 12 and 1 2", "I'll  go\n\n  there's 1234567\tx IT'S",
