@@ -1,11 +1,8 @@
 """Shared fixtures for the core engine tests (browser tests keep their own conftest)."""
 from __future__ import annotations
 
-import ast
-import inspect
 import os
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +15,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvviz.engine.loading.loader import LoadedModel, load_model, wrap_model  # noqa: E402
+from suite_markers import starts_a_process  # noqa: E402
 from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT  # noqa: E402
 from kvviz.engine.models.llama import Llama, LlamaConfig  # noqa: E402
@@ -58,30 +56,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         if "smollm2" in item.nodeid.lower() or any(name.startswith("smol") for name in fixtures):
             item.add_marker(pytest.mark.smollm2)
-        if _starts_a_process(item):
+        if starts_a_process(item):
             item.add_marker(pytest.mark.process)
 
 
-def _calls_subprocess(fn: Any) -> bool:
-    try:
-        return "subprocess." in inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
-
-
-def _starts_a_process(item: pytest.Item) -> bool:
-    """The test's own code calls subprocess, or calls a helper (its module's or imported) that does."""
-    fn, module = getattr(item, "function", None), getattr(item, "module", None)
-    if fn is None or module is None:
-        return False
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    if "subprocess." in ast.unparse(tree):
-        return True
-    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    return any(inspect.isfunction(h := getattr(module, name, None)) and _calls_subprocess(h) for name in called)
 
 
 # Small enough that a forward pass costs microseconds, big enough for 4 heads and GQA.

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import conftest
+from suite_markers import starts_a_process
 
 
 def _runs_the_cli() -> int:
@@ -34,7 +34,6 @@ def _item(fn) -> SimpleNamespace:  # type: ignore[no-untyped-def]
 
 
 def test_a_test_that_starts_a_process_is_marked_and_one_that_does_not_is_not() -> None:
-    assert conftest._starts_a_process(_item(test_direct))
-    assert conftest._starts_a_process(_item(test_through_a_helper))
-    assert not conftest._starts_a_process(_item(test_in_process))
-    assert not conftest._starts_a_process(_item(test_a_test_that_starts_a_process_is_marked_and_one_that_does_not_is_not))
+    assert starts_a_process(_item(test_direct))
+    assert starts_a_process(_item(test_through_a_helper))
+    assert not starts_a_process(_item(test_in_process))
