@@ -26,7 +26,7 @@ def test_gemma3_case_exists_and_is_skipped_when_absent(tmp_path: Path, monkeypat
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     case = next(c for c in bench.CASES if c.shape == "gemma3")
     assert (case.model, case.new_tokens, case.prompt_text) == ("gemma3", 64, bench.STORY)
-    assert case.variants == ("kvviz_static", "readable_static", "hf", "floor")
+    assert case.variants == ("kvviz_static", "readable_static", "hf", "floor", "floor_bf16")
     ran: list[str] = []
 
     def fake_case(c: bench.Case, *a: Any, **k: Any) -> dict[str, Any]:
