@@ -45,7 +45,7 @@ test: $(DEV_STAMP) browser
 
 # The quick loop while editing: no browser, no SmolLM2, no benchmark (markers in tests/conftest.py).
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not gemma3 and not bench" $(XDIST)
+	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not gemma3 and not bench and not process" $(XDIST)
 
 # The screenshots in docs/: the browser tests take theirs (into test-results/screenshots/), and the
 # ones the README and docs/app.md show are copied in under their published names. The Generate

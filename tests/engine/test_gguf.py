@@ -20,6 +20,8 @@ from kvviz.engine.loading.llama_loader import load_llama_gguf
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 
+from gguf_writers import llamacpp_permute, write_llama_gguf
+
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 Q = gguf.GGMLQuantizationType
@@ -31,19 +33,9 @@ HF_SHAPE: dict[str, Any] = dict(vocab_size=96, hidden_size=64, intermediate_size
                                 max_position_embeddings=48, rms_norm_eps=1e-5, tie_word_embeddings=True,
                                 rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
                                 initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-LAYER_NAMES = {  # transformers -> llama.cpp, inside blk.{i}
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
 # One of each supported type, spread over the tensors (llama.cpp keeps norms in F32).
 MIXED = {"token_embd": Q.Q8_0, "attn_q": Q.F16, "attn_k": Q.BF16, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,
          "ffn_gate": Q.Q8_0, "ffn_up": Q.Q4_1, "ffn_down": Q.Q4_0, "output": Q.F16}
-
-
-def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute (n_head already the K/V count for K)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def make_hf(**overrides: Any) -> Any:
@@ -54,66 +46,11 @@ def make_hf(**overrides: Any) -> Any:
     return hf.eval()
 
 
-def gguf_tensors(hf: Any) -> dict[str, np.ndarray]:
-    """The model's weights under llama.cpp's names and row order, fp32 numpy."""
-    c = hf.config
-    out: dict[str, np.ndarray] = {}
-    for name, t in hf.state_dict().items():
-        w = t.detach().float().numpy()
-        if name == "model.embed_tokens.weight":
-            out["token_embd.weight"] = w
-        elif name == "model.norm.weight":
-            out["output_norm.weight"] = w
-        elif name == "lm_head.weight":
-            if not c.tie_word_embeddings:
-                out["output.weight"] = w
-        else:
-            _, _, i, rest = name.split(".", 3)  # model.layers.{i}.{rest}
-            part = rest.removesuffix(".weight")
-            if part.endswith("q_proj"):
-                w = llamacpp_permute(w, c.num_attention_heads)
-            elif part.endswith("k_proj"):
-                w = llamacpp_permute(w, c.num_key_value_heads)
-            out[f"blk.{i}.{LAYER_NAMES[part]}.weight"] = w
-    return out
-
-
 def write_gguf(path: Path, hf: Any, types: dict[str, Any] | None = None, arch: str = "llama",
                edit: Callable[[Any, dict[str, np.ndarray]], None] | None = None) -> Path:
-    """Write ``hf`` as llama.cpp would; ``types`` maps a tensor's short name to its quant type;
-    ``edit(writer, tensors)`` may add metadata or change tensors before they are written."""
-    c = hf.config
-    w = gguf.GGUFWriter(str(path), arch)
-    p = arch + "."
-    for key, val in [("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
-                     ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
-                     ("attention.head_count", c.num_attention_heads),
-                     ("attention.head_count_kv", c.num_key_value_heads), ("vocab_size", c.vocab_size),
-                     ("attention.key_length", c.head_dim), ("attention.value_length", c.head_dim),
-                     ("rope.dimension_count", c.head_dim)]:
-        w.add_uint32(p + key, val)
-    w.add_float32(p + "rope.freq_base", c.rope_parameters["rope_theta"])
-    w.add_float32(p + "attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_token_list([f"<t{i}>" for i in range(c.vocab_size)])
-    w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    tensors = gguf_tensors(hf)
-    if edit is not None:
-        edit(w, tensors)
-    for name, arr in tensors.items():
-        short = name.split(".")[-2]
-        qtype = (types or {}).get(short, Q.F32) if arr.ndim == 2 else Q.F32
-        if qtype == Q.F32:
-            w.add_tensor(name, arr)
-        elif qtype == Q.F16:
-            w.add_tensor(name, arr.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """This file's tiny model as llama.cpp writes it (EOS 2, a chat template); see gguf_writers."""
+    return write_llama_gguf(path, hf, arch, types=types, eos=2, edit=edit,
+                            chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +104,7 @@ def test_every_supported_type_matches_transformers_gguf_loader(tmp_path: Path) -
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_load(f32_file: Path, dtype: torch.dtype) -> None:
-    out = load_llama_gguf(f32_file, dtype)
+    out = load_model(str(f32_file), device="cpu", dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
     m = out.model
     assert {p.dtype for p in m.parameters()} == {dtype} and m.rope_cos.dtype == dtype
     assert out.info["weights_bytes"] == 2 * m.num_params()

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,6 +21,8 @@ from kvviz.engine.loading.gguf_checks import SUPPORTED_LIST, model_family
 from kvviz.engine.loading.loader import load_model
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
+
+from gguf_writers import Q, write_bpe_tokenizer_gguf, write_llama_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -46,18 +47,6 @@ FAMILIES: dict[str, dict[str, Any]] = {
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "mistral": "MistralForCausalLM"}
 HF_CONFIG = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig"}
-LAYER_NAMES = {  # transformers -> llama.cpp, inside blk.{i}
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
 def make_hf(family: str, seed: int, **overrides: Any) -> Any:
     torch.manual_seed(seed)
     cfg = getattr(transformers, HF_CONFIG[family])(**{**BASE, **FAMILIES[family], **overrides})
@@ -70,58 +59,13 @@ def make_hf(family: str, seed: int, **overrides: Any) -> Any:
     return hf.eval()
 
 
-def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute (n_head already the K/V count for K)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def write_gguf(path: Path, hf: Any, family: str, arch: str | None = None, f16: bool = False,
                extra: dict[str, Any] | None = None) -> Path:
     """``hf`` as llama.cpp writes it: Mistral as arch llama (+ its window), q/k permuted for llama
     only (llama.cpp runs Qwen with NeoX RoPE, the halves of a head, as transformers does)."""
-    c = hf.config
     arch = arch or ("llama" if family == "mistral" else family)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"{family}-tiny")
-    p = arch + "."
-    for key, val in [("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
-                     ("embedding_length", c.hidden_size), ("feed_forward_length", c.intermediate_size),
-                     ("attention.head_count", c.num_attention_heads),
-                     ("attention.head_count_kv", c.num_key_value_heads), ("vocab_size", c.vocab_size),
-                     ("attention.key_length", head_dim), ("attention.value_length", head_dim),
-                     ("rope.dimension_count", head_dim)]:
-        w.add_uint32(p + key, val)
-    if family == "mistral":
-        w.add_uint32(p + "attention.sliding_window", c.sliding_window)
-    for key, val in (extra or {}).items():
-        w.add_uint32(key, val)
-    w.add_float32(p + "rope.freq_base", c.rope_parameters["rope_theta"])
-    w.add_float32(p + "attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_token_list([f"<t{i}>" for i in range(c.vocab_size)])
-    for name, t in hf.state_dict().items():
-        a = t.detach().float().numpy()
-        if name == "model.embed_tokens.weight":
-            gname = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gname = "output_norm.weight"
-        elif name == "lm_head.weight":
-            if c.tie_word_embeddings:
-                continue
-            gname = "output.weight"
-        else:
-            _, _, i, rest = name.split(".", 3)  # model.layers.{i}.{rest}
-            if arch == "llama" and rest == "self_attn.q_proj.weight":
-                a = llamacpp_permute(a, c.num_attention_heads)
-            elif arch == "llama" and rest == "self_attn.k_proj.weight":
-                a = llamacpp_permute(a, c.num_key_value_heads)
-            gname = f"blk.{i}.{LAYER_NAMES[rest]}"
-        w.add_tensor(gname, a.astype(np.float16) if f16 and a.ndim == 2 else a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_llama_gguf(path, hf, arch, name=f"{family}-tiny", matrix_type=Q.F16 if f16 else None, extra=extra,
+                            window=hf.config.sliding_window if family == "mistral" else None)
 
 
 def hf_from_gguf(path: Path) -> Any:
@@ -340,22 +284,9 @@ def test_qwen2_pre_tokenizer_equals_transformers(tmp_path: Path) -> None:
     """Qwen2/2.5/3 GGUFs name their split "qwen2" (Llama 3's, one digit per piece): a tiny byte-level
     BPE vocabulary with such a split gives transformers' GGUF tokenizer's ids on varied text."""
     from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
-    from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 
-    dec = _gpt2_byte_decoder()
-    merges = ["Ġ t", "h e", "Ġt he", "1 2", "Ġ a", "i n", "Ġ 1", "' s", "Ċ Ċ"]
-    tokens = sorted(dec, key=dec.__getitem__) + [m.replace(" ", "") for m in merges] + ["<|endoftext|>"]
-    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "qwen2")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([1] * (len(tokens) - 1) + [3])
-    w.add_eos_token_id(len(tokens) - 1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
+    merges = ("Ġ t", "h e", "Ġt he", "1 2", "Ġ a", "i n", "Ġ 1", "' s", "Ċ Ċ")
+    write_bpe_tokenizer_gguf(tmp_path / "q.gguf", pre="qwen2", arch="qwen2", merges=merges, control="<|endoftext|>")
     ours = load_gguf_tokenizer(tmp_path / "q.gguf")
     ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="q.gguf")
     texts = ["the 12345 in a theatre, 12 and 1 2", "I'll  go\n\n  there's 1234567\tx IT'S",

@@ -244,11 +244,12 @@ def test_smollm2_paged_cache_equals_memory_cli_paged(n_tok: int, rows: int, bloc
     import json
 
     import kvviz.cli.main as cli
-    from kvviz.engine.loading.gguf_llama import config_from_metadata, open_gguf
+    from kvviz.engine.loading.gguf_lite import read_gguf
+    from kvviz.engine.loading.gguf_llama import config_from_metadata
     from kvviz.engine.loading.llama_loader import smollm2_path
 
     try:
-        cfg = config_from_metadata(open_gguf(smollm2_path()))
+        cfg = config_from_metadata(read_gguf(smollm2_path()))
     except KVVizError:
         pytest.skip("SmolLM2 is not installed")
     cache = PagedKVCache(cfg, batch=rows, block_size=block, num_blocks=rows * -(-n_tok // block))

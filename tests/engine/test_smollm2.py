@@ -132,6 +132,11 @@ def test_smollm2_cli_ignore_eos_generates_64_and_text_drops_the_marker(
     assert out["generated_ids"][:8] == CAPITAL + [PARIS, DOT, IM_END]
     assert cli.main([*q, "--max-new-tokens", "64"]) == 0
     assert capsys.readouterr().out == "The capital of France is Paris.\n"
+    # Without --chat the instruct model ends at once: a blank answer, and a note that says why.
+    assert cli.main(["generate", "--model", "smollm2", "--prompt", "What is the capital of France?"]) == 0
+    got = capsys.readouterr()
+    assert got.out == "\n" and got.err == ("note: the model emitted its end token at once (stop_reason eos); it is an "
+                                          "instruct model: --chat sends the prompt through its chat template\n")
 
 
 def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:

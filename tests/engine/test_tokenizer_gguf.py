@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ import pytest
 from kvviz.engine.tokenize.chat_template import chat_prompt, check_messages, render_chat
 from kvviz.engine.tokenize.gguf_bpe import (GGUFTokenizer, load_gguf_tokenizer,
                                          read_tokenizer_metadata)
-from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder
 from kvviz.errors import KVVizError
+
+from gguf_writers import write_bpe_tokenizer_gguf
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -238,51 +240,48 @@ def test_no_template_is_refused(smol: GGUFTokenizer, smol_meta: Any, tmp_path: P
     bare = GGUFTokenizer(dataclasses.replace(smol_meta, chat_template=None))
     with pytest.raises(KVVizError, match="no chat template"):
         chat_prompt(bare, ONE_TURN)
-    tiny = load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "tiny.gguf"))
+    tiny = load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "tiny.gguf"))
     with pytest.raises(KVVizError, match="tiny.gguf has no chat template"):
         chat_prompt(tiny, ONE_TURN)
 
 
 # --- files ---------------------------------------------------------------------------------------
 
-def _write_tiny_gguf(path: Path, model: str = "gpt2", pre: str = "smollm") -> Path:
-    """A GGUF with a 258-token vocabulary (256 bytes, "he", a control token) and no tensors."""
-    gguf = pytest.importorskip("gguf")
-    dec = _gpt2_byte_decoder()
-    tokens = sorted(dec, key=dec.__getitem__) + ["he", "<|end|>"]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model(model)
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_merges(["h e"])
-    w.add_token_types([1] * 257 + [3])
-    w.add_eos_token_id(257)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    return path
+def test_decode_from_token_bytes_equals_the_tokenizers_decoder(smol: GGUFTokenizer) -> None:
+    """decode is PieceVocab's (each token's bytes joined, read as UTF-8), shared with Gemma 3's
+    tokenizer; on SmolLM2 it equals the `tokenizers` byte-level decoder, id by id and on runs of
+    random ids (broken UTF-8 included)."""
+    backend = smol._tok
+    for i in range(smol.vocab_size):
+        assert smol.decode([i]) == backend.decode([i], skip_special_tokens=False), i
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(smol.vocab_size) for _ in range(rng.randrange(1, 12))]
+        assert smol.decode(ids) == backend.decode(ids, skip_special_tokens=False), ids
 
 
 def test_a_tiny_gguf_tokenizes(tmp_path: Path) -> None:
-    tok = load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "tiny.gguf"))
+    tok = load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "tiny.gguf"))
     assert (tok.vocab_size, tok.eos_token_id, tok.add_bos) == (258, 257, False)
     assert tok.encode("hello<|end|>") == [256, ord("l"), ord("l"), ord("o"), 257]
     assert tok.decode(tok.encode("héllo 42<|end|>")) == "héllo 42<|end|>"
 
 
 def test_bad_files_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(KVVizError, match="no GGUF file"):
+    # The tokenizer opens a file through the model loader's checked reader: the same messages.
+    with pytest.raises(KVVizError, match="no such GGUF file"):
         load_gguf_tokenizer(tmp_path / "missing.gguf")
-    for name, data in (("empty.gguf", b""), ("text.gguf", b"not a gguf file at all\n" * 10),
-                       ("cut.gguf", _write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()[:300])):
+    for name, data, message in (
+            ("empty.gguf", b"", "empty.gguf is empty"),
+            ("text.gguf", b"not a gguf file at all\n" * 10, r"text.gguf is not a GGUF file \(it starts with b'not "),
+            ("cut.gguf", write_bpe_tokenizer_gguf(tmp_path / "whole.gguf").read_bytes()[:300], "cut.gguf is truncated or corrupt")):
         (tmp_path / name).write_bytes(data)
-        with pytest.raises(KVVizError, match="not a readable GGUF"):
+        with pytest.raises(KVVizError, match=message):
             load_gguf_tokenizer(tmp_path / name)
     with pytest.raises(KVVizError, match="sentencepiece"):
-        load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "sp.gguf", model="llama"))
+        load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "sp.gguf", model="llama"))
     with pytest.raises(KVVizError, match="pre-tokenizer 'mystery'"):
-        load_gguf_tokenizer(_write_tiny_gguf(tmp_path / "pre.gguf", pre="mystery"))
+        load_gguf_tokenizer(write_bpe_tokenizer_gguf(tmp_path / "pre.gguf", pre="mystery"))
 
 
 # --- typed special-token text (issue 28) ----------------------------------------------------------

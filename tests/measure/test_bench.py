@@ -173,10 +173,9 @@ def test_llama_cpp_is_measured_beside_kvviz_when_installed(tmp_path: Path, monke
     import types
 
     from kvviz.measure import bench
-    gguf = _engine_test("test_gguf")
-    make_hf, write_gguf = gguf.make_hf, gguf.write_gguf
+    from gguf_writers import write_llama_gguf
 
-    path = write_gguf(tmp_path / "tiny.gguf", make_hf())
+    path = write_llama_gguf(tmp_path / "tiny.gguf", _engine_test("test_gguf").make_hf())
     seen: dict[str, object] = {}
 
     class FakeLlama:

@@ -29,17 +29,19 @@ FLOORS: dict[str, int] = {
     # engine/kvcache: the caches (2) over plain bookkeeping, tensor quantizers and the request (1).
     "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.block_pool": 1, "kvviz.engine.kvcache.kv_quant": 1,
     "kvviz.engine.kvcache.kv_spec": 1,
-    # engine/generation: the loop and its request checks (5) over what it runs on (1): sampling, stops,
-    # events, captures, the non-finite diagnosis, FLOPs.
+    # engine/generation: the loop, the stream base every strategy shares and the request with its checks (5)
+    # over what they run on (1): the checked request, sampling, stops, events, captures, the non-finite
+    # diagnosis, FLOPs.
     "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
+    "kvviz.engine.generation.stream_base": 5,
     # engine/loading: the loaders (4) sit above the accelerator they attach (kvviz.fast, 3); the file
     # readers below them fill a model family (2) or check bytes alone (1).
     "kvviz.engine.loading": 4, "kvviz.engine.loading.gguf_llama": 2, "kvviz.engine.loading.safetensors_header": 2,
     "kvviz.engine.loading.gguf_checks": 1,
     "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
     "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
-    "kvviz.engine.loading.gguf_lite": 1,  # GGUF metadata and tensor views in one pass (big vocabularies)
-    # engine/strategy: beam search and speculative decoding, streams beside the loop that dispatches to them
+    "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
+    # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
     # (5); their records are plain dataclasses (1).
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
     # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).

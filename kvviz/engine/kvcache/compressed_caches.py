@@ -26,14 +26,14 @@ import torch
 
 from typing import Any
 
-from kvviz.engine.kvcache.dense import Checkpoint, KVCache
+from kvviz.engine.kvcache.dense import Checkpoint, KVCache, layer_windows, ring_rows
 from kvviz.engine.models.config import GPTConfig
 from kvviz.engine.kvcache.kv_spec import KVSpec
 from kvviz.engine.kvcache.slot_store import ErrorLog, FloatStore, QuantStore
 from kvviz.engine.models.llama import apply_rope
 
 
-def _store(spec: KVSpec, config: GPTConfig, batch: int, slots: int, device: torch.device,
+def _store(spec: KVSpec, config: GPTConfig, batch: int, slots: int | list[int], device: torch.device,
            dtype: torch.dtype) -> FloatStore | QuantStore:
     if spec.kv_dtype is None:
         return FloatStore(config, batch, slots, device, dtype)
@@ -71,15 +71,46 @@ class _StoreCache(KVCache):
 
 
 class QuantizedKVCache(_StoreCache):
-    """``block_size`` slots written in order, stored quantized, dequantized on every read."""
+    """``block_size`` slots written in order, stored quantized, dequantized on every read.
+
+    Per-layer kinds (Gemma 3), as the static cache: a sliding layer keeps a ring of its window's W
+    slots (position p in slot p % W; ``ring_positions`` names each row for the model's mask), a
+    global layer every position. ``rings=False`` keeps every position on every layer (the model's
+    sliding mask then hides the old ones): the reference the rings are tested against."""
 
     kind = "quantized"
 
     def __init__(self, config: GPTConfig, spec: KVSpec, batch: int = 1, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, rings: bool = True) -> None:
         self.spec = spec
-        self.store = _store(spec, config, batch, config.block_size, torch.device(device), dtype)
+        wins = layer_windows(config) if rings else (None,) * config.n_layer
+        self.windows = tuple(None if w is None else min(w, config.block_size) for w in wins)
+        rows = [config.block_size if w is None else w for w in self.windows]
+        self.store = _store(spec, config, batch, rows, torch.device(device), dtype)
         super().__init__(config, batch, device, dtype)
+
+    def _held(self, i: int) -> int:
+        """Positions layer i holds: pos, or a ring's min(pos, W)."""
+        w = self.windows[i]
+        return self.pos if w is None else min(self.pos, w)
+
+    def layer_bytes(self) -> list[int]:
+        n = self.config.n_layer  # every layer's slot is the same size; fp8's scales are per layer
+        return [self._held(i) * (self.bytes_per_token // n) + self.store.fixed_bytes // n for i in range(n)]
+
+    @property
+    def bytes_used(self) -> int:
+        return sum(self.layer_bytes())
+
+    def _moved_bytes(self) -> int:
+        return sum(self._held(i) for i in range(self.config.n_layer)) * (self.bytes_per_token // self.config.n_layer)
+
+    def ring_positions(self, window: int, T: int) -> torch.Tensor | None:
+        return ring_rows(self.windows, self.config.block_size, self.pos, window, T)
+
+    def can_truncate(self, n: int) -> bool:
+        # A ring past its window has overwritten positions a shorter cache would hold.
+        return 0 <= n <= self.pos and (n == self.pos or all(w is None or self.pos <= w for w in self.windows))
 
     def reset(self) -> None:
         self.store.clear(0, self.store.slots)
@@ -87,25 +118,53 @@ class QuantizedKVCache(_StoreCache):
         self.bytes_copied = 0
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.store.read(i, self.pos)
+        return self.store.read(i, self._held(i))  # a ring's rows in slot order
 
     _hi = 0  # one past the highest slot any update wrote (what a restore must clear)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._hi = max(self._hi, self.pos + k.shape[2])  # before the write: it may fail halfway
-        self.store.write(layer_idx, self.pos, k, v)
+        T, w = k.shape[2], self.windows[layer_idx]
+        self._hi = max(self._hi, self.pos + T)  # before the write: it may fail halfway
         self.bytes_copied += 2 * k.nbytes
-        return self.store.read(layer_idx, self.pos + k.shape[2])  # (B, nkv, pos+T, hs), dequantized
+        if w is not None and self.pos + T > w:
+            return self._ring_update(layer_idx, w, k, v)
+        self.store.write(layer_idx, self.pos, k, v)
+        return self.store.read(layer_idx, self.pos + T)  # (B, nkv, pos+T, hs), dequantized
+
+    def _ring_update(self, i: int, w: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sliding layer past its window, as the static cache's ring (dense.py), read dequantized."""
+        start, T = self.pos, k.shape[2]
+        st = self.store
+        if T == 1:  # decode: overwrite the oldest row; the ring is then exactly the query's window
+            st.write(i, start % w, k, v, position=start)
+            return st.read(i, w)  # (B, nkv, W, hs)
+        # A chunk: the ring before the write, then the chunk as a read would give it back (its
+        # first queries need rows its last tokens overwrite); only its last W rows are kept.
+        st.set_scale(i, k, v)  # fp8: the scale of the whole first write, as without a ring
+        old_k, old_v = st.read(i, min(start, w))
+        kd, vd = st.roundtrip(i, k, v)
+        ks, vs = torch.cat([old_k, kd], dim=2), torch.cat([old_v, vd], dim=2)  # (B, nkv, held+T, hs)
+        n = min(T, w)
+        a = (start + T - n) % w  # the slot of the first kept row; the rest wrap past W to 0
+        m = min(n, w - a)
+        st.write(i, a, k[:, :, T - n: T - n + m], v[:, :, T - n: T - n + m], position=start + T - n)
+        if n > m:
+            st.write(i, 0, k[:, :, T - n + m:], v[:, :, T - n + m:], position=start + T - n + m)
+        return ks, vs
 
     def _truncate(self, n: int) -> None:
+        if not self.can_truncate(n):
+            raise ValueError(f"this cache's sliding layers keep a ring of their last {max(w for w in self.windows if w)} "
+                             f"positions and have overwritten the ones before {self.pos}; they cannot roll back to {n}")
         self.store.clear(n, self.pos)
 
     def _save(self, keep: int) -> Any:
-        return self.store.save(keep, self.pos)
+        # A ring overwrites its oldest row on every step whatever keep says: then every slot from 0.
+        return self.store.save(0 if any(self.windows) else keep, self.pos)
 
     def _load(self, cp: Checkpoint) -> None:
         # Rows a failed forward wrote past pos too.
-        self.store.clear(cp.keep, max(self._hi, self.pos))
+        self.store.clear(cp.state["a"], max(self._hi, self.pos))
         self.store.load(cp.state)
         self._hi = cp.pos
 

@@ -56,6 +56,21 @@ def layer_windows(config: Any) -> tuple[int | None, ...]:
     return tuple(w if k == "sliding" else None for k in kinds)
 
 
+def ring_rows(windows: tuple[int | None, ...], context: int, start: int, window: int, T: int) -> torch.Tensor | None:
+    """The position each K row of a ring of ``window`` holds for a T-token step at ``start`` (the
+    static and quantized caches' sliding layers), or None while slot = position."""
+    w = min(window, context)
+    if w not in windows or start + T <= w:
+        return None  # no ring of this window, or nothing overwritten yet: slot = position
+    if T == 1:  # written in place: slot s holds the position in start-W+1..start that is s mod W
+        lo = start - w + 1
+        return lo + (torch.arange(w) - lo) % w
+    held = min(start, w)
+    lo = max(0, start - w)
+    old = lo + (torch.arange(held) - lo) % w if start > w else torch.arange(held)
+    return torch.cat([old, torch.arange(start, start + T)])  # the ring's rows, then the chunk's
+
+
 class KVCache(ABC):
     kind: str = ""
     copies_on_reorder = True  # reorder copies every filled position (the paged cache shares instead)
@@ -247,17 +262,7 @@ class StaticKVCache(KVCache):
         return 0 <= n <= self.pos and (n == self.pos or all(w is None or self.pos <= w for w in self.windows))
 
     def ring_positions(self, window: int, T: int) -> torch.Tensor | None:
-        w = min(window, self.config.block_size)
-        start = self.pos
-        if w not in self.windows or start + T <= w:
-            return None  # no ring of this window, or nothing overwritten yet: slot = position
-        if T == 1:  # written in place: slot s holds the position in start-W+1..start that is s mod W
-            lo = start - w + 1
-            return lo + (torch.arange(w) - lo) % w
-        held = min(start, w)
-        lo = max(0, start - w)
-        old = lo + (torch.arange(held) - lo) % w if start > w else torch.arange(held)
-        return torch.cat([old, torch.arange(start, start + T)])  # the ring's rows, then the chunk's
+        return ring_rows(self.windows, self.config.block_size, self.pos, window, T)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = self._filled(i)  # a ring's rows in slot order (ring_positions(W, 1) names them once full)

@@ -25,96 +25,28 @@ pool's bookkeeping and journals each live block before its first write (docs/pag
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kvviz.engine.kvcache.block_pool import ROOT_HASH, BlockPool, block_hash
+from kvviz.engine.kvcache.block_pool import ROOT_HASH, block_hash
 from kvviz.engine.kvcache.dense import Checkpoint, KVCache
+from kvviz.engine.kvcache.paged_pool import (PagedPool, PagedStats, blocks_for, config_groups, first_needed_block,
+                                             table_snapshot, table_stats)
 from kvviz.engine.models.config import GPTConfig
 from kvviz.errors import KVVizError
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
-class PagedPool:
-    """The physical blocks of every layer plus their bookkeeping; caches may share one pool."""
-
-    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        self.blocks = BlockPool(num_blocks, block_size)
-        self.config, self.device, self.dtype = config, torch.device(device), dtype
-        shape = (num_blocks, config.kv_heads, block_size, config.head_dim)
-        # empty, not zeros (as the static cache): a slot is read only after it was written.
-        self.k = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.empty(shape, device=self.device, dtype=dtype) for _ in range(config.n_layer)]
-        self.slot_bytes = 2 * config.n_layer * config.kv_heads * config.head_dim * dtype.itemsize  # one token, K+V, all layers
-        self.block_bytes = self.slot_bytes * block_size
-        self.bytes_allocated = sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
-
-    @property
-    def block_size(self) -> int:
-        return self.blocks.block_size
-
-    def copy_block(self, src: int, dst: int) -> None:
-        for t in (*self.k, *self.v):
-            t[dst].copy_(t[src])  # (nkv, bs, hs) of every layer
-
-    # A transaction's journal: the blocks live (in a table or cached) when it began, and a copy of
-    # each one taken before its first write since; restoring writes the copies back.
-    journal: dict[int, list[torch.Tensor]] | None = None
-    _live: frozenset[int] = frozenset()
-
-    def begin_journal(self) -> None:
-        bp = self.blocks
-        self.journal = {}
-        self._live = frozenset(b for b in range(bp.num_blocks) if bp.ref_count[b] > 0 or b in bp.lru)
-
-    def before_write(self, b: int) -> None:
-        """Block b is about to be written: journal it first if a transaction needs its contents."""
-        if self.journal is not None and b in self._live and b not in self.journal:
-            self.journal[b] = [t[b].clone() for t in (*self.k, *self.v)]  # (nkv, bs, hs) each
-
-    def end_journal(self, restore: bool) -> None:
-        if restore and self.journal:
-            for b, saved in self.journal.items():
-                for t, old in zip((*self.k, *self.v), saved):
-                    t[b].copy_(old)
-        self.journal, self._live = None, frozenset()
-
-
-@dataclass(frozen=True)
-class PagedStats:
-    """Exact accounting of one paged cache's tables over its pool."""
-
-    block_size: int
-    block_bytes: int  # one block, K and V, every layer
-    num_blocks: int
-    blocks_used: int  # distinct blocks these tables point at
-    blocks_shared: int  # of those, pointed at more than once (ref count > 1)
-    blocks_free: int  # the pool's free list
-    blocks_cached: int  # ref 0, hashed: kept for a prefix hit, evicted first when the pool is full
-    bytes_allocated: int  # the whole pool
-    bytes_held: int  # blocks_used * block_bytes
-    bytes_filled: int  # the slots of held blocks that hold a token
-    fragmentation_bytes: int  # bytes_held - bytes_filled: the partial blocks' empty slots
-    bytes_unshared: int  # what the same tables need if no block were shared (the calculator's --paged figure)
-    bytes_saved_by_sharing: int  # bytes_unshared - bytes_held
-    cow_copies: int
-    evictions: int
-    prefix_hits: int  # blocks taken back by hash instead of recomputed
-
-    def to_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
 class PagedKVCache(KVCache):
-    """Block tables over a ``PagedPool``; same API and same numbers as the static cache."""
+    """Block tables over a ``PagedPool``; same API and same numbers as the static cache.
+
+    One table per row per layer group (``pool.groups``; one group unless the model has per-layer
+    kinds). A sliding group's table lets go of the blocks wholly out of its window at ``advance``
+    (their entries become None; ``freed[g]`` counts them, the same for every row), so its
+    ``update`` returns only the held blocks' rows, positions ``freed*bs .. pos+T-1``, which
+    ``ring_positions`` names for the model's sliding mask, as the static cache's ring does."""
 
     kind = "paged"
     copies_on_reorder = False  # reorder shares blocks by reference
@@ -126,23 +58,34 @@ class PagedKVCache(KVCache):
         if pool is None:
             if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 4096:
                 raise KVVizError(f"the paged block size must be 1..4096 tokens (got {block_size!r})")
-            if num_blocks is None:  # enough for every row to reach the context unshared
-                num_blocks = batch * blocks_for(config.block_size, block_size)
+            if num_blocks is None:  # enough for every row of every group to reach the context unshared
+                num_blocks = batch * config_groups(config).count * blocks_for(config.block_size, block_size)
             pool = PagedPool(config, num_blocks, block_size, device, dtype)
         elif (pool.config.n_layer, pool.config.kv_heads, pool.config.head_dim, pool.dtype) != \
                 (config.n_layer, config.kv_heads, config.head_dim, dtype):
             raise ValueError("this pool was built for another model shape or dtype")
         self.pool = pool
-        self.tables: list[list[int]] = [[] for _ in range(batch)]
+        self.groups = pool.groups
+        G = self.groups.count
+        self.gtables: list[list[list[int | None]]] = [[[] for _ in range(batch)] for _ in range(G)]
+        self.freed = [0] * G  # per group: leading blocks let go (out of a sliding window), every row
+        # Positions a rollback may take back (speculative decoding sets its draft length): a sliding
+        # group keeps the blocks the window of pos - rollback needs, so truncate(pos - rollback) works.
+        self.rollback = 0
         self.tokens: list[list[int] | None] = [[] for _ in range(batch)]  # None once ids went untold
         self.hashes: list[list[bytes]] = [[] for _ in range(batch)]  # one per full block
-        self.new_slots: list[tuple[int, int, int]] = []  # (row, block, slot) the last step wrote
+        self.new_slots: list[tuple[int, int, int]] = []  # (row, block, slot) the last step wrote (group 0)
         self._pending: torch.Tensor | None = None
         self._planned: tuple[int, int] | None = None  # (pos, T) of the step whose blocks are claimed
-        self._claimed: list[tuple[int, int, int | None, bool]] = []
-        self._gather: torch.Tensor | None = None
-        self._slot_blk: torch.Tensor | None = None
+        self._claimed: list[tuple[int, int, int, int | None, bool]] = []
+        self._gather: list[torch.Tensor] = []
+        self._slot_blk: list[torch.Tensor] = []
         self._slot_off: torch.Tensor | None = None
+
+    @property
+    def tables(self) -> list[list[int | None]]:
+        """Group 0's tables (every layer's, unless the model has per-layer kinds): one per row."""
+        return self.gtables[0]
 
     @property
     def block_size(self) -> int:
@@ -151,6 +94,11 @@ class PagedKVCache(KVCache):
     @property
     def bytes_allocated(self) -> int:
         return self.pool.bytes_allocated
+
+    def _key(self, h: bytes, g: int) -> bytes:
+        """Group g's hash of a prefix: group 0's is the chain itself; another group's blocks hold
+        other layers, so its key names the group too."""
+        return h if g == 0 else block_hash(h, [-1 - g])
 
     # ------------------------------------------------------------------ writing
     def plan_step(self, idx: torch.Tensor) -> None:
@@ -168,35 +116,41 @@ class PagedKVCache(KVCache):
         self.abort_step()  # a plan whose forward raised
         bs, blocks, start = self.block_size, self.pool.blocks, self.pos
         need = blocks_for(start + T, bs)
-        claimed: list[tuple[int, int, int | None, bool]] = []  # (row, index, block replaced, its unref deferred)
+        claimed: list[tuple[int, int, int, int | None, bool]] = []  # (group, row, index, block replaced, deferred)
         # Recorded as it goes: a full pool raising halfway is undone by the next abort_step.
         self._planned, self._claimed = (start, -1), claimed
-        for r, table in enumerate(self.tables):
-            j = start // bs
-            if start % bs and blocks.needs_copy(table[j]):  # appending into a shared/immutable block
-                old, new = table[j], blocks.allocate()
-                self.pool.before_write(new)
-                self.pool.copy_block(old, new)
-                deferred = blocks.ref_count[old] == 1
-                if not deferred:
-                    blocks.unref(old)
-                claimed.append((r, j, old, deferred))
-                table[j] = new
-                blocks.cow_copies += 1
-                self.bytes_copied += self.pool.block_bytes
-            while len(table) < need:
-                table.append(blocks.allocate())  # PoolFull here leaves nothing to record
-                claimed.append((r, len(table) - 1, None, False))
+        for g, tables in enumerate(self.gtables):
+            for r, table in enumerate(tables):
+                j = start // bs
+                old = table[j] if start % bs else None  # the tail block is never out of a window
+                if old is not None and blocks.needs_copy(old):  # appending into a shared/immutable block
+                    new = blocks.allocate()
+                    self.pool.before_write(new)
+                    self.pool.copy_block(old, new)
+                    deferred = blocks.ref_count[old] == 1
+                    if not deferred:
+                        blocks.unref(old)
+                    claimed.append((g, r, j, old, deferred))
+                    table[j] = new
+                    blocks.cow_copies += 1
+                    self.bytes_copied += self.pool.block_bytes
+                while len(table) < need:
+                    table.append(blocks.allocate())  # PoolFull here leaves nothing to record
+                    claimed.append((g, r, len(table) - 1, None, False))
         pos = torch.arange(start, start + T)
         off = pos % bs  # (T,)
-        tab = torch.tensor(self.tables, dtype=torch.long)  # (B, need)
-        blk = tab[:, pos // bs]  # (B, T)
-        for b in set(blk.reshape(-1).tolist()):  # a block live when a checkpoint was taken is copied first
-            self.pool.before_write(b)
-        self.new_slots = [(r, int(b), int(o)) for r in range(self.batch) for b, o in zip(blk[r], off)]
-        self._slot_blk = blk.reshape(-1).to(self.device)  # (B*T,)
+        self._slot_blk, self._gather = [], []
+        for g, tables in enumerate(self.gtables):
+            f = self.freed[g]
+            tab = torch.tensor([t[f:need] for t in tables], dtype=torch.long)  # (B, need - f): held blocks
+            blk = tab[:, pos // bs - f]  # (B, T)
+            for b in set(blk.reshape(-1).tolist()):  # a block live when a checkpoint was taken is copied first
+                self.pool.before_write(b)
+            if g == 0:
+                self.new_slots = [(r, int(b), int(o)) for r in range(self.batch) for b, o in zip(blk[r], off)]
+            self._slot_blk.append(blk.reshape(-1).to(self.device))  # (B*T,)
+            self._gather.append(tab.reshape(-1).to(self.device))  # (B*(need-f),)
         self._slot_off = off.repeat(self.batch).to(self.device)  # (B*T,)
-        self._gather = tab.reshape(-1).to(self.device)  # (B*need,)
         self._planned = (start, T)
 
     def abort_step(self) -> None:
@@ -204,9 +158,11 @@ class PagedKVCache(KVCache):
         if self._planned is None:
             return
         blocks = self.pool.blocks
-        for r, j, old, deferred in reversed(self._claimed):
-            table = self.tables[r]
-            blocks.unref(table[j])
+        for g, r, j, old, deferred in reversed(self._claimed):
+            table = self.gtables[g][r]
+            b = table[j]
+            assert b is not None
+            blocks.unref(b)
             if old is None:
                 del table[j]
             else:
@@ -225,23 +181,34 @@ class PagedKVCache(KVCache):
                 raise RuntimeError(f"layer {layer_idx} writes {T} positions at {self.pos}, but the step "
                                    f"planned {self._planned}: one forward at a time per cache")
             self._plan(T)  # a caller that drives the forward itself (tests, beam search) plans here
-        assert self._gather is not None and self._slot_blk is not None and self._slot_off is not None
-        end, bs = self.pos + T, self.block_size
+        assert self._slot_off is not None
+        g, s = self.groups.group_of[layer_idx], self.groups.slot_of[layer_idx]
+        bs = self.block_size
+        rows = self.pos + T - self.freed[g] * bs  # positions freed*bs .. pos+T-1
         out = []
-        for pool, new in ((self.pool.k[layer_idx], k), (self.pool.v[layer_idx], v)):
+        for pool, new in ((self.pool.k[s], k), (self.pool.v[s], v)):
             # Scatter: (B*T, nkv, hs) rows into pool[block, :, slot, :].
-            pool[self._slot_blk, :, self._slot_off] = new.transpose(1, 2).reshape(B * T, nkv, hs)
-            # Gather: this step's tables -> (B, need, nkv, bs, hs) -> (B, nkv, need*bs, hs).
-            seq = pool.index_select(0, self._gather).view(B, -1, nkv, bs, hs).transpose(1, 2)
+            pool[self._slot_blk[g], :, self._slot_off] = new.transpose(1, 2).reshape(B * T, nkv, hs)
+            # Gather: the held blocks -> (B, held, nkv, bs, hs) -> (B, nkv, held*bs, hs).
+            seq = pool.index_select(0, self._gather[g]).view(B, -1, nkv, bs, hs).transpose(1, 2)
             seq = seq.reshape(B, nkv, -1, hs)
-            out.append(seq if seq.shape[2] == end else seq.narrow(2, 0, end))
+            out.append(seq if seq.shape[2] == rows else seq.narrow(2, 0, rows))
         self.bytes_copied += 2 * k.nbytes
         return out[0], out[1]
 
+    def ring_positions(self, window: int, T: int) -> torch.Tensor | None:
+        """The positions ``update`` returns for a sliding layer of ``window`` once it let blocks go."""
+        w = min(window, self.config.block_size)
+        for g, gw in enumerate(self.groups.windows):
+            if gw == w and self.freed[g]:
+                return torch.arange(self.freed[g] * self.block_size, self.pos + T)
+        return None
+
     def advance(self, n: int) -> None:
-        """Commit the step: the position moves, the blocks a copy replaced are let go, full blocks hashed."""
+        """Commit the step: the position moves, the blocks a copy replaced are let go, full blocks
+        hashed, and each sliding group lets go of the blocks its window no longer reaches."""
         super().advance(n)
-        for _, _, old, deferred in self._claimed:
+        for _, _, _, old, deferred in self._claimed:
             if deferred:
                 assert old is not None
                 self.pool.blocks.unref(old)
@@ -257,6 +224,19 @@ class PagedKVCache(KVCache):
                 continue
             toks.extend(rows[r])
             self._hash_full_blocks(r)
+        self._slide()
+
+    def _slide(self) -> None:
+        """Release the blocks wholly out of each sliding group's window (hashed ones stay cached)."""
+        for g, w in enumerate(self.groups.windows):
+            f = first_needed_block(max(0, self.pos - self.rollback), w, self.block_size)
+            for table in self.gtables[g]:
+                for j in range(self.freed[g], min(f, len(table))):
+                    b = table[j]
+                    if b is not None:
+                        self.pool.blocks.unref(b)
+                        table[j] = None
+            self.freed[g] = max(self.freed[g], f)
 
     def _hash_full_blocks(self, r: int) -> None:
         toks, hashes, bs = self.tokens[r], self.hashes[r], self.block_size
@@ -265,17 +245,23 @@ class PagedKVCache(KVCache):
             j = len(hashes)
             h = block_hash(hashes[-1] if hashes else ROOT_HASH, toks[j * bs:(j + 1) * bs])
             hashes.append(h)
-            self.pool.blocks.register(self.tables[r][j], h)
+            for g, tables in enumerate(self.gtables):
+                b = tables[r][j]
+                if b is not None:
+                    self.pool.blocks.register(b, self._key(h, g))
 
     # ------------------------------------------------------------------ reading
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's held rows: positions 0..pos-1, or freed*bs..pos-1 on a sliding layer that let
+        blocks go (``ring_positions(W, 0)`` names them)."""
         B, nkv, hs, bs = self.batch, self.config.kv_heads, self.config.head_dim, self.block_size
-        n = blocks_for(self.pos, bs)
-        idx = torch.tensor([t[:n] for t in self.tables], dtype=torch.long, device=self.device).reshape(-1)
+        g, s = self.groups.group_of[i], self.groups.slot_of[i]
+        f, n = self.freed[g], blocks_for(self.pos, bs)
+        idx = torch.tensor([t[f:n] for t in self.gtables[g]], dtype=torch.long, device=self.device).reshape(-1)
         out = []
-        for pool in (self.pool.k[i], self.pool.v[i]):
-            seq = pool.index_select(0, idx).view(B, n, nkv, bs, hs).transpose(1, 2).reshape(B, nkv, n * bs, hs)
-            out.append(seq[:, :, : self.pos])
+        for pool in (self.pool.k[s], self.pool.v[s]):
+            seq = pool.index_select(0, idx).view(B, n - f, nkv, bs, hs).transpose(1, 2).reshape(B, nkv, -1, hs)
+            out.append(seq[:, :, : self.pos - f * bs])
         return out[0], out[1]
 
     # ------------------------------------------------------------------ moves
@@ -283,6 +269,7 @@ class PagedKVCache(KVCache):
         self.abort_step()
         for r in range(self.batch):
             self._release(r, 0)
+        self.freed = [0] * self.groups.count
         self.tokens = [[] for _ in range(self.batch)]
         self.hashes = [[] for _ in range(self.batch)]
         self.pos = 0
@@ -294,11 +281,21 @@ class PagedKVCache(KVCache):
         self.reset()
 
     def _release(self, r: int, keep: int) -> None:
-        for b in self.tables[r][keep:]:
-            self.pool.blocks.unref(b)
-        del self.tables[r][keep:]
+        for tables in self.gtables:
+            for b in tables[r][keep:]:
+                if b is not None:
+                    self.pool.blocks.unref(b)
+            del tables[r][keep:]
+
+    def can_truncate(self, n: int) -> bool:
+        # A sliding group that let go of blocks position n's window needs cannot roll back to n.
+        return 0 <= n <= self.pos and (n in (0, self.pos) or all(
+            f <= first_needed_block(n, w, self.block_size) for f, w in zip(self.freed, self.groups.windows)))
 
     def _truncate(self, n: int) -> None:
+        if not self.can_truncate(n):
+            raise ValueError(f"this cache's sliding layers let go of the blocks before position "
+                             f"{max(self.freed) * self.block_size}; they cannot roll back to {n}")
         self.abort_step()
         keep = blocks_for(n, self.block_size)
         for r in range(self.batch):
@@ -307,19 +304,25 @@ class PagedKVCache(KVCache):
             if toks is not None:
                 del toks[n:]
             del self.hashes[r][n // self.block_size:]
+        if n == 0:
+            self.freed = [0] * self.groups.count
         self.new_slots = []
 
     def _reorder(self, index: torch.Tensor) -> None:
         self.abort_step()
         picks = index.tolist()
-        tables = [list(self.tables[i]) for i in picks]
-        for t in tables:  # ref the new tables before dropping the old: a block never passes through 0
-            for b in t:
-                self.pool.blocks.ref(b)
-        for t in self.tables:
-            for b in t:
-                self.pool.blocks.unref(b)
-        self.tables = tables
+        gtables = [[list(tables[i]) for i in picks] for tables in self.gtables]
+        for tables in gtables:  # ref the new tables before dropping the old: a block never passes through 0
+            for t in tables:
+                for b in t:
+                    if b is not None:
+                        self.pool.blocks.ref(b)
+        for tables in self.gtables:
+            for t in tables:
+                for b in t:
+                    if b is not None:
+                        self.pool.blocks.unref(b)
+        self.gtables = gtables
         self.tokens = [None if self.tokens[i] is None else list(self.tokens[i]) for i in picks]  # type: ignore[arg-type]
         self.hashes = [list(self.hashes[i]) for i in picks]
 
@@ -331,7 +334,8 @@ class PagedKVCache(KVCache):
         # block is written from a truncated position. A restore is exact only while this cache is
         # the pool's one writer until then (a conversation's turn runs under its lock).
         self.pool.begin_journal()
-        return {"tables": [list(t) for t in self.tables], "hashes": [list(h) for h in self.hashes],
+        return {"gtables": [[list(t) for t in tables] for tables in self.gtables], "freed": list(self.freed),
+                "hashes": [list(h) for h in self.hashes],
                 "tokens": [None if t is None else list(t) for t in self.tokens],
                 "new_slots": list(self.new_slots), "blocks": self.pool.blocks.save()}
 
@@ -340,7 +344,8 @@ class PagedKVCache(KVCache):
         self._planned, self._claimed, self._pending = None, [], None  # the saved bookkeeping replaces it
         self.pool.end_journal(restore=True)
         self.pool.blocks.load(st["blocks"])
-        self.tables = [list(t) for t in st["tables"]]
+        self.gtables = [[list(t) for t in tables] for tables in st["gtables"]]
+        self.freed = list(st["freed"])
         self.hashes = [list(h) for h in st["hashes"]]
         self.tokens = [None if t is None else list(t) for t in st["tokens"]]
         self.new_slots = list(st["new_slots"])
@@ -349,29 +354,55 @@ class PagedKVCache(KVCache):
         self.pool.end_journal(restore=False)
 
     # ------------------------------------------------------------------ prefix cache
-    def match_prefix(self, ids: list[int]) -> list[int]:
-        """The cached blocks that hold ids' leading full blocks (stops at the first miss)."""
-        got, parent, bs = [], ROOT_HASH, self.block_size
+    def _chain(self, ids: list[int]) -> list[bytes]:
+        out, parent, bs = [], ROOT_HASH, self.block_size
         for j in range(len(ids) // bs):
             parent = block_hash(parent, ids[j * bs:(j + 1) * bs])
-            b = self.pool.blocks.lookup(parent)
-            if b is None:
-                break
-            got.append(b)
-        return got
+            out.append(parent)
+        return out
+
+    def _found(self, chain: list[bytes], m: int, g: int) -> list[int | None]:
+        """Group g's blocks for a prefix of m blocks: None below its window, where none is needed."""
+        f = first_needed_block(m * self.block_size, self.groups.windows[g], self.block_size)
+        return [None] * f + [self.pool.blocks.lookup(self._key(chain[j], g)) for j in range(f, m)]
+
+    def match_prefix(self, ids: list[int]) -> list[int]:
+        """The cached blocks that hold ids' leading full blocks (stops at the first miss): group 0's
+        blocks of the longest prefix every group can take back. A sliding group needs only the
+        blocks its window reaches from the prefix's end (vLLM's sliding-window hit), so a global
+        group bounds the match; -1 marks a block of a sliding group 0 that its window no longer needs."""
+        chain = self._chain(ids)
+        for m in range(len(chain), 0, -1):
+            got = [self._found(chain, m, g) for g in range(self.groups.count)]
+            if self._complete(got, m):
+                return [-1 if b is None else b for b in got[0]]
+        return []
+
+    def _complete(self, got: list[list[int | None]], m: int) -> bool:
+        """Every group found every block its window needs of a prefix of m blocks."""
+        return all(b is not None for g, t in enumerate(got)
+                   for b in t[first_needed_block(m * self.block_size, self.groups.windows[g], self.block_size):])
 
     def adopt_prefix(self, ids: list[int], blocks: list[int]) -> None:
-        """An empty batch-1 cache takes ``blocks`` (from match_prefix) as its first positions."""
+        """An empty batch-1 cache takes ``blocks`` (from match_prefix) as its first positions, and
+        every other group's blocks of the same prefix."""
         if self.batch != 1 or self.pos != 0:
             raise ValueError("adopt_prefix needs an empty cache of one row")
         n = len(blocks) * self.block_size
         if len(ids) < n:
             raise ValueError("fewer ids than the adopted blocks hold")
         self.abort_step()
-        for b in blocks:
-            self.pool.blocks.ref(b)
-        self.pool.blocks.hits += len(blocks)
-        self.tables[0] = list(blocks)
+        chain = self._chain(ids[:n])
+        got = [self._found(chain, len(blocks), g) for g in range(self.groups.count)]
+        if not self._complete(got, len(blocks)):
+            raise ValueError("a block of this prefix is no longer cached; match the prefix again")
+        for g, t in enumerate(got):
+            for b in t:
+                if b is not None:
+                    self.pool.blocks.ref(b)
+                    self.pool.blocks.hits += 1
+            self.gtables[g][0] = t
+            self.freed[g] = first_needed_block(n, self.groups.windows[g], self.block_size)
         self.tokens[0] = list(ids[:n])
         self.hashes[0] = []
         self._hash_full_blocks(0)  # recomputes the same chain (the blocks are already registered)
@@ -379,44 +410,24 @@ class PagedKVCache(KVCache):
         self.new_slots = []
 
     # ------------------------------------------------------------------ accounting
+    def layer_bytes(self) -> list[int]:
+        """Bytes each layer holds in the pool: the distinct blocks its group's tables hold times one
+        layer's share of a block (K and V, ``block_size`` slots, filled or not). The calculator's
+        analogue is blocks, not tokens: ``ceil(pos / bs)`` for a global layer, and for a sliding
+        layer of window W that minus ``max(0, pos - W + 1) // bs`` (paged_pool.blocks_held)."""
+        per_group = [len({b for t in tables for b in t if b is not None}) for tables in self.gtables]
+        return [per_group[self.groups.group_of[i]] * self.pool.layer_block_bytes for i in range(self.config.n_layer)]
+
+    @property
+    def bytes_used(self) -> int:
+        """The positions each layer still holds (a sliding layer's from its first held block on)."""
+        per = self.bytes_per_token // self.config.n_layer  # one position of one layer, every row
+        return sum((self.pos - self.freed[self.groups.group_of[i]] * self.block_size) * per
+                   for i in range(self.config.n_layer)) if self.pos else 0
+
     def stats(self) -> PagedStats:
-        pool, bp, bs = self.pool, self.pool.blocks, self.block_size
-        n = blocks_for(self.pos, bs)
-        refs: dict[int, int] = {}
-        fill: dict[int, int] = {}  # a shared block sits at the same index j in every table that holds it
-        for t in self.tables:
-            for j, b in enumerate(t[:n]):
-                refs[b] = refs.get(b, 0) + 1
-                fill[b] = min(bs, self.pos - j * bs)
-        filled = sum(fill.values())
-        used = len(refs)
-        unshared = sum(refs.values()) * pool.block_bytes
-        return PagedStats(
-            block_size=bs, block_bytes=pool.block_bytes, num_blocks=bp.num_blocks, blocks_used=used,
-            blocks_shared=sum(1 for b, n in refs.items() if n > 1 or bp.ref_count[b] > 1),
-            blocks_free=len(bp.free), blocks_cached=len(bp.lru), bytes_allocated=pool.bytes_allocated,
-            bytes_held=used * pool.block_bytes, bytes_filled=filled * pool.slot_bytes,
-            fragmentation_bytes=used * pool.block_bytes - filled * pool.slot_bytes,
-            bytes_unshared=unshared, bytes_saved_by_sharing=unshared - used * pool.block_bytes,
-            cow_copies=bp.cow_copies, evictions=bp.evictions, prefix_hits=bp.hits,
-        )
+        return table_stats(self.pool, self.gtables, self.pos)
 
     def snapshot(self) -> dict[str, Any]:
-        """Plain data for the views: every block's state, ref count and owners; the tables."""
-        bp, bs = self.pool.blocks, self.block_size
-        n = blocks_for(self.pos, bs)
-        owners: list[list[int]] = [[] for _ in range(bp.num_blocks)]
-        fill = [0] * bp.num_blocks
-        for r, t in enumerate(self.tables):
-            for j, b in enumerate(t[:n]):
-                owners[b].append(r)
-                fill[b] = min(bs, self.pos - j * bs)
-        for b in bp.lru:
-            fill[b] = bs
-        return {
-            "num_blocks": bp.num_blocks, "block_size": bs, "pos": self.pos,
-            "ref_count": list(bp.ref_count), "state": [bp.state(b) for b in range(bp.num_blocks)],
-            "hash": [h.hex()[:8] if h else None for h in bp.hash_of], "owners": owners, "fill": fill,
-            "tables": [list(t[:n]) for t in self.tables], "new_slots": list(self.new_slots),
-            "stats": self.stats().to_dict(),
-        }
+        """Plain data for the views (paged_pool.table_snapshot)."""
+        return table_snapshot(self.pool, self.gtables, self.freed, self.pos, self.new_slots)

@@ -1,8 +1,9 @@
 """Slot stores: where a cache keeps its K/V rows, in full precision or quantized.
 
-A store is ``slots`` positions per layer, K and V each (B, nkv, slots, hs) once dequantized.
-The quantized cache is a store of ``block_size`` slots written in order; the window cache is a
-store of ``sinks + window`` slots written as a ring. Keeping "how rows are stored" apart from
+A store is ``slots`` positions per layer, K and V each (B, nkv, slots, hs) once dequantized;
+``slots`` may differ per layer (a sequence): a sliding layer of Gemma 3 keeps a ring of its window.
+The quantized cache is a store of ``block_size`` slots written in order (its sliding layers a ring
+of W); the window cache is a store of ``sinks + window`` slots written as a ring. Keeping "how rows are stored" apart from
 "which position goes to which slot" lets the two combine (an int8 sliding window).
 
 Byte accounting is exact: ``slot_bytes`` is what one position occupies across every layer,
@@ -12,6 +13,7 @@ positions (fp8's per-tensor or per-head scales).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,14 +96,20 @@ class ErrorLog:
                 "v_mean_abs_error": vmean}
 
 
+def per_layer(slots: int | Sequence[int], n_layer: int) -> list[int]:
+    """Each layer's slot count: one number for every layer, or one per layer."""
+    return [slots] * n_layer if isinstance(slots, int) else list(slots)
+
+
 class FloatStore:
     """Rows kept as they come, in the cache's dtype; reads are views (no copy)."""
 
-    def __init__(self, config: GPTConfig, batch: int, slots: int, device: torch.device, dtype: torch.dtype) -> None:
-        shape = (batch, config.kv_heads, slots, config.head_dim)
-        self.dtype, self.slots = dtype, slots
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+    def __init__(self, config: GPTConfig, batch: int, slots: int | Sequence[int], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        rows = per_layer(slots, config.n_layer)
+        self.dtype, self.slots = dtype, max(rows)
+        self.k = [torch.zeros((batch, config.kv_heads, r, config.head_dim), device=device, dtype=dtype) for r in rows]
+        self.v = [torch.zeros((batch, config.kv_heads, r, config.head_dim), device=device, dtype=dtype) for r in rows]
         self.errors: ErrorLog | None = None  # nothing is lost, so nothing to track
 
     @property
@@ -115,7 +123,14 @@ class FloatStore:
     def allocated(self) -> int:
         return sum(t.nbytes for t in (*self.k, *self.v))
 
-    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def roundtrip(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What reading k, v back after a write gives, without storing them: k, v themselves."""
+        return k, v
+
+    def set_scale(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """No scales to set (QuantStore's fp8 has them)."""
+
+    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, position: int | None = None) -> None:
         """k, v (B, nkv, T, hs) into slots slot..slot+T."""
         self.k[layer].narrow(2, slot, k.shape[2]).copy_(k)
         self.v[layer].narrow(2, slot, v.shape[2]).copy_(v)
@@ -144,21 +159,23 @@ class FloatStore:
 class QuantStore:
     """Rows stored quantized (int8, int4 or fp8) and dequantized on every read, for attention."""
 
-    def __init__(self, config: GPTConfig, batch: int, slots: int, device: torch.device, dtype: torch.dtype,
-                 kv_dtype: str, group: int, zero_point: bool = False, per_head_scale: bool = False,
-                 track: bool = False) -> None:
+    def __init__(self, config: GPTConfig, batch: int, slots: int | Sequence[int], device: torch.device,
+                 dtype: torch.dtype, kv_dtype: str, group: int, zero_point: bool = False,
+                 per_head_scale: bool = False, track: bool = False) -> None:
         nkv, hs, L = config.kv_heads, config.head_dim, config.n_layer
-        self.dtype, self.slots, self.kv_dtype, self.group = dtype, slots, kv_dtype, group
+        rows = per_layer(slots, L)
+        self.dtype, self.slots, self.kv_dtype, self.group = dtype, max(rows), kv_dtype, group
         self.zero_point, self.per_head = zero_point, per_head_scale
         self.errors = ErrorLog() if track else None
         fp8 = kv_dtype == "fp8"
         width = hs * BITS[kv_dtype] // 8  # int4: two values per byte
         pdtype = torch.float8_e4m3fn if fp8 else (torch.uint8 if (zero_point or kv_dtype == "int4") else torch.int8)
-        pshape = (batch, nkv, slots, width)
-        gshape = (batch, nkv, slots, hs // group)
+        pshape = [(batch, nkv, r, width) for r in rows]
+        gshape = [(batch, nkv, r, hs // group) for r in rows]
 
-        def bufs(shape: tuple[int, ...], dt: torch.dtype) -> list[torch.Tensor]:
-            return [torch.zeros(shape, device=device, dtype=dt) for _ in range(L)]
+        def bufs(shape: tuple[int, ...] | list[tuple[int, ...]], dt: torch.dtype) -> list[torch.Tensor]:
+            shapes = shape if isinstance(shape, list) else [shape] * L  # per layer, or one for every layer
+            return [torch.zeros(sh, device=device, dtype=dt) for sh in shapes]
 
         self.payload = {"k": bufs(pshape, pdtype), "v": bufs(pshape, pdtype)}
         self.scale: dict[str, list[torch.Tensor]] = {}
@@ -215,12 +232,31 @@ class QuantStore:
         return dequantize_int(QTensor(p, self.scale[name][layer].narrow(2, a, n), z), self.kv_dtype, self.group,
                               self.dtype)
 
-    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        T = k.shape[2]
+    def set_scale(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """fp8: the layer's scales from its first write's rows (k, v), once; nothing for the ints."""
         if self.kv_dtype == "fp8" and not self._scale_set[layer]:
             self.scale["k"][layer].copy_(fp8_scale(k, self.per_head))
             self.scale["v"][layer].copy_(fp8_scale(v, self.per_head))
             self._scale_set[layer] = True
+
+    def roundtrip(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What reading k, v (B, nkv, T, hs) back after a write gives, without storing them: a ring's
+        chunk attends to rows its own later tokens overwrite (set_scale first for fp8)."""
+        out = []
+        for name, x in (("k", k), ("v", v)):
+            parts = self._quant(name, layer, x)
+            if self.kv_dtype == "fp8":
+                out.append(dequantize_fp8(parts[0], self.scale[name][layer], self.dtype))
+            else:
+                qt = QTensor(parts[0], parts[1], parts[2] if len(parts) > 2 else None)
+                out.append(dequantize_int(qt, self.kv_dtype, self.group, self.dtype))
+        return out[0], out[1]
+
+    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor, position: int | None = None) -> None:
+        """k, v (B, nkv, T, hs) into slots slot..slot+T; ``position``: the first row's, for the error
+        log, when it is not the slot (a ring)."""
+        T = k.shape[2]
+        self.set_scale(layer, k, v)
         for name, x in (("k", k), ("v", v)):
             parts = self._quant(name, layer, x)
             self.payload[name][layer].narrow(2, slot, T).copy_(parts[0])
@@ -229,7 +265,7 @@ class QuantStore:
             if len(parts) > 2:
                 self.zero[name][layer].narrow(2, slot, T).copy_(parts[2])
         if self.errors is not None:
-            self.errors.add(slot, layer, k, self._deq("k", layer, slot, T), v, self._deq("v", layer, slot, T))
+            self.errors.add(slot if position is None else position, layer, k, self._deq("k", layer, slot, T), v, self._deq("v", layer, slot, T))
 
     def read(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V (B, nkv, n, hs): new tensors, as a kernel reading int8 would see them."""

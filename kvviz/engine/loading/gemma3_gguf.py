@@ -1,8 +1,8 @@
 """Read a Gemma 3 GGUF file (llama.cpp's ``gemma3`` architecture) into kvviz's Gemma3 names.
 
 The same steps as engine/loading/gguf_llama.py for Llama (header walk, metadata, every tensor's type and shape
-checked before anything is dequantized), read through ``gguf_lite`` rather than ``gguf.GGUFReader``
-(which parses Gemma's 262k-piece vocabulary item by item: 10-35 s), with Gemma's differences:
+checked before anything is dequantized), through the same reader (``gguf_lite``) and dequantizer,
+with Gemma's differences:
 - no Q/K row permutation: llama.cpp's Gemma converter leaves attn_q/attn_k in transformers' order;
 - every norm weight is stored as ``1 + w`` (the converter adds the 1); we subtract it, as
   transformers' GGUF loader does, so the model's ``(1 + w)`` rounds exactly as transformers';
@@ -16,13 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
-from gguf.quants import dequantize
 
-from kvviz.engine.loading.gguf_lite import LiteTensor, read_gguf
-from kvviz.engine.loading.gguf_llama import map_name
+from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
+from kvviz.engine.loading.gguf_llama import dequantize_tensor, map_name, match_tensors, meta_float, meta_int, type_counts
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
 
@@ -59,32 +57,14 @@ class Gemma3GGUF:
     info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
 
 
-def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
-    v = meta.get(key, default)
-    if v is None:
-        raise KVVizError(f"GGUF metadata has no {key}")
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise KVVizError(f"GGUF metadata {key} must be an integer (got {v!r:.60})")
-    return v
-
-
-def _float(meta: dict[str, Any], key: str, default: float | None = None) -> float:
-    v = meta.get(key, default)
-    if v is None:
-        raise KVVizError(f"GGUF metadata has no {key}")
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise KVVizError(f"GGUF metadata {key} must be a number (got {v!r:.60})")
-    return float(v)
-
-
 def config_from_metadata(meta: dict[str, Any]) -> Gemma3Config:
     """A Gemma3Config from ``gemma3.*`` metadata; refuses any other architecture."""
     arch = meta.get("general.architecture")
     if arch != "gemma3":
         raise KVVizError(f"GGUF architecture {arch!r} is not Gemma 3")
     p = "gemma3."
-    head_dim = _int(meta, p + "attention.key_length", 256)
-    if _int(meta, p + "attention.value_length", head_dim) != head_dim:
+    head_dim = meta_int(meta, p + "attention.key_length", 256)
+    if meta_int(meta, p + "attention.value_length", head_dim) != head_dim:
         raise KVVizError(f"{p}attention.value_length differs from key_length ({head_dim}); not supported")
     scaling = meta.get(p + "rope.scaling.type")
     if scaling not in (None, "none"):
@@ -95,17 +75,17 @@ def config_from_metadata(meta: dict[str, Any]) -> Gemma3Config:
         vocab = len(tokens)
     if vocab is None:
         raise KVVizError(f"GGUF metadata has neither {p}vocab_size nor tokenizer.ggml.tokens")
-    context = _int(meta, p + "context_length")
+    context = meta_int(meta, p + "context_length")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     softcap = meta.get(p + "final_logit_softcapping")
     fields = dict(
         vocab_size=vocab, block_size=min(context, MAX_CONTEXT), context_length=context,
-        n_layer=_int(meta, p + "block_count"), n_head=_int(meta, p + "attention.head_count"),
-        n_kv_head=_int(meta, p + "attention.head_count_kv"), n_embd=_int(meta, p + "embedding_length"),
-        head_dim=head_dim, intermediate_size=_int(meta, p + "feed_forward_length"),
-        rope_theta=_float(meta, p + "rope.freq_base", 1_000_000.0),
-        rms_norm_eps=_float(meta, p + "attention.layer_norm_rms_epsilon"),
-        sliding_window=_int(meta, p + "attention.sliding_window"),
+        n_layer=meta_int(meta, p + "block_count"), n_head=meta_int(meta, p + "attention.head_count"),
+        n_kv_head=meta_int(meta, p + "attention.head_count_kv"), n_embd=meta_int(meta, p + "embedding_length"),
+        head_dim=head_dim, intermediate_size=meta_int(meta, p + "feed_forward_length"),
+        rope_theta=meta_float(meta, p + "rope.freq_base", 1_000_000.0),
+        rms_norm_eps=meta_float(meta, p + "attention.layer_norm_rms_epsilon"),
+        sliding_window=meta_int(meta, p + "attention.sliding_window"),
         # transformers' Gemma3TextConfig: query_pre_attn_scalar defaults to 256 (= head_dim here).
         final_logit_softcapping=float(softcap) if isinstance(softcap, (int, float)) else None,
         eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab else None,
@@ -122,39 +102,17 @@ def hf_name(gguf_name: str, n_layer: int) -> str | None:
 
 
 def check_tensors(tensors: tuple[LiteTensor, ...], config: Gemma3Config, where: str) -> dict[str, LiteTensor]:
-    """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
-    expected = param_shapes(config)
-    out: dict[str, LiteTensor] = {}
-    for t in tensors:
-        name = hf_name(t.name, config.n_layer)
-        if name is None:
-            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's Gemma 3 has no place for")
-        if t.tensor_type not in SUPPORTED_TYPES:
-            raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
-                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
-        if t.shape != expected[name]:
-            raise KVVizError(f"{where}: tensor {t.name} has shape {t.shape}, but the metadata implies {expected[name]}")
-        out[name] = t
-    missing = [k for k in expected if k not in out]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise KVVizError(f"{where} is missing tensors: {', '.join(missing[:3])}{more}")
-    return out
+    """{transformers name: tensor} of a Gemma 3 file, every name, type and shape checked (nothing is copied)."""
+    return match_tensors(tensors, param_shapes(config), lambda n: hf_name(n, config.n_layer), SUPPORTED_TYPES,
+                         "Gemma 3", where)
 
 
-def dequantize_tensor(t: LiteTensor) -> torch.Tensor:
-    """One tensor dequantized in numpy to fp32, in torch's shape."""
-    arr = dequantize(t.data, t.tensor_type).reshape(t.shape)
-    if not arr.flags.writeable:  # F32 comes back as a view of the read-only file mapping
-        arr = np.array(arr)
-    return torch.from_numpy(arr)
-
-
-def load_gemma3_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> Gemma3GGUF:
-    """Config, dequantized state dict and metadata of a Gemma 3 GGUF file."""
-    path = Path(path)
+def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32) -> Gemma3GGUF:
+    """Config, dequantized state dict and metadata of a Gemma 3 GGUF file (a path, or the file
+    ``read_gguf`` already opened)."""
     t0 = time.perf_counter()
-    g = read_gguf(path)
+    g = source if isinstance(source, LiteGGUF) else read_gguf(source)
+    path = g.path
     config = config_from_metadata(g.metadata)
     tensors = check_tensors(g.tensors, config, path.name)
     t1 = time.perf_counter()
@@ -164,9 +122,6 @@ def load_gemma3_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> Ge
         if name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stored 1 + w
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
-    types: dict[str, int] = {}
-    for t in tensors.values():
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
+    info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name")}
     return Gemma3GGUF(config, sd, g.metadata, info)

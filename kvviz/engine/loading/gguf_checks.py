@@ -1,9 +1,11 @@
-"""A bounds-checked walk over a GGUF file's header, run before ``gguf.GGUFReader`` sees the file.
+"""A bounds-checked walk over a GGUF file's header, run before kvviz's reader (``gguf_lite``)
+decodes a byte of metadata: ``read_gguf`` calls it, and every GGUF path goes through ``read_gguf``.
 
-Why: GGUFReader trusts every count and length in the header. A truncated file or a lying
-header makes it fail with numpy's words ("cannot reshape array of size 214336 into shape
-(49152,612)"), and an array of one-byte values (bool, u8) claiming 2**60 items makes it loop,
-appending empty slices, until memory runs out (measured: still running after 20 s). This walk reads only the header (metadata and tensor directory, a few MB at most),
+Why: a reader that trusts the header's counts and lengths fails on a truncated file or a lying
+header in numpy's words (llama.cpp's ``gguf.GGUFReader``: "cannot reshape array of size 214336
+into shape (49152,612)"), and on an array of one-byte values (bool, u8) claiming 2**60 items
+GGUFReader loops, appending empty slices, until memory runs out (measured: still running after
+20 s). This walk reads only the header (metadata and tensor directory, a few MB at most),
 checks every length against the file's size, and says in plain words what is wrong.
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 metadata

@@ -1,12 +1,17 @@
-"""A GGUF file's metadata and tensor views, read in one pass, for files with big vocabularies.
+"""kvviz's one way to open a GGUF file, every family: the header checked, then the metadata
+decoded once and each tensor a view of a memory map.
 
 ``gguf.GGUFReader`` builds a few numpy views for every item of every metadata array. Gemma 3's
 vocabulary is three arrays of 262,144 items (pieces, scores, types): about 800,000 items parsed
-one by one, 10 to 35 s on a 2-core box before a single weight is read. Here, after
-``gguf_header.scan_header`` has checked every length against the file's size, the metadata is
-read with ``struct`` (an array of numbers is one ``np.frombuffer``), and each tensor is a
-read-only view of a memory map: raw bytes shaped (rows, bytes per row), what
-``gguf.quants.dequantize`` takes. Nothing is copied until a tensor is dequantized.
+one by one, 10 to 35 s on a 2-core box before a single weight is read (SmolLM2's 49k: ~4 s).
+Here, after ``gguf_checks.scan_header`` has checked every length against the file's size, the
+metadata is read with ``struct`` (an array of numbers is one ``np.frombuffer``), and each tensor
+is a read-only view of a memory map: raw bytes shaped (rows, bytes per row), what
+``gguf.quants.dequantize`` takes for every type. Nothing is copied until a tensor is dequantized.
+
+``read_gguf`` is the only place a GGUF file is opened (model loaders, the tokenizer, the UI's
+calculator): whoever reads one gets the header checks, and the model loader hands the decoded
+metadata on to the tokenizer instead of decoding it again.
 """
 from __future__ import annotations
 
@@ -44,6 +49,13 @@ class LiteGGUF:
     path: Path
     metadata: dict[str, Any]  # key -> int, float, bool, str, list[str] or a numpy array of numbers
     tensors: tuple[LiteTensor, ...]
+    architecture: str | None = None  # general.architecture, as the header walk read it
+
+    def tokenizer_metadata(self) -> dict[str, Any]:
+        """Every ``tokenizer.*`` key (vocabulary, merges, types, special ids, chat template) as
+        plain Python values: numeric arrays become lists. Nothing is decoded again."""
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v
+                for k, v in self.metadata.items() if k.startswith("tokenizer.")}
 
 
 class _Cursor:
@@ -78,7 +90,8 @@ class _Cursor:
 
 
 def read_gguf(path: str | Path) -> LiteGGUF:
-    """Metadata and tensor views of a GGUF file whose header ``scan_header`` accepts."""
+    """Metadata and tensor views of a GGUF file, after ``scan_header`` has accepted its header
+    (KVVizError naming the problem otherwise): the one GGUF opener, whatever the family."""
     path = Path(path)
     scan = scan_header(path)  # every length checked against the file's size, in words
     mm = np.memmap(path, dtype=np.uint8, mode="r")
@@ -89,9 +102,15 @@ def read_gguf(path: str | Path) -> LiteGGUF:
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
         key = c.string()
+        if key in meta:  # which one would count? llama.cpp's reader refuses these too
+            raise KVVizError(f"{path.name} is not a readable GGUF file: metadata key {key} appears twice")
         meta[key] = c.value(c.scalar("<I"))
     tensors = []
+    names: set[str] = set()
     for t in scan.tensors:
+        if t.name in names:
+            raise KVVizError(f"{path.name} is not a readable GGUF file: tensor {t.name} appears twice")
+        names.add(t.name)
         qtype = GGMLQuantizationType(t.type_id)  # scan_header checked the type is known
         block, type_size = GGML_QUANT_SIZES[qtype]
         row_bytes = t.dims[0] // block * type_size
@@ -101,4 +120,4 @@ def read_gguf(path: str | Path) -> LiteGGUF:
         start = scan.data_start + t.offset
         data = mm[start: start + rows * row_bytes].reshape(rows, row_bytes)
         tensors.append(LiteTensor(t.name, qtype, tuple(reversed(t.dims)), data))
-    return LiteGGUF(path, meta, tuple(tensors))
+    return LiteGGUF(path, meta, tuple(tensors), scan.architecture)

@@ -5,8 +5,8 @@ is refused in one line that names this list.
 
 Steps, each failing with a KVVizError that names the problem:
 1. ``gguf_checks.scan_header`` checks the file's structure and sizes (truncation, lying counts);
-2. ``gguf.GGUFReader`` (llama.cpp's own reader) memory-maps it: nothing is copied yet;
-3. the metadata gives a ``LlamaConfig`` (architecture must be ``llama``);
+2. ``gguf_lite.read_gguf`` decodes the metadata once and memory-maps the tensors: nothing is copied yet;
+3. the metadata gives a ``LlamaConfig`` (architecture must be llama, qwen2 or qwen3);
 4. every tensor's type and shape is checked against the config, still without copying;
 5. each tensor is dequantized in numpy (``gguf.quants.dequantize``) and cast to the chosen dtype.
 
@@ -32,16 +32,15 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGMLQuantizationType as Q
-from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
-from kvviz.engine.loading.gguf_checks import check_architecture, family_of, scan_header
+from kvviz.engine.loading.gguf_checks import check_architecture, family_of
+from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 
@@ -79,37 +78,13 @@ class GGUFModel:
 
     config: LlamaConfig
     state_dict: dict[str, torch.Tensor]  # transformers' names; no lm_head.weight when tied
-    tokenizer_metadata: dict[str, Any]  # tokenizer.ggml.* and tokenizer.chat_template, as read
-    # The reader, still open on the file: hand it to a tokenizer builder so the metadata is not
-    # parsed twice (GGUFReader takes ~4 s on SmolLM2's 49k-token vocabulary), then drop it.
-    reader: GGUFReader
+    tokenizer_metadata: dict[str, Any]  # tokenizer.ggml.* and tokenizer.chat_template, as read once
     info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
 
 
-def open_gguf(path: str | Path) -> GGUFReader:
-    """A GGUFReader over a file whose header has been checked (no tensor data is read)."""
-    path = Path(path)
-    scan_header(path)
-    try:
-        return GGUFReader(path)
-    except (ValueError, KeyError, IndexError, OverflowError, OSError) as e:
-        # The header walk checked sizes; what is left is a file the reader cannot make sense of
-        # (duplicate keys or tensors, a bad alignment type, ...).
-        raise KVVizError(f"{path.name} is not a readable GGUF file: {e}") from None
-
-
-def _value(reader: GGUFReader, key: str) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    try:
-        return f.contents()
-    except (ValueError, IndexError, UnicodeDecodeError) as e:
-        raise KVVizError(f"GGUF metadata {key} cannot be read: {e}") from None
-
-
-def _int(reader: GGUFReader, key: str, default: int | None = None) -> int:
-    v = _value(reader, key)
+def meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
+    """An integer metadata value (default when absent); KVVizError for a missing or mistyped one."""
+    v = meta.get(key)
     if v is None:
         if default is None:
             raise KVVizError(f"GGUF metadata has no {key}")
@@ -119,8 +94,9 @@ def _int(reader: GGUFReader, key: str, default: int | None = None) -> int:
     return v
 
 
-def _float(reader: GGUFReader, key: str, default: float | None = None) -> float:
-    v = _value(reader, key)
+def meta_float(meta: dict[str, Any], key: str, default: float | None = None) -> float:
+    """A number metadata value (default when absent); KVVizError for a missing or mistyped one."""
+    v = meta.get(key)
     if v is None:
         if default is None:
             raise KVVizError(f"GGUF metadata has no {key}")
@@ -130,54 +106,55 @@ def _float(reader: GGUFReader, key: str, default: float | None = None) -> float:
     return float(v)
 
 
-def architecture(reader: GGUFReader) -> str:
-    arch = _value(reader, "general.architecture")
+def architecture(g: LiteGGUF) -> str:
+    arch = g.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise KVVizError("GGUF metadata has no general.architecture string")
     return arch
 
 
-def config_from_metadata(reader: GGUFReader) -> LlamaConfig:
+def config_from_metadata(g: LiteGGUF) -> LlamaConfig:
     """A LlamaConfig from ``<arch>.*`` metadata; refuses other architectures and Llama variants
     kvviz does not implement (rope scaling, partial rotary, mixture of experts)."""
-    arch = architecture(reader)
+    arch = architecture(g)
+    meta = g.metadata
     check_architecture(arch)
     if arch not in SUPPORTED_ARCHS:  # gemma3: its own model, not this reader
         raise KVVizError("a gemma3 GGUF loads through kvviz's Gemma 3 model, not the Llama family's reader")
     p = arch + "."
-    if _int(reader, p + "expert_count", 0) > 0:
+    if meta_int(meta, p + "expert_count", 0) > 0:
         raise KVVizError(f"mixture-of-experts files ({p}expert_count = "
-                         f"{_int(reader, p + 'expert_count')}) are not supported")
-    scaling = _value(reader, p + "rope.scaling.type")
+                         f"{meta_int(meta, p + 'expert_count')}) are not supported")
+    scaling = meta.get(p + "rope.scaling.type")
     if scaling not in (None, "none"):
         raise KVVizError(f"RoPE scaling {scaling!r} ({p}rope.scaling.type) is not supported")
-    n_embd = _int(reader, p + "embedding_length")
-    n_head = _int(reader, p + "attention.head_count")
-    head_dim = _int(reader, p + "attention.key_length", n_embd // n_head if n_head > 0 else 0)
-    if _int(reader, p + "attention.value_length", head_dim) != head_dim:
+    n_embd = meta_int(meta, p + "embedding_length")
+    n_head = meta_int(meta, p + "attention.head_count")
+    head_dim = meta_int(meta, p + "attention.key_length", n_embd // n_head if n_head > 0 else 0)
+    if meta_int(meta, p + "attention.value_length", head_dim) != head_dim:
         raise KVVizError(f"{p}attention.value_length differs from key_length ({head_dim}); not supported")
-    if _int(reader, p + "rope.dimension_count", head_dim) != head_dim:
-        raise KVVizError(f"partial RoPE ({p}rope.dimension_count = {_int(reader, p + 'rope.dimension_count')} "
+    if meta_int(meta, p + "rope.dimension_count", head_dim) != head_dim:
+        raise KVVizError(f"partial RoPE ({p}rope.dimension_count = {meta_int(meta, p + 'rope.dimension_count')} "
                          f"of head_dim {head_dim}) is not supported")
-    vocab = _value(reader, p + "vocab_size")
+    vocab = meta.get(p + "vocab_size")
     if vocab is None:
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else None
+        tokens = meta.get("tokenizer.ggml.tokens")
+        vocab = len(tokens) if tokens is not None else None
     if vocab is None:
         raise KVVizError(f"GGUF metadata has neither {p}vocab_size nor tokenizer.ggml.tokens")
-    eos = _value(reader, "tokenizer.ggml.eos_token_id")
-    names = {t.name for t in reader.tensors}
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    names = {t.name for t in g.tensors}
     # llama.cpp reads a window only for llama files; Qwen2/3 GGUFs run every layer full there too.
-    window = _int(reader, p + "attention.sliding_window", 0) if arch == "llama" else 0
+    window = meta_int(meta, p + "attention.sliding_window", 0) if arch == "llama" else 0
     fields = dict(
-        vocab_size=vocab, block_size=_int(reader, p + "context_length"), n_layer=_int(reader, p + "block_count"),
-        n_head=n_head, n_kv_head=_int(reader, p + "attention.head_count_kv", n_head), n_embd=n_embd,
-        head_dim=head_dim, intermediate_size=_int(reader, p + "feed_forward_length"),
-        rope_theta=_float(reader, p + "rope.freq_base", 10000.0),  # llama.cpp's default when absent
-        rms_norm_eps=_float(reader, p + "attention.layer_norm_rms_epsilon"),
+        vocab_size=vocab, block_size=meta_int(meta, p + "context_length"), n_layer=meta_int(meta, p + "block_count"),
+        n_head=n_head, n_kv_head=meta_int(meta, p + "attention.head_count_kv", n_head), n_embd=n_embd,
+        head_dim=head_dim, intermediate_size=meta_int(meta, p + "feed_forward_length"),
+        rope_theta=meta_float(meta, p + "rope.freq_base", 10000.0),  # llama.cpp's default when absent
+        rms_norm_eps=meta_float(meta, p + "attention.layer_norm_rms_epsilon"),
         tie_word_embeddings="output.weight" not in names,  # llama.cpp drops a tied output matrix
         eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab else None,
-        family=family_of(arch, window or None, _value(reader, "general.name")), qkv_bias=arch == "qwen2",
+        family=family_of(arch, window or None, meta.get("general.name")), qkv_bias=arch == "qwen2",
         qk_norm=arch == "qwen3", sliding_window=window or None,
     )
     try:
@@ -202,22 +179,21 @@ def hf_name(gguf_name: str, n_layer: int) -> str | None:
     return map_name(gguf_name, n_layer, _GLOBAL_NAMES, _LAYER_NAMES)
 
 
-def check_tensors(reader: GGUFReader, config: LlamaConfig, where: str) -> dict[str, ReaderTensor]:
-    """{transformers name: tensor}, after checking every name, type and shape (nothing is copied)."""
-    expected = param_shapes(config)
-    out: dict[str, ReaderTensor] = {}
-    for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            raise KVVizError(f"{where} carries rope_freqs (Llama 3.1-style RoPE scaling), which kvviz does not implement")
-        name = hf_name(t.name, config.n_layer)
+def match_tensors(tensors: tuple[LiteTensor, ...], expected: dict[str, tuple[int, ...]],
+                  to_hf: Callable[[str], str | None], supported: tuple[Q, ...], model: str,
+                  where: str) -> dict[str, LiteTensor]:
+    """{transformers name: tensor}, after checking every name, type and shape against a family's
+    ``expected`` shapes (nothing is copied): what both families' loaders check, in their words."""
+    out: dict[str, LiteTensor] = {}
+    for t in tensors:
+        name = to_hf(t.name)
         if name is None or name not in expected:
-            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's {config.family} has no place for")
-        if t.tensor_type not in SUPPORTED_TYPES:
+            raise KVVizError(f"{where} has tensor {t.name}, which kvviz's {model} has no place for")
+        if t.tensor_type not in supported:
             raise KVVizError(f"{where}: tensor {t.name} is {t.tensor_type.name}; kvviz dequantizes "
-                             f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists the innermost dim first
-        if shape != expected[name]:
-            raise KVVizError(f"{where}: tensor {t.name} has shape {shape}, but the metadata implies "
+                             f"{', '.join(q.name for q in supported)}")
+        if t.shape != expected[name]:  # torch order (gguf_lite reversed ggml's innermost-first dims)
+            raise KVVizError(f"{where}: tensor {t.name} has shape {t.shape}, but the metadata implies "
                              f"{expected[name]}")
         out[name] = t
     missing = [k for k in expected if k not in out]
@@ -225,6 +201,22 @@ def check_tensors(reader: GGUFReader, config: LlamaConfig, where: str) -> dict[s
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise KVVizError(f"{where} is missing tensors: {', '.join(missing[:3])}{more}")
     return out
+
+
+def type_counts(tensors: Iterable[LiteTensor]) -> dict[str, int]:
+    """{GGML type name: how many tensors} (the info a load reports)."""
+    types: dict[str, int] = {}
+    for t in tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    return types
+
+
+def check_tensors(tensors: tuple[LiteTensor, ...], config: LlamaConfig, where: str) -> dict[str, LiteTensor]:
+    """{transformers name: tensor} of a Llama-family file, every name, type and shape checked."""
+    if any(t.name == "rope_freqs.weight" for t in tensors):
+        raise KVVizError(f"{where} carries rope_freqs (Llama 3.1-style RoPE scaling), which kvviz does not implement")
+    return match_tensors(tensors, param_shapes(config), lambda n: hf_name(n, config.n_layer), SUPPORTED_TYPES,
+                         config.family, where)
 
 
 def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -240,50 +232,39 @@ def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(out_rows, n_in)  # (head, member, pair, in) -> (out, in)
 
 
-def dequantize_tensor(t: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
-    """One tensor, dequantized in numpy to fp32 and cast to ``dtype``, in torch's (out, in) order."""
-    arr = dequantize(t.data, t.tensor_type)  # numpy (rows, cols): ggml's dims reversed
+def dequantize_tensor(t: LiteTensor) -> torch.Tensor:
+    """One tensor dequantized in numpy to fp32, in torch's shape (every family's loader uses it)."""
+    arr = dequantize(t.data, t.tensor_type).reshape(t.shape)  # (rows, row bytes) -> values
     if not arr.flags.writeable:  # F32 comes back as a view of the read-only file mapping
         arr = np.array(arr)
-    x = torch.from_numpy(arr)
-    return x if dtype == torch.float32 else x.to(dtype)
+    return torch.from_numpy(arr)
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
-    """Config, dequantized state dict and tokenizer metadata of a Llama-family GGUF file."""
-    path = Path(path)
+def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32) -> GGUFModel:
+    """Config, dequantized state dict and tokenizer metadata of a Llama-family GGUF file (a path,
+    or the file ``read_gguf`` already opened: the loader reads the header once to pick a family)."""
     t0 = time.perf_counter()
-    reader = open_gguf(path)
-    config = config_from_metadata(reader)
-    tensors = check_tensors(reader, config, path.name)
+    g = source if isinstance(source, LiteGGUF) else read_gguf(source)
+    path = g.path
+    config = config_from_metadata(g)
+    tensors = check_tensors(g.tensors, config, path.name)
     t1 = time.perf_counter()
     sd: dict[str, torch.Tensor] = {}
-    permuted = architecture(reader) == "llama"  # Qwen2/3 files keep transformers' row order
+    permuted = architecture(g) == "llama"  # Qwen2/3 files keep transformers' row order
     for name, t in tensors.items():
-        w = dequantize_tensor(t, torch.float32)
+        w = dequantize_tensor(t)
         if permuted and name.endswith("q_proj.weight"):
             w = unpermute_rope_rows(w, config.n_head)
         elif permuted and name.endswith("k_proj.weight"):
             w = unpermute_rope_rows(w, config.kv_heads)
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
-    types: dict[str, int] = {}
-    for t in tensors.values():
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    info = {"file_bytes": path.stat().st_size, "tensor_types": types, "read_seconds": t1 - t0,
-            "dequantize_seconds": time.perf_counter() - t1, "general.name": _value(reader, "general.name"),
+    info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
+            "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name"),
             "family": config.family}
-    return GGUFModel(config, sd, tokenizer_metadata(reader), reader, info)
+    return GGUFModel(config, sd, g.tokenizer_metadata(), info)
 
 
-def tokenizer_metadata(source: GGUFReader | str | Path) -> dict[str, Any]:
+def tokenizer_metadata(source: str | Path | LiteGGUF) -> dict[str, Any]:
     """Every ``tokenizer.*`` field (``tokenizer.ggml.tokens``, ``.merges``, ``.token_type``,
     ``.bos/eos_token_id``, ``.pre``, ``tokenizer.chat_template``, ...) as plain Python values."""
-    reader = source if isinstance(source, GGUFReader) else open_gguf(source)
-    out: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if key.startswith("tokenizer."):
-            v = _value(reader, key)
-            if f.types and f.types[0] == GGUFValueType.ARRAY and isinstance(v, np.ndarray):
-                v = v.tolist()
-            out[key] = v
-    return out
+    return (source if isinstance(source, LiteGGUF) else read_gguf(source)).tokenizer_metadata()

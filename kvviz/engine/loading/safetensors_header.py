@@ -1,4 +1,5 @@
-"""A GPT-2 checkpoint's safetensors header checked against its config before anything is loaded.
+"""The one safetensors header reader (``safetensors_header``: GPT-2 and Llama folders alike), and a
+GPT-2 checkpoint's header checked against its config before anything is loaded.
 
 Reading a header costs a few KB; building the model or reading the tensors of a config that lies
 about its size (a million layers over a 4-layer file) could cost gigabytes. So names, dtypes and

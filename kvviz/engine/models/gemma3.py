@@ -18,9 +18,10 @@ transformers' GGUF loader does, so the fp32 rounding is the same).
 
 The static cache keeps a ring of the window's rows for a sliding layer (``KVCache.ring_positions``
 names the position each row holds; ``ring_mask`` masks a chunk over them) and every position for a
-global one. The concat and paged caches hold every position of every layer; there a sliding layer's
-window is a mask over them (``sliding_mask``). The forward/cache/capture contract is
-Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
+global one; the paged cache lets go of a sliding layer's blocks once they are wholly out of the
+window and names the held rows' positions the same way. The concat cache holds every position of
+every layer; there a sliding layer's window is a mask over them (``sliding_mask``). The
+forward/cache/capture contract is Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 """
 from __future__ import annotations
 
@@ -151,9 +152,11 @@ def sliding_mask(T: int, start: int, input_pos: torch.Tensor, window: int) -> tu
 
 def ring_mask(keys: torch.Tensor, input_pos: torch.Tensor, window: int) -> tuple[torch.Tensor | None, bool]:
     """A sliding layer's mask over a ring cache's rows, ``keys`` (S,) naming the position each holds:
-    query at p sees the rows holding p - window + 1 .. p. One query over a full ring sees all of it."""
-    if input_pos.numel() == 1:
-        return None, False  # the ring is then exactly the query's window (KVCache.ring_positions)
+    query at p sees the rows holding p - window + 1 .. p. One query over at most ``window`` rows sees
+    all of them: a full ring is exactly its window, and a paged sliding layer's held blocks run
+    contiguously up to the query, so only more than ``window`` of them reach past it."""
+    if input_pos.numel() == 1 and keys.numel() <= window:
+        return None, False  # the rows are then exactly within the query's window (KVCache.ring_positions)
     p = input_pos[:, None]
     return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
 

@@ -46,6 +46,7 @@ from kvviz.engine.generation.request import check_pool, check_pool_memory, sampl
 from kvviz.engine.kvcache.kv_spec import KVSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
+from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.sessions.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
@@ -118,10 +119,11 @@ class Conversation:
         self.parse_special = bool(parse_special)
         cfg = model.config
         if cache_kind == "paged":
-            check_pool(kv_block_size, kv_blocks, 1)
+            groups = config_groups(cfg).count  # a hybrid model's layer groups each keep a table
+            check_pool(kv_block_size, kv_blocks, 1, groups)
             if pool is None and kv_blocks is None:
                 # The context of one sequence plus as much again for blocks kept by prefix hash.
-                kv_blocks = 2 * blocks_for(cfg.block_size, kv_block_size)
+                kv_blocks = 2 * groups * blocks_for(cfg.block_size, kv_block_size)
             if pool is None:
                 check_pool_memory(model, kv_block_size, kv_blocks)
             with torch.inference_mode():
@@ -201,7 +203,8 @@ class Conversation:
             raise KVVizError(f"the conversation is {len(ids)} tokens; with {self.max_new_tokens} new tokens it "
                              f"passes the model's context of {ctx}: start a new chat or ask for fewer tokens")
         if isinstance(self.cache, PagedKVCache):
-            need, have = blocks_for(len(ids) + self.max_new_tokens, self.cache.block_size), self.cache.pool.blocks.num_blocks
+            need = self.cache.pool.blocks_for_sequence(len(ids) + self.max_new_tokens)
+            have = self.cache.pool.blocks.num_blocks
             if need > have:
                 raise KVVizError(f"the KV pool has {have} blocks of {self.cache.block_size} tokens; this turn needs "
                                  f"{need} ({len(ids)} prompt + {self.max_new_tokens} new tokens): give it more blocks")

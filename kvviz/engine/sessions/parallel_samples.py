@@ -21,6 +21,7 @@ from kvviz.engine.sessions.conversation import forward_fn
 from kvviz.engine.generation.request import check_budget, check_pool, sampling_params
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool
+from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import make_generator, sample
 from kvviz.errors import KVVizError
 
@@ -61,7 +62,8 @@ class ParallelSamples:
         with torch.inference_mode():
             if self.cache_kind == "paged":
                 cache: KVCache = PagedKVCache(m.config, 1, dev, m.dtype, self.kv_block_size,
-                                              None if self.pool else n * -(-m.config.block_size // self.kv_block_size),
+                                              None if self.pool else n * config_groups(m.config).count
+                                              * -(-m.config.block_size // self.kv_block_size),
                                               self.pool)
             else:
                 cache = make_cache(self.cache_kind, m.config, 1, dev, m.dtype)

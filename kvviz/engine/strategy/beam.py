@@ -26,6 +26,8 @@ from typing import Iterator
 import torch
 
 from kvviz.engine.generation.events import StepEvent
+from kvviz.engine.generation.stream_base import Emitted
+from kvviz.engine.generation.valid_request import BeamOptions
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.strategy.strategy_events import BeamCandidate, BeamResult, BeamStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream
@@ -124,14 +126,18 @@ def check_beam_request(model: LoadedModel, num_beams: object, length_penalty: ob
 
 @dataclass
 class BeamStream(StrategyStream):
-    num_beams: int = 2
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-    num_return_sequences: int = 1
-    eos_ids: tuple[int, ...] = ()
     steps: list[BeamStep] = field(default_factory=list)
     result: BeamResult | None = None
     _live: str = ""  # the best running beam's text so far
+
+    @property
+    def opts(self) -> BeamOptions:
+        assert self.req.beam is not None, "a BeamStream runs a request with beam options"
+        return self.req.beam
+
+    @property
+    def num_beams(self) -> int:
+        return self.opts.num_beams
 
     @property
     def text(self) -> str:
@@ -144,17 +150,18 @@ class BeamStream(StrategyStream):
     def _extra(self) -> dict[str, object]:
         if self.result is not None:
             return {"beams": self.result}
-        return {"beams": BeamResult(self.num_beams, self.length_penalty, self.early_stopping,
-                                    self.num_return_sequences, (), (), (), (), tuple(self.steps))}
+        o = self.opts
+        return {"beams": BeamResult(o.num_beams, o.length_penalty, o.early_stopping,
+                                    o.num_return_sequences, (), (), (), (), tuple(self.steps))}
 
     def _loop(self) -> Iterator[StepEvent]:  # noqa: C901 - one loop, read top to bottom like transformers'
-        m, k, N = self.model, self.num_beams, len(self.prompt_ids)
+        m, o, k, N = self.model, self.opts, self.num_beams, len(self.prompt_ids)
         cfg, dev = m.config, m.device
         max_len = N + self.max_new_tokens
-        lp_pen, es = self.length_penalty, self.early_stopping
-        keep = max(2, 1 + len(self.eos_ids)) * k  # enough that k survive even if the best all end
+        lp_pen, es = o.length_penalty, o.early_stopping
+        keep = max(2, 1 + len(o.eos_ids)) * k  # enough that k survive even if the best all end
         with torch.inference_mode():
-            eos = torch.tensor(self.eos_ids, dtype=torch.long, device=dev)
+            eos = torch.tensor(o.eos_ids, dtype=torch.long, device=dev)
             top_mask = torch.zeros(keep, dtype=torch.bool, device=dev)
             top_mask[:k] = True
             running = torch.full((1, k, max_len), -1, dtype=torch.long, device=dev)  # (1, k, L)
@@ -168,7 +175,7 @@ class BeamStream(StrategyStream):
             run_idx = torch.full((1, k, max_len - N), -1, dtype=torch.int32, device=dev)  # parent per step
             fin_idx = run_idx.clone()
             positions = torch.arange(cfg.block_size, device=dev)
-            cache = self._cache(k, max_len) if self.use_cache else None
+            cache = self.cache = self._cache(k, max_len) if self.use_cache else None
         cur, step = N, 0
         while True:
             with torch.inference_mode():
@@ -235,8 +242,9 @@ class BeamStream(StrategyStream):
                                                latency_ms))
                 new_ids = running[0, :, cur - 1].tolist()
                 self._live = self._decode(running[0, 0, N:cur].tolist())
-                ev = self._event(step, new_ids, cur - 1, inp.shape[1], start, inp.shape[0], cache, latency_ms,
-                                 logits[0])
+                ev = self._event(Emitted(step=step, ids=new_ids, position=cur - 1, input_len=inp.shape[1],
+                                         start=start, rows=inp.shape[0], latency_ms=latency_ms, logits=logits[0]),
+                                 cache)
             self.events.append(ev)
             yield ev
             step += 1
@@ -267,12 +275,13 @@ class BeamStream(StrategyStream):
 
     def _finish(self, seqs: torch.Tensor, scores: torch.Tensor, fin_idx: torch.Tensor, is_fin: torch.Tensor,
                 N: int) -> None:
-        n = self.num_return_sequences
+        o = self.opts
+        n = o.num_return_sequences
         lens = (fin_idx[0, :n] + 1).bool().sum(dim=-1).tolist()  # generated length of each returned beam
         out = tuple(tuple(seqs[0, r, N: N + lens[r]].tolist()) for r in range(n))
         self.result = BeamResult(
-            self.num_beams, self.length_penalty, self.early_stopping, n, out,
+            o.num_beams, o.length_penalty, o.early_stopping, n, out,
             tuple(self._decode(list(s)) for s in out), tuple(scores[0, :n].tolist()),
             tuple(is_fin[0, :n].tolist()), tuple(self.steps))
         best = out[0] if out else ()
-        self.stop_reason = "eos" if best and best[-1] in self.eos_ids else "max_new_tokens"
+        self.stop_reason = "eos" if best and best[-1] in o.eos_ids else "max_new_tokens"

@@ -28,9 +28,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from kvviz.engine.kvcache.dense import KVCache
-from kvviz.engine.generation.diagnose import nonfinite_error
+from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.engine.generation.events import StepEvent
+from kvviz.engine.generation.stream_base import Emitted
+from kvviz.engine.generation.valid_request import SpecOptions
 from kvviz.engine.generation.sampling import SamplingParams, filter_logits, make_generator
 from kvviz.engine.strategy.strategy_events import SpecResult, SpecStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream
@@ -103,31 +104,37 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 @dataclass
 class SpeculativeStream(StrategyStream):
-    draft_tokens: int = 10
-    ngram: int = 2
-    ignore_eos: bool = False  # EOS is an ordinary token: drafted, accepted and run through
+    # Each verify forward's record. ``cache`` (StreamBase) is kept after the run: tests compare it
+    # with a never-speculated one.
     spec_steps: list[SpecStep] = field(default_factory=list)
-    cache: KVCache | None = None  # kept after the run: tests compare it with a never-speculated one
+
+    @property
+    def opts(self) -> SpecOptions:
+        assert self.req.spec is not None, "a SpeculativeStream runs a request with speculative options"
+        return self.req.spec
 
     def _extra(self) -> dict[str, object]:
-        return {"speculation": SpecResult(self.draft_tokens, self.ngram, tuple(self.spec_steps))}
+        return {"speculation": SpecResult(self.opts.draft_tokens, self.opts.ngram, tuple(self.spec_steps))}
 
     def _loop(self) -> Iterator[StepEvent]:
-        m = self.model
+        m, o, params = self.model, self.opts, self.req.params
         cfg, dev, tok = m.config, m.device, m.tokenizer
-        eos_ids = () if tok.eos_token_id is None or self.ignore_eos else (tok.eos_token_id,)
-        gen = None if self.params.greedy else make_generator(self.params, dev)
+        eos_ids = () if tok.eos_token_id is None or self.req.ignore_eos else (tok.eos_token_id,)
+        gen = None if params.greedy else make_generator(params, dev)
         ids = list(self.prompt_ids)
         N, made, step = len(ids), 0, 0
         with torch.inference_mode():
             positions = torch.arange(cfg.block_size, device=dev)
-            cache = self.cache = self._cache(1, len(ids) + self.max_new_tokens + self.draft_tokens)
+            cache = self.cache = self._cache(1, len(ids) + self.max_new_tokens + o.draft_tokens)
+        if isinstance(cache, PagedKVCache):  # its sliding layers keep the blocks a rollback needs
+            cache.rollback = o.draft_tokens
         rings = [w for w in getattr(cache, "windows", ()) if w is not None]
-        if rings and len(ids) + self.max_new_tokens + self.draft_tokens > min(rings):  # drafts written too
+        if rings and len(ids) + self.max_new_tokens + o.draft_tokens > min(rings):  # drafts written too
             # a rollback needs positions the sliding layers' rings will have overwritten
             raise KVVizError(f"speculative decoding rolls the cache back, but this model's static cache keeps "
                              f"only the last {min(rings):,} positions on its sliding layers and this run goes "
-                             f"past them: use cache_kind='concat' or 'paged' (they keep every position)")
+                             f"past them: use cache_kind='concat' (it keeps every position) or 'paged' (it keeps the "
+                             f"blocks a rollback needs)")
         while made < self.max_new_tokens:
             with torch.inference_mode():
                 t0 = time.perf_counter()
@@ -135,8 +142,8 @@ class SpeculativeStream(StrategyStream):
                     fed, draft, n = ids, [], 0
                 else:
                     room = cfg.block_size - cache.pos - 1  # positions left once the last token is fed
-                    k = min(self.draft_tokens, self.max_new_tokens - made - 1, room)
-                    draft, n = prompt_lookup(ids, self.ngram, k, eos_ids)
+                    k = min(o.draft_tokens, self.max_new_tokens - made - 1, room)
+                    draft, n = prompt_lookup(ids, o.ngram, k, eos_ids)
                     fed = [ids[-1], *draft]
                 p0, T = cache.pos, len(fed)
                 inp = torch.tensor([fed], dtype=torch.long, device=dev)  # (1, T)
@@ -144,16 +151,12 @@ class SpeculativeStream(StrategyStream):
                 rows = logits[0, -1:] if step == 0 else logits[0]  # (T', V): row i predicts after fed[i]
                 rows = rows.float()
                 cache.advance(T)
-                if not bool(torch.isfinite(rows).all()):
-                    self.stop_reason = "error"
-                    err = nonfinite_error(m.model, rows, ids, step)
-                    self.note = str(err)
-                    raise err
-                if self.params.greedy:
+                self._check_finite(rows, step)
+                if params.greedy:
                     a, nxt = verify_greedy(rows, draft)
                 else:
                     assert gen is not None
-                    a, nxt = verify_sampled(target_probs(rows, self.params), draft, gen)
+                    a, nxt = verify_sampled(target_probs(rows, params), draft, gen)
                 if step:
                     cache.truncate(p0 + 1 + a)  # the rollback: keep the fed token and the accepted drafts
                 emitted = [*draft[:a], nxt]
@@ -166,21 +169,17 @@ class SpeculativeStream(StrategyStream):
                 rolled = tuple(range(p0 + 1 + a, p0 + T)) if step else ()
                 self.spec_steps.append(SpecStep(step, p0, tuple(draft), a, tuple(emitted), rolled, n, ms,
                                                 tuple(tok.token_display(t) for t in draft)))
-                evs = [self._event(made + j, [t], N + made + j,
-                                   T if j == 0 else 0, p0, 1, cache, ms / len(emitted),
-                                   rows[min(j, rows.shape[0] - 1)], n_logits=rows.shape[0])
+                # One event per emitted token: the first carries the verify forward's input and FLOPs.
+                evs = [self._event(Emitted(step=made + j, ids=[t], position=N + made + j, input_len=T if j == 0 else 0,
+                                           start=p0, rows=1, latency_ms=ms / len(emitted),
+                                           logits=rows[min(j, rows.shape[0] - 1)], n_logits=rows.shape[0]), cache)
                        for j, t in enumerate(emitted)]
             for ev in evs:
                 ids.append(ev.token_id)
                 made += 1
-                self.events.append(ev)
-                piece = self._add_text(ev)
+                new_chars = self._emit(ev)
                 yield ev
-                if ev.token_id in eos_ids:
-                    self.stop_reason = "eos"
-                    return
-                if self._hit_stop(len(piece)):
-                    self.stop_reason = "stop_string"
+                if self._ended(ev.token_id, new_chars, eos_ids):
                     return
             step += 1
         self.stop_reason = "max_new_tokens"

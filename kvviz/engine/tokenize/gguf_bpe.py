@@ -18,19 +18,17 @@ trained with, in the `tokenizers` library:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
 
-from kvviz.engine.tokenize.tokenizer import _gpt2_byte_decoder, display_bytes, literal_backend, special_added_tokens
+from kvviz.engine.tokenize.tokenizer import PieceVocab, _gpt2_byte_decoder, literal_backend, special_added_tokens
 from kvviz.errors import KVVizError
-
-if TYPE_CHECKING:
-    from gguf import GGUFReader
 
 # llama.cpp's token types (llama_token_type / gguf.TokenType).
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
@@ -76,35 +74,21 @@ class GGUFTokenizerMeta:
     chat_template: str | None      # tokenizer.chat_template (jinja2), None when absent
 
 
-def _open_reader(path: str | Path) -> "GGUFReader":
-    from gguf import GGUFReader  # imported here: only GGUF users pay for it
+def read_tokenizer_metadata(source: str | Path | Mapping[str, Any], name: str | None = None) -> GGUFTokenizerMeta:
+    """The tokenizer keys of a GGUF file: a path (opened with its header checked, by
+    ``gguf_lite.read_gguf``), or the metadata the model loader already decoded (decoding SmolLM2's
+    49k-token vocabulary twice would cost twice). ``name``: the file's name, for messages."""
+    if isinstance(source, (str, Path)):
+        from kvviz.engine.loading.gguf_lite import read_gguf  # imported here: only GGUF users pay for it
 
-    p = Path(path)
-    if not p.is_file():
-        raise KVVizError(f"no GGUF file at {p}")
-    try:
-        # Parses the key/value table and the tensor index; tensor data stays memory-mapped.
-        return GGUFReader(p)
-    except (ValueError, IndexError, OSError) as e:  # bad magic, truncated header, unreadable
-        raise KVVizError(f"{p.name} is not a readable GGUF file (truncated or damaged?): {e}") from None
-
-
-def read_tokenizer_metadata(source: str | Path | "GGUFReader") -> GGUFTokenizerMeta:
-    """The tokenizer keys of a GGUF file (a path, or a reader the model loader already opened:
-    parsing costs seconds on a 49k vocabulary, so open the file once)."""
-    reader = _open_reader(source) if isinstance(source, (str, Path)) else source
-    # The reader keeps its path only on its memory map (np.memmap.filename).
-    name = Path(getattr(reader.data, "filename", None) or "model.gguf").name
-    fields = reader.fields
+        name = name or Path(source).name
+        source = read_gguf(source).metadata
+    name = name or "model.gguf"
+    metadata = source
 
     def get(key: str, default: Any = None) -> Any:
-        field = fields.get(key)
-        if field is None:
-            return default
-        try:
-            return field.contents()
-        except (UnicodeDecodeError, ValueError, IndexError) as e:
-            raise KVVizError(f"{name}: metadata key {key} is unreadable: {e}") from None
+        v = metadata.get(key, default)
+        return v.tolist() if hasattr(v, "tolist") else v  # numeric arrays arrive as numpy arrays
 
     model = get("tokenizer.ggml.model")
     if model is None:
@@ -183,8 +167,9 @@ def _respell(text: str) -> str:
     return "".join(to_char[b] for b in text.encode("utf-8"))
 
 
-class GGUFTokenizer:
-    """kvviz's Tokenizer protocol over a GGUF's byte-level BPE (see the module docstring)."""
+class GGUFTokenizer(PieceVocab):
+    """kvviz's Tokenizer protocol over a GGUF's byte-level BPE (see the module docstring); decode,
+    token_display and is_special come from ``PieceVocab``."""
 
     def __init__(self, meta: GGUFTokenizerMeta) -> None:
         self._tok = build_backend(meta)
@@ -227,10 +212,6 @@ class GGUFTokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        # An id past the vocabulary (typed by hand as --prompt-ids) has no text: drop it.
-        return self._tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=False)
-
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes this token stands for: 'Ġthe' -> b' the'; a special token -> its text."""
         if not 0 <= token_id < self.vocab_size:
@@ -243,20 +224,7 @@ class GGUFTokenizer:
             return bytes(dec[ch] for ch in piece)
         return piece.encode("utf-8")  # respelled in build_backend: the text is the bytes
 
-    def token_display(self, token_id: int) -> str:
-        """Chip text: the token's characters, or ``<0xNN>`` per byte for part of a character."""
-        text = self._display.get(token_id)
-        if text is None:
-            if not 0 <= token_id < self.vocab_size:
-                return f"<|{token_id}|>"
-            text = self._display[token_id] = display_bytes(self.token_bytes(token_id))
-        return text
 
-    def is_special(self, token_id: int) -> bool:
-        """Whether the id is a control token (``<|im_end|>``...): chips can style it apart."""
-        return token_id in self._special
-
-
-def load_gguf_tokenizer(source: str | Path | "GGUFReader") -> GGUFTokenizer:
-    """The tokenizer of a GGUF file (a path, or a reader already open on it)."""
-    return GGUFTokenizer(read_tokenizer_metadata(source))
+def load_gguf_tokenizer(source: str | Path | Mapping[str, Any], name: str | None = None) -> GGUFTokenizer:
+    """The tokenizer of a GGUF file (a path, or its metadata already decoded: see read_tokenizer_metadata)."""
+    return GGUFTokenizer(read_tokenizer_metadata(source, name))

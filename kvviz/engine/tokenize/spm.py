@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvviz.engine.tokenize.tokenizer import display_bytes
+from kvviz.engine.tokenize.tokenizer import PieceVocab
 from kvviz.errors import KVVizError
 
 _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6  # llama.cpp's token types
@@ -38,8 +38,9 @@ def _respell(piece: str) -> str:
     return SPACE * len(piece) if " " in piece and not piece.strip() else piece
 
 
-class SPMTokenizer:
-    """kvviz's Tokenizer protocol over a GGUF's SentencePiece vocabulary (see the module docstring)."""
+class SPMTokenizer(PieceVocab):
+    """kvviz's Tokenizer protocol over a GGUF's SentencePiece vocabulary (see the module docstring);
+    decode, token_display and is_special come from ``PieceVocab``."""
 
     def __init__(self, name: str, tokens: list[str], types: list[int], *, bos_token_id: int | None,
                  eos_token_id: int | None, unk_token_id: int | None, pad_token_id: int | None,
@@ -147,21 +148,6 @@ class SPMTokenizer:
                 return bytes([int(m.group(1), 16)])
         return piece.replace(SPACE, " ").encode("utf-8")
 
-    def decode(self, ids: list[int]) -> str:
-        # An id past the vocabulary (typed as --prompt-ids) has no text: dropped.
-        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
-
-    def token_display(self, token_id: int) -> str:
-        """Chip text: the token's characters, or ``<0xNN>`` per byte for part of a character."""
-        text = self._display.get(token_id)
-        if text is None:
-            if not 0 <= token_id < self.vocab_size:
-                return f"<|{token_id}|>"
-            text = self._display[token_id] = display_bytes(self.token_bytes(token_id))
-        return text
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special
 
 
 def _matcher(tokens: dict[str, int]) -> "re.Pattern[str] | None":

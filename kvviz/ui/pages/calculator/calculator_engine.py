@@ -67,11 +67,12 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
 def _smollm2_config():  # type: ignore[no-untyped-def]
     """The installed SmolLM2 GGUF file's config (its header only: the reader maps the file, no
     tensor is dequantized), or None when the package is missing or the file unreadable."""
-    from kvviz.engine.loading.gguf_llama import config_from_metadata, open_gguf
+    from kvviz.engine.loading.gguf_lite import read_gguf
+    from kvviz.engine.loading.gguf_llama import config_from_metadata
     from kvviz.engine.loading.llama_loader import smollm2_path
     from kvviz.errors import KVVizError
 
     try:
-        return config_from_metadata(open_gguf(smollm2_path()))
+        return config_from_metadata(read_gguf(smollm2_path()))
     except (KVVizError, OSError, ValueError):
         return None

@@ -44,7 +44,13 @@ def bytes_formula(run: Run) -> str:
     used = per_token * ev.cache_len
     lines = [f"**Bytes used** = {factors} × {ev.cache_len:,} tokens = **{used:,} B** ({fmt_bytes(used)})"]
     mixed = len(set(ev.cache_layer_bytes)) > 1 and run.n_layer
-    if mixed:  # sliding layers hold only their window (Gemma 3): count each layer's own tokens
+    if mixed and run.cache_kind == "paged":  # per layer: whole blocks, a sliding layer's only its window's
+        held = sum(ev.cache_layer_bytes)
+        used = ev.cache_bytes_used
+        lines = [f"**Bytes held in blocks** = **{held:,} B** ({fmt_bytes(held)}): each layer's blocks × its share "
+                 f"of a block; a sliding layer lets go of the blocks its window no longer reaches, a global one "
+                 f"keeps every block. The positions they hold take **{used:,} B** ({fmt_bytes(used)})"]
+    elif mixed:  # sliding layers hold only their window (Gemma 3): count each layer's own tokens
         layer_token = int(per_token) // run.n_layer
         held = [b // layer_token for b in ev.cache_layer_bytes] if layer_token else []
         groups = sorted({h: held.count(h) for h in held}.items(), reverse=True)
