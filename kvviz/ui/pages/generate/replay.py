@@ -13,19 +13,19 @@ import streamlit as st
 from kvviz import Run
 from kvviz.engine.generation.events import to_dataframe
 from kvviz.ui import present
-from kvviz.ui.state import persist
+from kvviz.ui.state import persist, session
 from kvviz.ui.pages.generate.pacing import LiveCost
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.state.run_store import RunStore, StoredRun
 from kvviz.ui.pages.generate.view import draw, layout
 
 REPLAY_SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
-PLAYING_KEY = "_kvviz_playing"
-REPLAY_FOR_KEY = "_kvviz_replay_for"
-INTERVAL_KEY = "_kvviz_replay_interval"  # the timer the fragment was created with
-POS_KEY = "_kvviz_replay_pos"  # the step shown by replay (the slider follows it, Play advances it)
-TICK_KEY = "_kvviz_replay_tick"  # (run id, playing) of the fragment's previous run: only ticks advance
-TICKS_LEFT_KEY = "_kvviz_replay_ticks_left"  # what one Play may still advance: playback ends whatever arrives
+PLAYING_KEY = session.REPLAY_PLAYING
+REPLAY_FOR_KEY = session.REPLAY_FOR
+INTERVAL_KEY = session.REPLAY_INTERVAL  # the timer the fragment was created with
+POS_KEY = session.REPLAY_POS  # the step shown by replay (the slider follows it, Play advances it)
+TICK_KEY = session.REPLAY_TICK  # (run id, playing) of the fragment's previous run: only ticks advance
+TICKS_LEFT_KEY = session.REPLAY_TICKS_LEFT  # what one Play may still advance: playback ends whatever arrives
 MAX_EXPORT_CAPTURES = 16 * 2**20  # offer a JSON with captures only when it stays a sane download
 
 
@@ -44,12 +44,12 @@ def stored_view(store: RunStore, runs_slot: Any = None) -> None:
     ids = [r.id for r in runs]
     show = store.take("show")
     if show in ids:
-        st.session_state["run_pick"] = show
+        session.put("run_pick", show)
     pick = persist.keep_index("run_pick", ids[-1], ids)
     labels = {r.id: r.label for r in runs}  # a plain dict: format_func may run outside the script
     projecting = present.active() and runs_slot is not None
     if projecting:  # one button in the top row: the picker and the exports behind it
-        c_pick = c_export = runs_slot.popover(f"Run #{st.session_state.get('run_pick', ids[-1])}",
+        c_pick = c_export = runs_slot.popover(f"Run #{session.get('run_pick', ids[-1])}",
                                               icon=":material/history:", width="content")
     else:
         c_pick, c_json, c_caps, c_csv = st.columns([4.2, 1, 1.4, 1], vertical_alignment="bottom")
@@ -65,13 +65,13 @@ def stored_view(store: RunStore, runs_slot: Any = None) -> None:
         _export_buttons(entry, c_json, c_caps, c_csv)
 
     n = len(entry.run.events)
-    if st.session_state.get(REPLAY_FOR_KEY) != (entry.id, n):
+    if session.get(REPLAY_FOR_KEY) != (entry.id, n):
         # A new or grown run: show its last step, and stop any playback of the previous one.
-        st.session_state[REPLAY_FOR_KEY] = (entry.id, n)
-        st.session_state[POS_KEY] = max(0, n - 1)
-        st.session_state[PLAYING_KEY] = False
+        session.put(REPLAY_FOR_KEY, (entry.id, n))
+        session.put(POS_KEY, max(0, n - 1))
+        session.put(PLAYING_KEY, False)
     interval = _replay_interval(n)
-    st.session_state[INTERVAL_KEY] = interval
+    session.put(INTERVAL_KEY, interval)
     st.fragment(run_every=interval)(_replay_fragment)(entry)
 
 
@@ -96,37 +96,37 @@ def _export_buttons(entry: StoredRun, c_json: Any, c_caps: Any, c_csv: Any) -> N
 
 def _replay_interval(n: int) -> float | None:
     """Seconds between replay ticks while playing, else None (no timer)."""
-    if not st.session_state.get(PLAYING_KEY) or n < 2:
+    if not session.get(PLAYING_KEY) or n < 2:
         return None
     return 1.0 / float(persist.last("replay_speed", 2.0))
 
 
 def _toggle_play(n: int) -> None:
     """Button callback: runs before the script, so the label and the timer agree on this run."""
-    playing = not st.session_state.get(PLAYING_KEY, False)
-    if playing and int(st.session_state.get(POS_KEY, n - 1)) >= n - 1:
-        st.session_state[POS_KEY] = 0  # at the end: play from the start
-    st.session_state[PLAYING_KEY] = playing
+    playing = not session.get(PLAYING_KEY, False)
+    if playing and int(session.get(POS_KEY, n - 1)) >= n - 1:
+        session.put(POS_KEY, 0)  # at the end: play from the start
+    session.put(PLAYING_KEY, playing)
     # A budget of ticks, not just "stop at the last step": the browser's timer sends its widget
     # states with every tick, and a stale one must never keep a playback going for ever.
-    st.session_state[TICKS_LEFT_KEY] = n - 1 - int(st.session_state.get(POS_KEY, 0))
+    session.put(TICKS_LEFT_KEY, n - 1 - int(session.get(POS_KEY, 0)))
 
 
 def _replay_fragment(entry: StoredRun) -> None:
     """Everything below the run picker; reruns alone when the slider moves or Play ticks."""
     run, n = entry.run, len(entry.run.events)
-    if st.session_state.get(PLAYING_KEY) and n > 1 and st.session_state.get(TICK_KEY) == (entry.id, True):
+    if session.get(PLAYING_KEY) and n > 1 and session.get(TICK_KEY) == (entry.id, True):
         # A timer tick (the fragment's previous run was playing this run too): one step on.
-        nxt = int(st.session_state.get(POS_KEY, 0)) + 1
-        left = int(st.session_state.get(TICKS_LEFT_KEY, n)) - 1
-        st.session_state[POS_KEY] = min(nxt, n - 1)
-        st.session_state[TICKS_LEFT_KEY] = left
+        nxt = int(session.get(POS_KEY, 0)) + 1
+        left = int(session.get(TICKS_LEFT_KEY, n)) - 1
+        session.put(POS_KEY, min(nxt, n - 1))
+        session.put(TICKS_LEFT_KEY, left)
         if nxt >= n - 1 or left <= 0:
-            st.session_state[PLAYING_KEY] = False
-    st.session_state[TICK_KEY] = (entry.id, bool(st.session_state.get(PLAYING_KEY)))
-    if _replay_interval(n) != st.session_state.get(INTERVAL_KEY):
+            session.put(PLAYING_KEY, False)
+    session.put(TICK_KEY, (entry.id, bool(session.get(PLAYING_KEY))))
+    if _replay_interval(n) != session.get(INTERVAL_KEY):
         st.rerun()  # play, pause, a new speed or the end: a full rerun re-creates the fragment's timer
-    step = min(int(st.session_state.get(POS_KEY, n - 1)), max(0, n - 1))
+    step = min(int(session.get(POS_KEY, n - 1)), max(0, n - 1))
     _status(entry, step)
     slots, opts = layout((run.n_layer, run.n_head, run.n_kv_head), replay=lambda: _replay_row(entry))
     # One key per run, not per step. A stepped run's charts are kept in the browser and redrawn in
@@ -140,7 +140,7 @@ def _replay_row(entry: StoredRun) -> None:
     n = len(entry.run.events)
     if n < 2 or entry.stepping:  # step mode moves with the Step button
         return
-    playing = bool(st.session_state.get(PLAYING_KEY))
+    playing = bool(session.get(PLAYING_KEY))
     c_play, c_speed, c_step = st.columns([1.1, 1.7, 5.2], vertical_alignment="bottom")
     c_play.button("Pause" if playing else "Play", key="replay_play", width="stretch", on_click=_toggle_play,
                   args=(n,), icon=":material/pause:" if playing else ":material/replay:",
@@ -149,22 +149,22 @@ def _replay_row(entry: StoredRun) -> None:
     c_speed.select_slider("Replay speed (tokens/s)", REPLAY_SPEEDS, value=kept, key="replay_speed",
                           format_func=lambda v: f"{v:g}", help="How fast Play advances the replay.")
     persist.remember("replay_speed")
-    pos = min(int(st.session_state.get(POS_KEY, n - 1)), n - 1)
+    pos = min(int(session.get(POS_KEY, n - 1)), n - 1)
     if playing:
         # No slider while playing: the browser would send its (older) slider value with every tick.
         c_step.progress(pos / (n - 1), text=f"Playing: step {pos} of {n - 1}")
         return
-    st.session_state["replay_step"] = pos
+    session.put("replay_step", pos)
     c_step.slider("Replay: show the state after step", 0, n - 1, key="replay_step", on_change=_on_scrub,
                   help="Scrub through the run: every view shows the state after this step (0 = the prefill).")
 
 
 def _on_scrub() -> None:
-    if st.session_state.get(PLAYING_KEY):
+    if session.get(PLAYING_KEY):
         # No slider is drawn while playing, so a value now is a stale one the browser sent with a
         # timer tick: taking it would jump the playback back, again and again.
         return
-    st.session_state[POS_KEY] = int(st.session_state["replay_step"])
+    session.put(POS_KEY, int(session.read("replay_step")))
 
 
 def _status(entry: StoredRun, step: int) -> None:
