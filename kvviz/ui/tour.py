@@ -1,4 +1,5 @@
-"""The guided tour: eight steps on the Generate page, each a short text and the live view it points at.
+"""The guided tour: eight steps on the Generate page (nine on a model with sliding and global layers),
+each a short text and the live view it points at.
 
 For someone who has never heard of a KV cache. The picture it builds: the model is a typewriter
 that types one token at a time, and before each keystroke it must look back over everything
@@ -59,8 +60,47 @@ def _big_model_line() -> str:
             "limits how many users it serves at once.")
 
 
+MAX_STEPS = 9  # eight for every model, and a ninth on a model with sliding and global layers
+
+
+def hybrid_step(model: LoadedModel | None, dtype: str = "fp32") -> TourStep | None:
+    """Step 9 on a model that mixes sliding-window and global layers (Gemma 3), with its own
+    numbers: what each kind keeps, and the cache at its full context against all-global layers."""
+    c = model.config if model is not None else None
+    kinds = tuple(getattr(c, "layer_types", ()) or ())
+    window = getattr(c, "sliding_window", None)
+    if c is None or len(set(kinds)) < 2 or not window:
+        return None
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding"]
+    full = [i for i, k in enumerate(kinds) if k != "sliding"]
+    per_layer = kv_bytes_per_token(1, c.kv_heads, c.head_dim, dtype_bytes(dtype))  # one layer, one token
+    ctx = int(getattr(c, "context_length", None) or c.block_size)
+    hybrid = per_layer * (len(full) * ctx + len(sliding) * min(window, ctx))
+    every = per_layer * len(kinds) * ctx
+    where = ", ".join(str(i) for i in full)
+    return TourStep(
+        "Hybrid attention: sliding and global layers",
+        f"This model mixes two kinds of layer. **{len(sliding)} of its {len(kinds)} layers are sliding**: a token "
+        f"there attends only to the last **{window:,}** tokens (itself included), so their cache stops growing at "
+        f"{window:,} tokens: it is a ring, and each new token's K and V overwrite the oldest. The other "
+        f"**{len(full)} (layers {where}) are global**: they attend to every token and keep them all. The strip "
+        "under the numbers shows the bytes each layer holds: once the text passes the window the sliding bars "
+        f"level off while the global ones keep growing. At its full context of {ctx:,} tokens this cache takes "
+        f"**{fmt_bytes(hybrid)}**; if every layer were global it would take **{fmt_bytes(every)}** "
+        f"({every / hybrid:.1f}× more). It has **{c.kv_heads} K/V head{'s' if c.kv_heads != 1 else ''}** for "
+        f"{c.n_head} query heads" + (" (MQA: every query head reads the same K and V)." if c.kv_heads == 1 else
+                                    " (GQA)."),
+        ("view_metrics",), "generate", "Generate")
+
+
 def steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
-    """The eight steps, with this model's own numbers where a step quotes them."""
+    """The eight steps (nine on a hybrid-attention model), with this model's own numbers where a
+    step quotes them."""
+    hybrid = hybrid_step(model, dtype)
+    return _base_steps(model, dtype) + ([hybrid] if hybrid else [])
+
+
+def _base_steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
     c = model.config if model is not None else None
     layers, heads = (c.n_layer, c.n_head) if c else (4, 4)
     kv_heads, head_dim = (c.kv_heads, c.head_dim) if c else (4, 64)
@@ -151,7 +191,7 @@ def current() -> int:
     if raw is not None and not session.has(session.TOUR_URL_READ):
         session.put(session.TOUR_URL_READ, True)
         try:
-            session.put(STEP_KEY, min(max(int(raw), 1), 8))
+            session.put(STEP_KEY, min(max(int(raw), 1), MAX_STEPS))
         except ValueError:
             pass
     return int(session.get(STEP_KEY, 0))
@@ -286,7 +326,7 @@ def banner(page: str) -> None:
         session.update(CALC_EXAMPLE)
     with st.container(key="tour_banner", border=True):
         text, back = st.columns([6, 1.4], vertical_alignment="center")
-        text.markdown(f"**Tour** (step {n} of 8): {BANNERS[page]}")
+        text.markdown(f"**Tour** (step {n}): {BANNERS[page]}")
         with back:
             _link("generate", "Back to the tour", ":material/school:")
     st.html(".st-key-tour_banner{background:#fff9db;border-radius:.6rem}".join(("<style>", "</style>")))
@@ -296,4 +336,5 @@ def start_button() -> None:
     """The way in, on the Generate page while the tour is off."""
     st.button("Start the tour", key="tour_start", icon=":material/school:", on_click=go, args=(1,),
               help="Eight short steps through a real run: tokens, Q/K/V, prefill, decode, no cache, attention, "
-                   "memory and speed, each pointing at the view it explains. Or open the app with ?tour=1.")
+                   "memory and speed (and hybrid attention on Gemma 3), each pointing at the view it explains. "
+                   "Or open the app with ?tour=1.")

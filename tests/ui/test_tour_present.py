@@ -125,3 +125,26 @@ def test_measurement_pages_feed_the_prompt_as_generate_does_through_the_chat_tem
     plain, text = prompt_ids(Settings(model="smollm2", prompt=q, chat=False), smollm2)
     assert plain == tuple(smollm2.tokenizer.encode(q)) and text == q and len(plain) < len(ids)
     assert prompt_ids(Settings(model="smollm2", prompt="", chat=True), smollm2) == ((), "")
+
+
+def test_a_hybrid_model_gets_a_ninth_step_with_the_calculators_numbers() -> None:
+    """Gemma 3 270M's shape: 15 sliding layers (window 512) and 3 global (5, 11, 17), one K/V head of
+    256. fp32 per layer and token: 2 x 1 x 256 x 4 = 2,048 B. At 32,768 tokens: 2,048 x (3 x 32,768 +
+    15 x 512) B held, against 2,048 x 18 x 32,768 B if every layer were global; the calculator's
+    preset gives the same figure."""
+    from types import SimpleNamespace
+
+    from kvviz.engine.models.gemma3 import Gemma3Config
+    from kvviz.memory import MemoryRequest, calculate, find_preset, load_presets
+    from kvviz.units import fmt_bytes
+
+    model = SimpleNamespace(config=Gemma3Config(), tokenizer=SimpleNamespace(vocab_size=262144))
+    steps = tour.steps(model)  # type: ignore[arg-type]
+    assert len(steps) == tour.MAX_STEPS == 9 and len(tour.steps(None)) == 8
+    last = steps[-1]
+    hybrid, every = 2048 * (3 * 32768 + 15 * 512), 2048 * 18 * 32768
+    assert hybrid == calculate(find_preset("gemma-3-270m", load_presets()),
+                               MemoryRequest(seq_len=32768, kv_dtype="fp32")).kv_bytes
+    assert "15 of its 18 layers are sliding" in last.text and "3 (layers 5, 11, 17) are global" in last.text
+    assert f"**{fmt_bytes(hybrid)}**" in last.text and f"**{fmt_bytes(every)}** (5.6× more)" in last.text
+    assert "MQA" in last.text and last.points_at == ("view_metrics",)
