@@ -133,3 +133,16 @@ def test_chat_shows_an_interrupted_turn_and_goes_on() -> None:
     labels = [unescape(c.value) for c in at.caption if "Interrupted after" in c.value]
     assert len(labels) == 2 and "interrupted 2 times in a row" in labels[1]
     assert [t.value for t in at.text].count("and more") == 2  # the finished turn and the grouped cut
+
+
+def test_the_default_pool_grows_with_a_hybrid_models_layer_groups() -> None:
+    """Gemma 3 270M: the 3 global layers form one group and the 15 sliding layers five groups of
+    three, so 6 block tables; a one-kind model has one. 64 blocks per group, at most the widget's 512."""
+    from kvviz.engine.kvcache.paged_pool import config_groups
+    from kvviz.engine.loading.loader import RANDOM_SHAPES
+    from kvviz.engine.models.gemma3 import Gemma3Config
+    from kvviz.ui.pages.chat.chat_page import default_pool_blocks
+
+    gemma, tiny = config_groups(Gemma3Config()).count, config_groups(RANDOM_SHAPES["tiny"]).count
+    assert (gemma, tiny) == (6, 1)
+    assert (default_pool_blocks(gemma), default_pool_blocks(tiny), default_pool_blocks(20)) == (384, 64, 512)

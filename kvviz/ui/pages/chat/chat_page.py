@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import streamlit as st
 
 from kvviz.charts import paged_charts as pc
+from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.sessions.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
@@ -52,9 +53,13 @@ def page() -> None:
     kind = c1.selectbox("Cache", ["paged", "static", "concat"], key="chat_cache",
                         help="paged: blocks + block table (vLLM); static: one preallocated buffer; concat: grows by cat")
     block = int(c2.selectbox("Block size (tokens)", BLOCK_SIZES, index=2, key="chat_block", disabled=kind != "paged"))
-    blocks = int(c3.number_input("Pool (blocks)", min_value=4, max_value=512, value=64, step=8, key="chat_blocks",
-                                 disabled=kind != "paged",
-                                 help="the pool's size; full blocks of ref count 0 stay cached until it runs out"))
+    groups = config_groups(model.config).count
+    blocks = int(c3.number_input("Pool (blocks)", min_value=4, max_value=512, value=default_pool_blocks(groups), step=8,
+                                 key="chat_blocks", disabled=kind != "paged",
+                                 help="the pool's size; full blocks of ref count 0 stay cached until it runs out"
+                                 + (f". This model's layers form {groups} groups (sliding and global), each with "
+                                    "its own block table: every position takes one block per group, and a "
+                                    "sliding group lets go of blocks that leave its window" if groups > 1 else "")))
     max_new = int(c4.number_input("Max new tokens", min_value=1, max_value=256, value=24, key="chat_max_new",
                                   help="short answers keep every turn quick on a small CPU"))
     stamp = st.toggle("Put the current time at the start of the system prompt", key="chat_timestamp",
@@ -72,6 +77,13 @@ def page() -> None:
         _chat(conv)
     with tab_scenario:
         chat_scenario.section(model, fast, block, blocks)
+
+
+def default_pool_blocks(groups: int) -> int:
+    """The pool's default size: 64 blocks per layer group. A model with sliding and global layers
+    (Gemma 3) keeps one block table per group and a block holds one group's layers, so each
+    position takes a block in every group (engine/kvcache/paged_pool.py)."""
+    return min(512, 64 * max(1, groups))
 
 
 def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: int, blocks: int, max_new: int,
