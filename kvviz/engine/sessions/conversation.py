@@ -102,7 +102,7 @@ def forward_fn(model: LoadedModel, fast: bool) -> Callable[..., torch.Tensor]:
 class Conversation:
     """A chat session: messages, one batch-1 cache, and a TurnRecord per turn."""
 
-    def __init__(self, model: LoadedModel, cache_kind: str = "paged", kv_block_size: int = DEFAULT_BLOCK_SIZE,
+    def __init__(self, model: LoadedModel, *, cache_kind: str = "paged", kv_block_size: int = DEFAULT_BLOCK_SIZE,
                  kv_blocks: int | None = None, system: str | None = None, timestamp: bool = False,
                  max_new_tokens: int = 64, greedy: bool | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0, fast: bool = True,

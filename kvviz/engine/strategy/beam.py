@@ -237,9 +237,10 @@ class BeamStream(StrategyStream):
                     moved = cache.reorder(parents if rows_before == k else torch.zeros_like(parents))
                 latency_ms = (time.perf_counter() - t0) * 1000.0
 
-                self.steps.append(self._record(step, cur - 1, topk_lp, parent, topk_ids, hits, did, fin_lp, nxt, merged,
-                                               parents, rows_before, moved, cache.pos if cache is not None else 0,
-                                               latency_ms))
+                self.steps.append(self._record(
+                    step, cur - 1, topk_lp=topk_lp, parent=parent, ids=topk_ids, hits=hits, did=did, fin_lp=fin_lp,
+                    nxt=nxt, merged=merged, parents=parents, rows_before=rows_before, moved=moved,
+                    cache_len=cache.pos if cache is not None else 0, latency_ms=latency_ms))
                 new_ids = running[0, :, cur - 1].tolist()
                 self._live = self._decode(running[0, 0, N:cur].tolist())
                 ev = self._event(Emitted(step=step, ids=new_ids, position=cur - 1, input_len=inp.shape[1],
@@ -252,7 +253,7 @@ class BeamStream(StrategyStream):
                 break
         self._finish(seqs, beam_scores, fin_idx, is_fin, N)
 
-    def _record(self, step: int, position: int, topk_lp: torch.Tensor, parent: torch.Tensor, ids: torch.Tensor,
+    def _record(self, step: int, position: int, *, topk_lp: torch.Tensor, parent: torch.Tensor, ids: torch.Tensor,
                 hits: torch.Tensor, did: torch.Tensor, fin_lp: torch.Tensor, nxt: torch.Tensor, merged: torch.Tensor,
                 parents: torch.Tensor, rows_before: int, moved: int, cache_len: int, latency_ms: float) -> BeamStep:
         """Every weighed candidate with what became of it (plain Python, for the views)."""
