@@ -10,23 +10,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvviz.ui.common.plain_text import unescape
+from test_calculator_page import _script, fresh, metrics, table  # the calculator page in AppTest, one copy
 
 
-def _script() -> None:
-    from kvviz.ui.pages.calculator.calculator import page
-
-    page()
-
-
-def fresh(**query: str) -> AppTest:
-    at = AppTest.from_function(_script, default_timeout=60)
-    for k, v in query.items():
-        at.query_params[k] = v
-    return at.run()
-
-
-def metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
 
 
 def texts(at: AppTest, kind: str) -> str:
@@ -36,10 +22,6 @@ def texts(at: AppTest, kind: str) -> str:
 def figure(at: AppTest, title_start: str) -> dict:
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     return next(f for f in figs if f["layout"]["title"]["text"].startswith(title_start))
-
-
-def table(at: AppTest, column: str) -> object:
-    return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
 @pytest.fixture(scope="module")
