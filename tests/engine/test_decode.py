@@ -12,6 +12,7 @@ from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
 from kvviz.fast.gpt2_flat import build_plan
+from threaded_runs import assert_concurrent_runs_match_sequential
 from test_model import KV_HEADS, reference_forward
 
 HAVE_C = rowops.load() is not None
@@ -208,24 +209,8 @@ def test_concurrent_streams_on_one_model_match_sequential_runs(random_models: di
                                                                threads: int, kernel: str) -> None:
     """The app runs each browser session in its own thread over the one cached model: the C row
     ops (an OpenMP team per calling thread) and the plan must hold no per-run state."""
-    import threading
-
-    import kvviz
-
     m = random_models["tiny"]
     m.fast.rebuild()  # plans rebuilt for this test's kernel and thread count
-    prompts = [[1, 2, 3], [200, 100, 50, 25], [7] * 9, [42, 43]]
-    want = [kvviz.generate(m, prompt_ids=p, max_new_tokens=40).generated_ids for p in prompts]
-    got: list[list[int] | None] = [None] * len(prompts)
-
-    def run(i: int) -> None:
-        got[i] = kvviz.generate(m, prompt_ids=prompts[i], max_new_tokens=40).generated_ids
-
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert got == want
+    assert_concurrent_runs_match_sequential(m, [[1, 2, 3], [200, 100, 50, 25], [7] * 9, [42, 43]], 40)
     assert (m.fast.plan().rows is not None) == (kernel == "c")
     m.fast.rebuild()  # leave the session model to rebuild its own plans

@@ -21,6 +21,7 @@ from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops
 from kvviz.fast.llama_flat import FastLlama, max_c_rows_fp32
+from threaded_runs import assert_concurrent_runs_match_sequential
 
 HAVE_C = rowops.load() is not None
 
@@ -291,20 +292,6 @@ def test_positions_past_the_tables_are_refused() -> None:
 def test_concurrent_streams_on_one_model_match_sequential_runs(threads: int, kernel: str) -> None:
     """The app's sessions share one model from several threads: the plan and the calls into C
     (an OpenMP team per calling thread) hold no per-run state."""
-    import threading
-
     m = make_llama("gqa", seed=22)
-    prompts = [[1, 2, 3], [100, 50, 25, 12], [7] * 9, [42, 43]]
-    want = [kvviz.generate(m, prompt_ids=p, max_new_tokens=24).generated_ids for p in prompts]
-    got: list[list[int] | None] = [None] * len(prompts)
-
-    def run(i: int) -> None:
-        got[i] = kvviz.generate(m, prompt_ids=prompts[i], max_new_tokens=24).generated_ids
-
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert got == want
+    assert_concurrent_runs_match_sequential(m, [[1, 2, 3], [100, 50, 25, 12], [7] * 9, [42, 43]], 24)
     assert (m.fast.plan().rows is not None) == (kernel == "c")
