@@ -18,23 +18,13 @@ import torch
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel, NoTokenizer, load_model
 from kvviz.errors import KVVizError
+from accel_checks import randomize
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 96
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 30]
 N_NEW = 12
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if "ln_" in name or "norm" in name:
-                p.copy_(1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
-            else:
-                p.copy_(0.2 * noise if name.endswith("weight") else 0.05 * noise)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +39,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, Load
         bos_token_id=None, eos_token_id=None, pad_token_id=None))
     out = {}
     for name, hf in (("gpt2", gpt2), ("llama", llama)):
-        _randomize(hf, 1)
+        randomize(hf, 1)
         hf.eval()
         folder = tmp_path_factory.mktemp(name)
         hf.save_pretrained(folder)

@@ -12,7 +12,7 @@ from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
 from kvviz.fast.gpt2_flat import build_plan
-from threaded_runs import assert_concurrent_runs_match_sequential
+from accel_checks import assert_concurrent_runs_match_sequential, decode_all
 from test_model import KV_HEADS, reference_forward
 
 HAVE_C = rowops.load() is not None
@@ -50,18 +50,6 @@ def _biased(m: LoadedModel, seed: int) -> LoadedModel:
     return m
 
 
-def _decode_all(m: LoadedModel, idx: torch.Tensor, cache_cls: type) -> torch.Tensor:
-    """Feed idx (B, T) one token at a time from an empty cache; logits (B, T, V)."""
-    B, T = idx.shape
-    cache = cache_cls(m.config, batch=B, dtype=m.dtype)
-    out = []
-    with torch.inference_mode():
-        for t in range(T):
-            out.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache=cache))  # (B, 1, V)
-            cache.advance(1)
-    return torch.cat(out, dim=1)
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize("kind", list(KV_HEADS))
 @pytest.mark.parametrize("batch", [1, 2])
@@ -79,7 +67,7 @@ def test_token_by_token_decode_matches_float64_reference(
     m = _biased(make_model(n_kv_head=KV_HEADS[kind], seed=7), 7)
     assert (m.fast.plan().rows is not None) == (kernel == "c")
     idx = torch.randint(0, 256, (batch, 20), generator=torch.Generator().manual_seed(8))
-    got = _decode_all(m, idx, cache_cls)
+    got = decode_all(m, idx, cache_cls)
     assert len(spy) == 20  # the flat decode step ran for every token
     ref, _, _ = reference_forward(m.model, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
@@ -124,7 +112,7 @@ def test_captures_from_the_flat_step_are_the_cache_contents(make_model: Callable
 def test_half_precision_decode_stays_close(make_model: Callable[..., LoadedModel]) -> None:
     m = make_model(seed=2, dtype=torch.bfloat16)
     idx = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(3))
-    got = _decode_all(m, idx, StaticKVCache)
+    got = decode_all(m, idx, StaticKVCache)
     ref, _, _ = reference_forward(m.model, idx)
     assert float((got.double() - ref).abs().max()) < 0.05 * float(ref.abs().max())
 
@@ -164,9 +152,9 @@ def test_half_precision_and_batches_keep_pytorch_ops(make_model: Callable[..., L
     monkeypatch.setattr(rowops.RowLinear, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     m = make_model(seed=2)
     idx = torch.randint(0, 256, (2, 4), generator=torch.Generator().manual_seed(2))
-    _decode_all(m, idx, StaticKVCache)  # batch 2: PyTorch ops
+    decode_all(m, idx, StaticKVCache)  # batch 2: PyTorch ops
     assert not calls
-    _decode_all(m, idx[:1], StaticKVCache)  # batch 1: through C where it is built
+    decode_all(m, idx[:1], StaticKVCache)  # batch 1: through C where it is built
     assert len(calls) == (4 * (4 * m.config.n_layer + 1) if HAVE_C else 0)
 
 
@@ -198,7 +186,7 @@ def test_weights_changed_in_place_without_freeze_are_picked_up(make_model: Calla
         for name, p in m.model.named_parameters():
             if name.endswith("bias") or ".ln_" in name or "c_fc" in name:
                 p.copy_(p + 0.1 * torch.randn(p.shape, generator=g))
-    got = _decode_all(m, idx, StaticKVCache)
+    got = decode_all(m, idx, StaticKVCache)
     assert m.fast.plan() is before  # nothing to rebuild
     ref, _, _ = reference_forward(m.model, idx)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)

@@ -21,7 +21,7 @@ from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops
 from kvviz.fast.llama_flat import FastLlama, max_c_rows_fp32
-from threaded_runs import assert_concurrent_runs_match_sequential
+from accel_checks import assert_concurrent_runs_match_sequential, decode_all
 
 HAVE_C = rowops.load() is not None
 
@@ -83,18 +83,6 @@ def paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         real = getattr(kvviz.fast.llama_flat, name)
         monkeypatch.setattr(kvviz.fast.llama_flat, name, lambda *a, _r=real, _t=tag: took.append(_t) or _r(*a))
     return took
-
-
-def decode_all(m: LoadedModel, idx: torch.Tensor, cache_cls: type = StaticKVCache) -> torch.Tensor:
-    """Feed idx (B, T) one token at a time from an empty cache; logits (B, T, V)."""
-    B, T = idx.shape
-    cache = cache_cls(m.config, batch=B, dtype=m.dtype)
-    out = []
-    with torch.inference_mode():
-        for t in range(T):
-            out.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache=cache))  # (B, 1, V)
-            cache.advance(1)
-    return torch.cat(out, dim=1)
 
 
 def tokens(batch: int, T: int, seed: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from kvviz.engine.loading.save import export_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
+from accel_checks import randomize
 
 VOCAB = 320  # > the 300-token BPE fixture, so its ids are all valid
 
@@ -28,23 +29,10 @@ def _hf_config(**overrides: Any) -> GPT2Config:
     return GPT2Config(**{**kw, **overrides})
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Our own seeded weights: non-zero biases and LayerNorm parameters (HF's init makes them 0 and 1,
-    which would leave bias handling untested), and wide enough to give varied greedy output."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if ".ln_" in name or "ln_f" in name:
-                p.copy_(1.0 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
-            else:
-                p.copy_(0.2 * noise if name.endswith("weight") else 0.05 * noise)
-
-
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = GPT2LMHeadModel(_hf_config()).eval()
-    _randomize(model, 1)
+    randomize(model, 1)
     folder = tmp_path_factory.mktemp("hf") / "gpt2-tiny"
     model.save_pretrained(folder)  # safetensors is the default (and only) format in transformers 5
     assert (folder / "model.safetensors").is_file() and not list(folder.glob("*.bin"))
@@ -174,7 +162,7 @@ def test_folder_without_tokenizer_takes_ids_only(kv: LoadedModel) -> None:
 def test_headless_gpt2model_folder_loads(tmp_path: Path) -> None:
     """GPT2Model checkpoints name tensors without the `transformer.` prefix."""
     base = GPT2Model(_hf_config(n_layer=2)).eval()
-    _randomize(base, 5)
+    randomize(base, 5)
     base.save_pretrained(tmp_path / "base")
     m = kvviz.load_model(tmp_path / "base", device="cpu")
     x = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -187,7 +175,7 @@ def test_headless_gpt2model_folder_loads(tmp_path: Path) -> None:
 def test_untied_lm_head_is_not_silently_replaced(tmp_path: Path) -> None:
     """A checkpoint whose LM head differs from wte must load exactly or be refused, never mis-load."""
     untied = GPT2LMHeadModel(_hf_config(n_layer=2, tie_word_embeddings=False)).eval()
-    _randomize(untied, 6)
+    randomize(untied, 6)
     assert not torch.equal(untied.lm_head.weight, untied.transformer.wte.weight)
     untied.save_pretrained(tmp_path / "untied")
     try:
