@@ -45,11 +45,6 @@ def set_layout(fig: go.Figure, **props: Any) -> go.Figure:
     return fig
 
 
-def set_axes(fig: go.Figure, axis: str, **props: Any) -> go.Figure:
-    """``update_xaxes``/``update_yaxes`` for a figure with one axis of that letter (``axis``: "xaxis")."""
-    return set_layout(fig, **{axis: props})
-
-
 def set_paths(fig: go.Figure, **paths: Any) -> go.Figure:
     """``set_layout`` for Plotly's "magic underscore" paths (``title_font_size=23``, ``margin_t=96``).
 

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from kvviz.charts.fast_layout import set_axes, set_layout, set_paths
+from kvviz.charts.fast_layout import set_layout, set_paths
 from kvviz.charts.run_charts import TEMPLATE
 
 
@@ -36,12 +36,6 @@ def test_set_layout_equals_update_layout(first: dict, second: dict) -> None:
     slow.update_layout(**second)
     set_layout(fast, **first)
     assert set_layout(fast, **second) is fast
-    assert _json(fast) == _json(slow)
-
-
-def test_set_axes_equals_update_xaxes_on_one_axis() -> None:
-    slow = go.Figure(go.Bar(x=[1], y=[2])).update_xaxes(range=[0, 3], tickmode="linear")
-    fast = set_axes(go.Figure(go.Bar(x=[1], y=[2])), "xaxis", range=[0, 3], tickmode="linear")
     assert _json(fast) == _json(slow)
 
 
