@@ -59,11 +59,32 @@ def llama_tensors(hf: Any, permute: bool = True) -> dict[str, np.ndarray]:
     return out
 
 
+# Where each K type keeps its fp16 fields in a block, and a value for them that gives weights of
+# about N(0, 0.02)'s size: gguf has no quantizer for these types, so their blocks are random bytes.
+_K_F16 = {Q.Q4_K: ((0, 2), 1e-4), Q.Q5_K: ((0, 2), 5e-5), Q.Q6_K: ((208,), 2e-5)}
+
+
+def random_k_blocks(shape: tuple[int, ...], qtype: Any, seed: int) -> np.ndarray:
+    """(rows, bytes per row) of random K-type blocks with small finite scales: a weight both
+    readers must decode alike, whatever its values."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(int(np.prod(shape)) // block, size), dtype=np.uint8)
+    fields, scale = _K_F16[qtype]
+    for at in fields:
+        d = rng.uniform(0.5 * scale, scale, size=(blocks.shape[0], 1)).astype(np.float16)
+        blocks[:, at:at + 2] = d.view(np.uint8)
+    return blocks.reshape(shape[0], -1)
+
+
 def _add_tensor(w: Any, name: str, arr: np.ndarray, qtype: Any) -> None:
     if qtype == Q.F32:
         w.add_tensor(name, arr)
     elif qtype == Q.F16:
         w.add_tensor(name, arr.astype(np.float16))
+    elif qtype in _K_F16:  # arr gives the shape only
+        seed = int.from_bytes(name.encode()[-8:].rjust(8, b"\0"), "little")
+        w.add_tensor(name, random_k_blocks(arr.shape, qtype, seed), raw_dtype=qtype)
     else:
         w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
 
@@ -136,9 +157,11 @@ GEMMA3_QTYPES = {"attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "attn_v": Q.Q8_0, "attn_out
                  "ffn_up": Q.Q5_0, "ffn_down": Q.Q8_0, "token_embd": Q.Q8_0}
 
 
-def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = True) -> Path:
+def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = True,
+                      types: dict[str, Any] | None = None) -> Path:
     """``hf`` (a transformers Gemma3ForCausalLM over GEMMA3_TOKENS) as llama.cpp's converter writes
-    it; ``skip`` leaves out a tensor, ``tokenizer=False`` the vocabulary."""
+    it; ``skip`` leaves out a tensor, ``tokenizer=False`` the vocabulary; ``types`` overrides
+    GEMMA3_QTYPES by short name (a K type writes random blocks: the file, not ``hf``, is then the model)."""
     c = hf.config
     w = gguf.GGUFWriter(str(path), "gemma3")
     for key, val in [("block_count", c.num_hidden_layers), ("context_length", c.max_position_embeddings),
@@ -174,7 +197,7 @@ def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = Tru
             short = _GEMMA3_LAYER[rest.removesuffix(".weight")]
             gname = f"blk.{i}.{short}.weight"
         if gname != skip:
-            _add_tensor(w, gname, arr, GEMMA3_QTYPES.get(short, Q.F32))
+            _add_tensor(w, gname, arr, {**GEMMA3_QTYPES, **(types or {})}.get(short, Q.F32))
     return _finish(w, path)
 
 

@@ -7,19 +7,27 @@ Nothing here is required: without a C compiler the accelerator keeps its PyTorch
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch.nn as nn
 
+from kvviz.engine.models.gemma3 import Gemma3
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama
+from kvviz.fast.blockdot import BlockCodes
+from kvviz.fast.gemma3_flat import FastGemma3
 from kvviz.fast.gpt2_flat import FastGPT2
 from kvviz.fast.llama_flat import FastLlama, declines
 
 
-def build(net: nn.Module) -> FastGPT2 | FastLlama | None:
-    """An accelerator for ``net`` (eval mode, grads off), or None where there is none."""
+def build(net: nn.Module, codes: Mapping[str, BlockCodes] | None = None) -> FastGPT2 | FastLlama | FastGemma3 | None:
+    """An accelerator for ``net`` (eval mode, grads off), or None where there is none. ``codes``:
+    a GGUF's weights as block codes by parameter name (Gemma 3 multiplies by them)."""
     if isinstance(net, GPT):
         return FastGPT2(net)
     if isinstance(net, Llama):
         # Kin it does not compute exactly (Qwen3's q/k norms, a sliding window) run the readable model.
         return None if declines(net.config) else FastLlama(net)
+    if isinstance(net, Gemma3):
+        return FastGemma3(net, codes)
     return None

@@ -40,7 +40,8 @@ from kvviz.hostinfo import cpu_name
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "rowops.c"  # GPT-2's (in, out) layout
 # and nn.Linear's (out, in) layout, for the Llama family, and its whole one-row decode step
-SOURCES = (SOURCE, CSRC / "rowdot.c", CSRC / "rowstep.c")
+SOURCES = (SOURCE, CSRC / "rowdot.c", CSRC / "rowstep.c",
+           CSRC / "blockdot.c")  # and weights kept as a GGUF file's int8 codes (fast/blockdot.py)
 HEADERS = (CSRC / "rowcommon.h", CSRC / "rowdot.h")
 FLAG_SETS = (
     ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"],

@@ -5,8 +5,7 @@ prompt: GPT-2 shapes on random weights (kvviz's model exported to a Hugging Face
 and loaded back with ``from_pretrained``), and SmolLM2 (``smollm2``, when installed) on its
 GGUF file's weights dequantized to fp32, which transformers' ``LlamaForCausalLM`` adopts as they
 are (no second copy); Gemma 3 (``gemma3``, when installed) likewise, in ``Gemma3ForCausalLM``
-(measure/bench_gemma3.py; kvviz.fast has no Gemma step, so its ``kvviz_static`` is the readable
-model). Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
+(measure/bench_gemma3.py; kvviz.fast multiplies by the file's block codes, the same values). Runs are interleaved (variant A, B, C, then A, B, C again ...) so drift in the
 machine's load hits all of them alike; each figure is the median of the repeats, with min and
 max. Ratios are taken between medians of the same run. The first run of each variant is a
 warm-up and is discarded. Throughput is wall-clock: prefill + every decode step + the event
@@ -85,7 +84,8 @@ CASES = (
                          "floor_bf16"), model="smollm2", prompt_text=STORY),
     # floor_bf16: the same matmuls on bf16 weights (the C kernel widens them as it reads): how far a
     # bf16 step could go, where the fp32 floor bounds the speed-up over transformers below 3x.
-    Case("gemma3", 64, ("kvviz_static", "readable_static", "hf", "floor", "floor_bf16"), model="gemma3",
+    # Gemma 3: floor is the coded matmuls kvviz.fast runs; floor_fp32 the same on the fp32 weights.
+    Case("gemma3", 64, ("kvviz_static", "readable_static", "hf", "floor", "floor_fp32"), model="gemma3",
          prompt_text=STORY),
 )
 # The named models a plain `bench` skips, with a line saying how to install them, when absent.
@@ -192,22 +192,23 @@ def _hf_model(model: LoadedModel, folder: Path) -> Any:
     return hf
 
 
-def weight_matmuls(model: LoadedModel) -> list[Matmul | Linear]:
+def weight_matmuls(model: LoadedModel, fp32: bool = False) -> list[Matmul | Linear]:
     """Every matmul of a decode step, in order (each layer's fused calls, then the LM head),
     prepared as the flat decode step runs them for the current thread count."""
-    return _step_matmuls(model)[0]
+    return _step_matmuls(model, fp32)[0]
 
 
-def _step_matmuls(model: LoadedModel) -> tuple[list[Matmul | Linear], int, bool]:
-    """The step's matmuls, the thread count they run at, and whether the C row kernel runs them."""
-    if model.fast is None and is_gemma3(model):  # no accelerator: the readable model's weights
-        return list(gemma3_matmuls(model)), torch.get_num_threads(), rowops.load() is not None
+def _step_matmuls(model: LoadedModel, fp32: bool = False) -> tuple[list[Matmul | Linear], int, bool]:
+    """The step's matmuls, the thread count they run at, and whether the C row kernel runs them.
+    Gemma 3: the block codes its accelerator reads, or with ``fp32`` the readable model's weights."""
+    if is_gemma3(model):
+        return list(gemma3_matmuls(model, coded=not fp32)), torch.get_num_threads(), rowops.load() is not None
     plan = model.fast.plan()
     return list(plan.matmuls()), plan.threads, plan.rows is not None
 
 
-def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
-    mats, threads, in_c = _step_matmuls(model)
+def _floor_runner(model: LoadedModel, n: int, fp32: bool = False) -> Callable[[], list[int]]:
+    mats, threads, in_c = _step_matmuls(model, fp32)
     dev, dt = model.device, model.dtype
     calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = []
     for m in mats:
@@ -235,7 +236,7 @@ def _floor_runner(model: LoadedModel, n: int) -> Callable[[], list[int]]:
 
 def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
     if variant.startswith("floor"):
-        return _floor_runner(model, n)
+        return _floor_runner(model, n, fp32=variant == "floor_fp32")
     if variant == LLAMA_CPP:
         return _llama_cpp_runner(model, prompt, n)
     if variant == "hf":
@@ -322,7 +323,7 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
             d["same_tokens_before_divergence"] = next(
                 (i for i, (a, b) in enumerate(zip(tokens[v], ref)) if a != b), min(len(tokens[v]), len(ref)))
         if floor:
-            nbytes = sum(m.nbytes for m in weight_matmuls(models[v]))
+            nbytes = sum(m.nbytes for m in weight_matmuls(models[v], fp32=v == "floor_fp32"))
             d["weight_bytes"] = nbytes  # streamed once per floor step
             d["GB_s_median"] = nbytes * d["tok_s_median"] / 1e9
     if "floor" in variants:
@@ -359,6 +360,7 @@ RATIOS = (
     ("bf16_vs_fp32", "kvviz_static_bf16", "kvviz_static"),
     (None, "kvviz_static_bf16", "floor_bf16"),
     (None, "floor_bf16", "hf"),
+    (None, "floor_fp32", "hf"),
     (None, "kvviz_static_bf16", LLAMA_CPP),  # measured; the quoted figure otherwise
     (None, "kvviz_static", LLAMA_CPP),
 )

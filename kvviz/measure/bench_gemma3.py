@@ -1,20 +1,24 @@
 """The bench's Gemma 3 pieces: transformers' ``Gemma3ForCausalLM`` holding kvviz's own tensors, and
-the decode step's weight matmuls for the floor.
+the decode step's weight matmuls for the floors.
 
-kvviz.fast has no Gemma 3 step (``fast.build`` returns None for it), so ``kvviz_static`` runs the
-readable model and the floor's matmuls are read off the readable model's ``nn.Linear`` weights,
-grouped as the Llama step fuses them (q|k|v, o, gate|up, down, then the tied LM head) and run
-through the same C row kernel where it builds: what a Gemma step in kvviz.fast would stream.
+The floor's matmuls are grouped as kvviz.fast's Gemma step calls them (q|k|v, o, gate|up, down,
+then the tied LM head). ``floor`` runs them on the GGUF's block codes, as the step does
+(``fast/blockdot.py``); ``floor_fp32`` on the readable model's fp32 weights through the fp32 row
+kernel: what the step would stream without the codes (1,022.5 MiB a token instead of 291.8).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.models.gemma3 import SLIDING, Gemma3
+from kvviz.fast.blockdot import BlockCodes, block_dot
+from kvviz.fast.gemma3_flat import codes_match
 from kvviz.fast.llama_flat import Linear
+from kvviz.fast.rowops import RowDot
 
 
 def is_gemma3(model: LoadedModel) -> bool:
@@ -48,17 +52,41 @@ def hf_gemma3(model: LoadedModel) -> Any:
     return hf.to(model.device).eval()
 
 
-def gemma3_matmuls(model: LoadedModel) -> list[Linear]:
-    """Every weight matmul of one decode step, one entry per call a fused step would make: each
-    layer's q|k|v, o, gate|up and down, then the LM head (the 262,144 x 640 embedding, tied)."""
+@dataclass(frozen=True)
+class CodedLinear(Linear):
+    """A fused call on block codes: ``ws`` are the fp32 parameters (their shapes), ``codes`` what is read."""
+
+    codes: tuple[BlockCodes, ...] = ()
+
+    def row_op(self, threads: int) -> RowDot | None:  # type: ignore[override]
+        return block_dot(self.codes, threads)  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.codes)
+
+
+def gemma3_matmuls(model: LoadedModel, coded: bool = True) -> list[Linear]:
+    """Every weight matmul of one decode step, one entry per call kvviz.fast's step makes: each
+    layer's q|k|v, o, gate|up and down, then the LM head (the 262,144 x 640 embedding, tied). With
+    ``coded``, a group whose every weight has matching block codes reads those."""
     net = model.model
     assert isinstance(net, Gemma3)
+    codes = getattr(model.fast, "codes", {}) if coded else {}
 
-    def lin(*mods: torch.nn.Linear) -> Linear:
-        return Linear(tuple(m.weight.detach() for m in mods), tuple(None for _ in mods))
+    def lin(names: tuple[str, ...], ws: tuple[torch.Tensor, ...]) -> Linear:
+        ws = tuple(w.detach() for w in ws)
+        cs = tuple(codes.get(n) for n in names)
+        if codes and all(c is not None and codes_match(c, w) for c, w in zip(cs, ws)):
+            return CodedLinear(ws, tuple(None for _ in ws), cs)  # type: ignore[arg-type]
+        return Linear(ws, tuple(None for _ in ws))
 
     out: list[Linear] = []
-    for layer in net.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        out += [lin(a.q_proj, a.k_proj, a.v_proj), lin(a.o_proj), lin(m.gate_proj, m.up_proj), lin(m.down_proj)]
-    return out + [Linear((net.model.embed_tokens.weight.detach(),), (None,))]
+    for i, layer in enumerate(net.model.layers):
+        a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
+        out += [lin((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
+                    (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
+                lin((p + "self_attn.o_proj.weight",), (a.o_proj.weight,)),
+                lin((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight)),
+                lin((p + "mlp.down_proj.weight",), (m.down_proj.weight,))]
+    return out + [lin(("model.embed_tokens.weight",), (net.model.embed_tokens.weight,))]

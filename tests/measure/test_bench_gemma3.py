@@ -26,7 +26,7 @@ def test_gemma3_case_exists_and_is_skipped_when_absent(tmp_path: Path, monkeypat
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     case = next(c for c in bench.CASES if c.shape == "gemma3")
     assert (case.model, case.new_tokens, case.prompt_text) == ("gemma3", 64, bench.STORY)
-    assert case.variants == ("kvviz_static", "readable_static", "hf", "floor", "floor_bf16")
+    assert case.variants == ("kvviz_static", "readable_static", "hf", "floor", "floor_fp32")
     ran: list[str] = []
 
     def fake_case(c: bench.Case, *a: Any, **k: Any) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def test_hf_twin_gives_kvviz_logits_and_tokens_on_a_tiny_gemma3(monkeypatch: pyt
     prompt = bench._prompt(case, m, 8)
     kvviz_ids = bench._runner("kvviz_static", m, None, prompt, 12)()
     assert len(kvviz_ids) == 12 and len(set(kvviz_ids)) > 1  # 20 positions: past the window
-    assert r["accelerator"] is False
+    assert r["accelerator"] is True  # FastGemma3; this model has no GGUF codes, so its floor reads fp32
     # By hand: per layer q 64x32, k and v 16x32, o 32x64, gate and up 48x32, down 32x48; the head 256x32.
     per_layer = 64 * 32 + 2 * 16 * 32 + 32 * 64 + 2 * 48 * 32 + 32 * 48
     assert r["weight_bytes"] == 4 * (3 * per_layer + 256 * 32) == sum(x.nbytes for x in gemma3_matmuls(m))

@@ -41,6 +41,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
     "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
+    "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as the block kernel's codes: bytes only
     # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
     # (5); their records are plain dataclasses (1).
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
@@ -48,6 +49,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
     # The accelerator: built from a model (2), below the loader that attaches it (4); its kernels import no model.
     "kvviz.fast": 3, "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
+    "kvviz.fast.blockdot": 1,
     "kvviz.charts": 2,  # pure Plotly
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
     "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,

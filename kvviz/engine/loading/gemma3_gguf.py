@@ -19,10 +19,12 @@ from typing import Any
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
+from kvviz.engine.loading.gguf_codes import block_codes
 from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
 from kvviz.engine.loading.gguf_llama import dequantize_tensor, map_name, match_tensors, meta_float, meta_int, type_counts
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
+from kvviz.fast.blockdot import BlockCodes
 
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # kvviz's context for Gemma 3: a static cache preallocates every position of every layer, and the
@@ -55,6 +57,9 @@ class Gemma3GGUF:
     state_dict: dict[str, torch.Tensor]  # transformers' names, norms as w (not 1 + w); no lm_head (tied)
     metadata: dict[str, Any]  # every metadata key (tokenizer.ggml.* builds the tokenizer)
     info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
+    # the quantized matrices as the file keeps them (int8 codes, a scale per block), by the same
+    # names: kvviz.fast multiplies by these; only for an fp32 load (they rebuild fp32 values exactly)
+    codes: dict[str, BlockCodes] = field(default_factory=dict)
 
 
 def config_from_metadata(meta: dict[str, Any]) -> Gemma3Config:
@@ -107,9 +112,10 @@ def check_tensors(tensors: tuple[LiteTensor, ...], config: Gemma3Config, where: 
                          "Gemma 3", where)
 
 
-def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32) -> Gemma3GGUF:
+def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32,
+                     keep_codes: bool = True) -> Gemma3GGUF:
     """Config, dequantized state dict and metadata of a Gemma 3 GGUF file (a path, or the file
-    ``read_gguf`` already opened)."""
+    ``read_gguf`` already opened); with ``keep_codes`` and fp32, the quantized matrices' codes too."""
     t0 = time.perf_counter()
     g = source if isinstance(source, LiteGGUF) else read_gguf(source)
     path = g.path
@@ -122,6 +128,14 @@ def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.f
         if name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stored 1 + w
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
+    t2 = time.perf_counter()
+    codes: dict[str, BlockCodes] = {}
+    if keep_codes and dtype == torch.float32:
+        for name, t in tensors.items():
+            c = block_codes(t)
+            if c is not None:
+                codes[name] = c
     info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
-            "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name")}
-    return Gemma3GGUF(config, sd, g.metadata, info)
+            "dequantize_seconds": t2 - t1, "codes_seconds": time.perf_counter() - t2,
+            "codes_bytes": sum(c.nbytes for c in codes.values()), "general.name": g.metadata.get("general.name")}
+    return Gemma3GGUF(config, sd, g.metadata, info, codes)

@@ -18,7 +18,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 import torch
 
@@ -32,6 +32,7 @@ from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
+from kvviz.fast.blockdot import BlockCodes
 from kvviz.safeio import describe_path, kind_of, parse_json, read_bounded
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"  # kvviz/engine/loading/loader.py -> repo root
@@ -194,12 +195,12 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
 
 def wrap_model(net: GPT | Llama | Gemma3, tokenizer: Tokenizer, name: str, device: torch.device = torch.device("cpu"),
                dtype: torch.dtype = torch.float32, has_tokenizer: bool = True, source: str = "",
-               info: dict[str, Any] | None = None) -> LoadedModel:
+               info: dict[str, Any] | None = None, *, codes: Mapping[str, BlockCodes] | None = None) -> LoadedModel:
     """A built model (any family) as a LoadedModel, the way every loader finishes one: moved to the
     device and dtype, frozen, and given its accelerator. Tests wrap their hand-built models here."""
     net = net.to(device=device, dtype=dtype).freeze()  # shared read-only across app sessions
     return LoadedModel(net, tokenizer, name, device, dtype, has_tokenizer, source, dict(info or {}),
-                       fast=build_fast(net))
+                       fast=build_fast(net, codes))
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -358,7 +359,7 @@ def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name
     from kvviz.engine.loading.gemma3_gguf import load_gemma3_gguf
     from kvviz.engine.tokenize.spm import load_spm_tokenizer
 
-    g = load_gemma3_gguf(opened, dtype)
+    g = load_gemma3_gguf(opened, dtype, keep_codes=device.type == "cpu")  # codes: what kvviz.fast reads
     model = Gemma3.from_state_dict(g.config, g.state_dict).freeze()
     cfg = g.config
     if "tokenizer.ggml.model" not in g.metadata:  # no tokenizer in the file: ids only, as for Llama
@@ -369,7 +370,8 @@ def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name
         if tok.vocab_size > cfg.vocab_size:
             raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
-    return wrap_model(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)})
+    return wrap_model(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)},
+                      codes=g.codes)
 
 
 def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -193,11 +193,20 @@ class Gemma3Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache | None",
                 mask: torch.Tensor | None, is_causal: bool, capture: "ForwardCapture | None") -> torch.Tensor:
-        B, T, _ = x.shape
+        y = self.attend(self.q_proj(x), self.k_proj(x), self.v_proj(x), cos, sin, cache, mask, is_causal, capture)
+        return self.o_proj(y)  # (B, T, C)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               cache: "KVCache | None", mask: torch.Tensor | None, is_causal: bool,
+               capture: "ForwardCapture | None") -> torch.Tensor:
+        """Everything between the projections and o_proj: q (B, T, nh*hs), k and v (B, T, nkv*hs)
+        -> the heads' outputs side by side (B, T, nh*hs). The accelerator (kvviz.fast.gemma3_flat)
+        computes the projections its own way and calls this, so both share one attention."""
+        B, T, _ = q.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
-        q = self.q_norm(self.q_proj(x).view(B, T, nh, hs).transpose(1, 2))  # (B, nh, T, hs)
-        k = self.k_norm(self.k_proj(x).view(B, T, nkv, hs).transpose(1, 2))  # (B, nkv, T, hs)
-        v = self.v_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        q = self.q_norm(q.view(B, T, nh, hs).transpose(1, 2))  # (B, nh, T, hs)
+        k = self.k_norm(k.view(B, T, nkv, hs).transpose(1, 2))  # (B, nkv, T, hs)
+        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # every cached position: (B, nkv, S, hs)
@@ -217,8 +226,7 @@ class Gemma3Attention(nn.Module):
             capture.v[self.layer_idx] = vv
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
                                            enable_gqa=nkv != nh)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
-        return self.o_proj(y)  # (B, T, C)
+        return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
 
 
 class Gemma3MLP(nn.Module):
@@ -314,25 +322,42 @@ class Gemma3(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {c.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
-        x = self.model.embed_tokens(idx)  # (B, T, C)
-        # sqrt(hidden) rounded to the weight dtype first, as transformers does (bf16: 25.25, not 25.298).
-        x = x * torch.tensor(c.n_embd ** 0.5, device=x.device).to(x.dtype)
-        # One mask and one RoPE pair per layer kind, built once per forward. The frequencies are
-        # recomputed (64 numbers each) rather than kept as buffers: .to(bf16) would round them,
-        # and transformers keeps them fp32.
-        full = (*attention_mask(T, start, input_pos),
-                *rope(inv_freq(c.rope_theta, c.head_dim).to(idx.device), input_pos, x.dtype))
-        ring = cache.ring_positions(c.sliding_window, T) if cache is not None else None
-        local = (*(sliding_mask(T, start, input_pos, c.sliding_window) if ring is None
-                   else ring_mask(ring.to(idx.device), input_pos, c.sliding_window)),
-                 *rope(inv_freq(c.rope_local_theta, c.head_dim).to(idx.device), input_pos, x.dtype))
+        x = self.embed(idx)  # (B, T, C)
+        full, local = layer_inputs(c, T, start, input_pos, cache, x.dtype)
         for layer in self.model.layers:
             mask, is_causal, cos, sin = local if layer.self_attn.sliding else full
             x = layer(x, cos, sin, cache, mask, is_causal, capture)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
-        logits = self.lm_head(self.model.norm(x))  # (B, T|1, V)
-        if c.final_logit_softcapping is not None:
-            cap = c.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
+        return softcap(c, self.lm_head(self.model.norm(x)))  # (B, T|1, V)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """The scaled embeddings of ``idx`` (B, T) -> (B, T, C)."""
+        x = self.model.embed_tokens(idx)  # (B, T, C)
+        # sqrt(hidden) rounded to the weight dtype first, as transformers does (bf16: 25.25, not 25.298).
+        return x * torch.tensor(self.config.n_embd ** 0.5, device=x.device).to(x.dtype)
+
+
+LayerInputs = tuple[torch.Tensor | None, bool, torch.Tensor, torch.Tensor]  # mask, is_causal, cos, sin
+
+
+def layer_inputs(c: Gemma3Config, T: int, start: int, input_pos: torch.Tensor, cache: "KVCache | None",
+                 dtype: torch.dtype) -> tuple[LayerInputs, LayerInputs]:
+    """One mask and one RoPE pair per layer kind (global, sliding), built once per forward. The
+    frequencies are recomputed (64 numbers each) rather than kept as buffers: .to(bf16) would
+    round them, and transformers keeps them fp32."""
+    dev = input_pos.device
+    full = (*attention_mask(T, start, input_pos), *rope(inv_freq(c.rope_theta, c.head_dim).to(dev), input_pos, dtype))
+    ring = cache.ring_positions(c.sliding_window, T) if cache is not None else None
+    local = (*(sliding_mask(T, start, input_pos, c.sliding_window) if ring is None
+               else ring_mask(ring.to(dev), input_pos, c.sliding_window)),
+             *rope(inv_freq(c.rope_local_theta, c.head_dim).to(dev), input_pos, dtype))
+    return full, local  # type: ignore[return-value]
+
+
+def softcap(c: Gemma3Config, logits: torch.Tensor) -> torch.Tensor:
+    """cap * tanh(logits / cap) when the config sets a final soft-cap (Gemma 2), else the logits."""
+    if c.final_logit_softcapping is None:
         return logits
+    cap = c.final_logit_softcapping
+    return torch.tanh(logits / cap) * cap

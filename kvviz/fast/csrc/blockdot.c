@@ -1,0 +1,205 @@
+/* A few fp32 rows through weights kept as a GGUF file keeps them: int8 codes in blocks, each block
+ * with its own scale (and, for the "_1" and K types, its own offset):
+ *   w[r, i] = scale[r, b] * codes[r, i] - minv[r, b],   b = i / block
+ *   y[row, r] = sum_i w[r, i] x[row, i]
+ *             = sum_b scale[r, b] * (sum_{i in b} codes[r, i] x[i]) - sum_b minv[r, b] * (sum_{i in b} x[i])
+ *
+ * Why this exists: a decode step of Gemma 3 270M streams every weight once, and in fp32 its tied
+ * 262,144 x 640 head alone is 640 MiB, more than the rest of the model. Kept as the file's int8
+ * codes with an fp32 scale per block of 32 (the Q8_0 head: 1.125 bytes a weight), the same values
+ * stream in under a third of the bytes. The weights are not approximated: scale * code - minv is
+ * exactly what gguf's dequantizer computes for each weight (kvviz/engine/loading/gguf_codes.py;
+ * tests check it value for value); only the order of the additions differs from an fp32 matmul,
+ * as it does between any two matmul kernels. The activations stay fp32: nothing is quantized.
+ *
+ * Segments sit side by side in the output (q|k|v; gate|up), each with its own block size (16 or
+ * 32) and types. A thread owns one contiguous stretch of output rows, read front to back.
+ * kvviz/fast/rowops.py builds this file with the others; kvviz/fast/blockdot.py calls it.
+ */
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define MAX_BSEG 3
+#define MAX_BLOCKS_STACK 4096 /* per-block input sums up to this many stay on the stack */
+
+typedef struct {
+    const int8_t *codes[MAX_BSEG]; /* segment s: (n_out[s], n_in) row-major */
+    const float *scale[MAX_BSEG];  /* (n_out[s], n_in / block[s]) */
+    const float *minv[MAX_BSEG];   /* the same shape, or NULL: no offsets */
+    int n_out[MAX_BSEG];
+    int block[MAX_BSEG]; /* 16 or 32 */
+    int n_seg;
+    int n_in;
+} kv_blocks;
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* Eight codes widened to fp32. */
+static inline __m256 cvt8(const int8_t *c) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks of 32: the block's four
+ * products summed in lanes, then scaled into one of two accumulators (even and odd blocks), so
+ * consecutive blocks do not wait on one another. */
+static inline float row_b32(const int8_t *c, const float *s, const float *x, int nb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const int8_t *c0 = c + (size_t)b * 32;
+        const float *x0 = x + (size_t)b * 32;
+        __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
+        p = _mm256_fmadd_ps(cvt8(c0 + 16), _mm256_loadu_ps(x0 + 16), p);
+        p = _mm256_fmadd_ps(cvt8(c0 + 24), _mm256_loadu_ps(x0 + 24), p);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
+        __m256 q = _mm256_fmadd_ps(cvt8(c0 + 40), _mm256_loadu_ps(x0 + 40), _mm256_mul_ps(cvt8(c0 + 32), _mm256_loadu_ps(x0 + 32)));
+        q = _mm256_fmadd_ps(cvt8(c0 + 48), _mm256_loadu_ps(x0 + 48), q);
+        q = _mm256_fmadd_ps(cvt8(c0 + 56), _mm256_loadu_ps(x0 + 56), q);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), q, a1);
+    }
+    for (; b < nb; b++) {
+        const int8_t *c0 = c + (size_t)b * 32;
+        const float *x0 = x + (size_t)b * 32;
+        __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
+        p = _mm256_fmadd_ps(cvt8(c0 + 16), _mm256_loadu_ps(x0 + 16), p);
+        p = _mm256_fmadd_ps(cvt8(c0 + 24), _mm256_loadu_ps(x0 + 24), p);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
+    }
+    return hsum8(_mm256_add_ps(a0, a1));
+}
+
+/* The same over blocks of 16 (Q6_K's scales). */
+static inline float row_b16(const int8_t *c, const float *s, const float *x, int nb) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const int8_t *c0 = c + (size_t)b * 16;
+        const float *x0 = x + (size_t)b * 16;
+        const __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
+        const __m256 q = _mm256_fmadd_ps(cvt8(c0 + 24), _mm256_loadu_ps(x0 + 24), _mm256_mul_ps(cvt8(c0 + 16), _mm256_loadu_ps(x0 + 16)));
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), q, a1);
+    }
+    for (; b < nb; b++) {
+        const int8_t *c0 = c + (size_t)b * 16;
+        const float *x0 = x + (size_t)b * 16;
+        const __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
+    }
+    return hsum8(_mm256_add_ps(a0, a1));
+}
+
+#else /* portable C */
+
+static inline float row_blocks(const int8_t *c, const float *s, const float *x, int nb, int block) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        float d = 0.0f;
+        const int8_t *cb = c + (size_t)b * block;
+        const float *xb = x + (size_t)b * block;
+#pragma omp simd reduction(+ : d)
+        for (int i = 0; i < block; i++) d += (float)cb[i] * xb[i];
+        acc += s[b] * d;
+    }
+    return acc;
+}
+static inline float row_b32(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 32); }
+static inline float row_b16(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 16); }
+#endif
+
+/* Rows r0..r1 of segment s for every input row; outputs at column col + r of each row of y.
+ * sx: each input row's per-block sums of x at this segment's block size (when it has offsets). */
+static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const float *x, int m, const float *sx,
+                    int ld, float *y) {
+    const int n_in = p->n_in, block = p->block[s], nb = n_in / block;
+    const float *mv = p->minv[s];
+    for (int r = r0; r < r1; r++) {
+        const int8_t *c = p->codes[s] + (size_t)r * n_in;
+        const float *sc = p->scale[s] + (size_t)r * nb;
+        for (int i = 0; i < m; i++) { /* the row's codes stay in L1 for the next input row */
+            const float *xi = x + (size_t)i * n_in;
+            float v = block == 32 ? row_b32(c, sc, xi, nb) : row_b16(c, sc, xi, nb);
+            if (mv) {
+                const float *mr = mv + (size_t)r * nb, *si = sx + (size_t)i * nb;
+                float o = 0.0f;
+                for (int b = 0; b < nb; b++) o += mr[b] * si[b];
+                v -= o;
+            }
+            y[(size_t)i * ld + col + r] = v;
+        }
+    }
+}
+
+/* y (m, sum of n_out) = x (m, n_in) @ W^T over the segments, on up to n_threads OpenMP threads.
+ * Returns 0, or -1 when a block size is not 16 or 32 or the buffer for block sums cannot be had. */
+int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, int n_threads) {
+    const int n_in = p->n_in;
+    int ld = 0, need_sums = 0, min_block = 32;
+    for (int s = 0; s < p->n_seg; s++) {
+        if ((p->block[s] != 16 && p->block[s] != 32) || n_in % p->block[s]) return -1;
+        ld += p->n_out[s];
+        if (p->minv[s]) need_sums = 1;
+        if (p->block[s] < min_block) min_block = p->block[s];
+    }
+    /* Per-block sums of each input row at the smallest block size; a 32-block segment adds pairs. */
+    const int nb16 = n_in / 16, nbs = n_in / min_block;
+    const size_t n_sums = need_sums ? (size_t)m * nbs : 1;
+    float stack[n_sums <= MAX_BLOCKS_STACK ? n_sums : 1];
+    float *sums = n_sums <= MAX_BLOCKS_STACK ? stack : malloc(sizeof(float) * n_sums);
+    if (!sums) return -1;
+    float stack32[need_sums && min_block == 16 && (size_t)m * nb16 / 2 <= MAX_BLOCKS_STACK ? (size_t)m * nb16 / 2 : 1];
+    float *sums32 = NULL;
+    if (need_sums) {
+        for (int i = 0; i < m; i++)
+            for (int b = 0; b < nbs; b++) {
+                float t = 0.0f;
+                for (int k = 0; k < min_block; k++) t += x[(size_t)i * n_in + (size_t)b * min_block + k];
+                sums[(size_t)i * nbs + b] = t;
+            }
+        if (min_block == 16) {
+            const size_t n32 = (size_t)m * (n_in / 32);
+            sums32 = n32 <= MAX_BLOCKS_STACK ? stack32 : malloc(sizeof(float) * (n32 ? n32 : 1));
+            if (!sums32) {
+                if (sums != stack) free(sums);
+                return -1;
+            }
+            for (int i = 0; i < m; i++)
+                for (int b = 0; b < n_in / 32; b++)
+                    sums32[(size_t)i * (n_in / 32) + b] = sums[(size_t)i * nbs + 2 * b] + sums[(size_t)i * nbs + 2 * b + 1];
+        } else {
+            sums32 = sums;
+        }
+    }
+    const int per4 = (ld + 3) / 4;
+    int nt = n_threads < per4 ? n_threads : per4;
+    if (nt < 1) nt = 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int tid = omp_get_thread_num(), n = omp_get_num_threads();
+        const int u0 = (int)((long)per4 * tid / n) * 4;
+        int u1 = (int)((long)per4 * (tid + 1) / n) * 4;
+        if (u1 > ld) u1 = ld;
+        int off = 0;
+        for (int s = 0; s < p->n_seg; s++) {
+            const int a = u0 > off ? u0 : off, b = u1 < off + p->n_out[s] ? u1 : off + p->n_out[s];
+            if (a < b) segment(p, s, a - off, b - off, off, x, m, p->block[s] == 16 ? sums : sums32, ld, y);
+            off += p->n_out[s];
+        }
+    }
+    if (sums32 && sums32 != sums && sums32 != stack32) free(sums32);
+    if (sums != stack) free(sums);
+    return 0;
+}
+
+int kv_blocks_struct_size(void) { return (int)sizeof(kv_blocks); }
+int kv_blocks_max_seg(void) { return MAX_BSEG; }

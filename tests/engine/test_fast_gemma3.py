@@ -1,0 +1,170 @@
+"""kvviz.fast's Gemma 3 (fast/gemma3_flat.py) on a tiny GGUF whose matrices are of every type the
+block kernel reads (Q8_0, Q5_0, Q4_1, Q5_1, Q4_K, Q6_K, Q5_K): the same tokens as transformers loading
+the file, logits allclose to the readable model through every cache and past the sliding window,
+the same captures, and the fallbacks where codes cannot serve (changed weights, bf16, long forwards).
+The real Gemma 3 270M runs through it in test_gemma3_real.py (greedy equals transformers there).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import kvviz
+from kvviz.engine.generation.capture import Capture
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.fast import rowops
+from kvviz.fast.blockdot import BlockDot
+from kvviz.fast.gemma3_flat import MAX_ROWS, FastGemma3
+from kvviz.fast.rowops import RowDot
+
+from accel_checks import assert_concurrent_runs_match_sequential
+from gguf_writers import GEMMA3_TOKENS, write_gemma3_gguf
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+pytestmark = pytest.mark.skipif(rowops.load() is None, reason=f"no C kernel: {rowops.status()}")
+# every type the block kernel reads, in the roles a Q4_K_M file gives them and more
+TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_1, "attn_v": Q.Q8_0, "attn_output": Q.Q4_K, "ffn_gate": Q.Q5_1,
+         "ffn_up": Q.Q5_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q8_0}
+
+
+def hf_tiny() -> Any:
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(GEMMA3_TOKENS), hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64, sliding_window=8, max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+    torch.manual_seed(3)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.3 * torch.randn(p.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gemma3_gguf(tmp_path_factory.mktemp("fastgemma") / "tiny-kq.gguf", hf_tiny(), types=TYPES)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_file: Path) -> LoadedModel:
+    return kvviz.load_model(str(tiny_file))
+
+
+def test_every_matmul_reads_the_files_codes(tiny: LoadedModel) -> None:
+    assert isinstance(tiny.fast, FastGemma3)
+    p = tiny.fast.plan()
+    assert p is not None and p.fp32_bytes == 0
+    mats = [m for lay in p.layers for m in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [p.head]
+    assert all(isinstance(m, BlockDot) for m in mats)
+    # every weight a code of one byte, plus one fp32 scale per block (and an offset for Q4_1, Q5_1, Q4_K, Q5_K)
+    c = tiny.config
+    assert p.coded_bytes == sum(w.nbytes for w in tiny.fast.codes.values())
+    assert p.coded_bytes < sum(t.nbytes for n, t in tiny.model.state_dict().items() if t.dim() == 2
+                               and n != "lm_head.weight") / 2
+    assert tiny.info["codes_bytes"] == p.coded_bytes and c.n_layer == 6
+
+
+def test_greedy_equals_transformers_on_the_same_file(tiny: LoadedModel, tiny_file: Path) -> None:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_file.parent, gguf_file=tiny_file.name,
+                                                           dtype=torch.float32).eval()
+    ids = torch.randint(4, len(GEMMA3_TOKENS), (1, 6), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = hf.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)[0, 6:].tolist()
+    # 6 + 24 positions: the window of 8 is in force for most steps
+    for kw in ({"cache_kind": "static"}, {"cache_kind": "paged"}, {"cache_kind": "concat"}, {"use_cache": False}):
+        run = kvviz.generate(tiny, prompt_ids=ids[0].tolist(), max_new_tokens=24, ignore_eos=True, **kw)
+        assert run.engine == "fast" and run.generated_ids == want, kw
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("kind", ["static", "paged", "concat"])
+def test_decode_steps_equal_the_readable_model_past_the_window(tiny: LoadedModel, kind: str, threads: int) -> None:
+    c = tiny.config
+    ids = torch.randint(4, c.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
+    out = {}
+    for name, fwd in (("fast", tiny.fast.forward), ("readable", tiny.model)):
+        cache = make_cache(kind, c, 2, "cpu", torch.float32)
+        steps = []
+        with torch.inference_mode():
+            steps.append(fwd(ids[:, :4], torch.arange(4), cache, None, True))  # 8 rows: through the kernels
+            cache.advance(4)
+            for t in range(4, 20):  # one token per row per step, to position 19 (window 8)
+                steps.append(fwd(ids[:, t:t + 1], torch.tensor([t]), cache, None, True))
+                cache.advance(1)
+        out[name] = torch.cat(steps, dim=1)
+    torch.testing.assert_close(out["fast"], out["readable"], rtol=1e-4, atol=1e-4)
+
+
+def test_captures_equal_the_readable_model(tiny: LoadedModel) -> None:
+    cap = Capture(attention=True, kv_norms=True, kv_layer=1)
+    fast = kvviz.generate(tiny, prompt_ids=[5, 6, 7, 8], max_new_tokens=12, capture=cap, ignore_eos=True)
+    slow = kvviz.generate(tiny, prompt_ids=[5, 6, 7, 8], max_new_tokens=12, capture=cap, fast=False, ignore_eos=True)
+    assert (fast.engine, slow.engine) == ("fast", "readable")
+    assert fast.generated_ids == slow.generated_ids
+    for a, b in zip(fast.events, slow.events):
+        for field in ("attn", "kv_norms", "kv_values"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert x is not None and x.shape == y.shape, field
+            assert abs(x.astype("float64") - y.astype("float64")).max() < 2e-3, field  # float16 records
+        assert list(a.cache_layer_bytes) == list(b.cache_layer_bytes)
+
+
+def test_long_forwards_run_the_readable_model(tiny: LoadedModel) -> None:
+    ids = torch.randint(4, tiny.config.vocab_size, (1, MAX_ROWS + 1), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        assert torch.equal(tiny.fast.forward(ids), tiny.model(ids))  # the same code, the same bits
+        assert not torch.equal(tiny.fast.forward(ids[:, :MAX_ROWS]), tiny.model(ids[:, :MAX_ROWS]))  # the kernels
+
+
+def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:
+    m = kvviz.load_model(str(tiny_file))
+    w = m.model.model.layers[2].self_attn.o_proj.weight
+    with torch.no_grad():
+        w[0, 0] += 0.5  # the codes no longer rebuild this parameter
+    m.fast.rebuild()
+    p = m.fast.plan()
+    assert isinstance(p.layers[2].o, RowDot) and isinstance(p.layers[1].o, BlockDot)
+    assert p.fp32_bytes == w.nbytes
+    ids = torch.tensor([[5, 9, 11]])
+    with torch.inference_mode():
+        torch.testing.assert_close(m.fast.forward(ids), m.model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_runs_the_readable_model(tiny_file: Path) -> None:
+    m = kvviz.load_model(str(tiny_file), dtype="bf16")
+    assert isinstance(m.fast, FastGemma3) and m.fast.codes == {} and m.fast.plan() is None
+    ids = torch.tensor([[5, 9, 11]])
+    with torch.inference_mode():
+        assert torch.equal(m.fast.forward(ids), m.model(ids))
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_concurrent_streams_match_sequential_runs(tiny: LoadedModel, threads: int) -> None:
+    assert_concurrent_runs_match_sequential(tiny, [[5, 6, 7], [40, 41, 42, 43, 44], [9] * 9], 16)
+
+
+def test_the_bench_floor_reads_the_codes_the_step_reads(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvviz.measure import bench
+    from kvviz.measure.bench_gemma3 import CodedLinear, gemma3_matmuls
+
+    coded, fp32 = gemma3_matmuls(tiny), gemma3_matmuls(tiny, coded=False)
+    assert all(isinstance(m, CodedLinear) for m in coded) and not any(isinstance(m, CodedLinear) for m in fp32)
+    assert sum(m.nbytes for m in coded) == tiny.fast.plan().coded_bytes
+    assert sum(m.nbytes for m in fp32) == 4 * sum(t.numel() for n, t in tiny.model.state_dict().items()
+                                                  if t.dim() == 2 and n != "lm_head.weight")
+    calls: list[int] = []
+    real = BlockDot.__call__
+    monkeypatch.setattr(BlockDot, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    bench._floor_runner(tiny, 2)()
+    assert len(calls) == 2 * (6 * 4 + 1)  # per token: four calls per layer and the head
+    bench._floor_runner(tiny, 2, fp32=True)()
+    assert len(calls) == 2 * (6 * 4 + 1)  # the fp32 floor reads no codes
