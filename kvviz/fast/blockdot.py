@@ -61,7 +61,9 @@ class _Spec(ctypes.Structure):
 
     _fields_ = [("codes", ctypes.c_void_p * MAX_SEGMENTS), ("scale", ctypes.c_void_p * MAX_SEGMENTS),
                 ("minv", ctypes.c_void_p * MAX_SEGMENTS), ("n_out", ctypes.c_int * MAX_SEGMENTS),
-                ("block", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int)]
+                ("block", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
+                ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("geglu", ctypes.c_int),
+                ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float)]
 
 
 def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]
@@ -70,13 +72,14 @@ def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]
         return None
     fn = lib.kv_block_rows
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return fn
 
 
 @dataclass(frozen=True)
 class BlockDot:
-    """``x @ W^T`` for a few fp32 rows, the weights ``BlockCodes`` side by side; build with ``block_dot``."""
+    """``epilogue(RMSNorm(x) @ W^T) (+ res)`` for a few fp32 rows, the weights ``BlockCodes`` side by
+    side; the input norm, GeGLU and the output norm are optional (``block_dot`` says which)."""
 
     spec: _Spec
     spec_addr: int
@@ -84,16 +87,20 @@ class BlockDot:
     n_out: int
     threads: int
     fn: "ctypes._CFuncPtr"  # type: ignore[name-defined]
-    keep: tuple[BlockCodes, ...]  # the tensors the spec points into
+    keep: tuple[object, ...]  # the codes and tensors the spec points into
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: m rows of n_in contiguous fp32 values (any shape). Returns (m, n_out) fp32."""
+    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
+        """x: m rows of n_in fp32 values (any shape); res: m x n_out values added last, or None.
+        Returns (m, n_out) fp32."""
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()  # the C side reads raw fp32 rows
         m = x.numel() // self.n_in
+        if res is not None and (res.dtype != torch.float32 or not res.is_contiguous() or res.numel() != m * self.n_out):
+            raise ValueError(f"res must hold {m} x {self.n_out} contiguous fp32 values")
         y = torch.empty(m, self.n_out, dtype=torch.float32)
-        if self.fn(self.spec_addr, x.data_ptr(), m, y.data_ptr(), self.threads):
-            raise MemoryError(f"blockdot: no memory for the block sums of {m} rows")
+        if self.fn(self.spec_addr, x.data_ptr(), m, y.data_ptr(), None if res is None else res.data_ptr(),
+                   self.threads):
+            raise MemoryError(f"blockdot: no memory for {m} rows")
         return y
 
 
@@ -107,15 +114,28 @@ def _fits(w: BlockCodes) -> bool:
     return ok and all(t.device.type == "cpu" for t in (w.codes, w.scale))
 
 
-def block_dot(ws: Sequence[BlockCodes], threads: int) -> BlockDot | None:
+def _vec(t: torch.Tensor | None, n: int) -> bool:
+    return t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                         and tuple(t.shape) == (n,))
+
+
+def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, float] | None = None,
+              geglu: bool = False, post: tuple[torch.Tensor, float] | None = None) -> BlockDot | None:
     """A BlockDot over ``ws`` (same input width), or None when the kernel is missing or a weight
-    does not fit (another block size, not CPU, not contiguous)."""
+    does not fit (another block size, not CPU, not contiguous). ``norm = (w, eps)``: RMSNorm the
+    input rows first, scaled by w; ``geglu``: two weights, gate and up, give gelu_tanh(gate) * up;
+    ``post = (w, eps)``: RMSNorm each output row, scaled by w (before ``res`` is added)."""
     fn = _fn()
     ws = list(ws)
     if fn is None or not 1 <= len(ws) <= MAX_SEGMENTS or not all(_fits(w) for w in ws):
         return None
     n_in = ws[0].shape[1]
-    if any(w.shape[1] != n_in for w in ws):
+    if any(w.shape[1] != n_in for w in ws) or (geglu and (len(ws) != 2 or ws[0].shape != ws[1].shape)):
+        return None
+    n_out = ws[0].shape[0] if geglu else sum(w.shape[0] for w in ws)
+    norm_w, eps = norm if norm is not None else (None, 0.0)
+    post_w, post_eps = post if post is not None else (None, 0.0)
+    if not (_vec(norm_w, n_in) and _vec(post_w, n_out)):
         return None
     pad = [None] * (MAX_SEGMENTS - len(ws))
     ints = [0] * (MAX_SEGMENTS - len(ws))
@@ -123,5 +143,8 @@ def block_dot(ws: Sequence[BlockCodes], threads: int) -> BlockDot | None:
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[w.scale.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if w.minv is None else w.minv.data_ptr() for w in ws], *pad),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.shape[0] for w in ws], *ints),
-                 (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints), len(ws), n_in)
-    return BlockDot(spec, ctypes.addressof(spec), n_in, sum(w.shape[0] for w in ws), max(1, threads), fn, tuple(ws))
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints), len(ws), n_in,
+                 None if norm_w is None else norm_w.data_ptr(), float(eps), int(geglu),
+                 None if post_w is None else post_w.data_ptr(), float(post_eps))
+    keep = (*ws, *(t for t in (norm_w, post_w) if t is not None))
+    return BlockDot(spec, ctypes.addressof(spec), n_in, n_out, max(1, threads), fn, keep)

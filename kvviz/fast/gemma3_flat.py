@@ -25,37 +25,68 @@ model, ``plan`` is None and the readable model runs every forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, layer_inputs, softcap
-from kvviz.fast.blockdot import BlockCodes, block_dot
+from kvviz.fast.blockdot import BlockCodes, BlockDot, block_dot
 from kvviz.fast.common import PlanCache
-from kvviz.fast.rowops import row_dot
+from kvviz.fast.rowops import RowDot, row_dot
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
     from kvviz.engine.generation.capture import ForwardCapture
 
 MAX_ROWS = 8  # the most rows (batch x tokens) a forward sends through the kernels; more: the readable model
-MatMul = Callable[[torch.Tensor], torch.Tensor]  # m rows of n_in fp32 -> (m, n_out)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One fused call of a layer: ``epilogue(RMSNorm(x) @ W^T) (+ res)``. On block codes the C call
+    does it all (``BlockDot``); on the fp32 row kernel (``RowDot``: the input norm only) the GeGLU
+    and the output norm follow in PyTorch."""
+
+    op: BlockDot | RowDot
+    geglu: bool = False  # gate | up -> gelu_tanh(gate) * up
+    post: torch.Tensor | None = None  # (n_out,) 1 + w of the output norm, or None
+    eps: float = 0.0
+
+    @property
+    def nbytes(self) -> tuple[int, int]:
+        """(bytes of block codes, bytes of fp32 weights) the call streams."""
+        if isinstance(self.op, BlockDot):
+            return sum(c.nbytes for c in self.op.keep if isinstance(c, BlockCodes)), 0
+        return 0, sum(t.nbytes for t in self.op.keep if t.dim() == 2)
+
+    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., n_in) -> (m, n_out); with ``res``, res + that, shaped as res."""
+        if isinstance(self.op, BlockDot):
+            y = self.op(x, res)
+            return y if res is None else y.view(res.shape)
+        y = self.op(x)  # (m, n_out) or (m, 2 I): the matmul with its input norm
+        if self.geglu:
+            g, u = y.chunk(2, dim=-1)
+            y = F.gelu(g, approximate="tanh") * u
+        if self.post is not None:
+            y = F.rms_norm(y, (y.shape[-1],), self.post, self.eps)
+        return y if res is None else res + y.view(res.shape)
 
 
 @dataclass(frozen=True)
 class LayerMats:
-    qkv: MatMul  # (m, C) -> (m, (nh + 2 nkv) hs): q_proj | k_proj | v_proj
-    o: MatMul  # (m, nh hs) -> (m, C)
-    gate_up: MatMul  # (m, C) -> (m, 2 I): gate_proj | up_proj
-    down: MatMul  # (m, I) -> (m, C)
+    qkv: Call  # input_layernorm, then q_proj | k_proj | v_proj: (m, C) -> (m, (nh + 2 nkv) hs)
+    o: Call  # o_proj, post_attention_layernorm, + the residual: (m, nh hs), x -> x + norm(y Wo^T)
+    gate_up: Call  # pre_feedforward_layernorm, gate_proj | up_proj, GeGLU: (m, C) -> (m, I)
+    down: Call  # down_proj, post_feedforward_layernorm, + the residual: (m, I), x -> x + norm(h Wd^T)
 
 
 @dataclass(frozen=True)
 class Gemma3Plan:
     threads: int
     layers: tuple[LayerMats, ...]
-    head: MatMul  # (m, C) -> (m, V): the tied embedding
+    head: Call  # model.norm, then the tied embedding: (m, C) -> (m, V)
     coded_bytes: int  # bytes a step streams from codes and scales
     fp32_bytes: int  # bytes a step streams from fp32 weights (those without codes)
 
@@ -71,43 +102,53 @@ def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
     return torch.equal(part.weight(), w.detach()[rows])
 
 
-def _mat(names: tuple[str, ...], weights: tuple[torch.Tensor, ...], codes: Mapping[str, BlockCodes],
-         threads: int) -> tuple[MatMul | None, int, int]:
-    """One fused call: the weights' codes side by side when every one has matching codes, else the
-    fp32 row kernel on the parameters. (call or None, coded bytes, fp32 bytes)."""
+def one_plus(norm: torch.nn.Module) -> torch.Tensor:
+    """Gemma's RMSNorm scale, 1 + w in fp32, as its forward computes it (the same rounding)."""
+    return (1.0 + norm.weight.detach().float()).contiguous()
+
+
+def _call(names: tuple[str, ...], weights: tuple[torch.Tensor, ...], codes: Mapping[str, BlockCodes], threads: int,
+          eps: float, norm: torch.Tensor | None = None, geglu: bool = False,
+          post: torch.Tensor | None = None) -> Call | None:
+    """One fused call: on the weights' codes when every one has matching codes, else the fp32 row
+    kernel on the parameters (None when neither can be had)."""
     cs = [codes.get(n) for n in names]
+    n_eps, p_eps = (None if norm is None else (norm, eps)), (None if post is None else (post, eps))
     if all(c is not None and codes_match(c, w) for c, w in zip(cs, weights)):
-        op = block_dot(cs, threads)  # type: ignore[arg-type]
+        op = block_dot(cs, threads, norm=n_eps, geglu=geglu, post=p_eps)  # type: ignore[arg-type]
         if op is not None:
-            return op, sum(c.nbytes for c in cs if c is not None), 0
-    ws = tuple(w.detach() for w in weights)
-    return row_dot(ws, None, threads), 0, sum(w.nbytes for w in ws)
+            return Call(op)
+    row = row_dot(tuple(w.detach() for w in weights), None, threads, norm=n_eps)
+    return None if row is None else Call(row, geglu, post, eps)
 
 
 def build_plan(model: Gemma3, codes: Mapping[str, BlockCodes], threads: int) -> Gemma3Plan | None:
     """The calls into C for ``threads`` threads, or None where they cannot all be had."""
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return None
-    layers, coded, fp32 = [], 0, 0
+    eps = model.config.rms_norm_eps
+    layers = []
     for i, layer in enumerate(model.model.layers):
         a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
-        groups = (((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
-                   (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
-                  ((p + "self_attn.o_proj.weight",), (a.o_proj.weight,)),
-                  ((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight)),
-                  ((p + "mlp.down_proj.weight",), (m.down_proj.weight,)))
-        mats = []
-        for names, weights in groups:
-            op, nc, nf = _mat(names, weights, codes, threads)
-            if op is None:
-                return None
-            mats.append(op)
-            coded, fp32 = coded + nc, fp32 + nf
-        layers.append(LayerMats(*mats))
-    head, nc, nf = _mat(("model.embed_tokens.weight",), (model.model.embed_tokens.weight,), codes, threads)
+        calls = (
+            _call((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
+                  (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), codes, threads, eps,
+                  norm=one_plus(layer.input_layernorm)),
+            _call((p + "self_attn.o_proj.weight",), (a.o_proj.weight,), codes, threads, eps,
+                  post=one_plus(layer.post_attention_layernorm)),
+            _call((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight),
+                  codes, threads, eps, norm=one_plus(layer.pre_feedforward_layernorm), geglu=True),
+            _call((p + "mlp.down_proj.weight",), (m.down_proj.weight,), codes, threads, eps,
+                  post=one_plus(layer.post_feedforward_layernorm)))
+        if any(c is None for c in calls):
+            return None
+        layers.append(LayerMats(*calls))  # type: ignore[arg-type]
+    head = _call(("model.embed_tokens.weight",), (model.model.embed_tokens.weight,), codes, threads, eps,
+                 norm=one_plus(model.model.norm))
     if head is None:
         return None
-    return Gemma3Plan(threads, tuple(layers), head, coded + nc, fp32 + nf)
+    every = [c for lay in layers for c in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [head]
+    return Gemma3Plan(threads, tuple(layers), head, sum(c.nbytes[0] for c in every), sum(c.nbytes[1] for c in every))
 
 
 class FastGemma3:
@@ -148,20 +189,18 @@ class FastGemma3:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {c.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, start + T, device=idx.device)
-        C, H = c.n_embd, c.intermediate_size
+        C = c.n_embd
         q_out, kv_out = c.n_head * c.head_dim, c.kv_heads * c.head_dim
         x = net.embed(idx)  # (B, T, C)
         full, local = layer_inputs(c, T, start, input_pos, cache, x.dtype)
         for layer, mats in zip(net.model.layers, p.layers):
             attn = layer.self_attn
             mask, is_causal, cos, sin = local if attn.sliding else full
-            q, k, v = mats.qkv(layer.input_layernorm(x)).view(B, T, -1).split([q_out, kv_out, kv_out], dim=2)
+            q, k, v = mats.qkv(x).view(B, T, -1).split([q_out, kv_out, kv_out], dim=2)  # input norm fused
             y = attn.attend(q, k, v, cos, sin, cache, mask, is_causal, capture)  # (B, T, nh hs)
-            x = x + layer.post_attention_layernorm(mats.o(y.contiguous()).view(B, T, C))
-            g, u = mats.gate_up(layer.pre_feedforward_layernorm(x)).split(H, dim=1)  # (B T, I) each
-            h = F.gelu(g, approximate="tanh") * u  # GeGLU, as Gemma3MLP
-            x = x + layer.post_feedforward_layernorm(mats.down(h).view(B, T, C))
+            x = mats.o(y, x)  # x + post_attention_layernorm(y Wo^T): (B, T, C)
+            x = mats.down(mats.gate_up(x), x)  # x + post_ffw_norm(GeGLU(pre_ffw_norm(x)) Wd^T)
         if last_only:
             x = x[:, -1:, :].contiguous()  # (B, 1, C)
-        logits = p.head(net.model.norm(x)).view(B, x.shape[1], -1)  # (B, T|1, V)
+        logits = p.head(x).view(B, x.shape[1], -1)  # model.norm + the tied head: (B, T|1, V)
         return softcap(c, logits)

@@ -64,7 +64,7 @@ def test_every_matmul_reads_the_files_codes(tiny: LoadedModel) -> None:
     p = tiny.fast.plan()
     assert p is not None and p.fp32_bytes == 0
     mats = [m for lay in p.layers for m in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [p.head]
-    assert all(isinstance(m, BlockDot) for m in mats)
+    assert all(isinstance(m.op, BlockDot) for m in mats)  # norms, GeGLU and residuals fused in C
     # every weight a code of one byte, plus one fp32 scale per block (and an offset for Q4_1, Q5_1, Q4_K, Q5_K)
     c = tiny.config
     assert p.coded_bytes == sum(w.nbytes for w in tiny.fast.codes.values())
@@ -127,13 +127,17 @@ def test_long_forwards_run_the_readable_model(tiny: LoadedModel) -> None:
 
 def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:
     m = kvviz.load_model(str(tiny_file))
-    w = m.model.model.layers[2].self_attn.o_proj.weight
+    net = m.model.model
+    changed = (net.layers[2].self_attn.o_proj.weight, net.layers[3].mlp.gate_proj.weight, net.embed_tokens.weight)
     with torch.no_grad():
-        w[0, 0] += 0.5  # the codes no longer rebuild this parameter
+        for w in changed:
+            w[0, 0] += 0.5  # the codes no longer rebuild these parameters
     m.fast.rebuild()
     p = m.fast.plan()
-    assert isinstance(p.layers[2].o, RowDot) and isinstance(p.layers[1].o, BlockDot)
-    assert p.fp32_bytes == w.nbytes
+    # each falls back to the fp32 row kernel, its GeGLU and output norm in PyTorch
+    assert isinstance(p.layers[2].o.op, RowDot) and isinstance(p.layers[1].o.op, BlockDot)
+    assert isinstance(p.layers[3].gate_up.op, RowDot) and isinstance(p.head.op, RowDot)
+    assert p.fp32_bytes == sum(w.nbytes for w in changed) + net.layers[3].mlp.up_proj.weight.nbytes
     ids = torch.tensor([[5, 9, 11]])
     with torch.inference_mode():
         torch.testing.assert_close(m.fast.forward(ids), m.model(ids), rtol=1e-4, atol=1e-4)

@@ -16,6 +16,7 @@
  * 32) and types. A thread owns one contiguous stretch of output rows, read front to back.
  * kvviz/fast/rowops.py builds this file with the others; kvviz/fast/blockdot.py calls it.
  */
+#include <math.h>
 #include <omp.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,6 +33,12 @@ typedef struct {
     int block[MAX_BSEG]; /* 16 or 32 */
     int n_seg;
     int n_in;
+    /* What a Gemma layer does around its matmuls, fused so a step is a few calls, not dozens of ops: */
+    const float *norm_w; /* (n_in,) or NULL: RMSNorm each input row first, scaled by norm_w (Gemma's 1 + w) */
+    float eps;
+    int geglu;            /* 1: two segments, gate and up: y = gelu_tanh(gate) * up, n_out[0] outputs */
+    const float *post_w;  /* (outputs,) or NULL: RMSNorm each output row, scaled by post_w, then + res */
+    float post_eps;
 } kv_blocks;
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -140,9 +147,61 @@ static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const fl
     }
 }
 
-/* y (m, sum of n_out) = x (m, n_in) @ W^T over the segments, on up to n_threads OpenMP threads.
- * Returns 0, or -1 when a block size is not 16 or 32 or the buffer for block sums cannot be had. */
-int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, int n_threads) {
+/* RMSNorm of one row as rowdot.c computes it (the sum of squares in double): x * rsqrt(mean(x^2) + eps) * w. */
+static void rms_row(const float *x, int n, const float *w, float eps, float *out) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* GELU, tanh approximation (PyTorch's approximate="tanh"). */
+static inline float gelu_tanh(float g) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+
+static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_threads);
+
+/* y (m, outputs) = epilogue(RMSNorm(x) @ W^T) (+ res): the optional input norm, the segments side
+ * by side, then GeGLU or the output norm plus the residual. x (m, n_in), res (m, outputs) or NULL.
+ * Returns 0, or -1 when a block size is not 16 or 32 or a buffer cannot be had. */
+int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const float *res, int n_threads) {
+    int width = 0;
+    for (int s = 0; s < p->n_seg; s++) width += p->n_out[s];
+    const int outs = p->geglu ? p->n_out[0] : width;
+    float *xn = NULL, *raw = NULL;
+    if (p->norm_w) {
+        xn = malloc(sizeof(float) * (size_t)m * p->n_in);
+        if (!xn) return -1;
+        for (int i = 0; i < m; i++) rms_row(x + (size_t)i * p->n_in, p->n_in, p->norm_w, p->eps, xn + (size_t)i * p->n_in);
+        x = xn;
+    }
+    const int epilogue = p->geglu || p->post_w || res;
+    if (epilogue) {
+        raw = malloc(sizeof(float) * (size_t)m * width);
+        if (!raw) {
+            free(xn);
+            return -1;
+        }
+    }
+    int rc = matmul(p, x, m, epilogue ? raw : y, n_threads);
+    if (rc == 0 && epilogue) {
+        for (int i = 0; i < m; i++) {
+            float *r = raw + (size_t)i * width, *yi = y + (size_t)i * outs;
+            if (p->geglu)
+                for (int j = 0; j < outs; j++) r[j] = gelu_tanh(r[j]) * r[outs + j];
+            if (p->post_w) rms_row(r, outs, p->post_w, p->post_eps, r);
+            const float *ri = res ? res + (size_t)i * outs : NULL;
+            for (int j = 0; j < outs; j++) yi[j] = ri ? ri[j] + r[j] : r[j];
+        }
+    }
+    free(raw);
+    free(xn);
+    return rc;
+}
+
+static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_threads) {
     const int n_in = p->n_in;
     int ld = 0, need_sums = 0, min_block = 32;
     for (int s = 0; s < p->n_seg; s++) {
