@@ -63,7 +63,9 @@ class _Spec(ctypes.Structure):
                 ("minv", ctypes.c_void_p * MAX_SEGMENTS), ("n_out", ctypes.c_int * MAX_SEGMENTS),
                 ("block", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
                 ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("geglu", ctypes.c_int),
-                ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float)]
+                ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("n_q", ctypes.c_int), ("n_k", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("qk_eps", ctypes.c_float)]
 
 
 def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]
@@ -72,7 +74,8 @@ def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]
         return None
     fn = lib.kv_block_rows
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     return fn
 
 
@@ -89,16 +92,26 @@ class BlockDot:
     fn: "ctypes._CFuncPtr"  # type: ignore[name-defined]
     keep: tuple[object, ...]  # the codes and tensors the spec points into
 
-    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
-        """x: m rows of n_in fp32 values (any shape); res: m x n_out values added last, or None.
+    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: m rows of n_in fp32 values (any shape); res: m x n_out values added last, or None;
+        rope: (cos, sin), each (T, head_dim) fp32, row i of x at row i % T (with ``qk_norm``).
         Returns (m, n_out) fp32."""
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()  # the C side reads raw fp32 rows
         m = x.numel() // self.n_in
         if res is not None and (res.dtype != torch.float32 or not res.is_contiguous() or res.numel() != m * self.n_out):
             raise ValueError(f"res must hold {m} x {self.n_out} contiguous fp32 values")
+        cos = sin = None
+        period = 1
+        if rope is not None:
+            cos, sin = (t.float().contiguous() for t in rope)
+            if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != self.spec.head_dim or not self.spec.head_dim:
+                raise ValueError(f"RoPE tables must be (T, {self.spec.head_dim}) and the call must norm q/k heads")
+            period = cos.shape[0]
         y = torch.empty(m, self.n_out, dtype=torch.float32)
         if self.fn(self.spec_addr, x.data_ptr(), m, y.data_ptr(), None if res is None else res.data_ptr(),
+                   None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), period,
                    self.threads):
             raise MemoryError(f"blockdot: no memory for {m} rows")
         return y
@@ -120,11 +133,14 @@ def _vec(t: torch.Tensor | None, n: int) -> bool:
 
 
 def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, float] | None = None,
-              geglu: bool = False, post: tuple[torch.Tensor, float] | None = None) -> BlockDot | None:
+              geglu: bool = False, post: tuple[torch.Tensor, float] | None = None,
+              qk_norm: tuple[torch.Tensor, torch.Tensor, int, int, float] | None = None) -> BlockDot | None:
     """A BlockDot over ``ws`` (same input width), or None when the kernel is missing or a weight
     does not fit (another block size, not CPU, not contiguous). ``norm = (w, eps)``: RMSNorm the
     input rows first, scaled by w; ``geglu``: two weights, gate and up, give gelu_tanh(gate) * up;
-    ``post = (w, eps)``: RMSNorm each output row, scaled by w (before ``res`` is added)."""
+    ``post = (w, eps)``: RMSNorm each output row, scaled by w (before ``res`` is added);
+    ``qk_norm = (q_w, k_w, n_q, n_k, eps)``: RMSNorm each of the first n_q heads by q_w and the next
+    n_k by k_w (head_dim = len(q_w)), then RoPE when the call passes tables."""
     fn = _fn()
     ws = list(ws)
     if fn is None or not 1 <= len(ws) <= MAX_SEGMENTS or not all(_fits(w) for w in ws):
@@ -137,6 +153,11 @@ def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, 
     post_w, post_eps = post if post is not None else (None, 0.0)
     if not (_vec(norm_w, n_in) and _vec(post_w, n_out)):
         return None
+    q_w, k_w, n_q, n_k, qk_eps = qk_norm if qk_norm is not None else (None, None, 0, 0, 0.0)
+    hd = 0 if q_w is None else int(q_w.shape[0])
+    if qk_norm is not None and not (_vec(q_w, hd) and _vec(k_w, hd) and hd % 2 == 0 and hd > 0 and not geglu
+                                    and (n_q + n_k) * hd <= n_out):
+        return None
     pad = [None] * (MAX_SEGMENTS - len(ws))
     ints = [0] * (MAX_SEGMENTS - len(ws))
     spec = _Spec((ctypes.c_void_p * MAX_SEGMENTS)(*[w.codes.data_ptr() for w in ws], *pad),
@@ -145,6 +166,8 @@ def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, 
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.shape[0] for w in ws], *ints),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints), len(ws), n_in,
                  None if norm_w is None else norm_w.data_ptr(), float(eps), int(geglu),
-                 None if post_w is None else post_w.data_ptr(), float(post_eps))
-    keep = (*ws, *(t for t in (norm_w, post_w) if t is not None))
+                 None if post_w is None else post_w.data_ptr(), float(post_eps),
+                 None if q_w is None else q_w.data_ptr(), None if k_w is None else k_w.data_ptr(), n_q, n_k, hd,
+                 float(qk_eps))
+    keep = (*ws, *(t for t in (norm_w, post_w, q_w, k_w) if t is not None))
     return BlockDot(spec, ctypes.addressof(spec), n_in, n_out, max(1, threads), fn, keep)

@@ -54,16 +54,23 @@ class Call:
     eps: float = 0.0
 
     @property
+    def rotates(self) -> bool:
+        """Whether the call norms and rotates the q and k heads itself (q|k|v on block codes)."""
+        return isinstance(self.op, BlockDot) and self.op.spec.head_dim > 0
+
+    @property
     def nbytes(self) -> tuple[int, int]:
         """(bytes of block codes, bytes of fp32 weights) the call streams."""
         if isinstance(self.op, BlockDot):
             return sum(c.nbytes for c in self.op.keep if isinstance(c, BlockCodes)), 0
         return 0, sum(t.nbytes for t in self.op.keep if t.dim() == 2)
 
-    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None) -> torch.Tensor:
-        """x (..., n_in) -> (m, n_out); with ``res``, res + that, shaped as res."""
+    def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (..., n_in) -> (m, n_out); with ``res``, res + that, shaped as res; ``rope``: the
+        (cos, sin) tables for a call that ``rotates``."""
         if isinstance(self.op, BlockDot):
-            y = self.op(x, res)
+            y = self.op(x, res, rope if self.rotates else None)
             return y if res is None else y.view(res.shape)
         y = self.op(x)  # (m, n_out) or (m, 2 I): the matmul with its input norm
         if self.geglu:
@@ -109,13 +116,14 @@ def one_plus(norm: torch.nn.Module) -> torch.Tensor:
 
 def _call(names: tuple[str, ...], weights: tuple[torch.Tensor, ...], codes: Mapping[str, BlockCodes], threads: int,
           eps: float, norm: torch.Tensor | None = None, geglu: bool = False,
-          post: torch.Tensor | None = None) -> Call | None:
+          post: torch.Tensor | None = None, qk: tuple[torch.Tensor, torch.Tensor, int, int] | None = None) -> Call | None:
     """One fused call: on the weights' codes when every one has matching codes, else the fp32 row
     kernel on the parameters (None when neither can be had)."""
     cs = [codes.get(n) for n in names]
     n_eps, p_eps = (None if norm is None else (norm, eps)), (None if post is None else (post, eps))
     if all(c is not None and codes_match(c, w) for c, w in zip(cs, weights)):
-        op = block_dot(cs, threads, norm=n_eps, geglu=geglu, post=p_eps)  # type: ignore[arg-type]
+        op = block_dot(cs, threads, norm=n_eps, geglu=geglu, post=p_eps,  # type: ignore[arg-type]
+                       qk_norm=None if qk is None else (*qk, eps))
         if op is not None:
             return Call(op)
     row = row_dot(tuple(w.detach() for w in weights), None, threads, norm=n_eps)
@@ -133,7 +141,8 @@ def build_plan(model: Gemma3, codes: Mapping[str, BlockCodes], threads: int) -> 
         calls = (
             _call((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
                   (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), codes, threads, eps,
-                  norm=one_plus(layer.input_layernorm)),
+                  norm=one_plus(layer.input_layernorm),
+                  qk=(one_plus(a.q_norm), one_plus(a.k_norm), a.n_head, a.n_kv_head)),
             _call((p + "self_attn.o_proj.weight",), (a.o_proj.weight,), codes, threads, eps,
                   post=one_plus(layer.post_attention_layernorm)),
             _call((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight),
@@ -189,15 +198,19 @@ class FastGemma3:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size {c.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, start + T, device=idx.device)
-        C = c.n_embd
-        q_out, kv_out = c.n_head * c.head_dim, c.kv_heads * c.head_dim
+        nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
+        q_out, kv_out = nh * hs, nkv * hs
         x = net.embed(idx)  # (B, T, C)
         full, local = layer_inputs(c, T, start, input_pos, cache, x.dtype)
         for layer, mats in zip(net.model.layers, p.layers):
             attn = layer.self_attn
             mask, is_causal, cos, sin = local if attn.sliding else full
-            q, k, v = mats.qkv(x).view(B, T, -1).split([q_out, kv_out, kv_out], dim=2)  # input norm fused
-            y = attn.attend(q, k, v, cos, sin, cache, mask, is_causal, capture)  # (B, T, nh hs)
+            q, k, v = mats.qkv(x, rope=(cos, sin)).view(B, T, -1).split([q_out, kv_out, kv_out], dim=2)
+            if mats.qkv.rotates:  # input norm, q|k|v, the q/k heads' norms and RoPE, all in the call
+                y = attn.attend_rotated(q.view(B, T, nh, hs).transpose(1, 2), k.view(B, T, nkv, hs).transpose(1, 2),
+                                        v.view(B, T, nkv, hs).transpose(1, 2), cache, mask, is_causal, capture)
+            else:  # the fp32 row kernel: the input norm fused, the heads' norms and RoPE in PyTorch
+                y = attn.attend(q, k, v, cos, sin, cache, mask, is_causal, capture)  # (B, T, nh hs)
             x = mats.o(y, x)  # x + post_attention_layernorm(y Wo^T): (B, T, C)
             x = mats.down(mats.gate_up(x), x)  # x + post_ffw_norm(GeGLU(pre_ffw_norm(x)) Wd^T)
         if last_only:

@@ -128,7 +128,8 @@ def test_long_forwards_run_the_readable_model(tiny: LoadedModel) -> None:
 def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:
     m = kvviz.load_model(str(tiny_file))
     net = m.model.model
-    changed = (net.layers[2].self_attn.o_proj.weight, net.layers[3].mlp.gate_proj.weight, net.embed_tokens.weight)
+    changed = (net.layers[2].self_attn.o_proj.weight, net.layers[3].mlp.gate_proj.weight, net.embed_tokens.weight,
+               net.layers[1].self_attn.k_proj.weight)
     with torch.no_grad():
         for w in changed:
             w[0, 0] += 0.5  # the codes no longer rebuild these parameters
@@ -137,7 +138,10 @@ def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:
     # each falls back to the fp32 row kernel, its GeGLU and output norm in PyTorch
     assert isinstance(p.layers[2].o.op, RowDot) and isinstance(p.layers[1].o.op, BlockDot)
     assert isinstance(p.layers[3].gate_up.op, RowDot) and isinstance(p.head.op, RowDot)
-    assert p.fp32_bytes == sum(w.nbytes for w in changed) + net.layers[3].mlp.up_proj.weight.nbytes
+    assert not p.layers[1].qkv.rotates and p.layers[0].qkv.rotates  # q/k norms and RoPE back in PyTorch
+    attn = net.layers[1].self_attn
+    assert p.fp32_bytes == sum(w.nbytes for w in changed) + net.layers[3].mlp.up_proj.weight.nbytes + \
+        attn.q_proj.weight.nbytes + attn.v_proj.weight.nbytes
     ids = torch.tensor([[5, 9, 11]])
     with torch.inference_mode():
         torch.testing.assert_close(m.fast.forward(ids), m.model(ids), rtol=1e-4, atol=1e-4)

@@ -200,14 +200,23 @@ class Gemma3Attention(nn.Module):
                cache: "KVCache | None", mask: torch.Tensor | None, is_causal: bool,
                capture: "ForwardCapture | None") -> torch.Tensor:
         """Everything between the projections and o_proj: q (B, T, nh*hs), k and v (B, T, nkv*hs)
-        -> the heads' outputs side by side (B, T, nh*hs). The accelerator (kvviz.fast.gemma3_flat)
-        computes the projections its own way and calls this, so both share one attention."""
+        -> the heads' outputs side by side (B, T, nh*hs)."""
         B, T, _ = q.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
         q = self.q_norm(q.view(B, T, nh, hs).transpose(1, 2))  # (B, nh, T, hs)
         k = self.k_norm(k.view(B, T, nkv, hs).transpose(1, 2))  # (B, nkv, T, hs)
         v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return self.attend_rotated(q, k, v, cache, mask, is_causal, capture)
+
+    def attend_rotated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: "KVCache | None",
+                       mask: torch.Tensor | None, is_causal: bool, capture: "ForwardCapture | None") -> torch.Tensor:
+        """The cache write, the capture and the attention: q (B, nh, T, hs) and k (B, nkv, T, hs)
+        already normed and rotated, v (B, nkv, T, hs) -> (B, T, nh*hs). The accelerator
+        (kvviz.fast.gemma3_flat) norms and rotates in its q|k|v call and calls this, so both
+        share one attention."""
+        B, _, T, _ = q.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # every cached position: (B, nkv, S, hs)
         if capture is not None and self.layer_idx in capture.layers:

@@ -39,6 +39,12 @@ typedef struct {
     int geglu;            /* 1: two segments, gate and up: y = gelu_tanh(gate) * up, n_out[0] outputs */
     const float *post_w;  /* (outputs,) or NULL: RMSNorm each output row, scaled by post_w, then + res */
     float post_eps;
+    /* Gemma's q and k heads: RMSNorm over each of the first n_q heads (scaled by q_norm) and the
+     * next n_k (by k_norm), then RoPE at the row's position when the call gets tables. */
+    const float *q_norm;
+    const float *k_norm;
+    int n_q, n_k, head_dim;
+    float qk_eps;
 } kv_blocks;
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -161,12 +167,24 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
 }
 
+/* transformers' rotate_half RoPE on one head: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), as rowdot.c. */
+static void rope_head(float *h, const float *c, const float *s, int hs) {
+    const int half = hs / 2;
+    for (int k = 0; k < half; k++) {
+        const float a = h[k], b = h[k + half];
+        h[k] = a * c[k] - b * s[k];
+        h[k + half] = b * c[k + half] + a * s[k + half];
+    }
+}
+
 static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_threads);
 
 /* y (m, outputs) = epilogue(RMSNorm(x) @ W^T) (+ res): the optional input norm, the segments side
- * by side, then GeGLU or the output norm plus the residual. x (m, n_in), res (m, outputs) or NULL.
- * Returns 0, or -1 when a block size is not 16 or 32 or a buffer cannot be had. */
-int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const float *res, int n_threads) {
+ * by side, then GeGLU or the output norm plus the residual, or the q/k heads' norms and RoPE.
+ * x (m, n_in), res (m, outputs) or NULL; cos and sin (period, head_dim): row i at row i % period,
+ * or NULL for no RoPE. Returns 0, or -1 when a block size is not 16 or 32 or a buffer cannot be had. */
+int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const float *res, const float *cos,
+                  const float *sin, int period, int n_threads) {
     int width = 0;
     for (int s = 0; s < p->n_seg; s++) width += p->n_out[s];
     const int outs = p->geglu ? p->n_out[0] : width;
@@ -194,6 +212,17 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
             if (p->post_w) rms_row(r, outs, p->post_w, p->post_eps, r);
             const float *ri = res ? res + (size_t)i * outs : NULL;
             for (int j = 0; j < outs; j++) yi[j] = ri ? ri[j] + r[j] : r[j];
+        }
+    }
+    if (rc == 0 && p->head_dim > 0) {
+        const int hd = p->head_dim;
+        for (int i = 0; i < m; i++) {
+            const float *c = cos ? cos + (size_t)(i % period) * hd : NULL, *s = sin ? sin + (size_t)(i % period) * hd : NULL;
+            for (int h = 0; h < p->n_q + p->n_k; h++) {
+                float *head = y + (size_t)i * outs + (size_t)h * hd;
+                rms_row(head, hd, h < p->n_q ? p->q_norm : p->k_norm, p->qk_eps, head);
+                if (c) rope_head(head, c, s, hd);
+            }
         }
     }
     free(raw);
