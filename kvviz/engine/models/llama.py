@@ -364,8 +364,9 @@ class Llama(nn.Module):
         input_pos: (T,) absolute positions of the tokens; defaults to ``cache.pos + arange(T)``.
             They index the RoPE tables and, in a chunked prefill, the mask.
         cache: with one, K/V of the new positions are written at ``cache.pos`` and attention
-            covers every cached position (prefill, decode, or chunked prefill). Without one the
-            whole sequence is processed under a causal mask.
+            covers every cached position (prefill, decode, or chunked prefill); with a
+            ``sliding_window``, the window of each query among the rows the cache holds. Without
+            one the whole sequence is processed under a causal (or sliding) mask.
         last_only: compute logits for the last position only (all generation needs).
         Returns (B, T, V), or (B, 1, V) with last_only.
         """
