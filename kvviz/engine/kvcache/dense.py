@@ -17,8 +17,8 @@ Byte accounting is exact (it is what the app and the memory calculator compare a
 ``bytes_allocated`` is the storage the tensors hold; ``bytes_used`` is what the ``pos``
 filled positions occupy, ``layer_bytes()`` the same per layer.
 
-Per-layer kinds (Gemma 3's hybrid attention): ``layer_windows(config)`` gives each layer's window,
-None for a global layer. The static cache keeps a ring of W rows for a sliding layer (position p
+Per-layer kinds (Gemma 3's hybrid attention; Mistral, whose every layer slides): ``layer_windows(config)``
+gives each layer's window, None for a global layer. The static cache keeps a ring of W rows for a sliding layer (position p
 in slot p % W) and every position for a global one; ``ring_positions`` tells the model which
 position each returned K row holds, so it can mask a chunk that crosses the window.
 """
@@ -47,12 +47,13 @@ class Checkpoint:
 
 def layer_windows(config: Any) -> tuple[int | None, ...]:
     """Each layer's window (a sliding layer keeps its last W positions) or None (a global layer keeps
-    every one). Only configs with per-layer kinds (``layer_types``, Gemma 3) have windows here:
-    Mistral's one window over every layer stays a mask over the full cache (models/llama.py)."""
+    every one): per-layer kinds (``layer_types``, Gemma 3) give a window to their sliding layers;
+    one ``sliding_window`` without them (Mistral) is every layer's window."""
     kinds = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
     if kinds is None:
-        return (None,) * config.n_layer
-    w = int(config.sliding_window)
+        return (None if window is None else int(window),) * config.n_layer
+    w = int(window)
     return tuple(w if k == "sliding" else None for k in kinds)
 
 

@@ -17,10 +17,10 @@ holding transformers' ``w`` (a GGUF file stores ``1 + w``; the reader subtracts 
 transformers' GGUF loader does, so the fp32 rounding is the same).
 
 The static cache keeps a ring of the window's rows for a sliding layer (``KVCache.ring_positions``
-names the position each row holds; ``ring_mask`` masks a chunk over them) and every position for a
-global one; the paged cache lets go of a sliding layer's blocks once they are wholly out of the
+names the position each row holds; ``attention.ring_mask`` masks a chunk over them) and every
+position for a global one; the paged cache lets go of a sliding layer's blocks once they are wholly out of the
 window and names the held rows' positions the same way. The concat cache holds every position of
-every layer; there a sliding layer's window is a mask over them (``sliding_mask``). The
+every layer; there a sliding layer's window is a mask over them (``attention.sliding_mask``). The
 forward/cache/capture contract is Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvviz.engine.models.attention import attention_mask
+from kvviz.engine.models.attention import attention_mask, keys_by_position, window_mask
 from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
 from kvviz.engine.models.llama import MAX_BLOCK, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, rotate_half
 
@@ -140,27 +140,6 @@ def rope(freqs: torch.Tensor, input_pos: torch.Tensor, dtype: torch.dtype) -> tu
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def sliding_mask(T: int, start: int, input_pos: torch.Tensor, window: int) -> tuple[torch.Tensor | None, bool]:
-    """A sliding layer's mask over a cache holding every position 0..start+T-1: query at p sees
-    keys p - window + 1 .. p. Until the last query is past the window it is the causal mask."""
-    if start + T <= window:
-        return attention_mask(T, start, input_pos)
-    keys = torch.arange(start + T, device=input_pos.device)
-    p = input_pos[:, None]
-    return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
-
-
-def ring_mask(keys: torch.Tensor, input_pos: torch.Tensor, window: int) -> tuple[torch.Tensor | None, bool]:
-    """A sliding layer's mask over a ring cache's rows, ``keys`` (S,) naming the position each holds:
-    query at p sees the rows holding p - window + 1 .. p. One query over at most ``window`` rows sees
-    all of them: a full ring is exactly its window, and a paged sliding layer's held blocks run
-    contiguously up to the query, so only more than ``window`` of them reach past it."""
-    if input_pos.numel() == 1 and keys.numel() <= window:
-        return None, False  # the rows are then exactly within the query's window (KVCache.ring_positions)
-    p = input_pos[:, None]
-    return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
-
-
 class RMSNorm(nn.Module):
     """Gemma's RMSNorm: normalised in fp32 and scaled by (1 + w) in fp32, then cast back."""
 
@@ -222,13 +201,7 @@ class Gemma3Attention(nn.Module):
         if capture is not None and self.layer_idx in capture.layers:
             capture.q_last[self.layer_idx] = q[:, :, -1:, :]  # (B, nh, 1, hs), post-norm, post-RoPE
             S = (cache.pos if cache is not None else 0) + T  # positions so far, this step's included
-            kk, vv = k, v
-            if cache is not None and k.shape[2] != S:  # a ring's rows: laid out at their positions
-                keys = cache.ring_positions(self.window, T)
-                assert keys is not None
-                keys = keys.to(k.device)
-                kk = k.new_zeros((B, nkv, S, hs)).index_copy_(2, keys, k)  # (B, nkv, S, hs), evicted rows 0
-                vv = v.new_zeros((B, nkv, S, hs)).index_copy_(2, keys, v)
+            kk, vv = keys_by_position(k, v, cache, self.window, T)  # a ring's rows at their positions
             if self.sliding and S > self.window:
                 capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
             capture.k[self.layer_idx] = kk
@@ -357,9 +330,7 @@ def layer_inputs(c: Gemma3Config, T: int, start: int, input_pos: torch.Tensor, c
     round them, and transformers keeps them fp32."""
     dev = input_pos.device
     full = (*attention_mask(T, start, input_pos), *rope(inv_freq(c.rope_theta, c.head_dim).to(dev), input_pos, dtype))
-    ring = cache.ring_positions(c.sliding_window, T) if cache is not None else None
-    local = (*(sliding_mask(T, start, input_pos, c.sliding_window) if ring is None
-               else ring_mask(ring.to(dev), input_pos, c.sliding_window)),
+    local = (*window_mask(T, start, input_pos, c.sliding_window, cache),
              *rope(inv_freq(c.rope_local_theta, c.head_dim).to(dev), input_pos, dtype))
     return full, local  # type: ignore[return-value]
 

@@ -2,7 +2,10 @@
 and its close kin, each a flag on the same config rather than a copy of the model:
 - Qwen2: biases on q/k/v (not on o_proj) (``qkv_bias``);
 - Qwen3: an RMSNorm over each head of q and k before RoPE (``qk_norm``), an explicit head_dim;
-- Mistral: every layer attends to the last ``sliding_window`` positions only.
+- Mistral: every layer attends to the last ``sliding_window`` positions only, and every cache keeps
+  only those (a ring of W rows in the static and quantized caches, the blocks the window reaches in
+  the paged one: ``kvcache.dense.layer_windows``), as Gemma 3's sliding layers; the concat cache
+  keeps every position and the window is a mask over them (``attention.window_mask`` picks which).
 
 Parameter names are transformers' ``LlamaForCausalLM`` names (``model.embed_tokens``,
 ``model.layers.{i}.self_attn.q_proj``, ..., ``model.norm``, ``lm_head``), so a Hugging Face
@@ -23,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kvviz.engine.models.attention import attention_mask
+from kvviz.engine.models.attention import attention_mask, keys_by_position, window_mask
 from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,6 +204,7 @@ class LlamaAttention(nn.Module):
         self.n_head = config.n_head
         self.n_kv_head = config.kv_heads
         self.head_dim = config.head_dim
+        self.window = config.sliding_window  # Mistral: the cache may hold a ring of this many rows
         C, b = config.n_embd, lambda name: _has_bias(config, "self_attn." + name)
         self.q_proj = nn.Linear(C, self.n_head * self.head_dim, bias=b("q_proj"))
         self.k_proj = nn.Linear(C, self.n_kv_head * self.head_dim, bias=b("k_proj"))
@@ -229,12 +233,19 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # over the last dim, hs: each head on its own
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
-            # Writes the new positions and returns every cached position: (B, nkv, S, hs).
+            # Writes the new positions and returns every cached position (B, nkv, S, hs); with a
+            # window, the rows the cache still holds (ring_positions names their positions).
             k, v = cache.update(self.layer_idx, k, v)
         if capture is not None and self.layer_idx in capture.layers:
             capture.q_last[self.layer_idx] = q[:, :, -1:, :]  # (B, nh, 1, hs), post-RoPE
-            capture.k[self.layer_idx] = k
-            capture.v[self.layer_idx] = v
+            kk, vv = k, v
+            if self.window is not None:
+                kk, vv = keys_by_position(k, v, cache, self.window, T)  # (B, nkv, pos+T, hs)
+                S = kk.shape[2]
+                if S > self.window:
+                    capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
+            capture.k[self.layer_idx] = kk
+            capture.v[self.layer_idx] = vv
         # enable_gqa lets SDPA share each K/V head across n_head / n_kv_head query heads
         # without materialising repeated K/V.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
@@ -353,8 +364,9 @@ class Llama(nn.Module):
         input_pos: (T,) absolute positions of the tokens; defaults to ``cache.pos + arange(T)``.
             They index the RoPE tables and, in a chunked prefill, the mask.
         cache: with one, K/V of the new positions are written at ``cache.pos`` and attention
-            covers every cached position (prefill, decode, or chunked prefill). Without one the
-            whole sequence is processed under a causal mask.
+            covers every cached position (prefill, decode, or chunked prefill); with a
+            ``sliding_window``, the window of each query among the rows the cache holds. Without
+            one the whole sequence is processed under a causal (or sliding) mask.
         last_only: compute logits for the last position only (all generation needs).
         Returns (B, T, V), or (B, 1, V) with last_only.
         """
@@ -366,11 +378,18 @@ class Llama(nn.Module):
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
         # Built once per forward, not per layer; a chunked prefill needs it explicit, and so does a
-        # sliding window once the keys outgrow it (engine/models/attention.py).
-        mask, is_causal = attention_mask(T, start, input_pos, self.config.sliding_window)
-        if self.config.sliding_window is not None and cache is not None and cache.held != start:
-            # The window mask counts keys by absolute position; a cache that evicted has lost them.
-            raise ValueError("a sliding-window model needs a cache that holds every position")
+        # sliding window once the keys outgrow it, over the rows a windowed cache still holds
+        # (engine/models/attention.py).
+        window = self.config.sliding_window
+        if window is None:
+            mask, is_causal = attention_mask(T, start, input_pos)
+        elif cache is not None and cache.kind == "window":
+            # A run-time window cache (WindowKVCache) evicts by its own rule, not the model's window,
+            # and names no positions for the mask; every other kind keeps the model's window.
+            raise ValueError("a sliding-window model keeps its own window in the cache; a run-time windowed "
+                             "cache on top of it is not supported")
+        else:
+            mask, is_causal = window_mask(T, start, input_pos, window, cache)
         cos = self.rope_cos.index_select(0, input_pos)  # (T, hs)
         sin = self.rope_sin.index_select(0, input_pos)  # (T, hs)
         x = self.model.embed_tokens(idx)  # (B, T, C)

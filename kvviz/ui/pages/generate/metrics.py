@@ -43,7 +43,11 @@ def bytes_formula(run: Run) -> str:
                 f"K and V for all {ev.input_len:,} tokens.")
     used = per_token * ev.cache_len
     lines = [f"**Bytes used** = {factors} × {ev.cache_len:,} tokens = **{used:,} B** ({fmt_bytes(used)})"]
-    mixed = len(set(ev.cache_layer_bytes)) > 1 and run.n_layer
+    # A layer holding fewer positions than the cache's length keeps only its window: Gemma 3's sliding
+    # layers beside global ones, or Mistral's every layer (all equal, so only this test tells).
+    share = int(per_token) // run.n_layer if run.n_layer else 0
+    windowed = run.cache_kind in ("static", "paged") and any(b < share * ev.cache_len for b in ev.cache_layer_bytes)
+    mixed = (len(set(ev.cache_layer_bytes)) > 1 or windowed) and run.n_layer
     if mixed and run.cache_kind == "paged":  # per layer: whole blocks, a sliding layer's only its window's
         held = sum(ev.cache_layer_bytes)
         used = ev.cache_bytes_used
