@@ -157,6 +157,27 @@ GEMMA3_QTYPES = {"attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "attn_v": Q.Q8_0, "attn_out
                  "ffn_up": Q.Q5_0, "ffn_down": Q.Q8_0, "token_embd": Q.Q8_0}
 
 
+def hf_tiny_gemma3(seed: int = 0) -> Any:
+    """A tiny random transformers Gemma 3 over GEMMA3_TOKENS: 6 layers (window 8), hidden 256, 4 heads
+    of 64 over 1 K/V head, MLP 512, its norm weights random (zeros at init would hide the 1 + w)."""
+    import torch
+    import transformers
+
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=len(GEMMA3_TOKENS), hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=64, sliding_window=8, max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.3 * torch.randn(p.shape))
+    return model
+
+
 def write_gemma3_gguf(path: Path, hf: Any, skip: str = "", tokenizer: bool = True,
                       types: dict[str, Any] | None = None) -> Path:
     """``hf`` (a transformers Gemma3ForCausalLM over GEMMA3_TOKENS) as llama.cpp's converter writes

@@ -12,7 +12,7 @@ import torch
 import kvviz
 from kvviz.engine.loading.gguf_lite import read_gguf
 
-from gguf_writers import GEMMA3_TOKENS, write_gemma3_gguf
+from gguf_writers import GEMMA3_TOKENS, hf_tiny_gemma3, write_gemma3_gguf
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -20,18 +20,7 @@ TOKENS = GEMMA3_TOKENS
 
 
 def hf_tiny() -> Any:
-    cfg = transformers.Gemma3TextConfig(
-        vocab_size=len(TOKENS), hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=64, sliding_window=8, max_position_embeddings=128, rms_norm_eps=1e-6,
-        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):  # zeros at init: give the (1 + w) scales something to do
-                p.copy_(0.3 * torch.randn(p.shape))
-    return model
+    return hf_tiny_gemma3(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "rowcommon.h"
+
 #define MAX_BSEG 3
 #define MAX_BLOCKS_STACK 4096 /* per-block input sums up to this many stay on the stack */
 
@@ -62,53 +64,40 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks of 32: the block's four
- * products summed in lanes, then scaled into one of two accumulators (even and odd blocks), so
- * consecutive blocks do not wait on one another. */
+/* The four products of one block of 32 codes with x, summed lane by lane. */
+static inline __m256 block32(const int8_t *c, const float *x) {
+    __m256 p = _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
+    p = _mm256_fmadd_ps(cvt8(c + 16), _mm256_loadu_ps(x + 16), p);
+    return _mm256_fmadd_ps(cvt8(c + 24), _mm256_loadu_ps(x + 24), p);
+}
+
+/* The two products of one block of 16 (Q6_K's scales). */
+static inline __m256 block16(const int8_t *c, const float *x) {
+    return _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
+}
+
+/* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks: each block's products
+ * summed in lanes, then scaled into one of two accumulators (even and odd blocks), so consecutive
+ * blocks do not wait on one another. */
 static inline float row_b32(const int8_t *c, const float *s, const float *x, int nb) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const int8_t *c0 = c + (size_t)b * 32;
-        const float *x0 = x + (size_t)b * 32;
-        __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
-        p = _mm256_fmadd_ps(cvt8(c0 + 16), _mm256_loadu_ps(x0 + 16), p);
-        p = _mm256_fmadd_ps(cvt8(c0 + 24), _mm256_loadu_ps(x0 + 24), p);
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
-        __m256 q = _mm256_fmadd_ps(cvt8(c0 + 40), _mm256_loadu_ps(x0 + 40), _mm256_mul_ps(cvt8(c0 + 32), _mm256_loadu_ps(x0 + 32)));
-        q = _mm256_fmadd_ps(cvt8(c0 + 48), _mm256_loadu_ps(x0 + 48), q);
-        q = _mm256_fmadd_ps(cvt8(c0 + 56), _mm256_loadu_ps(x0 + 56), q);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), q, a1);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block32(c + (size_t)b * 32, x + (size_t)b * 32), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block32(c + (size_t)b * 32 + 32, x + (size_t)b * 32 + 32), a1);
     }
-    for (; b < nb; b++) {
-        const int8_t *c0 = c + (size_t)b * 32;
-        const float *x0 = x + (size_t)b * 32;
-        __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
-        p = _mm256_fmadd_ps(cvt8(c0 + 16), _mm256_loadu_ps(x0 + 16), p);
-        p = _mm256_fmadd_ps(cvt8(c0 + 24), _mm256_loadu_ps(x0 + 24), p);
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
-    }
+    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block32(c + (size_t)b * 32, x + (size_t)b * 32), a0);
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
-/* The same over blocks of 16 (Q6_K's scales). */
 static inline float row_b16(const int8_t *c, const float *s, const float *x, int nb) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const int8_t *c0 = c + (size_t)b * 16;
-        const float *x0 = x + (size_t)b * 16;
-        const __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
-        const __m256 q = _mm256_fmadd_ps(cvt8(c0 + 24), _mm256_loadu_ps(x0 + 24), _mm256_mul_ps(cvt8(c0 + 16), _mm256_loadu_ps(x0 + 16)));
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), q, a1);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block16(c + (size_t)b * 16, x + (size_t)b * 16), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block16(c + (size_t)b * 16 + 16, x + (size_t)b * 16 + 16), a1);
     }
-    for (; b < nb; b++) {
-        const int8_t *c0 = c + (size_t)b * 16;
-        const float *x0 = x + (size_t)b * 16;
-        const __m256 p = _mm256_fmadd_ps(cvt8(c0 + 8), _mm256_loadu_ps(x0 + 8), _mm256_mul_ps(cvt8(c0), _mm256_loadu_ps(x0)));
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), p, a0);
-    }
+    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block16(c + (size_t)b * 16, x + (size_t)b * 16), a0);
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
@@ -153,28 +142,10 @@ static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const fl
     }
 }
 
-/* RMSNorm of one row as rowdot.c computes it (the sum of squares in double): x * rsqrt(mean(x^2) + eps) * w. */
-static void rms_row(const float *x, int n, const float *w, float eps, float *out) {
-    double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    const float r = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
-}
-
 /* GELU, tanh approximation (PyTorch's approximate="tanh"). */
 static inline float gelu_tanh(float g) {
     const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
     return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
-
-/* transformers' rotate_half RoPE on one head: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), as rowdot.c. */
-static void rope_head(float *h, const float *c, const float *s, int hs) {
-    const int half = hs / 2;
-    for (int k = 0; k < half; k++) {
-        const float a = h[k], b = h[k + half];
-        h[k] = a * c[k] - b * s[k];
-        h[k + half] = b * c[k + half] + a * s[k + half];
-    }
 }
 
 static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_threads);
@@ -192,7 +163,7 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
     if (p->norm_w) {
         xn = malloc(sizeof(float) * (size_t)m * p->n_in);
         if (!xn) return -1;
-        for (int i = 0; i < m; i++) rms_row(x + (size_t)i * p->n_in, p->n_in, p->norm_w, p->eps, xn + (size_t)i * p->n_in);
+        for (int i = 0; i < m; i++) rms_norm(x + (size_t)i * p->n_in, p->n_in, p->norm_w, p->eps, xn + (size_t)i * p->n_in);
         x = xn;
     }
     const int epilogue = p->geglu || p->post_w || res;
@@ -209,7 +180,7 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
             float *r = raw + (size_t)i * width, *yi = y + (size_t)i * outs;
             if (p->geglu)
                 for (int j = 0; j < outs; j++) r[j] = gelu_tanh(r[j]) * r[outs + j];
-            if (p->post_w) rms_row(r, outs, p->post_w, p->post_eps, r);
+            if (p->post_w) rms_norm(r, outs, p->post_w, p->post_eps, r);
             const float *ri = res ? res + (size_t)i * outs : NULL;
             for (int j = 0; j < outs; j++) yi[j] = ri ? ri[j] + r[j] : r[j];
         }
@@ -220,7 +191,7 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
             const float *c = cos ? cos + (size_t)(i % period) * hd : NULL, *s = sin ? sin + (size_t)(i % period) * hd : NULL;
             for (int h = 0; h < p->n_q + p->n_k; h++) {
                 float *head = y + (size_t)i * outs + (size_t)h * hd;
-                rms_row(head, hd, h < p->n_q ? p->q_norm : p->k_norm, p->qk_eps, head);
+                rms_norm(head, hd, h < p->n_q ? p->q_norm : p->k_norm, p->qk_eps, head);
                 if (c) rope_head(head, c, s, hd);
             }
         }

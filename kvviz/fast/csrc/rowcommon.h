@@ -1,5 +1,5 @@
 /* What the row kernels share (rowops.c: GPT-2's (in, out) layout; rowdot.c: nn.Linear's
- * (out, in) layout): exp without a libm call, so the activation loops vectorize. */
+ * (out, in) layout; blockdot.c: block codes): exp without a libm call, so the activation loops vectorize. */
 #ifndef KVVIZ_ROWCOMMON_H
 #define KVVIZ_ROWCOMMON_H
 
@@ -21,6 +21,26 @@ static inline float exp_poly(float v) {
     p = p * r * r + r + 1.0f;
     union { float f; int i; } two_k = {.i = ((int)k + 127) << 23};
     return p * two_k.f;
+}
+
+/* RMSNorm of one row, as transformers computes it in fp32: x * rsqrt(mean(x^2) + eps) * w
+ * (the sum of squares in double, so the row's length does not cost accuracy). rowdot.c (Llama)
+ * and blockdot.c (Gemma 3) share it; out may be x. */
+static inline void rms_norm(const float *x, int n, const float *w, float eps, float *out) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* transformers' rotate_half RoPE on one head of hs values: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
+static inline void rope_head(float *h, const float *c, const float *s, int hs) {
+    const int half = hs / 2;
+    for (int k = 0; k < half; k++) {
+        const float a = h[k], b = h[k + half];
+        h[k] = a * c[k] - b * s[k];
+        h[k + half] = b * c[k + half] + a * s[k + half];
+    }
 }
 
 #endif

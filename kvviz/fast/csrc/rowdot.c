@@ -269,25 +269,6 @@ static void units_bf16(const kv_dot *p, int u0, int u1, const float *x, int m, c
     units(p, u0, u1, x, m, res, y, ld, 1);
 }
 
-/* RMSNorm of one row, as transformers computes it in fp32: x * rsqrt(mean(x^2) + eps) * w
- * (the sum of squares in double, so the row's length does not cost accuracy). */
-static void rms_norm(const float *x, int n, const float *w, float eps, float *out) {
-    double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    const float r = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
-}
-
-/* transformers' rotate_half RoPE on one head of hs values: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
-static void rope_head(float *h, const float *c, const float *s, int hs) {
-    const int half = hs / 2;
-    for (int k = 0; k < half; k++) {
-        const float a = h[k], b = h[k + half];
-        h[k] = a * c[k] - b * s[k];
-        h[k + half] = b * c[k + half] + a * s[k + half];
-    }
-}
-
 /* y (m, n_total) = epilogue(RMSNorm(x) @ W^T + b) (+ res), on up to n_threads OpenMP threads.
  * x (m, n_in), res (m, n_total) or NULL, y (m, n_total): contiguous fp32, y distinct from both.
  * pos: each row's position for RoPE (row i at pos[i % period]), or NULL when rope_dims is 0.
