@@ -61,7 +61,8 @@ def llama_tensors(hf: Any, permute: bool = True) -> dict[str, np.ndarray]:
 
 # Where each K type keeps its fp16 fields in a block, and a value for them that gives weights of
 # about N(0, 0.02)'s size: gguf has no quantizer for these types, so their blocks are random bytes.
-_K_F16 = {Q.Q4_K: ((0, 2), 1e-4), Q.Q5_K: ((0, 2), 5e-5), Q.Q6_K: ((208,), 2e-5)}
+# IQ4_NL (one fp16 scale, then 16 bytes of nibbles) is here for the tests of a type kvviz refuses.
+_K_F16 = {Q.Q4_K: ((0, 2), 1e-4), Q.Q5_K: ((0, 2), 5e-5), Q.Q6_K: ((208,), 2e-5), Q.IQ4_NL: ((0,), 1e-3)}
 
 
 def random_k_blocks(shape: tuple[int, ...], qtype: Any, seed: int) -> np.ndarray:
