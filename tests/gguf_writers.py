@@ -235,14 +235,17 @@ def write_bpe_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str = "smollm
 # characters last, each scored by its rank (the bytes and specials score 0). "[INST]" is a Mistral
 # control token. One pair is out of order on purpose: "▁a" comes before "ab" in the file but scores
 # lower, and there is no "▁ab": SentencePiece ranks by score, so "▁ab" is "▁" + "ab", not "▁a" + "b".
-_SPM_MERGED = ["\u2581\u2581", "\u2581t", "er", "in", "\u2581a", "en", "on", "\u2581th", "es", "\u2581\u2581\u2581\u2581",
-               "\u2581s", "at", "or", "re", "\u2581the", "\u2581\u2581\u2581", "ab", "\u2581d", "ef", "\u2581def", "\u2581re",
-               "turn", "\u2581return", "12", "\u2581x", "\u2581in", "\u2581int", "\u00e9t", "\u2581\u00e9t", "\u65e5"]
-_SPM_CHARS = ["\u2581", *"etaoinsrhdlcumfpgwybvkxjqz", *"0123456789", *"():,.=+*#-_\"'", *"TIé€"]
-LLAMA_SPM_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + _SPM_MERGED + _SPM_CHARS + ["[INST]"]
+_S = "\u2581"  # ▁
+_SPM_MERGED = [_S * 2, _S + "t", "er", "in", _S + "a", "en", "on", _S + "th", "es", _S * 4, _S + "s", "at", "or", "re",
+               _S + "the", _S * 3, "ab", _S + "d", "ef", _S + "def", _S + "re", "turn", _S + "return", "12", _S + "x",
+               _S + "in", _S + "int", "\u00e9t", _S + "\u00e9t", "\u65e5"]
+_SPM_CHARS = [_S, *"etaoinsrhdlcumfpgwybvkxjqz", *"0123456789", *"():,.=+*#-_\"'", *"TIé€"]
+LLAMA_SPM_TOKENS = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + _SPM_MERGED + _SPM_CHARS
+                    + ["[INST]"])
 LLAMA_SPM_TYPES = [2, 3, 3] + [6] * 256 + [1] * (len(_SPM_MERGED) + len(_SPM_CHARS)) + [3]
-_SPM_ORDER = {"\u2581a": 16.5, "ab": 4.5}  # rank overrides: the out-of-order pair
-LLAMA_SPM_SCORES = [0.0] * 259 + [-float(_SPM_ORDER.get(t, i)) for i, t in enumerate(_SPM_MERGED + _SPM_CHARS)] + [0.0]
+_SPM_ORDER = {_S + "a": 16.5, "ab": 4.5}  # rank overrides: the out-of-order pair
+LLAMA_SPM_SCORES = ([0.0] * 259 + [-float(_SPM_ORDER.get(t, i)) for i, t in enumerate(_SPM_MERGED + _SPM_CHARS)]
+                    + [0.0])
 
 
 def add_spm_vocab(w: Any, add_space_prefix: bool | None = True, add_bos: bool | None = True,

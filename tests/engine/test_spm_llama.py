@@ -102,7 +102,8 @@ def test_merges_rank_by_score_not_position(spm_file: Path, ours: SPMTokenizer) -
 
 
 def test_metadata_special_tokens_and_bytes(ours: SPMTokenizer, hf_tok: Any) -> None:
-    assert (ours.vocab_size, ours.bos_token_id, ours.eos_token_id, ours.unk_token_id) == (len(LLAMA_SPM_TOKENS), 1, 2, 0)
+    assert (ours.vocab_size, ours.bos_token_id, ours.eos_token_id, ours.unk_token_id) == (
+        len(LLAMA_SPM_TOKENS), 1, 2, 0)
     assert ours.add_bos and ours.add_space_prefix and ours.chat_template == MISTRAL_TEMPLATE
     assert ours.special_tokens == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     assert ours.control_tokens == {"<unk>": 0, "<s>": 1, "</s>": 2, "[INST]": len(LLAMA_SPM_TOKENS) - 1}
