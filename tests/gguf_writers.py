@@ -1,10 +1,11 @@
 """Tiny GGUF files written as llama.cpp's converter writes them, for the tests of every GGUF path
-(tests/engine/test_gguf*.py, test_gemma3_gguf.py, test_tokenizer_gguf.py, tests/measure/test_bench.py).
+(tests/engine/test_gguf*.py, test_gemma3_gguf.py, test_tokenizer_gguf.py, test_spm_llama.py,
+tests/measure/test_bench.py).
 
 One writer per kind of file: a Llama-family model (llama, Mistral = llama + window, qwen2, qwen3)
-from a transformers model, a Gemma 3 model, and a tokenizer-only byte-level BPE file. The files
-are written with ``gguf.GGUFWriter`` (llama.cpp's own writer), never with kvviz's code, so what
-kvviz reads back is an independent reference.
+from a transformers model, a Gemma 3 model, and tokenizer-only files (byte-level BPE, a Llama
+SentencePiece vocabulary). The files are written with ``gguf.GGUFWriter`` (llama.cpp's own
+writer), never with kvviz's code, so what kvviz reads back is an independent reference.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def llama_tensors(hf: Any, permute: bool = True) -> dict[str, np.ndarray]:
 
 # Where each K type keeps its fp16 fields in a block, and a value for them that gives weights of
 # about N(0, 0.02)'s size: gguf has no quantizer for these types, so their blocks are random bytes.
-_K_F16 = {Q.Q4_K: ((0, 2), 1e-4), Q.Q5_K: ((0, 2), 5e-5), Q.Q6_K: ((208,), 2e-5)}
+# IQ4_NL (one fp16 scale, then 16 bytes of nibbles) is here for the tests of a type kvviz refuses.
+_K_F16 = {Q.Q4_K: ((0, 2), 1e-4), Q.Q5_K: ((0, 2), 5e-5), Q.Q6_K: ((208,), 2e-5), Q.IQ4_NL: ((0,), 1e-3)}
 
 
 def random_k_blocks(shape: tuple[int, ...], qtype: Any, seed: int) -> np.ndarray:
@@ -100,13 +102,14 @@ def _finish(w: Any, path: Path) -> Path:
 def write_llama_gguf(path: Path, hf: Any, arch: str = "llama", *, types: dict[str, Any] | None = None,
                      matrix_type: Any = None, name: str | None = None, window: int | None = None,
                      extra: dict[str, int] | None = None, eos: int | None = None, chat_template: str | None = None,
-                     edit: Callable[[Any, dict[str, np.ndarray]], None] | None = None) -> Path:
+                     edit: Callable[[Any, dict[str, np.ndarray]], None] | None = None, spm: bool = False) -> Path:
     """``hf`` (a transformers Llama, Mistral, Qwen2 or Qwen3) as llama.cpp writes it, under ``arch``.
 
     types: a tensor's short name (``attn_q``) -> its quant type, for matrices (norms stay F32, as
     llama.cpp keeps them); matrix_type: the type of every other matrix (F32 when None); window: a
     Mistral's ``<arch>.attention.sliding_window``; extra: more u32 keys; ``edit(writer, tensors)``
-    may add metadata or change tensors before they are written."""
+    may add metadata or change tensors before they are written; spm: the Llama SentencePiece
+    vocabulary (``add_spm_vocab``; ``hf``'s vocabulary must have its size) instead of bare names."""
     c = hf.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -126,7 +129,10 @@ def write_llama_gguf(path: Path, hf: Any, arch: str = "llama", *, types: dict[st
         w.add_uint32(key, val)
     w.add_float32(p + "rope.freq_base", c.rope_parameters["rope_theta"])
     w.add_float32(p + "attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_token_list([f"<t{i}>" for i in range(c.vocab_size)])
+    if spm:
+        add_spm_vocab(w)
+    else:
+        w.add_token_list([f"<t{i}>" for i in range(c.vocab_size)])
     if eos is not None:
         w.add_eos_token_id(eos)
     if chat_template is not None:
@@ -240,4 +246,52 @@ def write_bpe_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str = "smollm
     w.add_token_merges(list(merges))
     w.add_token_types([1] * (len(tokens) - 1) + [3])
     w.add_eos_token_id(len(tokens) - 1)
+    return _finish(w, path)
+
+
+# --- a Llama SentencePiece vocabulary alone ---------------------------------------------------------
+
+# Llama 2's conventions (Mistral's and TinyLlama's too): <unk> 0 (UNKNOWN), <s> 1 and </s> 2
+# (CONTROL), the 256 byte pieces (BYTE), then the merged pieces best first and the single
+# characters last, each scored by its rank (the bytes and specials score 0). "[INST]" is a Mistral
+# control token. One pair is out of order on purpose: "▁a" comes before "ab" in the file but scores
+# lower, and there is no "▁ab": SentencePiece ranks by score, so "▁ab" is "▁" + "ab", not "▁a" + "b".
+_S = "\u2581"  # ▁
+_SPM_MERGED = [_S * 2, _S + "t", "er", "in", _S + "a", "en", "on", _S + "th", "es", _S * 4, _S + "s", "at", "or", "re",
+               _S + "the", _S * 3, "ab", _S + "d", "ef", _S + "def", _S + "re", "turn", _S + "return", "12", _S + "x",
+               _S + "in", _S + "int", "\u00e9t", _S + "\u00e9t", "\u65e5"]
+_SPM_CHARS = [_S, *"etaoinsrhdlcumfpgwybvkxjqz", *"0123456789", *"():,.=+*#-_\"'", *"TIé€"]
+LLAMA_SPM_TOKENS = (["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + _SPM_MERGED + _SPM_CHARS
+                    + ["[INST]"])
+LLAMA_SPM_TYPES = [2, 3, 3] + [6] * 256 + [1] * (len(_SPM_MERGED) + len(_SPM_CHARS)) + [3]
+_SPM_ORDER = {_S + "a": 16.5, "ab": 4.5}  # rank overrides: the out-of-order pair
+LLAMA_SPM_SCORES = ([0.0] * 259 + [-float(_SPM_ORDER.get(t, i)) for i, t in enumerate(_SPM_MERGED + _SPM_CHARS)]
+                    + [0.0])
+
+
+def add_spm_vocab(w: Any, add_space_prefix: bool | None = True, add_bos: bool | None = True,
+                  byte_pieces: bool = True) -> None:
+    """LLAMA_SPM_TOKENS as llama.cpp's converter writes a Llama 2 vocabulary (``tokenizer.ggml.model``
+    "llama"); None leaves a flag out of the file; ``byte_pieces=False`` drops the 256 ``<0xNN>``."""
+    keep = [i for i, k in enumerate(LLAMA_SPM_TYPES) if byte_pieces or k != 6]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([LLAMA_SPM_TOKENS[i] for i in keep])
+    w.add_token_scores([LLAMA_SPM_SCORES[i] for i in keep])
+    w.add_token_types([LLAMA_SPM_TYPES[i] for i in keep])
+    w.add_bos_token_id(1)
+    w.add_unk_token_id(0)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if add_space_prefix is not None:
+        w.add_add_space_prefix(add_space_prefix)
+
+
+def write_spm_tokenizer_gguf(path: Path, arch: str = "llama", chat_template: str | None = None, **kw: Any) -> Path:
+    """A GGUF with no tensors and the Llama SentencePiece vocabulary (``add_spm_vocab``'s keywords), EOS 2."""
+    w = gguf.GGUFWriter(str(path), arch)
+    add_spm_vocab(w, **kw)
+    w.add_eos_token_id(2)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     return _finish(w, path)

@@ -161,7 +161,8 @@ def _shape(name: str, arr: np.ndarray) -> Callable[[Any, dict[str, np.ndarray]],
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(arch="phi3"), r"GGUF architecture .phi3. is not supported; kvviz reads llama, qwen2, qwen3, gemma3 \(mistral"),
-    (dict(types={"attn_v": Q.Q5_0}), "tensor blk.0.attn_v.weight is Q5_0; kvviz dequantizes F32, F16, BF16, Q4_0"),
+    (dict(types={"attn_v": Q.IQ4_NL}), "tensor blk.0.attn_v.weight is IQ4_NL; kvviz dequantizes F32, F16, BF16, "
+                                       "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K$"),
     (dict(edit=_shape("blk.1.attn_k.weight", np.zeros((32, 64), np.float32))),
      r"tensor blk.1.attn_k.weight has shape \(32, 64\), but the metadata implies \(64, 64\)"),
     (dict(edit=_shape("rope_freqs.weight", np.ones(16, np.float32))), "rope_freqs .Llama 3.1-style RoPE scaling"),

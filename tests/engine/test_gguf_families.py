@@ -280,6 +280,36 @@ def test_weight_bytes_flops_and_the_bench_baseline_know_each_family(case: tuple[
         torch.testing.assert_close(m.model(idx), hf(idx).logits, atol=1e-4, rtol=1e-4)
 
 
+# A Q4_K_M-like mix of every block type beyond the legacy ones: gguf cannot quantize the K types,
+# so gguf_writers writes random blocks for them and the file, not ``hf``, is the model.
+K_TYPES = {"token_embd": Q.Q6_K, "attn_q": Q.Q4_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_0,
+           "ffn_gate": Q.Q5_1, "ffn_up": Q.Q4_K, "ffn_down": Q.Q5_K, "output": Q.Q6_K}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_k_quant_files_equal_transformers(tmp_path: Path, family: str) -> None:
+    """A llama, qwen2 or qwen3 file of Q4_K/Q5_K/Q6_K/Q5_0/Q5_1 matrices (rows of 256: a K block's
+    width) read by kvviz and by transformers' GGUF loader: equal weights, logits, greedy tokens."""
+    shape = dict(hidden_size=256, intermediate_size=512, **({"head_dim": 64} if family == "llama" else {}))
+    hf = make_hf(family, SEEDS[0], tie_word_embeddings=family == "qwen2", **shape)  # qwen2: no output.weight
+    path = write_llama_gguf(tmp_path / f"{family}-k.gguf", hf, family, types=K_TYPES)
+    ref = hf_from_gguf(path)
+    m = load_model(str(path), device="cpu")
+    counts = m.info["tensor_types"]
+    assert {k: counts.get(k) for k in ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")} == {
+        "Q4_K": 4, "Q5_K": 4, "Q6_K": 3 if family == "qwen2" else 4, "Q5_0": 2, "Q5_1": 2}
+    ours, want = m.model.state_dict(), ref.state_dict()
+    assert set(ours) == set(want)
+    for k, v in want.items():
+        assert torch.equal(ours[k], v), k  # bit for bit: both dequantize the same blocks
+    idx = torch.tensor([PROMPT + [7, 1, 60, 33, 2, 95, 48]])
+    with torch.inference_mode():
+        torch.testing.assert_close(m.model(idx), ref(idx).logits, atol=1e-4, rtol=1e-4)
+    greedy = hf_greedy(ref, PROMPT, STEPS)
+    for fast in (True, False):
+        assert generate(m, prompt_ids=PROMPT, max_new_tokens=STEPS, greedy=True, fast=fast).generated_ids == greedy
+
+
 def test_qwen2_pre_tokenizer_equals_transformers(tmp_path: Path) -> None:
     """Qwen2/2.5/3 GGUFs name their split "qwen2" (Llama 3's, one digit per piece): a tiny byte-level
     BPE vocabulary with such a split gives transformers' GGUF tokenizer's ids on varied text."""

@@ -16,7 +16,7 @@ from kvviz.engine.loading.gguf_llama import load_gguf, tokenizer_metadata
 from kvviz.engine.tokenize import gguf_bpe
 from kvviz.errors import KVVizError
 
-from gguf_writers import write_gemma3_gguf, write_llama_gguf
+from gguf_writers import LLAMA_SPM_TOKENS, write_gemma3_gguf, write_llama_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -31,6 +31,15 @@ def _tiny_llama(path: Path) -> Path:
                                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return write_llama_gguf(path, transformers.LlamaForCausalLM(cfg).eval(), eos=2, edit=lambda w, t: (
         w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("default")))
+
+
+def _tiny_llama_spm(path: Path) -> Path:
+    """The same Llama with Llama 2's kind of SentencePiece vocabulary (tokenizer.ggml.model "llama")."""
+    cfg = transformers.LlamaConfig(vocab_size=len(LLAMA_SPM_TOKENS), hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                   max_position_embeddings=32, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return write_llama_gguf(path, transformers.LlamaForCausalLM(cfg).eval(), eos=2, spm=True)
 
 
 def _tiny_gemma3(path: Path) -> Path:
@@ -72,7 +81,7 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     return seen
 
 
-@pytest.mark.parametrize("write", [_tiny_llama, _tiny_gemma3], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("write", [_tiny_llama, _tiny_llama_spm, _tiny_gemma3], ids=["llama", "llama-spm", "gemma3"])
 def test_one_load_checks_the_header_once_and_decodes_once(write: Callable[[Path], Path], tmp_path: Path,
                                                           counts: dict[str, list[str]]) -> None:
     path = write(tmp_path / "tiny.gguf")

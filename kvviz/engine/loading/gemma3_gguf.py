@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gguf.constants import GGMLQuantizationType as Q
 
 from kvviz.engine.loading.gguf_codes import block_codes
 from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
-from kvviz.engine.loading.gguf_llama import dequantize_tensor, map_name, match_tensors, meta_float, meta_int, type_counts
+from kvviz.engine.loading.gguf_llama import (SUPPORTED_TYPES, dequantize_tensor, map_name, match_tensors, meta_float,
+                                             meta_int, type_counts)
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
 from kvviz.fast.blockdot import BlockCodes
 
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 # kvviz's context for Gemma 3: a static cache preallocates every position of every layer, and the
 # model's own 32k would be 1.2 GiB at fp32 for a 270M model; 8k is 302 MiB (SmolLM2's is 8k too).
 MAX_CONTEXT = 8192

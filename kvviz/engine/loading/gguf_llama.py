@@ -8,7 +8,8 @@ Steps, each failing with a KVVizError that names the problem:
 2. ``gguf_lite.read_gguf`` decodes the metadata once and memory-maps the tensors: nothing is copied yet;
 3. the metadata gives a ``LlamaConfig`` (architecture must be llama, qwen2 or qwen3);
 4. every tensor's type and shape is checked against the config, still without copying;
-5. each tensor is dequantized in numpy (``gguf.quants.dequantize``) and cast to the chosen dtype.
+5. each tensor is dequantized in numpy (``gguf.quants.dequantize``: F32, F16, BF16, Q4_0, Q4_1,
+   Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, the types of a Q4_K_M file) and cast to the chosen dtype.
 
 llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` so that each head's rotary
 pairs sit next to each other (dimensions 2i, 2i+1: GPT-J's interleaved RoPE). transformers'
@@ -44,7 +45,9 @@ from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0)
+# What ``dequantize_tensor`` reads, every family (the Gemma 3 reader takes this tuple too): the
+# float types and the block types of llama.cpp's common files (Q4_K_M mixes Q4_K, Q5_0/Q5_1, Q6_K).
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # the ones this Llama reader builds
 
 # llama.cpp tensor name -> transformers LlamaForCausalLM name ({i} = layer).

@@ -321,12 +321,18 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
 
 
 def _gguf_tokenizer(metadata: dict[str, Any], file_name: str) -> Tokenizer | None:
-    """The byte-level BPE tokenizer a Llama-family GGUF file describes, built from the metadata
-    the model loader already decoded. None for a file without one: that model loads with ids only."""
+    """The tokenizer a Llama-family GGUF file describes, built from the metadata the model loader
+    already decoded: byte-level BPE (``tokenizer.ggml.model`` "gpt2": SmolLM2, Qwen, Llama 3) or
+    SentencePiece ("llama": Llama 2, Mistral, TinyLlama). None for a file without one: that model
+    loads with ids only."""
     from kvviz.engine.tokenize.gguf_bpe import load_gguf_tokenizer
+    from kvviz.engine.tokenize.spm import load_spm_tokenizer
 
-    if "tokenizer.ggml.model" not in metadata:
+    model = metadata.get("tokenizer.ggml.model")
+    if model is None:
         return None
+    if model == "llama":
+        return load_spm_tokenizer(metadata, file_name, gemma=False)
     return load_gguf_tokenizer(metadata, file_name)
 
 

@@ -125,8 +125,8 @@ def read_tokenizer_metadata(source: str | Path | Mapping[str, Any], name: str | 
 def build_backend(meta: GGUFTokenizerMeta) -> _Backend:
     """The `tokenizers` pipeline these keys describe (see the module docstring)."""
     if meta.model != "gpt2":
-        raise KVVizError(f"{meta.name}: tokenizer model {meta.model!r} is not supported yet; kvviz reads "
-                         "byte-level BPE ('gpt2') vocabularies, not sentencepiece ('llama') ones")
+        raise KVVizError(f"{meta.name}: tokenizer model {meta.model!r} is not byte-level BPE ('gpt2'), the "
+                         "only kind this reader takes (a sentencepiece ('llama') one: engine/tokenize/spm.py)")
     splits = _PRE_SPLITS.get(meta.pre)
     if splits is None:
         raise KVVizError(f"{meta.name}: pre-tokenizer {meta.pre!r} is not supported yet "
