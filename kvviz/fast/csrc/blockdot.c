@@ -76,28 +76,23 @@ static inline __m256 block16(const int8_t *c, const float *x) {
     return _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
 }
 
-/* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks: each block's products
- * summed in lanes, then scaled into one of two accumulators (even and odd blocks), so consecutive
- * blocks do not wait on one another. */
-static inline float row_b32(const int8_t *c, const float *s, const float *x, int nb) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block32(c + (size_t)b * 32, x + (size_t)b * 32), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block32(c + (size_t)b * 32 + 32, x + (size_t)b * 32 + 32), a1);
-    }
-    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block32(c + (size_t)b * 32, x + (size_t)b * 32), a0);
-    return hsum8(_mm256_add_ps(a0, a1));
+static inline __attribute__((always_inline)) __m256 block_of(const int8_t *c, const float *x, const int block) {
+    return block == 32 ? block32(c, x) : block16(c, x);
 }
 
-static inline float row_b16(const int8_t *c, const float *s, const float *x, int nb) {
+/* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks: each block's products
+ * summed in lanes, then scaled into one of two accumulators (even and odd blocks), so consecutive
+ * blocks do not wait on one another. Called with a constant block, so each size gets its own loop. */
+static inline __attribute__((always_inline)) float row_blocks(const int8_t *c, const float *s, const float *x, int nb,
+                                                              const int block) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block16(c + (size_t)b * 16, x + (size_t)b * 16), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block16(c + (size_t)b * 16 + 16, x + (size_t)b * 16 + 16), a1);
+        const size_t at = (size_t)b * block;
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + at, x + at, block), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block_of(c + at + block, x + at + block, block), a1);
     }
-    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block16(c + (size_t)b * 16, x + (size_t)b * 16), a0);
+    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + (size_t)b * block, x + (size_t)b * block, block), a0);
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
@@ -115,9 +110,10 @@ static inline float row_blocks(const int8_t *c, const float *s, const float *x, 
     }
     return acc;
 }
-static inline float row_b32(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 32); }
-static inline float row_b16(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 16); }
 #endif
+
+static float row_b32(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 32); }
+static float row_b16(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 16); }
 
 /* Rows r0..r1 of segment s for every input row; outputs at column col + r of each row of y.
  * sx: each input row's per-block sums of x at this segment's block size (when it has offsets). */
