@@ -143,7 +143,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
             what = f"A {family} GGUF{f', every layer sliding a window of {window:,}' if window else ''}. "
         loaded = model.info.get("load_seconds")
         held = model.info.get("weights_bytes")  # resident, each storage once (load_model counts it)
+        codes = model.info.get("codes_bytes")  # the GGUF's block codes kvviz.fast multiplies by (Gemma 3)
         cost = (f" · {fmt_bytes(held)} of weights" if isinstance(held, int) else "") + (
+            f" + {fmt_bytes(codes)} of block codes for kvviz.fast" if isinstance(codes, int) and codes else "") + (
             f" · loaded in {loaded:.1f} s" if isinstance(loaded, float) else "")
         st.caption(f"{what}{c.n_layer} layers · {kv} of {c.head_dim} dims · context {c.block_size:,} · "
                    f"{human_count(model.num_params)} params · {model.dtype_name} on {model.device}{cost}")
