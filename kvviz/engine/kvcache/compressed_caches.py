@@ -200,8 +200,9 @@ class WindowKVCache(_StoreCache):
         if spec.positions == "cache" and spec.sinks:
             hs = config.head_dim
             # as rope_tables computes them, in fp64 so a rotation by E adds no error of its own
-            freqs = {t: 1.0 / (t ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs)) for t in set(layer_thetas(config))}
-            self.inv_freq = [freqs[t] for t in layer_thetas(config)]
+            thetas = layer_thetas(config)
+            freqs = {t: 1.0 / (t ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs)) for t in set(thetas)}
+            self.inv_freq = [freqs[t] for t in thetas]
 
     @property
     def held(self) -> int:

@@ -9,10 +9,10 @@ A sliding window of W (Mistral's every layer, Gemma 3's sliding ones) also hides
 than W - 1 positions behind its query (key j is seen by query i when i - W < j <= i, as
 transformers' and llama.cpp's masks do). While all keys lie within the window the plain rules above
 hold, so short runs take SDPA's fast paths. A cache that keeps only the window (a static or
-quantized ring, a paged layer that let blocks go, a run-time ``WindowKVCache`` once full) hands back rows that are not positions
-0..start+T-1; ``KVCache.ring_positions`` names the position of each, and ``ring_mask`` masks over
-them. ``window_mask`` picks between the two for a forward; ``keys_by_position`` lays a ring's rows
-back out at their positions for the attention capture.
+quantized ring, a paged layer that let blocks go, a run-time ``WindowKVCache`` once full) hands
+back rows that are not positions 0..start+T-1; ``KVCache.ring_positions`` names the position of
+each, and ``ring_mask`` masks over them. ``window_mask`` picks between the two for a forward;
+``keys_by_position`` lays a ring's rows back out at their positions for the attention capture.
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ window and names the held rows' positions the same way. The concat cache holds e
 every layer; there a sliding layer's window is a mask over them (``attention.sliding_mask``). A
 run-time window cache (``WindowKVCache``: S sinks + a ring of W, the same rows on every layer) names
 its rows' positions the same way once full, so a sliding layer masks the rows outside its own
-window (``layer_inputs``) and a global one sees all S + W. The forward/cache/capture contract is Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
+window (``layer_inputs``) and a global one sees all S + W. The forward/cache/capture contract is
+Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 """
 from __future__ import annotations
 
