@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from kvviz.engine.generation.request import kv_spec
+from kvviz.engine.kvcache.kv_spec import rotates_keys
 from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import by_position, compare, nll_through_cache
@@ -40,7 +41,7 @@ def measure(model: LoadedModel, tokens: int = 1024, window: int = 128, sinks: in
         raise KVVizError(f"tokens must be 2..{min(MAX_CURVE_TOKENS, model.config.block_size)} (got {tokens})")
     say = progress or (lambda s: None)
     ids = heldout_ids(model, tokens)
-    rope = getattr(model.config, "model_type", "gpt2") == "llama"
+    rope = rotates_keys(getattr(model.config, "model_type", "gpt2"))
     caches: list[tuple[str, Any]] = [("full", None), (f"window {window}", kv_spec(model, window=window))]
     if sinks:
         caches.append((f"{sinks} sinks + window {window}", kv_spec(model, window=window, sinks=sinks)))

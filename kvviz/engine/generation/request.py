@@ -54,11 +54,10 @@ def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None 
     c = model.config
     family = getattr(c, "model_type", "gpt2")
     own = getattr(c, "sliding_window", None)
-    if window is not None and own is not None:
-        # The model masks keys by their absolute positions; a ring of evicted slots has lost them.
-        kinds = getattr(c, "layer_types", None)  # Gemma 3: some layers slide, the others see everything
-        where = "" if kinds is None else f" on {sum(k != 'full' for k in kinds)} of its {len(kinds)} layers"
-        raise KVVizError(f"this model already slides its own window of {own} positions{where}; a windowed KV "
+    if window is not None and own is not None and getattr(c, "layer_types", None) is None:
+        # Mistral: every layer slides and its forward keeps its own ring (Gemma 3's sliding layers
+        # mask a window cache's rows by the positions it names: WindowKVCache.ring_positions).
+        raise KVVizError(f"this model already slides its own window of {own} positions; a windowed KV "
                          "cache on top of it is not supported (quantized caches are)")
     return resolve(KVSpec(kv_dtype, group_size, bool(zero_point), fp8_scale, window, sinks, positions,
                           bool(track_errors)), family, c.head_dim, c.block_size)

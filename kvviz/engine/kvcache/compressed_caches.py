@@ -6,7 +6,9 @@ and ``held`` the positions the cache still holds.
 
 The window cache needs no change in the models' masks: while the sinks + window slots are not
 full it is an ordinary cache (K length = pos + T, the usual causal mask), and once full it takes
-one token per forward (``max_feed``), whose query sees every held row, so no mask at all.
+one token per forward (``max_feed``), whose query sees every held row, so no mask at all. Except
+on a layer with its own sliding window (Gemma 3's sliding layers): ``ring_positions`` names each
+held row's position (in the convention below) and the model masks those outside that window.
 
 Positions once rows are evicted (RoPE models). Attention scores under RoPE depend only on the
 distance between a query's and a key's positions. Cached K is stored rotated at its original
@@ -16,7 +18,8 @@ position, the query at its own.
   numbered 0..S+W-1 in order, the query last. The window's rows are contiguous up to the query,
   so their distances are unchanged; only the S sinks move, ``E`` (= evicted count) positions
   closer. Rotating the sink keys forward by E (RoPE rotations compose) gives exactly that, and
-  costs S rows per layer per step.
+  costs S rows per layer per step, each layer by its own RoPE base (Gemma 3: ``rope_local_theta`` on
+  its sliding layers, ``rope_theta`` on the global ones).
 GPT-2 adds learned positions to the input, so its cached rows carry them and cannot be moved
 (``kv_spec.resolve`` refuses ``positions="cache"`` there).
 """
@@ -169,8 +172,18 @@ class QuantizedKVCache(_StoreCache):
         self._hi = cp.pos
 
 
+def layer_thetas(config: GPTConfig) -> list[float]:
+    """Each layer's RoPE base: Gemma 3's sliding layers (``layer_types``) rotate with
+    ``rope_local_theta``, every other layer with ``rope_theta``."""
+    kinds = getattr(config, "layer_types", None) or ("full",) * config.n_layer
+    glob = float(getattr(config, "rope_theta"))
+    return [float(getattr(config, "rope_local_theta")) if k == "sliding" else glob for k in kinds]
+
+
 class WindowKVCache(_StoreCache):
-    """``sinks`` slots kept forever, then a ring of ``window`` slots: exactly S + W rows once full."""
+    """``sinks`` slots kept forever, then a ring of ``window`` slots: exactly S + W rows once full,
+    the same rows on every layer (Gemma 3's sliding layers mask those outside their own window by
+    the positions ``ring_positions`` names)."""
 
     kind = "window"
 
@@ -182,12 +195,14 @@ class WindowKVCache(_StoreCache):
         self.capacity = spec.sinks + spec.window
         self.store = _store(spec, config, batch, self.capacity, torch.device(device), dtype)
         super().__init__(config, batch, device, dtype)
-        self.inv_freq: torch.Tensor | None = None
+        # Each layer's RoPE frequencies, to move its sinks (None: nothing is rotated).
+        self.inv_freq: list[torch.Tensor | None] = [None] * config.n_layer
         if spec.positions == "cache" and spec.sinks:
-            theta = float(getattr(config, "rope_theta"))
             hs = config.head_dim
             # as rope_tables computes them, in fp64 so a rotation by E adds no error of its own
-            self.inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+            thetas = layer_thetas(config)
+            freqs = {t: 1.0 / (t ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs)) for t in set(thetas)}
+            self.inv_freq = [freqs[t] for t in thetas]
 
     @property
     def held(self) -> int:
@@ -229,16 +244,29 @@ class WindowKVCache(_StoreCache):
         if T != 1:
             raise ValueError(f"a full window cache takes one token per forward (got {T}); see max_feed()")
         self.store.write(layer_idx, self.slot_of(self.pos), k, v)  # overwrites the oldest window row
-        ks, vs = self.store.read(layer_idx, self.capacity)  # (B, nkv, S+W, hs), ring order: no mask needs it
-        if self.inv_freq is not None:
+        ks, vs = self.store.read(layer_idx, self.capacity)  # (B, nkv, S+W, hs), slot order (ring_positions)
+        freqs = self.inv_freq[layer_idx]
+        if freqs is not None:
             e = self.pos + 1 - self.capacity  # positions evicted once this token is in
-            ks = torch.cat([self._rotate(ks[:, :, : self.sinks], e), ks[:, :, self.sinks:]], dim=2)
+            ks = torch.cat([self._rotate(ks[:, :, : self.sinks], e, freqs), ks[:, :, self.sinks:]], dim=2)
         return ks, vs
 
-    def _rotate(self, k: torch.Tensor, e: int) -> torch.Tensor:
+    def ring_positions(self, window: int, T: int) -> torch.Tensor | None:
+        """The position each row ``update`` returns stands at for a T-token step at ``pos``, in the
+        spec's convention (the sinks at j + E under ``positions="cache"``, where their rotated keys
+        now sit; at j under "original"), or None while nothing is evicted (slot = position). The
+        same rows on every layer; a sliding layer (Gemma 3) masks those outside its ``window``."""
+        if self.pos + T <= self.capacity or T != 1:
+            return None  # an ordinary cache; a longer step past capacity is refused by update
+        S, W = self.sinks, self.window
+        lo = self.pos - W + 1  # the oldest position the ring holds once this token is in
+        ring = lo + (torch.arange(W) - (lo - S)) % W  # slot S + s holds the q in lo..pos with (q - S) % W == s
+        shift = self.pos + 1 - self.capacity if self.spec.positions == "cache" else 0
+        return torch.cat([torch.arange(S) + shift, ring])  # (S+W,)
+
+    def _rotate(self, k: torch.Tensor, e: int, inv_freq: torch.Tensor) -> torch.Tensor:
         """Keys rotated at position p -> rotated at p + e (RoPE: R(p + e) = R(e) R(p))."""
-        assert self.inv_freq is not None
-        ang = torch.cat([self.inv_freq, self.inv_freq]) * e  # (hs,): the half-split layout
+        ang = torch.cat([inv_freq, inv_freq]) * e  # (hs,): the half-split layout
         cos, sin = ang.cos().to(k.dtype), ang.sin().to(k.dtype)
         return apply_rope(k, cos.to(k.device), sin.to(k.device))
 

@@ -75,6 +75,20 @@ def check_group(dtype: str, group: int, head_dim: int) -> str | None:
     return None
 
 
+ROPE_FAMILIES = ("llama", "gemma3")  # K is rotated by its position after the projection (RoPE)
+
+
+def rotates_keys(family: str) -> bool:
+    """Whether a model family positions its keys by RoPE, so a window cache may renumber them
+    (``positions="cache"``, StreamingLLM); GPT-2 adds learned positions at the input instead."""
+    return family in ROPE_FAMILIES
+
+
+def position_rules(family: str) -> list[str]:
+    """The position conventions a window cache offers on ``family``, the default first."""
+    return list(POSITIONS) if rotates_keys(family) else ["original"]
+
+
 def _int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -82,8 +96,9 @@ def _int(v: object) -> bool:
 def resolve(spec: KVSpec, family: str, head_dim: int, block_size: int) -> KVSpec:
     """The spec with ``positions`` filled in, or a KVVizError saying what cannot work and why.
 
-    ``family`` is the model's ``model_type`` ("llama" rotates K by position; GPT-2 adds learned
-    absolute positions to the input).
+    ``family`` is the model's ``model_type`` ("llama" and "gemma3" rotate K by position; GPT-2 adds
+    learned absolute positions to the input). Gemma 3's sliding layers keep their own window besides:
+    the model masks the window cache's rows outside it (``WindowKVCache.ring_positions``).
     """
     if spec.kv_dtype is not None and spec.kv_dtype not in KV_DTYPES:
         raise KVVizError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} (got {spec.kv_dtype!r})")
@@ -98,10 +113,6 @@ def resolve(spec: KVSpec, family: str, head_dim: int, block_size: int) -> KVSpec
             raise KVVizError("sinks need a window: the sink positions are what a sliding window keeps besides "
                              "its last W positions")
         return spec
-    if family == "gemma3":
-        # Its sliding layers mask a cache that holds every position; a window cache holds fewer.
-        raise KVVizError("Gemma 3 already keeps a 512-token window on 15 of its 18 layers; a run-time window "
-                         "over every layer is not supported on it yet (quantized K/V is)")
     if not _int(spec.window) or spec.window < 1:
         raise KVVizError(f"the window must be a positive number of positions (got {spec.window!r})")
     if spec.window > block_size:
@@ -113,7 +124,7 @@ def resolve(spec: KVSpec, family: str, head_dim: int, block_size: int) -> KVSpec
         raise KVVizError(f"sinks ({spec.sinks}) must be fewer than the window ({spec.window}): StreamingLLM keeps a "
                          "few sink positions (4) beside a much longer recent window")
     positions = spec.positions
-    rope = family == "llama"
+    rope = rotates_keys(family)
     if positions is None:
         positions = "cache" if rope else "original"
     if positions not in POSITIONS:

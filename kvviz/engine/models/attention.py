@@ -9,10 +9,10 @@ A sliding window of W (Mistral's every layer, Gemma 3's sliding ones) also hides
 than W - 1 positions behind its query (key j is seen by query i when i - W < j <= i, as
 transformers' and llama.cpp's masks do). While all keys lie within the window the plain rules above
 hold, so short runs take SDPA's fast paths. A cache that keeps only the window (a static or
-quantized ring, a paged layer that let blocks go) hands back rows that are not positions
-0..start+T-1; ``KVCache.ring_positions`` names the position of each, and ``ring_mask`` masks over
-them. ``window_mask`` picks between the two for a forward; ``keys_by_position`` lays a ring's rows
-back out at their positions for the attention capture.
+quantized ring, a paged layer that let blocks go, a run-time ``WindowKVCache`` once full) hands
+back rows that are not positions 0..start+T-1; ``KVCache.ring_positions`` names the position of
+each, and ``ring_mask`` masks over them. ``window_mask`` picks between the two for a forward;
+``keys_by_position`` lays a ring's rows back out at their positions for the attention capture.
 """
 from __future__ import annotations
 
@@ -53,11 +53,7 @@ def sliding_mask(T: int, start: int, input_pos: torch.Tensor, window: int) -> tu
 
 def ring_mask(keys: torch.Tensor, input_pos: torch.Tensor, window: int) -> tuple[torch.Tensor | None, bool]:
     """A sliding layer's mask over a ring cache's rows, ``keys`` (S,) naming the position each holds:
-    query at p sees the rows holding p - window + 1 .. p. One query over at most ``window`` rows sees
-    all of them: a full ring is exactly its window, and a paged sliding layer's held blocks run
-    contiguously up to the query, so only more than ``window`` of them reach past it."""
-    if input_pos.numel() == 1 and keys.numel() <= window:
-        return None, False  # the rows are then exactly within the query's window (KVCache.ring_positions)
+    query at p sees the rows holding p - window + 1 .. p (``window_mask`` skips it when every row does)."""
     p = input_pos[:, None]
     return (keys[None, :] <= p) & (keys[None, :] > p - window), False  # (T, S)
 
@@ -65,10 +61,18 @@ def ring_mask(keys: torch.Tensor, input_pos: torch.Tensor, window: int) -> tuple
 def window_mask(T: int, start: int, input_pos: torch.Tensor, window: int,
                 cache: HeldRows | None) -> tuple[torch.Tensor | None, bool]:
     """A sliding layer's mask for this forward: over the rows a windowed cache holds (``ring_mask``)
-    when it has let positions go, else over every position (``sliding_mask``)."""
+    when it has let positions go, else over every position (``sliding_mask``).
+
+    One query (at ``start``) whose rows all lie within its window needs no mask: a full ring is
+    exactly its window, a paged sliding layer's held blocks run contiguously up to the query, and a
+    run-time window cache (``WindowKVCache``) of S + W <= window rows renumbered as StreamingLLM
+    does. Its sinks at their original positions may lie further back: then the mask hides them."""
     ring = cache.ring_positions(window, T) if cache is not None else None
     if ring is None:
         return sliding_mask(T, start, input_pos, window)
+    # ring is built on the CPU (the caches' arange), so min() costs no device sync
+    if T == 1 and ring.numel() <= window and int(ring.min()) > start - window:
+        return None, False
     return ring_mask(ring.to(input_pos.device), input_pos, window)
 
 

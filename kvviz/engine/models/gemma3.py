@@ -20,8 +20,11 @@ The static cache keeps a ring of the window's rows for a sliding layer (``KVCach
 names the position each row holds; ``attention.ring_mask`` masks a chunk over them) and every
 position for a global one; the paged cache lets go of a sliding layer's blocks once they are wholly out of the
 window and names the held rows' positions the same way. The concat cache holds every position of
-every layer; there a sliding layer's window is a mask over them (``attention.sliding_mask``). The
-forward/cache/capture contract is Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
+every layer; there a sliding layer's window is a mask over them (``attention.sliding_mask``). A
+run-time window cache (``WindowKVCache``: S sinks + a ring of W, the same rows on every layer) names
+its rows' positions the same way once full, so a sliding layer masks the rows outside its own
+window (``layer_inputs``) and a global one sees all S + W. The forward/cache/capture contract is
+Llama's: ``cache.update`` writes post-RoPE K, the generator advances the cache.
 """
 from __future__ import annotations
 
@@ -201,9 +204,12 @@ class Gemma3Attention(nn.Module):
         if capture is not None and self.layer_idx in capture.layers:
             capture.q_last[self.layer_idx] = q[:, :, -1:, :]  # (B, nh, 1, hs), post-norm, post-RoPE
             S = (cache.pos if cache is not None else 0) + T  # positions so far, this step's included
-            kk, vv = keys_by_position(k, v, cache, self.window, T)  # a ring's rows at their positions
-            if self.sliding and S > self.window:
-                capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
+            if cache is not None and cache.kind == "window" and k.shape[2] != S:
+                kk, vv = k, v  # a full window cache's S + W rows in slot order, as Llama's capture has them
+            else:
+                kk, vv = keys_by_position(k, v, cache, self.window, T)  # a ring's rows at their positions
+                if self.sliding and S > self.window:
+                    capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
             capture.k[self.layer_idx] = kk
             capture.v[self.layer_idx] = vv
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,

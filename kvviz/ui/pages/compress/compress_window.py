@@ -12,6 +12,7 @@ from kvviz import LoadedModel
 from kvviz.charts import compress_charts as cc
 from kvviz.charts.tokens import plotly_text
 from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.kvcache.kv_spec import position_rules, rotates_keys
 from kvviz.engine.loading.loader import ASSETS
 from kvviz.errors import KVVizError
 from kvviz.measure.kv_curves import measure
@@ -33,8 +34,8 @@ GPT2_NOTE = (
     "This is a GPT-2-family model: it adds a learned position embedding to each token at the input, so every "
     "cached K/V row already carries its position, mixed into its values by the layers. The cache cannot "
     "renumber positions the way StreamingLLM does with RoPE (where a position is a rotation applied to K "
-    "afterwards), so the window here keeps the original positions. Choose a Llama model (SmolLM2) for "
-    "StreamingLLM's positions.")
+    "afterwards), so the window here keeps the original positions. Choose a Llama model (SmolLM2) or "
+    "Gemma 3 for StreamingLLM's positions.")
 
 
 STORY = "Once upon a time, there was a little"
@@ -51,17 +52,23 @@ def prompt_kwargs(s: Settings, which: str) -> dict[str, Any]:
 
 
 def window_tab(s: Settings, model: LoadedModel) -> None:
-    rope = getattr(model.config, "model_type", "gpt2") == "llama"
+    family = getattr(model.config, "model_type", "gpt2")
+    rope = rotates_keys(family)
     st.caption("A ring buffer of the last W positions, plus S sink positions kept forever (StreamingLLM: the first "
                "tokens soak up attention that has nowhere else to go; evict them and the model falls apart). "
                f"The same prompt with the full cache beside it. {where(model)}")
     if not rope:
         st.info(GPT2_NOTE)
+    kinds = getattr(model.config, "layer_types", None)
+    if kinds:  # Gemma 3: the window cache's rows on every layer, its own window on the sliding ones
+        st.caption(f"{sum(k == 'sliding' for k in kinds)} of this model's {len(kinds)} layers slide their own "
+                   f"window of {model.config.sliding_window} positions: there the held rows further back than "
+                   "that (by the positions chosen below) stay masked; the others see all S + W.")
     block = model.config.block_size
     with st.container(horizontal=True, vertical_alignment="bottom"):
         w = int(st.number_input("Window W", 2, block, min(32, block), key="kvw_window", width=130))
         sk = int(st.number_input("Sinks S", 0, 64, 4, key="kvw_sinks", width=110))
-        pos = st.selectbox("Positions", ["cache", "original"] if rope else ["original"], key="kvw_pos", width=150,
+        pos = st.selectbox("Positions", position_rules(family), key="kvw_pos", width=150,
                            format_func=lambda p: {"cache": "within the cache", "original": "original"}[p],
                            help=POSITIONS_HELP)
         n = int(st.number_input("New tokens", 4, 512, 64, key="kvw_new", width=120))
