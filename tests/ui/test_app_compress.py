@@ -92,3 +92,26 @@ def test_curves_measured_on_demand() -> None:
     live = [d.value for d in at.dataframe if "perplexity (all positions)" in d.value.columns][-1]
     assert list(live["cache"]) == ["full", "window 16", "4 sinks + window 16"]  # GPT-2: no renumbering
     assert (live["perplexity (all positions)"] > 1).all()
+
+
+def test_calculator_bytes_follow_each_layers_window_on_gemma3() -> None:
+    """The quantized tab's calculator figure, layer by layer: past its window a sliding layer of
+    Gemma 3 holds its window, and the live quantized cache's bytes equal the figure at every length."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    import kvviz
+    from kvviz.ui.pages.compress.compress import _calculator_bytes
+
+    folder = str(Path(__file__).resolve().parents[1] / "engine")
+    if folder not in sys.path:  # the test folders are not packages
+        sys.path.insert(0, folder)
+    m = importlib.import_module("test_gemma3_tiny").tiny()  # 3 layers, 2 sliding with a window of 5
+    for dt, n in (("int8", 3), ("int4", 12), ("fp8", 12)):
+        run = kvviz.generate(m, prompt_ids=[7, 8, 9, 10], max_new_tokens=n, kv_dtype=dt, kv_group_size=8)
+        positions = 4 + run.events[-1].step
+        assert run.events[-1].cache_bytes_used == _calculator_bytes(m, dt, 8, False, "tensor", positions), dt
+    # by hand, int8 in groups of 8 over 16 dims: 16 code bytes + 2 fp16 scales = 20 B a vector, K and V;
+    # 16 positions on the global layer, the window's 5 on each sliding one
+    assert _calculator_bytes(m, "int8", 8, False, "tensor", 16) == 2 * 20 * (16 + 5 + 5)

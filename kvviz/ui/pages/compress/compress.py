@@ -19,6 +19,7 @@ from kvviz.engine.generation.loop import iter_generate
 from kvviz.engine.generation.request import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
+from kvviz.engine.kvcache.dense import layer_windows
 from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
 from kvviz.ui.pages.compress import compress_window
 from kvviz.ui.common.figs import show
@@ -145,10 +146,12 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
 
 def _calculator_bytes(model: LoadedModel, dt: str | None, group: int | None, zp: bool, fp8: str,
                       positions: int) -> int:
-    """What the calculator says a cache of these settings holds after ``positions`` tokens."""
+    """What the calculator says a cache of these settings holds after ``positions`` tokens, layer by
+    layer: a sliding layer (Gemma 3) holds at most its own window."""
     c = model.config
-    shape = CacheShape(c.n_layer, c.kv_heads, c.head_dim, torch.empty((), dtype=model.dtype).element_size())
-    return cache_bytes(shape, Compression(dt, group, zp, fp8), positions)
+    one = CacheShape(1, c.kv_heads, c.head_dim, torch.empty((), dtype=model.dtype).element_size())
+    comp = Compression(dt, group, zp, fp8)
+    return sum(cache_bytes(one, comp, positions if w is None else min(positions, w)) for w in layer_windows(c))
 
 
 def _quant_results(res: list[QuantResult], model: LoadedModel) -> None:
