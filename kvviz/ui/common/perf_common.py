@@ -53,8 +53,11 @@ def prompt_ids(s: Settings, model: LoadedModel) -> tuple[tuple[int, ...], str]:
     return tuple(model.tokenizer.encode(s.prompt)), s.prompt
 
 
-def page_model() -> tuple[Settings, LoadedModel] | None:
-    """The sidebar's settings and model; None (with an error shown) when the model will not load."""
+def page_model(title: str, intro: str) -> tuple[Settings, LoadedModel] | None:
+    """A measuring page's start: its title and introduction, then the sidebar's settings and model;
+    None (with an error shown under the introduction) when the model will not load."""
+    st.title(title)
+    st.markdown(intro)
     s = settings()
     try:
         return s, get_model(s.model, s.device, s.dtype)

@@ -27,9 +27,7 @@ PROMPT_CHOICES = {"same": "Same prompt repeated", "different": "Different prompt
 
 
 def page() -> None:
-    st.title("Batching")
-    st.markdown(INTRO)
-    got = page_model()
+    got = page_model("Batching", INTRO)
     if got is None:
         return
     s, model = got

@@ -37,9 +37,7 @@ BLOCK_SIZES = (4, 8, 16, 32)
 
 
 def page() -> None:
-    st.title("Chat: a cache that lives across turns")
-    st.markdown(INTRO)
-    got = page_model()
+    got = page_model("Chat: a cache that lives across turns", INTRO)
     if got is None:
         return
     s, base = got

@@ -59,9 +59,7 @@ class QuantResult:
 
 
 def page() -> None:
-    st.title("Compression lab")
-    st.markdown(INTRO)
-    got = page_model()
+    got = page_model("Compression lab", INTRO)
     if got is None:
         return
     s, model = got

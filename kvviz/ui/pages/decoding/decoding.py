@@ -42,9 +42,7 @@ SPEC_PROMPTS = {  # the first is the default: prompt lookup wins on text that re
 
 
 def page() -> None:
-    st.title("Decoding strategies")
-    st.markdown(INTRO)
-    got = page_model()
+    got = page_model("Decoding strategies", INTRO)
     if got is None:
         return
     s, model = got

@@ -35,9 +35,7 @@ INTRO = (
 
 
 def page() -> None:
-    st.title("Prefill vs decode")
-    st.markdown(INTRO)
-    got = page_model()
+    got = page_model("Prefill vs decode", INTRO)
     if got is None:
         return
     s, model = got

@@ -39,9 +39,7 @@ INTRO = (
 
 
 def page() -> None:
-    st.title("Cache vs no cache")
-    st.markdown(INTRO)
-    got = page_model()
+    got = page_model("Cache vs no cache", INTRO)
     if got is None:
         return
     s, model = got
