@@ -114,19 +114,42 @@ def one_plus(norm: torch.nn.Module) -> torch.Tensor:
     return (1.0 + norm.weight.detach().float()).contiguous()
 
 
-def _call(names: tuple[str, ...], weights: tuple[torch.Tensor, ...], codes: Mapping[str, BlockCodes], threads: int,
-          eps: float, norm: torch.Tensor | None = None, geglu: bool = False,
-          post: torch.Tensor | None = None, qk: tuple[torch.Tensor, torch.Tensor, int, int] | None = None) -> Call | None:
+Group = tuple[tuple[str, ...], tuple[torch.Tensor, ...]]  # one fused call's parameter names and parameters
+
+
+def groups(model: Gemma3) -> list[Group]:
+    """Every fused call's weights in step order: each layer's q|k|v, o, gate|up and down, then the
+    tied head (the embedding), by transformers' names (the keys of the GGUF's codes)."""
+    out: list[Group] = []
+    for i, layer in enumerate(model.model.layers):
+        a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
+        out += [((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
+                 (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
+                ((p + "self_attn.o_proj.weight",), (a.o_proj.weight,)),
+                ((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight)),
+                ((p + "mlp.down_proj.weight",), (m.down_proj.weight,))]
+    return out + [(("model.embed_tokens.weight",), (model.model.embed_tokens.weight,))]
+
+
+def matching_codes(group: Group, codes: Mapping[str, BlockCodes]) -> list[BlockCodes] | None:
+    """The group's codes when every one of its weights has codes that rebuild it, else None."""
+    names, weights = group
+    cs = [codes.get(n) for n in names]
+    return cs if all(c is not None and codes_match(c, w) for c, w in zip(cs, weights)) else None  # type: ignore[misc]
+
+
+def _call(group: Group, codes: Mapping[str, BlockCodes], threads: int, eps: float, norm: torch.Tensor | None = None,
+          geglu: bool = False, post: torch.Tensor | None = None,
+          qk: tuple[torch.Tensor, torch.Tensor, int, int] | None = None) -> Call | None:
     """One fused call: on the weights' codes when every one has matching codes, else the fp32 row
     kernel on the parameters (None when neither can be had)."""
-    cs = [codes.get(n) for n in names]
+    cs = matching_codes(group, codes)
     n_eps, p_eps = (None if norm is None else (norm, eps)), (None if post is None else (post, eps))
-    if all(c is not None and codes_match(c, w) for c, w in zip(cs, weights)):
-        op = block_dot(cs, threads, norm=n_eps, geglu=geglu, post=p_eps,  # type: ignore[arg-type]
-                       qk_norm=None if qk is None else (*qk, eps))
+    if cs is not None:
+        op = block_dot(cs, threads, norm=n_eps, geglu=geglu, post=p_eps, qk_norm=None if qk is None else (*qk, eps))
         if op is not None:
             return Call(op)
-    row = row_dot(tuple(w.detach() for w in weights), None, threads, norm=n_eps)
+    row = row_dot(tuple(w.detach() for w in group[1]), None, threads, norm=n_eps)
     return None if row is None else Call(row, geglu, post, eps)
 
 
@@ -135,29 +158,24 @@ def build_plan(model: Gemma3, codes: Mapping[str, BlockCodes], threads: int) -> 
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return None
     eps = model.config.rms_norm_eps
+    every = groups(model)
     layers = []
     for i, layer in enumerate(model.model.layers):
-        a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
-        calls = (
-            _call((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
-                  (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), codes, threads, eps,
-                  norm=one_plus(layer.input_layernorm),
-                  qk=(one_plus(a.q_norm), one_plus(a.k_norm), a.n_head, a.n_kv_head)),
-            _call((p + "self_attn.o_proj.weight",), (a.o_proj.weight,), codes, threads, eps,
-                  post=one_plus(layer.post_attention_layernorm)),
-            _call((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight),
-                  codes, threads, eps, norm=one_plus(layer.pre_feedforward_layernorm), geglu=True),
-            _call((p + "mlp.down_proj.weight",), (m.down_proj.weight,), codes, threads, eps,
-                  post=one_plus(layer.post_feedforward_layernorm)))
+        a = layer.self_attn
+        qkv, o, gate_up, down = every[4 * i: 4 * i + 4]
+        calls = (_call(qkv, codes, threads, eps, norm=one_plus(layer.input_layernorm),
+                       qk=(one_plus(a.q_norm), one_plus(a.k_norm), a.n_head, a.n_kv_head)),
+                 _call(o, codes, threads, eps, post=one_plus(layer.post_attention_layernorm)),
+                 _call(gate_up, codes, threads, eps, norm=one_plus(layer.pre_feedforward_layernorm), geglu=True),
+                 _call(down, codes, threads, eps, post=one_plus(layer.post_feedforward_layernorm)))
         if any(c is None for c in calls):
             return None
         layers.append(LayerMats(*calls))  # type: ignore[arg-type]
-    head = _call(("model.embed_tokens.weight",), (model.model.embed_tokens.weight,), codes, threads, eps,
-                 norm=one_plus(model.model.norm))
+    head = _call(every[-1], codes, threads, eps, norm=one_plus(model.model.norm))
     if head is None:
         return None
-    every = [c for lay in layers for c in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [head]
-    return Gemma3Plan(threads, tuple(layers), head, sum(c.nbytes[0] for c in every), sum(c.nbytes[1] for c in every))
+    made = [c for lay in layers for c in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [head]
+    return Gemma3Plan(threads, tuple(layers), head, sum(c.nbytes[0] for c in made), sum(c.nbytes[1] for c in made))
 
 
 class FastGemma3:

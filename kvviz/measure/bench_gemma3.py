@@ -11,12 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.models.gemma3 import SLIDING, Gemma3
 from kvviz.fast.blockdot import BlockCodes, block_dot
-from kvviz.fast.gemma3_flat import codes_match
+from kvviz.fast.gemma3_flat import groups, matching_codes
 from kvviz.fast.llama_flat import Linear
 from kvviz.fast.rowops import RowDot
 
@@ -73,20 +71,10 @@ def gemma3_matmuls(model: LoadedModel, coded: bool = True) -> list[Linear]:
     net = model.model
     assert isinstance(net, Gemma3)
     codes = getattr(model.fast, "codes", {}) if coded else {}
-
-    def lin(names: tuple[str, ...], ws: tuple[torch.Tensor, ...]) -> Linear:
-        ws = tuple(w.detach() for w in ws)
-        cs = tuple(codes.get(n) for n in names)
-        if codes and all(c is not None and codes_match(c, w) for c, w in zip(cs, ws)):
-            return CodedLinear(ws, tuple(None for _ in ws), cs)  # type: ignore[arg-type]
-        return Linear(ws, tuple(None for _ in ws))
-
     out: list[Linear] = []
-    for i, layer in enumerate(net.model.layers):
-        a, m, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
-        out += [lin((p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"),
-                    (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)),
-                lin((p + "self_attn.o_proj.weight",), (a.o_proj.weight,)),
-                lin((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight)),
-                lin((p + "mlp.down_proj.weight",), (m.down_proj.weight,))]
-    return out + [lin(("model.embed_tokens.weight",), (net.model.embed_tokens.weight,))]
+    for group in groups(net):
+        ws = tuple(w.detach() for w in group[1])
+        cs = matching_codes(group, codes)
+        out.append(Linear(ws, tuple(None for _ in ws)) if cs is None
+                   else CodedLinear(ws, tuple(None for _ in ws), tuple(cs)))
+    return out
