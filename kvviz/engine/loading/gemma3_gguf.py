@@ -122,19 +122,17 @@ def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.f
     tensors = check_tensors(g.tensors, config, path.name)
     t1 = time.perf_counter()
     sd: dict[str, torch.Tensor] = {}
+    codes: dict[str, BlockCodes] = {}
+    keep = keep_codes and dtype == torch.float32
     for name, t in tensors.items():
-        w = dequantize_tensor(t)
+        c = block_codes(t)  # unpacked once: the fp32 weight is rebuilt from it, and kept for kvviz.fast
+        w = dequantize_tensor(t, c)
         if name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stored 1 + w
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
-    t2 = time.perf_counter()
-    codes: dict[str, BlockCodes] = {}
-    if keep_codes and dtype == torch.float32:
-        for name, t in tensors.items():
-            c = block_codes(t)
-            if c is not None:
-                codes[name] = c
+        if keep and c is not None:
+            codes[name] = c
     info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
-            "dequantize_seconds": t2 - t1, "codes_seconds": time.perf_counter() - t2,
-            "codes_bytes": sum(c.nbytes for c in codes.values()), "general.name": g.metadata.get("general.name")}
+            "dequantize_seconds": time.perf_counter() - t1, "codes_bytes": sum(c.nbytes for c in codes.values()),
+            "general.name": g.metadata.get("general.name")}
     return Gemma3GGUF(config, sd, g.metadata, info, codes)

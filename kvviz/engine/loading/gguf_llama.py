@@ -41,9 +41,11 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from kvviz.engine.loading.gguf_checks import check_architecture, family_of
+from kvviz.engine.loading.gguf_codes import block_codes
 from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
+from kvviz.fast.blockdot import BlockCodes
 
 # What ``dequantize_tensor`` reads, every family (the Gemma 3 reader takes this tuple too): the
 # float types and the block types of llama.cpp's common files (Q4_K_M mixes Q4_K, Q5_0/Q5_1, Q6_K).
@@ -235,8 +237,14 @@ def unpermute_rope_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(out_rows, n_in)  # (head, member, pair, in) -> (out, in)
 
 
-def dequantize_tensor(t: LiteTensor) -> torch.Tensor:
-    """One tensor dequantized in numpy to fp32, in torch's shape (every family's loader uses it)."""
+def dequantize_tensor(t: LiteTensor, codes: BlockCodes | None = None) -> torch.Tensor:
+    """One tensor dequantized to fp32, in torch's shape (every family's loader uses it). A matrix of a
+    type the block codes cover is rebuilt from them (``codes`` when the caller unpacked them already):
+    value for value what gguf's dequantizer gives (tests/engine/test_gguf_codes.py), in a quarter
+    of its time (Gemma 3 270M: 1.0 s instead of 4.0-4.4 s). Any other tensor goes through gguf."""
+    c = codes if codes is not None else block_codes(t)
+    if c is not None:
+        return c.weight()
     arr = dequantize(t.data, t.tensor_type).reshape(t.shape)  # (rows, row bytes) -> values
     if not arr.flags.writeable:  # F32 comes back as a view of the read-only file mapping
         arr = np.array(arr)
