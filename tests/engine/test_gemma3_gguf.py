@@ -71,5 +71,14 @@ def test_damaged_or_partial_files(tmp_path: Path) -> None:
     cut.write_bytes(full.read_bytes()[:-1000])
     with pytest.raises(kvviz.KVVizError, match="truncated"):
         kvviz.load_model(str(cut))
+    # a NaN block scale: the Q8_0 block's 32 weights are NaN, refused at load with the tensor named
+    nan = tmp_path / "nan.gguf"
+    data = bytearray(full.read_bytes())
+    at = next(t for t in gguf.GGUFReader(full).tensors if t.name == "blk.0.attn_q.weight").data_offset
+    data[at:at + 2] = np.array([np.nan], dtype=np.float16).tobytes()
+    nan.write_bytes(bytes(data))
+    with pytest.raises(kvviz.KVVizError, match=r"nan\.gguf is damaged: model\.layers\.0\.self_attn\.q_proj\.weight "
+                                               r"holds 32 NaN and 0 infinite values"):
+        kvviz.load_model(str(nan))
     bare = kvviz.load_model(str(write_gemma3_gguf(tmp_path / "bare.gguf", hf, tokenizer=False)))
     assert not bare.has_tokenizer and len(kvviz.generate(bare, prompt_ids=[5, 6], max_new_tokens=3).generated_ids) == 3

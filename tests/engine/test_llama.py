@@ -249,6 +249,18 @@ def test_hf_folder_refuses_integer_tensors(hf_folder: Path, tmp_path: Path) -> N
         load_llama_folder(tmp_path, _edit_config(hf_folder))
 
 
+def test_hf_folder_refuses_infinite_weights(hf_folder: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(hf_folder / "model.safetensors"))
+    sd["model.layers.0.mlp.up_proj.weight"][2, 3] = float("inf")
+    sd["model.layers.0.mlp.up_proj.weight"][4, 5] = float("nan")
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(KVVizError, match=r"model.safetensors is damaged: model.layers.0.mlp.up_proj.weight holds 1 NaN "
+                                         r"and 1 infinite values"):
+        load_llama_folder(tmp_path, _edit_config(hf_folder))
+
+
 def test_hf_folder_reports_cost(hf_folder: Path) -> None:
     out = load_model(str(hf_folder), device="cpu")
     m = out.model

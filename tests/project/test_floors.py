@@ -41,7 +41,8 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
     "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
-    "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as the block kernel's codes: bytes only
+    "kvviz.engine.loading.gguf_codes": 1,
+    "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check  # a quantized tensor's blocks as the block kernel's codes: bytes only
     # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
     # (5); their records are plain dataclasses (1).
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,

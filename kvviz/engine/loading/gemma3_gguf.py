@@ -20,6 +20,7 @@ import torch
 
 from kvviz.engine.loading.gguf_codes import block_codes
 from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
+from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.loading.gguf_llama import (SUPPORTED_TYPES, dequantize_tensor, map_name, match_tensors, meta_float,
                                              meta_int, type_counts)
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
@@ -132,6 +133,7 @@ def load_gemma3_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.f
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
         if keep and c is not None:
             codes[name] = c
+    check_finite(sd, path.name)
     info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "codes_bytes": sum(c.nbytes for c in codes.values()),
             "general.name": g.metadata.get("general.name")}

@@ -43,6 +43,7 @@ from gguf.quants import dequantize
 from kvviz.engine.loading.gguf_checks import check_architecture, family_of
 from kvviz.engine.loading.gguf_codes import block_codes
 from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
+from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 from kvviz.fast.blockdot import BlockCodes
@@ -269,6 +270,7 @@ def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32)
         elif permuted and name.endswith("k_proj.weight"):
             w = unpermute_rope_rows(w, config.kv_heads)
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
+    check_finite(sd, path.name)
     info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name"),
             "family": config.family}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from kvviz.engine.loading.safetensors_header import safetensors_header
+from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.models.llama import Llama, LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
 from kvviz.units import SAFETENSORS_FLOAT_DTYPES as FLOAT_DTYPES
@@ -172,6 +173,7 @@ def load_llama_folder(folder: str | Path, raw_config: dict[str, Any],
         raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
     except OSError as e:
         raise KVVizError(f"{where} cannot be read ({e})") from None
+    check_finite(sd, where)
     model = Llama.from_state_dict(cfg, sd).freeze()
     return LlamaLoad(model, None, _finish(model, {"source": str(folder), "file_bytes": weights.stat().st_size}))
 

@@ -24,6 +24,7 @@ import torch
 
 from kvviz.engine.models.config import GPTConfig, show
 from kvviz.engine.loading.safetensors_header import match_header, safetensors_header
+from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.loading.gemma3_package import gemma3_path
 from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path, weights_bytes
 from kvviz.engine.models.gemma3 import Gemma3, Gemma3Config
@@ -405,10 +406,6 @@ def _map_state_dict(sd: dict[str, torch.Tensor], names: dict[str, str], where: s
                          "only GPT-2's tied LM head (tie_word_embeddings=true)")
     # kvviz's Conv1D uses HF's (in, out) layout: no transpose.
     out = {dst: sd[src].float() for src, dst in names.items()}
-    for k, t in out.items():
-        if not bool(torch.isfinite(t).all()):
-            n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-            raise KVVizError(f"{where}/model.safetensors is damaged: {k} holds {n_nan:,} NaN and {n_inf:,} "
-                             "infinite values, so every output would be NaN")
+    check_finite(out, f"{where}/model.safetensors")
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
