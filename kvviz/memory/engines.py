@@ -11,7 +11,8 @@ from typing import Any
 from kvviz.memory.engine_llamacpp import llamacpp_sizing
 from kvviz.memory.engine_mix import length_mix
 from kvviz.memory.engine_sglang import sglang_rest, sglang_sizing
-from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens, vllm_sizing
+from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
+from kvviz.memory.engine_vllm_defaults import default_batched_tokens
 from kvviz.memory.formulas import weight_bytes
 from kvviz.memory.spec import CalcError, ModelSpec
 from kvviz.units import GIB
@@ -50,6 +51,12 @@ class EngineRequest:
     mem_fraction_static: float = 0.9
     page_size: int = 1  # SGLang
     lengths: tuple[int, ...] = ()  # vLLM: real requests' prompt + output lengths, to size from the mix
+    device: str = "cuda"  # vLLM --device cpu: the CPU backend (block 128, VLLM_CPU_KVCACHE_SPACE)
+    async_scheduling: bool = True  # vLLM --no-async-scheduling: False
+    draft: ModelSpec | None = None  # vLLM --speculative-config's draft model (kvviz: --draft-config FILE)
+    n_ubatch: int = 512  # llama.cpp -ub
+    n_batch: int = 2048  # llama.cpp -b
+    flash_attn: bool = True  # llama.cpp -fa (auto: on where the backend supports it)
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ def estimate_parts(spec: ModelSpec, r: EngineRequest) -> dict[str, tuple[int, in
 
 
 def batched_tokens(r: EngineRequest) -> int:
-    return r.max_num_batched_tokens or default_batched_tokens(r.gpu_gib, r.gpu_name)
+    return r.max_num_batched_tokens or default_batched_tokens(r.gpu_gib, r.gpu_name, r.device, r.tp * r.pp)
 
 
 def vllm_estimate(spec: ModelSpec, r: EngineRequest) -> Estimate:
@@ -121,8 +128,12 @@ def engine_provenance(spec: ModelSpec, r: EngineRequest) -> dict[str, str]:
     if r.engine == "vllm":
         out["block_size"] = f"{r.block_size}: --block-size (vLLM's default 16)"
         out["max_num_batched_tokens"] = (f"{batched_tokens(r):,}: --max-num-batched-tokens" if r.max_num_batched_tokens
-                                         else f"{batched_tokens(r):,}: `vllm serve`'s default for this GPU (8,192 on "
-                                              ">= 70 GiB GPUs but the A100, 2,048 on others and without a GPU)")
+                                         else f"{batched_tokens(r):,}: `vllm serve`'s default for this device (16,384 "
+                                              "on >= 160 GiB GPUs, 8,192 on >= 70 GiB ones but the A100 and GB10, "
+                                              "2,048 on others, without a GPU and per CPU worker)")
+        out["device"] = f"{r.device}: --device" + (" (block 128, VLLM_CPU_KVCACHE_SPACE)" if r.device == "cpu" else "")
+        if r.draft is not None:
+            out["draft"] = f"{r.draft.name}: --draft-config ({r.draft.kv_layers} layers with KV)"
         out["available_kv_bytes"] = ("--kv-memory-gib: vLLM's 'Available KV cache memory' line"
                                      if r.kv_memory_gib is not None else
                                      "estimated: GPU x --gpu-memory-utilization - weights - activations - overheads")
@@ -153,13 +164,18 @@ def engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], st
 def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     if r.engine == "vllm":
         return _vllm(spec, r)
+    if r.engine != "vllm" and r.draft is not None:
+        raise CalcError([f"--draft-config is sized for vLLM only: {r.engine} keeps a draft's cache in a separate "
+                         "context or pool, which kvviz does not model yet"])
     if r.engine == "llama.cpp":
         tk = r.type_k or KV_DTYPE_NAMES.get(r.kv_dtype)
         tv = r.type_v or KV_DTYPE_NAMES.get(r.kv_dtype)
         if tk is None or tv is None:
             raise CalcError([f"llama.cpp has no {r.kv_dtype} cache type: use -ctk/-ctv (--cache-type-k/v)"])
-        ll = llamacpp_sizing(spec, r.max_model_len, r.n_seq, tk, tv, r.swa_full, r.kv_unified)
-        text = [f"llama.cpp: -c {r.max_model_len:,} -np {r.n_seq}, K {tk}, V {tv}: {ll.total_bytes:,} B = "
+        ll = llamacpp_sizing(spec, r.max_model_len, r.n_seq, tk, tv, r.swa_full, r.kv_unified, r.n_ubatch,
+                             r.flash_attn, r.n_batch)
+        text = [f"llama.cpp: -c {r.max_model_len:,} -np {r.n_seq} -ub {r.n_ubatch} -fa {'on' if r.flash_attn else 'off'}, "
+                f"K {tk}, V {tv}: {ll.total_bytes:,} B = "
                 f"{ll.total_bytes / GIB:,.2f} GiB", *ll.lines, *(f"note: {n}" for n in ll.notes)]
         return ll.to_dict(), "\n".join(text)
     if r.engine == "sglang":
@@ -183,6 +199,12 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
 
 def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     est = None
+    if r.device == "cpu":
+        # platforms/cpu.py:341-344: the budget is int(VLLM_CPU_KVCACHE_SPACE) GiB; nothing is profiled
+        g = r.kv_memory_gib
+        if g is None or g != int(g):
+            raise CalcError(["the CPU backend's KV budget is VLLM_CPU_KVCACHE_SPACE, a whole number of GiB: give "
+                             f"--kv-memory-gib N (got {g!r})"])
     if r.kv_memory_gib is not None:
         avail = int(r.kv_memory_gib * GIB)
     else:
@@ -192,13 +214,14 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
             raise CalcError([f"the estimate leaves no memory for the KV cache ({avail / GIB:,.2f} GiB): vLLM would "
                              "say 'No available memory for the cache blocks'"])
     v = vllm_sizing(spec, VLLMSettings(avail, r.max_model_len, r.block_size, r.tp, r.pp, r.kv_dtype,
-                                       batched_tokens(r), r.hybrid))
+                                       batched_tokens(r), r.hybrid, r.device, r.async_scheduling, r.draft))
     d = v.to_dict()
     mix = length_mix(v, r.lengths) if r.lengths else None
     d["length_mix"] = None if mix is None else mix.to_dict()
     d["available_kv_source"] = "given (exact)" if est is None else "estimated from the GPU"
     d["estimate"] = None if est is None else est.to_dict()
-    text = [f"vLLM (block {r.block_size}, KV {r.kv_dtype}, tp {r.tp}, pp {r.pp}):"]
+    text = [f"vLLM ({'CPU backend, ' if r.device == 'cpu' else ''}block {r.block_size}, KV {r.kv_dtype}, tp {r.tp}, "
+            f"pp {r.pp}{', draft ' + r.draft.name if r.draft is not None else ''}):"]
     if est is not None:
         text += [f"  {w}: {b / GIB:+,.2f} GiB" + (f" (+- {u / GIB:.2f})" if u else "") for w, b, u in est.parts]
         text.append(f"  = available {avail / GIB:,.2f} GiB +- {est.spread / GIB:.2f} (an estimate; give "

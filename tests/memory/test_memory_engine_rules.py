@@ -1,0 +1,232 @@
+"""Engine sizing round 2 (issue 41): each rule read from the engines' source, with the file and line of
+the version named (vLLM 0.33.0 and the llama.cpp bundled in llama-cpp-python 0.3.36, their PyPI sdists),
+hand-worked, and checked against the figures real engines printed (issue 40's vLLM CPU runs, vllm#19996).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvviz.cli.main import main
+from kvviz.memory import CalcError, load_presets, parse_config
+from kvviz.memory.engine_llamacpp import llamacpp_sizing
+from kvviz.memory.engine_log import parse_vllm_log, reconcile
+from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
+from kvviz.memory.engines import EngineRequest, engine_report
+from kvviz.units import GIB
+
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def presets():
+    return load_presets()
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main(["memory", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def run_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(["memory", *argv])
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- rule 1: the one tokens line
+def test_cpu_backend_smollm2_measured_by_vllm(capsys):
+    """Issue 40: vLLM's CPU build served SmolLM2-135M with VLLM_CPU_KVCACHE_SPACE=1 and printed "CPU KV cache
+    size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x". The CPU backend's block
+    is 128 (vllm/platforms/cpu.py:550-563), its budget the variable's GiB (:341-344). Page = 128 x 3 KV heads
+    x 64 x 2 x 2 B = 98,304 B; 30 layers a block = 2,949,120 B; 1 GiB // that = 364 blocks; a 2,048 request
+    = 16 blocks: 22.75x; int(22.75 x 2,048) = 46,592 (v1/core/kv_cache_utils.py:1120-1153, one line, "CPU")."""
+    d = run_json(capsys, "--preset", "smollm2-135m", "--engine", "vllm", "--device", "cpu", "--kv-memory-gib", "1",
+                 "--max-model-len", "2048")["engine"]
+    assert (d["block_size"], d["bytes_per_block"], d["num_blocks"], d["kv_cache_tokens"]) == (128, 2_949_120, 364, 46_592)
+    assert d["log_lines"][1] == ("CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: "
+                                 "22.75x")
+
+
+def test_cpu_backend_gemma3_270m_hybrid_tokens_line():
+    """Issue 40: Gemma 3 270M's config with dummy weights, 1 GiB, --max-model-len 32768 printed "CPU KV cache
+    size: 202,849 tokens, Maximum concurrency for 32,768 tokens per request: 6.19x". Six groups of 3 layers
+    (5 sliding, 1 full), page 128 x 1 x 256 x 2 x 2 = 131,072 B: 1 GiB // (3 x 131,072) = 2,730 blocks. The
+    CPU backend has no async scheduling (cpu.py:347-348): one batch in flight. Each sliding group holds
+    ceil((511 + 4,096) / 128) + 1 = 37 blocks (kv_cache_interface.py:937-944), the full one 256: 441 blocks a
+    request; 2,730 / 441 = 6.1905x; int(6.1905... x 32,768) = 202,849. blocks // groups x block = 58,240 was
+    kvviz's old line. 4,096 batched tokens is the offline vllm.LLM's CPU default (engine/arg_utils.py:3027-3036;
+    `vllm serve` batches 2,048 there, 7.56x)."""
+    spec = load_presets()["gemma-3-270m"]
+    v = vllm_sizing(spec, VLLMSettings(GIB, 32768, block_size=128, device="cpu", max_num_batched_tokens=4096))
+    assert (v.num_blocks, [g.blocks_per_request for g in v.groups]) == (2730, [37] * 5 + [256])
+    assert v.lines[1] == "CPU KV cache size: 202,849 tokens, Maximum concurrency for 32,768 tokens per request: 6.19x"
+    assert v.tokens_by_groups == 58_240
+    serve = vllm_sizing(spec, VLLMSettings(GIB, 32768, block_size=128, device="cpu"))
+    assert f"{serve.max_concurrency:.2f}" == "7.56"  # 2,730 / (5 x (ceil(2,559 / 128) + 1) + 256) = 2,730 / 361
+
+
+def test_reconciler_reads_the_one_line_format():
+    """The 0.33 line carries tokens and concurrency together; the reconciler reads both, knows the CPU
+    backend from its first word, and compares int(concurrency x max_model_len), not blocks // groups."""
+    spec = load_presets()["gemma-3-270m"]
+    log = parse_vllm_log("INFO [gpu_worker.py:400] Available KV cache memory: 1.00 GiB\n(EngineCore pid=7) INFO "
+                         "[kv_cache_utils.py:1140] CPU KV cache size: 202,849 tokens, Maximum concurrency for 32,768 "
+                         "tokens per request: 6.19x\n")
+    assert (log.device, log.tokens, log.concurrency_len, log.concurrency, log.one_line) == (
+        "CPU", 202_849, 32_768, 6.19, True)
+    rows, notes = reconcile(spec, log, VLLMSettings(0, 32768, block_size=128, max_num_batched_tokens=4096))
+    assert all(r.agrees for r in rows), [r.to_dict() for r in rows]
+    assert rows[1].what == "CPU KV cache size" and any("CPU backend" in n for n in notes)
+    # without the 4,096 batched tokens the concurrency says which setting differs
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 32768, block_size=128))
+    assert not all(r.agrees for r in rows)
+
+
+# ----------------------------------------------------------------------------- rule 9: the error's wording
+def test_too_long_error_reads_model_s_and_links_the_docs(presets):
+    """v1/core/kv_cache_planning.py:66-86: "the model's max seq len", the CPU remark and the docs link; the
+    printed memory is the available less the null block (:1528-1537). The reconciler reads both wordings:
+    an error that says "model's" adds one block back to the printed memory before it estimates."""
+    spec = presets["llama-3-8b"]
+    v = vllm_sizing(spec, VLLMSettings(GIB, 16384))
+    assert "with the model's max seq len (16384), (2.00 GiB KV cache is needed" in v.lines[1]
+    assert "memory (1.00 GiB)" in v.lines[1] and v.lines[1].endswith(
+        "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    log = parse_vllm_log(v.lines[1])
+    assert log.model_s and log.too_long == (16384, 2.0, 1.0, 8176)
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 16384))
+    assert all(r.agrees for r in rows), [r.to_dict() for r in rows]
+
+
+# ----------------------------------------------------------------------------- rule 2: in flight
+def test_sliding_blocks_hold_two_batches_under_async_scheduling(presets):
+    """kv_cache_interface.py:937-944: window - 1 + extra retained + max_in_flight_tokens; config/vllm.py:588-609:
+    in flight = max_concurrent_batches x max_num_batched_tokens, 2 batches under async scheduling (the GPU
+    default, config/vllm.py:1685-1719), PP + 1 with PP (model runner V2), 1 with --no-async-scheduling.
+    gpt-oss-20b, window 128, 2,048 batched: ceil((127 + 4,096) / 16) + 1 = 265; without async 137; at PP 2
+    three batches: ceil((127 + 6,144) / 16) + 1 = 393."""
+    spec = presets["gpt-oss-20b"]
+    blocks = {name: vllm_sizing(spec, s).groups[0].blocks_per_request for name, s in (
+        ("async", VLLMSettings(10 * GIB, 131072)), ("sync", VLLMSettings(10 * GIB, 131072, async_scheduling=False)),
+        ("pp2", VLLMSettings(10 * GIB, 131072, pp=2)), ("cpu", VLLMSettings(10 * GIB, 131072, device="cpu")))}
+    assert blocks == {"async": 265, "sync": 137, "pp2": 393, "cpu": 137}
+
+
+# ----------------------------------------------------------------------------- rule 3: the 16,384 tier
+def test_sixteen_thousand_tier_on_160_gib_gpus(presets):
+    """engine/arg_utils.py:2973-3004: >= 160 GiB (B200) batches 16,384 for `vllm serve`: gpt-oss's sliding
+    group then holds ceil((127 + 2 x 16,384) / 16) + 1 = 2,057 blocks."""
+    d, _ = engine_report(presets["gpt-oss-20b"], EngineRequest("vllm", 131072, kv_memory_gib=10, gpu_gib=178.4,
+                                                               gpu_name="B200"))
+    assert d["max_num_batched_tokens"] == 16384 and d["groups"][0]["blocks_per_request"] == 2057
+
+
+# ----------------------------------------------------------------------------- rule 8: a draft's layers
+EAGLE_LLAMA31_8B = {  # https://huggingface.co/yuhuili/EAGLE-LLaMA3.1-Instruct-8B/blob/main/config.json
+    "model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 2048, "vocab_size": 128256}
+LLAMA31_8B = {  # https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json
+    "model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_size": 4096, "max_position_embeddings": 131072}
+LOG_19996 = """\
+INFO 06-23 14:21:48 [gpu_worker.py:232] Available KV cache memory: 51.63 GiB
+INFO 06-23 14:21:48 [kv_cache_utils.py:716] GPU KV cache size: 410,128 tokens
+INFO 06-23 14:21:48 [kv_cache_utils.py:720] Maximum concurrency for 131,072 tokens per request: 3.13x"""
+
+
+def test_eagle_draft_layers_hold_kv_real_log():
+    """vllm#19996 (Llama-3.1-8B + EAGLE, H100): 51.63 GiB, 410,128 tokens, 3.13x. The draft's one layer has
+    the target's page (8 KV heads x 128), so a block is 33 x 65,536 B = 2,162,688 B: 51.63 GiB holds
+    25,631-25,636 blocks, 410,096-410,176 tokens (that vLLM's blocks x 16); 32 layers would give 422,944.
+    The log is a two-line one: sized with that vLLM's rules (older)."""
+    spec, draft = parse_config(LLAMA31_8B), parse_config(EAGLE_LLAMA31_8B)
+    log = parse_vllm_log(LOG_19996)
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 131072, draft=draft))
+    assert len(rows) == 3 and all(r.agrees for r in rows), [r.to_dict() for r in rows]
+    v = vllm_sizing(spec, VLLMSettings(int(51.63 * GIB), 131072, draft=draft))
+    assert v.bytes_per_block == 33 * 65_536 and v.draft_layers == 1 and v.groups[0].layers[-1] == 32
+    rows, _ = reconcile(spec, log, VLLMSettings(0, 131072))  # without the draft: named as the likely cause
+    assert not rows[1].agrees and "--draft-config" in rows[1].why
+
+
+def test_draft_config_cli_and_other_pages(capsys, tmp_path):
+    """--draft-config FILE through the CLI; a draft with other KV heads joins the target's full-attention
+    group as one UniformTypeKVCacheSpecs group (kv_cache_planning.py:1141-1146): a block is the pages summed,
+    32 x 65,536 + 2 x 32,768 B (a 2-layer draft with 4 KV heads)."""
+    (tmp_path / "t.json").write_text(json.dumps(LLAMA31_8B))
+    (tmp_path / "d.json").write_text(json.dumps({**EAGLE_LLAMA31_8B, "num_hidden_layers": 2, "num_key_value_heads": 4}))
+    d = run_json(capsys, "--config", str(tmp_path / "t.json"), "--engine", "vllm", "--kv-memory-gib", "10",
+                 "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))["engine"]
+    assert d["bytes_per_block"] == 32 * 65_536 + 2 * 32_768 and d["draft_layers"] == 2
+    assert d["num_blocks"] == 10 * GIB // (32 * 65_536 + 2 * 32_768)
+    assert "sized for vLLM only" in run_error(capsys, "--config", str(tmp_path / "t.json"), "--engine", "llama.cpp",
+                                              "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))
+
+
+def test_draft_with_mixed_pages_on_a_hybrid_model_is_refused(presets):
+    """Several attention kinds with different page sizes are packed or rescaled by vLLM
+    (kv_cache_planning.py:914-1043): kvviz says so in one sentence instead of a number."""
+    draft = parse_config({**EAGLE_LLAMA31_8B, "num_key_value_heads": 2})  # 256 values a token, gpt-oss 512
+    with pytest.raises(CalcError, match="does not model yet"):
+        vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 8192, draft=draft))
+
+
+# ----------------------------------------------------------------------------- rule 11: -ub
+def test_ubatch_size_sizes_the_sliding_cache(presets, capsys):
+    """llama-kv-cache-iswa.cpp:73: GGML_PAD(min(size_base, n_swa + n_ubatch), 256). gpt-oss-20b (window
+    128, 12 sliding layers of 8 x 64 values) at -ub 2048: pad(2,176, 256) = 2,304 cells, 12 x 1,024 B x
+    2,304 x 2 (K, V) = 54 MiB; at the default 512, 768 cells and 18 MiB. n_ubatch is at most -b
+    (llama-context.cpp:246-248): -ub 4096 with -b 2048 is 2,048."""
+    swa = llamacpp_sizing(presets["gpt-oss-20b"], 131072, n_ubatch=2048).caches[1]
+    assert (swa.cells, swa.bytes) == (2304, 54 * MIB)
+    assert llamacpp_sizing(presets["gpt-oss-20b"], 131072).caches[1].cells == 768
+    d = run_json(capsys, "--preset", "gpt-oss-20b", "--engine", "llama.cpp", "--max-model-len", "131072",
+                 "-ub", "4096")["engine"]
+    assert d["caches"][1]["cells"] == 2304 and any("-ub 4,096 becomes 2,048" in n for n in d["notes"])
+
+
+# ----------------------------------------------------------------------------- rule 12: per-layer rows
+def test_llamacpp_mla_is_k_only(presets):
+    """conversion/deepseek.py:326, 350: MLA is stored as one KV head of kv_lora_rank + qk_rope_head_dim
+    values; llama-kv-cache.cpp:226-227 (has_v = !is_mla): K only. DeepSeek-V3: 61 layers x 576 values x
+    2 B x 4,096 cells = 274.5 MiB, V 0."""
+    ll = llamacpp_sizing(presets["deepseek-v3"], 4096)
+    c = ll.caches[0]
+    assert (c.k_bytes, c.v_bytes) == (61 * 576 * 2 * 4096, 0)
+    assert ll.lines[0].endswith("K (f16):  274.50 MiB, V (f16):    0.00 MiB")
+
+
+def test_llamacpp_flash_attention_off_refuses_a_quantized_v(presets, capsys):
+    """llama-context.cpp:467: "quantized V cache was requested, but this requires Flash Attention". With
+    -fa off an f16 V is sized as before (every layer's V row is the same width here, so padding to
+    n_embd_v_gqa_max, llama-kv-cache.cpp:209-210, adds nothing)."""
+    with pytest.raises(CalcError, match="requires Flash Attention"):
+        llamacpp_sizing(presets["llama-3-8b"], 8192, type_v="q8_0", flash_attn=False)
+    off = llamacpp_sizing(presets["llama-3-8b"], 8192, flash_attn=False)
+    assert off.total_bytes == llamacpp_sizing(presets["llama-3-8b"], 8192).total_bytes == 1024 * MIB
+    assert "requires Flash Attention" in run_error(capsys, "--preset", "llama-3-8b", "--engine", "llama.cpp",
+                                                   "--max-model-len", "8192", "-ctv", "q8_0", "-fa", "off")
+
+
+# ----------------------------------------------------------------------------- rule 13: shared layers
+GEMMA3N_E2B_TEXT = {  # https://huggingface.co/google/gemma-3n-E2B-it/blob/main/config.json (text_config)
+    "model_type": "gemma3n_text", "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 256, "hidden_size": 2048, "num_kv_shared_layers": 10, "sliding_window": 512,
+    "max_position_embeddings": 32768,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 6}
+
+
+def test_layers_reusing_another_layers_cache_allocate_nothing():
+    """llama-hparams.cpp:321-331 (has_kv: il < n_layer_kv_from_start) and llama-model.cpp's reuse callback for
+    Gemma 3n: the last num_kv_shared_layers read earlier layers' K/V. Gemma 3n E2B: 30 layers, 10 shared,
+    so 20 caches: 16 sliding + 4 full. vLLM likewise gives a layer with kv_sharing_target_layer_name no spec
+    (model_executor/models/gemma3n.py:312)."""
+    spec = parse_config(GEMMA3N_E2B_TEXT)
+    assert spec.kv_shared_layers == 10
+    full, swa = llamacpp_sizing(spec, 8192).caches
+    assert (full.layers, swa.layers) == (4, 16)
+    v = vllm_sizing(spec, VLLMSettings(GIB, 8192))
+    assert sum(len(g.layers) for g in v.groups) == 20 and max(i for g in v.groups for i in g.layers) == 19
