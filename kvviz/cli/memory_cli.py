@@ -20,6 +20,7 @@ from kvviz.memory.engine_log import (
 from kvviz.memory.formulas import weight_bytes
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
 from kvviz.memory.engine_vllm_defaults import DEVICES, default_block_size
+from kvviz.memory.engine_vllm_kv import KV_DTYPES as VLLM_KV_DTYPES
 from kvviz.memory.engines import ENGINES, EngineRequest, engine_report, estimate_parts
 from kvviz.memory import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH,
@@ -89,12 +90,32 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """'20,12' -> (20, 12), as vLLM reads VLLM_PP_LAYER_PARTITION (positive layer counts)."""
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"Invalid partition string: {text[:80]!r} (give layer counts, e.g. 20,12)")
+    if not out or len(out) > MAX_TP or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"give 1 to {MAX_TP} positive layer counts, e.g. 20,12 (got {text[:80]!r})")
+    return out
+
+
+def _gib_list(text: str) -> tuple[float, ...]:
+    """'10,6.5' -> (10.0, 6.5): each pipeline stage's available KV memory in GiB."""
+    parts = text.split(",")
+    if len(parts) > MAX_TP:
+        raise argparse.ArgumentTypeError(f"at most {MAX_TP} stages")
+    return tuple(types.gib(x) for x in parts)
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """--engine and the serve flags that decide each engine's sizing (see kvviz.memory.engines)."""
     g = p.add_argument_group("engine sizing (vLLM, llama.cpp, SGLang)")
     g.add_argument("--engine", choices=ENGINES, help="size the KV cache as this engine allocates it")
-    g.add_argument("--kv-cache-dtype", choices=DTYPES, metavar="DTYPE",
-                   help="the engine's KV dtype (vLLM's --kv-cache-dtype; default --dtype; fp8 = 1 byte a value)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(dict.fromkeys((*DTYPES, *VLLM_KV_DTYPES))), metavar="DTYPE",
+                   help="the engine's KV dtype (vLLM's --kv-cache-dtype; default --dtype; fp8 = 1 byte a value; "
+                        "vLLM's scaled formats: " + ", ".join(VLLM_KV_DTYPES[6:]) + ")")
     g.add_argument("--kv-memory-gib", type=types.gib, metavar="GIB",
                    help="vLLM: its 'Available KV cache memory' (exact blocks); SGLang: the memory left for the pool")
     g.add_argument("--max-model-len", type=int_in(1, MAX_SEQ_LEN), metavar="L",
@@ -103,6 +124,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM: tokens per scheduler step (the sliding groups' share; default `vllm serve`'s: "
                         "8192 on >= 70 GiB GPUs but the A100, else 2048)")
     g.add_argument("--pp", type=_tp, default=None, metavar="N", help="vLLM pipeline-parallel stages (default 1)")
+    g.add_argument("--pp-layer-partition", type=_int_list, metavar="N,N,...",
+                   help="vLLM's VLLM_PP_LAYER_PARTITION: layers per pipeline stage (default: even shares)")
+    g.add_argument("--stage-kv-memory-gib", type=_gib_list, metavar="G,G,...",
+                   help="vLLM: each pipeline stage's 'Available KV cache memory' (default --kv-memory-gib on every "
+                        "stage)")
     g.add_argument("--gpu-memory-utilization", type=types.efficiency, default=0.9, metavar="F",
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
@@ -225,14 +251,15 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         engine=args.engine, max_model_len=args.max_model_len or args.seq_len,
         kv_dtype=args.kv_cache_dtype or args.dtype,
         kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=weight_dtype(args), params=params, tp=args.tp,
-        pp=args.pp or 1, block_size=args.block_size or default_block_size(args.device),
+        pp=args.pp or len(args.pp_layer_partition or args.stage_kv_memory_gib or (1,)), block_size=args.block_size or default_block_size(args.device),
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_name=load_gpus()[args.gpu_model].name if args.gpu_model else "",
         gpu_memory_utilization=args.gpu_memory_utilization, hybrid=not args.no_hybrid_kv_cache_manager,
         n_seq=args.parallel, type_k=args.cache_type_k, type_v=args.cache_type_v, swa_full=args.swa_full,
         kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static, lengths=_lengths(args),
         device=args.device, async_scheduling=not args.no_async_scheduling, draft=_draft(args),
-        n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off")
+        n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off",
+        pp_layers=args.pp_layer_partition or (), stage_memory_gib=args.stage_kv_memory_gib or ())
 
 
 def _draft(args: argparse.Namespace) -> ModelSpec | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from kvviz.memory.engine_log_explain import explain_needed, explain_tokens, line_tokens, sizes
 from kvviz.memory.engine_vllm import VLLMSettings, VLLMSizing, format_gib, vllm_sizing
+from kvviz.memory.engine_vllm_kv import KV_DTYPES
 from kvviz.memory.spec import CalcError, ModelSpec
 from kvviz.units import GIB
 
@@ -50,7 +51,7 @@ _SETTINGS: dict[str, re.Pattern[str]] = {
     "tp": re.compile(r"(?:tensor_parallel_size[=:]\s*|'tensor_parallel_size':\s*|--tensor-parallel-size[ =])(\d{1,4})"),
     "pp": re.compile(r"(?:pipeline_parallel_size[=:]\s*|'pipeline_parallel_size':\s*)(\d{1,4})"),
     "block_size": re.compile(r"(?:'block_size':\s*|block_size=|--block-size[ =])(\d{1,5})"),
-    "kv_dtype": re.compile(r"(?:kv_cache_dtype=|'kv_cache_dtype':\s*'|--kv-cache-dtype[ =])([a-z0-9_]{2,12})"),
+    "kv_dtype": re.compile(r"(?:kv_cache_dtype=|'kv_cache_dtype':\s*'|--kv-cache-dtype[ =])([a-z0-9_]{2,24})"),
     "max_num_batched_tokens": re.compile(r"max_num_batched_tokens[=:]\s*" + _NUM),
 }
 
@@ -162,7 +163,10 @@ def settings_from_log(log: ParsedLog, given: dict[str, Any]) -> tuple[dict[str, 
                 break
     if out.get("kv_dtype") is None and log.setting("kv_dtype"):
         raw = str(log.setting("kv_dtype"))
-        if raw.startswith("fp8"):
+        if raw in KV_DTYPES and raw != "fp8":
+            out["kv_dtype"] = raw
+            said.append(f"KV dtype {raw} (the log's kv_cache_dtype)")
+        elif raw.startswith("fp8"):
             out["kv_dtype"] = "fp8"
             said.append(f"KV dtype fp8 (the log's kv_cache_dtype {raw})")
     return out, said

@@ -37,42 +37,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvviz.memory.engine_vllm_defaults import (
-    DEFAULT_BATCHED_TOKENS, DEVICES, concurrent_batches, default_batched_tokens, device_label,
+    DEFAULT_BATCHED_TOKENS, DEVICES, VLLMSettings, default_batched_tokens, device_label,
 )
+from kvviz.memory.engine_vllm_kv import kv_dtype_problem, slot_bytes
+from kvviz.memory.engine_vllm_notes import DOCS_URL, format_gib, sizing_notes, too_long_text
 from kvviz.memory.spec import CalcError, Layer, ModelSpec
 from kvviz.units import GIB
 
 __all__ = ["DEFAULT_BATCHED_TOKENS", "VLLMSettings", "VLLMSizing", "default_batched_tokens", "vllm_sizing"]
 
-VLLM_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}  # torch.uint8 holds fp8 in vLLM's cache
 SOURCES = ("vllm/v1/kv_cache_interface.py", "vllm/v1/core/kv_cache_utils.py", "vllm/v1/core/kv_cache_planning.py",
            "vllm/config/vllm.py", "vllm/engine/arg_utils.py", "vllm/platforms/cpu.py", "vllm/distributed/utils.py")
-DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
-
-
-@dataclass(frozen=True)
-class VLLMSettings:
-    """The serve flags that decide the sizing."""
-
-    kv_memory_bytes: int  # "Available KV cache memory", per GPU (CPU: VLLM_CPU_KVCACHE_SPACE)
-    max_model_len: int
-    block_size: int = 16
-    tp: int = 1
-    pp: int = 1
-    kv_dtype: str = "bf16"
-    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
-    hybrid: bool = True  # False: --disable-hybrid-kv-cache-manager (every layer kept as full attention)
-    device: str = "cuda"  # "cpu": the CPU backend
-    async_scheduling: bool = True  # --no-async-scheduling: False (the CPU backend forces it off)
-    draft: ModelSpec | None = None  # --draft-config: a speculative draft whose layers hold KV too
-    older: bool = False  # vLLM before 0.33's rules (logs that say "models's"): one batch in flight, no null block
-
-    @property
-    def in_flight(self) -> int:
-        """VllmConfig.max_in_flight_tokens (config/vllm.py:601-609); older vLLM held max_num_batched_tokens."""
-        if self.older:
-            return self.max_num_batched_tokens
-        return concurrent_batches(self.pp, self.async_scheduling, self.device) * self.max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -131,7 +106,8 @@ class VLLMSizing:
             "pp": s.pp, "available_kv_bytes": s.kv_memory_bytes, "max_model_len": s.max_model_len,
             "max_num_batched_tokens": s.max_num_batched_tokens, "async_scheduling": s.async_scheduling
             and s.device != "cpu", "tokens_in_flight": s.in_flight, "hybrid_kv_cache_manager": s.hybrid,
-            "draft_layers": self.draft_layers, "kv_heads_per_gpu": self.kv_heads_per_gpu,
+            "draft_layers": self.draft_layers, "pp_layer_partition": list(s.pp_layers) or None,
+            "stage_available_kv_bytes": list(s.stage_memory) or None, "kv_heads_per_gpu": self.kv_heads_per_gpu,
             "page_size_bytes": self.page_bytes, "bytes_per_block": self.bytes_per_block,
             "group_size": self.group_size, "groups": [g.to_dict() for g in self.groups],
             "pp_stages": [list(st) for st in self.stages], "num_blocks": self.num_blocks,
@@ -147,17 +123,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def format_gib(n: int) -> str:
-    """vLLM's GiB in its messages: two decimals."""
-    return f"{n / GIB:.2f}"
-
-
-def pp_partition(n_layers: int, pp: int) -> list[tuple[int, int]]:
-    """vLLM's get_pp_indices without VLLM_PP_LAYER_PARTITION: even shares, the remainder one layer
-    each to the stages before the last (from the second-to-last backwards)."""
-    parts = [n_layers // pp] * pp
-    for i in range(2, n_layers % pp + 2):
-        parts[-i] += 1
+def pp_partition(n_layers: int, pp: int, layers: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+    """vLLM's get_pp_indices (vllm/distributed/utils.py:198-241): VLLM_PP_LAYER_PARTITION's layers per
+    stage when given, else even shares with the remainder one layer each to the stages before the last
+    (from the second-to-last backwards)."""
+    if layers:
+        parts = list(layers)
+    else:
+        parts = [n_layers // pp] * pp
+        for i in range(2, n_layers % pp + 2):
+            parts[-i] += 1
     out, start = [], 0
     for p in parts:
         out.append((start, start + p))
@@ -180,8 +155,10 @@ def _model_problems(spec: ModelSpec, s: VLLMSettings, what: str) -> list[str]:
 
 def vllm_problems(spec: ModelSpec, s: VLLMSettings) -> list[str]:
     out: list[str] = []
-    if s.kv_dtype not in VLLM_DTYPE_BYTES:
-        out.append(f"vLLM's KV cache is fp16, bf16, fp32 or fp8 (--kv-cache-dtype); {s.kv_dtype} is not one of them")
+    for model in (spec, s.draft):
+        problem = None if model is None else kv_dtype_problem(s.kv_dtype, model.mla is not None)
+        if problem and problem not in out:
+            out.append(problem)
     if s.device not in DEVICES:
         out.append(f"the vLLM device is {' or '.join(DEVICES)} (got {s.device!r})")
     out += _model_problems(spec, s, "")
@@ -193,8 +170,17 @@ def vllm_problems(spec: ModelSpec, s: VLLMSettings) -> list[str]:
                     ("max_num_batched_tokens", s.max_num_batched_tokens), ("pp", s.pp), ("tp", s.tp)):
         if v < 1:
             out.append(f"{name} must be positive (got {v})")
-    if s.kv_memory_bytes < 0:
+    if s.kv_memory_bytes < 0 or any(m < 0 for m in s.stage_memory):
         out.append("the available KV memory cannot be negative")
+    if s.pp_layers and len(s.pp_layers) != s.pp:  # distributed/utils.py:220-223, vLLM's own words
+        out.append(f"len(partitions)={len(s.pp_layers)} does not match pp_size={s.pp} (VLLM_PP_LAYER_PARTITION)")
+    elif s.pp_layers and sum(s.pp_layers) != spec.n_layers:
+        out.append(f"sum(partitions)={sum(s.pp_layers)} does not match num_hidden_layers={spec.n_layers} "
+                   "(VLLM_PP_LAYER_PARTITION)")
+    if s.pp_layers and min(s.pp_layers) < 1:
+        out.append("every stage of VLLM_PP_LAYER_PARTITION needs at least one layer")
+    if s.stage_memory and len(s.stage_memory) != s.pp:
+        out.append(f"{len(s.stage_memory)} per-stage memories for {s.pp} pipeline stages")
     return out
 
 
@@ -210,13 +196,13 @@ class _LayerSpec:
 
 def _page(spec: ModelSpec, s: VLLMSettings) -> tuple[int, int | None, str]:
     """(page bytes, KV heads per GPU, how) of one of this model's layers (AttentionSpec.page_size_bytes)."""
-    nbytes, bs = VLLM_DTYPE_BYTES[s.kv_dtype], s.block_size
-    if spec.mla is not None:
-        width = spec.mla.latent_dim
-        return bs * width * nbytes, None, f"{bs} tokens x {width} latent x {nbytes} B"
+    bs = s.block_size
+    if spec.mla is not None:  # one latent "head", never split by TP
+        content, how = slot_bytes(s.kv_dtype, spec.mla.latent_dim, 0)
+        return bs * content, None, f"{bs} tokens x {how}"
     heads = max(1, spec.n_kv_heads // s.tp)
-    return (bs * heads * spec.head_dim * 2 * nbytes, heads,
-            f"{bs} tokens x {heads} KV heads x {spec.head_dim} head_dim x 2 (K, V) x {nbytes} B")
+    content, how = slot_bytes(s.kv_dtype, spec.head_dim, spec.head_dim)
+    return bs * heads * content, heads, f"{bs} tokens x {heads} KV heads x {how}"
 
 
 def _layer_key(spec: ModelSpec, layer: Layer, hybrid: bool) -> tuple[str, int | None]:
@@ -296,26 +282,11 @@ def _longest(fits: Callable[[int], bool], upto: int) -> int:
 def _stage_layers(n_target: int, n_all: int, s: VLLMSettings) -> list[tuple[int, int]]:
     """Each stage's [start, end) over the target's layers; the draft's layers (numbered after them) are
     on the last stage, where the drafter runs beside the target's last layers."""
-    stages = pp_partition(n_target, s.pp)
+    stages = pp_partition(n_target, s.pp, s.pp_layers)
     if n_all > n_target:
         a, _ = stages[-1]
         stages[-1] = (a, n_all)
     return stages
-
-
-def too_long_text(L: int, needed: int, check: int, estimate: int | None, older: bool = False) -> str:
-    """vLLM's error (kv_cache_planning.py:66-86); older vLLM wrote "models's" and had no docs link."""
-    est = (f"Based on the available memory, the estimated maximum model length is {estimate}. " if estimate else "")
-    if older:
-        return (f"ValueError: To serve at least one request with the models's max seq len ({L}), "
-                f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-                f"memory ({format_gib(check)} GiB). {est}Try increasing `gpu_memory_utilization` or "
-                "decreasing `max_model_len` when initializing the engine.")
-    return (f"ValueError: To serve at least one request with the model's max seq len ({L}), "
-            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-            f"memory ({format_gib(check)} GiB). {est}Try increasing `gpu_memory_utilization` (which also controls "
-            "CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
-            f"See {DOCS_URL} for more details.")
 
 
 def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
@@ -341,7 +312,8 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
         return stage_block(lo, hi) * sum(_request_blocks(k, s, max_len) for k, _ in raw)
 
     blocks, needed, estimate, fits, bpb_max, check_shown = None, 0, None, True, 0, avail
-    for lo, hi in stages:
+    for st, (lo, hi) in enumerate(stages):
+        avail = s.stage_memory[st] if s.stage_memory else s.kv_memory_bytes  # each worker profiles its own
         bpb = stage_block(lo, hi)
         need = stage_need(lo, hi, L)
         needed = max(needed, need)
@@ -360,7 +332,8 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     tokens = int(concurrency * L)  # get_kv_cache_capacity (kv_cache_utils.py:1120-1128), float as vLLM's
     dev = device_label(s.device)
 
-    lines = [f"Available KV cache memory: {avail / GIB:.2f} GiB"]
+    lines = ([f"(stage {i}) Available KV cache memory: {m / GIB:.2f} GiB" for i, m in enumerate(s.stage_memory)]
+             if s.stage_memory else [f"Available KV cache memory: {s.kv_memory_bytes / GIB:.2f} GiB"])
     if fits:
         lines.append(f"{dev} KV cache size: {tokens:,} tokens, Maximum concurrency for {L:,} tokens per request: "
                      f"{concurrency:.2f}x")
@@ -377,39 +350,13 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     if s.pp > 1:
         formula.append(f"pipeline stages (layers): {', '.join(f'{a}-{b - 1}' for a, b in stages)}; "
                        "blocks = the smallest over the stages")
-    formula += [f"blocks = {avail:,} B{each} // {bpb_max:,} B a block (the largest group's pages) = {num_blocks:,}",
+    formula += [f"blocks = {s.kv_memory_bytes:,} B{each} // {bpb_max:,} B a block (the largest group's pages) = "
+                f"{num_blocks:,}" if not s.stage_memory else
+                "blocks = min over the stages of (the stage's memory // its bytes a block) = " + f"{num_blocks:,}",
                 "one request of " + f"{L:,} tokens = "
                 + " + ".join(f"{g.blocks_per_request:,}" for g in groups) + f" = {per_request:,} blocks",
                 f"max concurrency = {num_blocks:,} / {per_request:,} = {concurrency:.4f}",
                 f"{dev} KV cache size = int({concurrency:.4f} x {L:,}) = {tokens:,} tokens"]
-    notes = _notes(spec, s, raw, groups, group_size, len(layers))
+    notes = sizing_notes(spec, s, [k for k, _ in raw], len(groups), group_size, len(layers))
     return VLLMSizing(s, heads, page, group_size, groups, tuple(stages), num_blocks, tokens, concurrency, fits, needed,
                       estimate, tuple(lines), tuple(formula), tuple(notes), bpb_max, n_draft)
-
-
-def _notes(spec: ModelSpec, s: VLLMSettings, raw: list[tuple[Key, tuple[int, ...]]], groups: tuple[VLLMGroup, ...],
-           group_size: int, n_layers: int) -> list[str]:
-    notes = []
-    if any(k[0] in ("sliding", "chunked") for k, _ in raw):
-        batches = s.in_flight // s.max_num_batched_tokens
-        notes.append(f"sliding and chunked groups hold at most window (or chunk) + {s.in_flight:,} tokens in flight "
-                     f"a request ({batches} x max_num_batched_tokens {s.max_num_batched_tokens:,}"
-                     + (", async scheduling" if batches > s.pp else "") + "): set --max-num-batched-tokens to the "
-                     "server's" + (", --no-async-scheduling if it has it off" if batches > s.pp else ""))
-    if len(groups) > 1 and n_layers < len(groups) * group_size:
-        pad = len(groups) * group_size - n_layers
-        notes.append(f"{pad} padding layer(s): vLLM pads every group to {group_size} layers")
-    if s.hybrid and any(k[0] == "chunked" for k, _ in raw):
-        notes.append("vLLM turns its hybrid KV-cache manager off for chunked local attention unless "
-                     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 (off by default in most releases): "
-                     "without the variable, pass --no-hybrid-kv-cache-manager")
-    if spec.mla is not None and s.block_size != 64:
-        notes.append("vLLM's MLA backends (FlashMLA, CUTLASS MLA) use 64-token (or larger) blocks: pass the "
-                     "server's --block-size")
-    if spec.max_positions is not None and s.max_model_len > spec.max_positions:
-        notes.append(f"max_model_len {s.max_model_len:,} is beyond max_position_embeddings {spec.max_positions:,}: "
-                     "vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
-    if s.pp > 1 and s.async_scheduling and s.device != "cpu":
-        notes.append(f"pp {s.pp} with async scheduling: {s.pp + 1} batches in flight with model runner V2 (the "
-                     f"default); the V1 runner turns async scheduling off under PP ({s.pp} batches)")
-    return notes

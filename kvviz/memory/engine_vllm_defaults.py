@@ -1,5 +1,6 @@
-"""vLLM's defaults that decide the sizing but are not in the model's config: max_num_batched_tokens
-by device, the tokens in flight under async scheduling, the CPU backend's block size and budget.
+"""vLLM's serve flags (VLLMSettings) and the defaults that decide the sizing but are not in the model's
+config: max_num_batched_tokens by device, the tokens in flight under async scheduling, the CPU
+backend's block size and budget.
 
 Followed from the vLLM 0.33.0 sdist (line numbers of that version):
 
@@ -17,6 +18,10 @@ Followed from the vLLM 0.33.0 sdist (line numbers of that version):
   cache size" (v1/core/kv_cache_utils.py:1131-1133 names the device type).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvviz.memory.spec import ModelSpec
 
 DEFAULT_BATCHED_TOKENS = 2048  # `vllm serve`'s max_num_batched_tokens on most GPUs and on CPUs (x world size)
 GPU_BLOCK_SIZE = 16  # CacheConfig.block_size's default on GPUs
@@ -56,3 +61,30 @@ def concurrent_batches(pp: int, async_scheduling: bool, device: str = "cuda") ->
 def device_label(device: str) -> str:
     """_kv_cache_device_name (kv_cache_utils.py:1131-1133): "GPU" for CUDA, else the device type upper-cased."""
     return "GPU" if device == "cuda" else device.upper()
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The serve flags that decide the sizing."""
+
+    kv_memory_bytes: int  # "Available KV cache memory", per GPU (CPU: VLLM_CPU_KVCACHE_SPACE)
+    max_model_len: int
+    block_size: int = 16
+    tp: int = 1
+    pp: int = 1
+    kv_dtype: str = "bf16"
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
+    hybrid: bool = True  # False: --disable-hybrid-kv-cache-manager (every layer kept as full attention)
+    device: str = "cuda"  # "cpu": the CPU backend
+    async_scheduling: bool = True  # --no-async-scheduling: False (the CPU backend forces it off)
+    draft: ModelSpec | None = None  # --draft-config: a speculative draft whose layers hold KV too
+    older: bool = False  # vLLM before 0.33's rules (logs that say "models's"): one batch in flight, no null block
+    pp_layers: tuple[int, ...] = ()  # VLLM_PP_LAYER_PARTITION: layers per stage ((): even shares)
+    stage_memory: tuple[int, ...] = ()  # each stage's available KV bytes ((): kv_memory_bytes on every stage)
+
+    @property
+    def in_flight(self) -> int:
+        """VllmConfig.max_in_flight_tokens (config/vllm.py:601-609); older vLLM held max_num_batched_tokens."""
+        if self.older:
+            return self.max_num_batched_tokens
+        return concurrent_batches(self.pp, self.async_scheduling, self.device) * self.max_num_batched_tokens

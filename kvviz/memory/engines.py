@@ -57,6 +57,8 @@ class EngineRequest:
     n_ubatch: int = 512  # llama.cpp -ub
     n_batch: int = 2048  # llama.cpp -b
     flash_attn: bool = True  # llama.cpp -fa (auto: on where the backend supports it)
+    pp_layers: tuple[int, ...] = ()  # vLLM: VLLM_PP_LAYER_PARTITION
+    stage_memory_gib: tuple[float, ...] = ()  # vLLM: each pipeline stage's available KV memory
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,9 @@ MAX_KV_GIB = 1_000_000  # as the calculator's gpu_gib: beyond it a GiB figure is
 
 def engine_request_problems(r: EngineRequest) -> list[str]:
     """What no engine could be given: checked before any float becomes a byte count."""
-    g = r.kv_memory_gib
-    if g is not None and (not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 < g <= MAX_KV_GIB):
-        return [f"the KV memory must be a positive number of GiB up to {MAX_KV_GIB:,} (got {g!r})"]
+    for g in (r.kv_memory_gib, *r.stage_memory_gib):
+        if g is not None and (not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 < g <= MAX_KV_GIB):
+            return [f"the KV memory must be a positive number of GiB up to {MAX_KV_GIB:,} (got {g!r})"]
     return []
 
 
@@ -207,6 +209,8 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
                              f"--kv-memory-gib N (got {g!r})"])
     if r.kv_memory_gib is not None:
         avail = int(r.kv_memory_gib * GIB)
+    elif r.stage_memory_gib:  # each stage's own memory given: the first is the line's figure
+        avail = int(r.stage_memory_gib[0] * GIB)
     else:
         est = vllm_estimate(spec, r)
         avail = est.available
@@ -214,7 +218,9 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
             raise CalcError([f"the estimate leaves no memory for the KV cache ({avail / GIB:,.2f} GiB): vLLM would "
                              "say 'No available memory for the cache blocks'"])
     v = vllm_sizing(spec, VLLMSettings(avail, r.max_model_len, r.block_size, r.tp, r.pp, r.kv_dtype,
-                                       batched_tokens(r), r.hybrid, r.device, r.async_scheduling, r.draft))
+                                       batched_tokens(r), r.hybrid, r.device, r.async_scheduling, r.draft,
+                                       pp_layers=r.pp_layers, stage_memory=tuple(int(g * GIB)
+                                                                                 for g in r.stage_memory_gib)))
     d = v.to_dict()
     mix = length_mix(v, r.lengths) if r.lengths else None
     d["length_mix"] = None if mix is None else mix.to_dict()

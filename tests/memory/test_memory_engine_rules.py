@@ -230,3 +230,68 @@ def test_layers_reusing_another_layers_cache_allocate_nothing():
     assert (full.layers, swa.layers) == (4, 16)
     v = vllm_sizing(spec, VLLMSettings(GIB, 8192))
     assert sum(len(g.layers) for g in v.groups) == 20 and max(i for g in v.groups for i in g.layers) == 19
+
+
+# ----------------------------------------------------------------------------- rule 7: KV formats
+@pytest.mark.parametrize("kv_dtype, page", [
+    ("fp8_e4m3", 16 * 8 * 256),                      # (128 + 128) x 1 B, 8 KV heads, 16 tokens = 32,768
+    ("int8_per_token_head", 16 * 8 * (256 + 8)),     # + an fp32 scale for K and one for V = 33,792
+    ("fp8_per_token_head", 16 * 8 * (256 + 8)),
+    ("int4_per_token_head", 16 * 8 * (128 + 8)),     # two values a byte: (64 + 64) + 8 = 136 -> 17,408
+])
+def test_scaled_kv_formats_pages(presets, kv_dtype, page):
+    """config/cache.py:44-68 lists the formats; triton_attn.py:307-319 (TritonAttentionBackend.customize_spec)
+    packs one fp32 scale after each head's K and V data (int4: two values a byte); the page is KV heads x
+    tokens x that content (kv_cache_interface.py:585-602). Llama-3-8B: 8 KV heads x 128, block 16."""
+    v = vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, kv_dtype=kv_dtype))
+    assert v.page_bytes == page and v.num_blocks == 10 * GIB // (32 * page)
+
+
+def test_mla_scaled_and_ds_mla_formats(presets):
+    """MLA keeps one latent of kv_lora_rank + qk_rope_head_dim = 576 values a token (DeepSeek-V3).
+    int8_per_token_head: 576 + 2 x 4 = 584 B (mla_attention.py:1598-1612); fp8_ds_mla's packed token is 656 B
+    (mla_attention.py:1383-1388); bf16 1,152 B. A dense model cannot use the ds_mla layout."""
+    spec = presets["deepseek-v3"]
+    pages = {dt: vllm_sizing(spec, VLLMSettings(10 * GIB, 8192, block_size=64, kv_dtype=dt)).page_bytes
+             for dt in ("bf16", "int8_per_token_head", "fp8_ds_mla", "nvfp4_ds_mla")}
+    assert pages == {"bf16": 64 * 1152, "int8_per_token_head": 64 * 584, "fp8_ds_mla": 64 * 656,
+                     "nvfp4_ds_mla": 64 * 352}
+    with pytest.raises(CalcError, match="has no MLA"):
+        vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, kv_dtype="fp8_ds_mla"))
+    with pytest.raises(CalcError, match="not modelled yet"):
+        vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, kv_dtype="turboquant_k8v4"))
+
+
+def test_scaled_format_through_the_cli_and_a_log(capsys, presets):
+    """--kv-cache-dtype takes vLLM's names; a log's kv_cache_dtype=int8_per_token_head is read as such."""
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--kv-memory-gib", "10", "--max-model-len",
+                 "8192", "--kv-cache-dtype", "int8_per_token_head")["engine"]
+    assert (d["kv_dtype"], d["page_size_bytes"]) == ("int8_per_token_head", 33_792)
+    log = parse_vllm_log("config: kv_cache_dtype=int8_per_token_head, max_seq_len=8192\n"
+                         "Available KV cache memory: 10.00 GiB\n")
+    assert log.setting("kv_dtype") == "int8_per_token_head"
+
+
+# ----------------------------------------------------------------------------- rule 6: pipeline stages
+def test_pp_layer_partition_and_each_stages_memory(presets, capsys):
+    """vllm/distributed/utils.py:214-223: VLLM_PP_LAYER_PARTITION gives each stage's layers (its count must
+    match pp and its sum the layers, in vLLM's own words); kv_cache_planning.py:1461-1590: each worker's
+    blocks come from its own memory and its own layers, and every worker keeps the smallest. Llama-3-8B
+    (65,536 B a layer and block) split 20 + 12 with 10 GiB and 6 GiB: 10 GiB // (20 x 65,536) = 8,192 and
+    6 GiB // (12 x 65,536) = 8,192 blocks; an even split 16 + 16 would leave the second stage 6,144."""
+    spec = presets["llama-3-8b"]
+    v = vllm_sizing(spec, VLLMSettings(0, 8192, pp=2, pp_layers=(20, 12), stage_memory=(10 * GIB, 6 * GIB)))
+    assert v.stages == ((0, 20), (20, 32)) and v.num_blocks == 8192
+    assert v.lines[:2] == ("(stage 0) Available KV cache memory: 10.00 GiB",
+                           "(stage 1) Available KV cache memory: 6.00 GiB")
+    even = vllm_sizing(spec, VLLMSettings(0, 8192, pp=2, stage_memory=(10 * GIB, 6 * GIB)))
+    assert even.num_blocks == 6 * GIB // (16 * 65_536) == 6144
+    with pytest.raises(CalcError, match=r"sum\(partitions\)=31 does not match num_hidden_layers=32"):
+        vllm_sizing(spec, VLLMSettings(GIB, 8192, pp=2, pp_layers=(20, 11)))
+    with pytest.raises(CalcError, match=r"len\(partitions\)=3 does not match pp_size=2"):
+        vllm_sizing(spec, VLLMSettings(GIB, 8192, pp=2, pp_layers=(10, 10, 12)))
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "vllm", "--max-model-len", "8192",
+                 "--pp-layer-partition", "20,12", "--stage-kv-memory-gib", "10,6")["engine"]
+    assert (d["pp"], d["num_blocks"], d["pp_layer_partition"]) == (2, 8192, [20, 12])
+    assert "Invalid partition string" in run_error(capsys, "--preset", "llama-3-8b", "--engine", "vllm",
+                                                   "--max-model-len", "8192", "--pp-layer-partition", "20,x")

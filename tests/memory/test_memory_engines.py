@@ -219,7 +219,7 @@ def test_vllm_gemma3_padding_groups(presets):
 def test_vllm_refuses_linear_layers_and_int8(presets):
     with pytest.raises(CalcError, match="linear-attention / Mamba"):
         vllm_sizing(presets["qwen3-next-80b-a3b"], VLLMSettings(10 * GIB, 8192))
-    with pytest.raises(CalcError, match="int8 is not one of them"):
+    with pytest.raises(CalcError, match="'int8' is not one kvviz sizes"):
         vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, kv_dtype="int8"))
 
 
