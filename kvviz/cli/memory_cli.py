@@ -136,6 +136,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=DEVICES, default="cuda",
                    help="vLLM: cuda (default) or cpu, the CPU backend: block 128, --kv-memory-gib is "
                         "VLLM_CPU_KVCACHE_SPACE, no async scheduling, 'CPU KV cache size'")
+    g.add_argument("--estimate-cudagraphs", action="store_true",
+                   help="vLLM's VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1: the estimate subtracts CUDA graphs' memory")
     g.add_argument("--no-async-scheduling", action="store_true",
                    help="vLLM --no-async-scheduling: one batch in flight (PP batches under PP) instead of two")
     g.add_argument("--draft-config", type=Path, metavar="FILE",
@@ -160,6 +162,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp -fa (default auto: on where supported): off pads V rows and refuses a quantized V")
     g.add_argument("--mem-fraction-static", type=types.efficiency, default=0.9, metavar="F",
                    help="SGLang --mem-fraction-static (default 0.9)")
+    g.add_argument("--avail-mem-gib", type=_gib_list, metavar="BEFORE,AFTER",
+                   help="SGLang: its log's 'Load weight begin/end. avail mem=X GB' figures: the pool's memory is "
+                        "AFTER - BEFORE x (1 - --mem-fraction-static)")
+    g.add_argument("--page-size", type=int_in(1, MAX_BLOCK_SIZE), default=1, metavar="N",
+                   help="SGLang --page-size (default 1): the pool is rounded down to whole pages")
 
 
 def _list(presets: dict[str, ModelSpec]) -> tuple[dict[str, Any], str]:
@@ -259,7 +266,15 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static, lengths=_lengths(args),
         device=args.device, async_scheduling=not args.no_async_scheduling, draft=_draft(args),
         n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off",
-        pp_layers=args.pp_layer_partition or (), stage_memory_gib=args.stage_kv_memory_gib or ())
+        cudagraph_estimate=args.estimate_cudagraphs, pp_layers=args.pp_layer_partition or (),
+        stage_memory_gib=args.stage_kv_memory_gib or (), avail_mem_gib=_before_after(args.avail_mem_gib),
+        page_size=args.page_size)
+
+
+def _before_after(v: tuple[float, ...] | None) -> tuple[float, float] | None:
+    if v is not None and len(v) != 2:
+        raise CalcError([f"--avail-mem-gib takes two figures, BEFORE,AFTER loading the weights (got {len(v)})"])
+    return None if v is None else (v[0], v[1])
 
 
 def _draft(args: argparse.Namespace) -> ModelSpec | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvviz.memory.engine_llamacpp import llamacpp_sizing
 from kvviz.memory.engine_mix import length_mix
-from kvviz.memory.engine_sglang import sglang_rest, sglang_sizing
+from kvviz.memory.engine_sglang import sglang_rest, sglang_rest_logged, sglang_sizing
 from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
 from kvviz.memory.engine_vllm_defaults import default_batched_tokens
 from kvviz.memory.formulas import weight_bytes
@@ -21,7 +21,7 @@ ENGINES = ("vllm", "llama.cpp", "sglang")
 KV_DTYPE_NAMES = {"fp16": "f16", "bf16": "bf16", "fp32": "f32", "int8": "q8_0", "int4": "q4_0"}  # -> llama.cpp's
 # The parts of vLLM's budget the config cannot give, with the spread seen in logs: (GiB, +- GiB).
 NON_TORCH_GIB = (0.5, 0.4)  # CUDA context, NCCL buffers: the "non_torch_memory" of vLLM's profiling line
-CUDA_GRAPHS_GIB = (0.5, 0.5)  # captured graphs; 0 with --enforce-eager
+CUDA_GRAPHS_GIB = (0.5, 0.5)  # captured graphs, subtracted only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1
 # Peak activation bytes per batched token per hidden unit, +- half of it. vllm#10517's profiles of
 # Llama-3.1-8B (hidden 4,096) give 27: 17.06 - 14.99 = 2.07 GiB at 20,000 tokens, 2.99 GiB at 29,000.
 ACTIVATION_FACTOR = (27, 14)
@@ -57,8 +57,10 @@ class EngineRequest:
     n_ubatch: int = 512  # llama.cpp -ub
     n_batch: int = 2048  # llama.cpp -b
     flash_attn: bool = True  # llama.cpp -fa (auto: on where the backend supports it)
+    cudagraph_estimate: bool = False  # vLLM: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (and graphs captured)
     pp_layers: tuple[int, ...] = ()  # vLLM: VLLM_PP_LAYER_PARTITION
     stage_memory_gib: tuple[float, ...] = ()  # vLLM: each pipeline stage's available KV memory
+    avail_mem_gib: tuple[float, float] | None = None  # SGLang's "avail mem" before and after loading the weights
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,10 @@ def batched_tokens(r: EngineRequest) -> int:
 
 
 def vllm_estimate(spec: ModelSpec, r: EngineRequest) -> Estimate:
-    """GPU x utilization - weights - activation peak - non-torch - CUDA graphs, per GPU."""
+    """ceil(GPU x utilization) - the profiled non-KV memory (weights, activation peak, non-torch), per GPU
+    (vLLM 0.33 v1/worker/utils.py:716-726 request_memory; v1/worker/gpu_worker.py:702-757). The CUDA
+    graphs' memory is subtracted only when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (an opt-in,
+    gpu_worker.py:717-722); the profiled parts are estimated here, each with its spread."""
     if r.gpu_gib is None:
         raise CalcError(["give --kv-memory-gib (vLLM's 'Available KV cache memory' line) or a GPU (--gpu-model or "
                          "--gpu) to estimate it"])
@@ -97,18 +102,19 @@ def vllm_estimate(spec: ModelSpec, r: EngineRequest) -> Estimate:
     if params is None:
         raise CalcError(["the weights are unknown for this config: give --params to estimate the available memory"])
     gpu = int(r.gpu_gib * GIB)
-    budget = int(gpu * r.gpu_memory_utilization)
+    budget = math.ceil(gpu * r.gpu_memory_utilization)
     weights = -(-weight_bytes(params, r.weight_dtype) // (r.tp * r.pp))
     f, df = ACTIVATION_FACTOR
     act = batched_tokens(r) * spec.hidden * f // max(1, r.tp)
     dact = batched_tokens(r) * spec.hidden * df // max(1, r.tp)
     nt, dnt = (int(x * GIB) for x in NON_TORCH_GIB)
-    cg, dcg = (int(x * GIB) for x in CUDA_GRAPHS_GIB)
-    parts = (("GPU memory x gpu_memory_utilization", budget, 0),
+    cg, dcg = (int(x * GIB) for x in CUDA_GRAPHS_GIB) if r.cudagraph_estimate else (0, 0)
+    parts = (("ceil(GPU memory x gpu_memory_utilization)", budget, 0),
              ("- weights (per GPU, split evenly)", -weights, 0),
              (f"- activation peak for {batched_tokens(r):,} batched tokens", -act, dact),
              ("- non-torch memory (CUDA context, NCCL)", -nt, dnt),
-             ("- CUDA graphs", -cg, dcg))
+             ("- CUDA graphs (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)" if r.cudagraph_estimate else
+              "- CUDA graphs: not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is off by default)", -cg, dcg))
     return Estimate(parts, sum(b for _, b, _ in parts), sum(u for _, _, u in parts))
 
 
@@ -183,6 +189,8 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
     if r.engine == "sglang":
         if r.kv_memory_gib is not None:
             rest, how, exact = int(r.kv_memory_gib * GIB), f"{r.kv_memory_gib:g} GiB (given)", True
+        elif r.avail_mem_gib is not None:
+            (rest, how), exact = sglang_rest_logged(*r.avail_mem_gib, r.mem_fraction_static), True
         else:
             if r.gpu_gib is None:
                 raise CalcError(["give --kv-memory-gib (SGLang's rest memory) or a GPU to estimate it"])
@@ -192,7 +200,7 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
             w = -(-weight_bytes(params, r.weight_dtype) // r.tp)
             rest, how = sglang_rest(int(r.gpu_gib * GIB), w, r.mem_fraction_static)
             exact = False
-        sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how)
+        sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how, r.hybrid)
         d = sg.to_dict()
         d["mem_fraction_static"] = r.mem_fraction_static
         return d, "\n".join(["SGLang:", *sg.formula, sg.line, *(f"note: {n}" for n in sg.notes)])

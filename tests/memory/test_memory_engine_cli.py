@@ -159,7 +159,7 @@ def test_engine_provenance(capsys):
     assert prov["sliding_window"] == "config.json sliding_window = 128"
     assert prov["block_size"].startswith("16: --block-size") and "Available KV cache memory" in prov["available_kv_bytes"]
     d = run_json(capsys, "--preset", "gpt-oss-20b", "--engine", "sglang", "--kv-memory-gib", "10", "--seq-len", "8")
-    assert "hybrid SWA pool" in d["engine"]["notes"][0]
+    assert d["engine"]["log_line"].startswith("Use sliding window memory pool.")  # SGLang's hybrid SWA pools
 
 
 def test_reconcile_profiling_parts(tmp_path, capsys):

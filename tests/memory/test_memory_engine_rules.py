@@ -295,3 +295,49 @@ def test_pp_layer_partition_and_each_stages_memory(presets, capsys):
     assert (d["pp"], d["num_blocks"], d["pp_layer_partition"]) == (2, 8192, [20, 12])
     assert "Invalid partition string" in run_error(capsys, "--preset", "llama-3-8b", "--engine", "vllm",
                                                    "--max-model-len", "8192", "--pp-layer-partition", "20,x")
+
+
+# ----------------------------------------------------------------------------- rule 10: the estimate
+def test_available_memory_estimate_follows_request_memory(presets):
+    """v1/worker/utils.py:716-726: requested = ceil(total x gpu_memory_utilization); gpu_worker.py:702-757:
+    available = requested - the profiled non-KV memory - the CUDA graphs' estimate only when
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (opt-in). 24 GiB x 0.9: 25,769,803,776 x 0.9 =
+    23,192,823,398.4 -> 23,192,823,399 B. The parts that are estimated carry their spread."""
+    from kvviz.memory.engines import vllm_estimate
+
+    spec = presets["llama-3-8b"]
+    est = vllm_estimate(spec, EngineRequest("vllm", 8192, gpu_gib=24.0, params=8_030_261_248))
+    assert est.parts[0][1] == 23_192_823_399 and est.parts[0][2] == 0
+    graphs = est.parts[-1]
+    assert graphs[1:] == (0, 0) and "not subtracted" in graphs[0]
+    on = vllm_estimate(spec, EngineRequest("vllm", 8192, gpu_gib=24.0, params=8_030_261_248, cudagraph_estimate=True))
+    assert on.parts[-1][1:] == (-GIB // 2, GIB // 2) and on.available == est.available - GIB // 2
+    assert est.spread == sum(u for _, _, u in est.parts) > 0
+
+
+# ----------------------------------------------------------------------------- rules 14, 15: SGLang
+# SGLang 0.5.23 is not on PyPI; these follow 0.5.10.post1, the nearest sdist there.
+def test_sglang_rest_from_its_avail_mem_lines(capsys):
+    """model_executor/model_runner_kv_cache_mixin.py:144-172 (profile_max_num_token): rest = the memory
+    free after loading - the memory free before x (1 - mem_fraction_static), in GB of 2^30, then
+    int(rest x 2^30) // cell. 'avail mem' 80 GB before, 64 after, 0.9: 64 - 80 x 0.1 = 56 GB =
+    60,129,542,144 B; Llama-3-8B's cell 8 x 128 x 32 x 2 x 2 = 131,072 B: 458,752 tokens."""
+    d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "sglang", "--seq-len", "8192",
+                 "--avail-mem-gib", "80,64")["engine"]
+    assert (d["rest_bytes"], d["max_total_num_tokens"], d["exact"]) == (60_129_542_144, 458_752, True)
+    assert "avail mem" in d["formula"][1]
+
+
+def test_sglang_hybrid_swa_pools(presets):
+    """_resolve_hybrid_swa_tokens (model_runner_kv_cache_mixin.py:287-378) for the architectures
+    configs/model_config.py:1438-1448 names (gpt-oss): capacity = 10 GiB // (8 x 64 x 24 x 2 x 2 B) =
+    218,453; full = int(218,453 x 24 / (12 + 0.8 x 12)) = 242,725, sliding = int(242,725 x 0.8) = 194,180
+    (swa_full_tokens_ratio 0.8, server_args.py:360). Gemma 3 is not such an architecture: one pool."""
+    from kvviz.memory.engine_sglang import sglang_sizing
+
+    sg = sglang_sizing(presets["gpt-oss-20b"], 10 * GIB)
+    assert (sg.tokens, sg.swa_tokens) == (242_725, 194_180)
+    assert sg.line == "Use sliding window memory pool. full_layer_tokens=242725, swa_layer_tokens=194180"
+    assert sglang_sizing(presets["gpt-oss-20b"], 10 * GIB, hybrid_swa=False).tokens == 218_453
+    g = sglang_sizing(presets["gemma-3-4b"], 10 * GIB)
+    assert g.swa_tokens is None and "one pool" in g.notes[0]
