@@ -171,6 +171,11 @@ def test_a_stopped_sweep_keeps_its_points() -> None:
 # --- prefill vs decode ----------------------------------------------------------------------------
 
 def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvviz.ui.pages.prefill import prefill
+
+    # About a steady machine's page: the machine running the tests may be busy, and a page that
+    # doubts its timings gives no verdict (the test below).
+    monkeypatch.setattr(prefill, "sweep_doubts", lambda ttft, decode, busy: [])
     at = fresh(_prefill, None)
     no_problems(at)
     at.select_slider(key="pd_max_context").set_value(64)
@@ -205,6 +210,39 @@ def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyP
     no_problems(at)
     assert "Short question vs long pasted document" in titles(at)
     assert any("time to first token grew" in m.value for m in at.markdown)
+
+
+def test_a_prefill_page_in_doubt_gives_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the amber box said "these timings contradict what they should show", and right below
+    it the page still printed a confident "Verdict, from the measurements". One or the other."""
+    from kvviz.ui.pages.prefill import prefill
+
+    doubt = "The spread is too wide: repeats of the same prompt length differ by 2.0×."
+    monkeypatch.setattr(prefill, "sweep_doubts", lambda ttft, decode, busy: [doubt])
+    at = fresh(_prefill, None)
+    at.select_slider(key="pd_max_context").set_value(64)
+    at.number_input(key="pd_repeats").set_value(1)
+    at.button(key="pd_run").click().run()
+    no_problems(at)
+    assert any(doubt in w.value and "does not explain them" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Verdict" not in text and "-token prompt: **" not in text and "-token context: **" not in text, text
+    assert "**No verdict from these measurements**" in text
+    assert any(x.startswith("Roofline of this machine") for x in titles(at))  # the points are still shown
+
+
+def test_a_race_sweep_in_doubt_gives_no_cause() -> None:
+    """The sweep's slopes stay (they are measured); its "expect about 1 ... fixed costs" does not,
+    beside a box saying the slope contradicts what it should be."""
+    at = fresh(_race, None)
+    at.session_state["race_sweep::random:tiny::cpu::fp32"] = [  # a cached time growing as N squared
+        Sample("total_time", m, n, 0, {"total_ms": k * n * n}, "cpu", "fp32")
+        for n in (32, 64, 128, 256) for m, k in (("static", 0.01), ("none", 0.03))]
+    at.run()
+    no_problems(at)
+    assert any("The cached (static) slope is 2.00" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Fitted log-log slopes" in text and "Expect" not in text and "fixed costs" not in text
 
 
 # --- batching -------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import streamlit as st
 from kvviz import LoadedModel
 from kvviz.charts import perf as pc
 from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
-from kvviz.measure.sizing import about, pick_batch
+from kvviz.measure.sizing import pick_batch
 from kvviz.measure.stats import Sample, aggregate
 from kvviz.ui.common.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, estimator, page_model, prompt_ids, results_key, where,
@@ -64,7 +64,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if skipped:
         note += (f" (skipped {', '.join(map(str, skipped))}: over a quarter of free memory; B={skipped[0]} "
                  f"would need ≈{fmt_bytes(batch_memory(model, skipped[0], prompt_len, n_new))})")
-    cost = f" · {about(est.batch_s(sizes, prompt_len, n_new, repeats))} here" if est is not None and sizes else ""
+    cost = f" · {est.here(est.batch_s(sizes, prompt_len, n_new, repeats))}" if est is not None and sizes else ""
     st.caption(f"{note} · {n_new} new tokens per row (EOS ignored so every run generates {n_new} tokens) · "
                f"{repeats} repeats{cost} · static KV cache · {where(model)}")
     with st.container(horizontal=True):
