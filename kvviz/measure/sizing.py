@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kvviz.engine.generation.flops import forward_flops, weight_bytes
 from kvviz.engine.loading.loader import LoadedModel
@@ -93,11 +93,20 @@ class Estimator:
 
     # --- single forwards (milliseconds) ---
     def prefill_ms(self, tokens: int, batch: int = 1) -> float:
-        """A prefill of ``tokens``: the calibrated one scaled by FLOPs (never below the calibrated rate)."""
+        """A forward over ``tokens`` (times ``batch`` rows). Up to the calibrated prompt, a fixed cost
+        plus one per row: a straight line from the decode step (one row) to the calibrated prefill,
+        since a short forward still streams every weight once (scaling by FLOPs alone made Gemma 3's
+        race, whose no-cache steps are forwards of 5-34 tokens, take 1.35x its estimate). Beyond it,
+        the calibrated prefill scaled by FLOPs (attention grows faster), never below its rate."""
         c = self.cal
         cfg: Any = self.cfg
-        ratio = forward_flops(cfg, tokens, 0, 1, batch) / forward_flops(cfg, c.prompt, 0)
-        return self.slowdown * c.prefill_ms * max(ratio, batch * tokens / c.prompt)
+        rows = batch * tokens
+        if rows <= c.prompt:
+            ms = c.decode_ms + (c.prefill_ms - c.decode_ms) * (rows - 1) / max(1, c.prompt - 1)
+        else:
+            ms = c.prefill_ms * max(forward_flops(cfg, tokens, 0, 1, batch) / forward_flops(cfg, c.prompt, 0),
+                                    rows / c.prompt)
+        return self.slowdown * ms
 
     def decode_ms(self, context: int, batch: int = 1) -> float:
         """One decode step at ``context`` tokens; each extra batch row costs a prefill token."""
@@ -191,17 +200,28 @@ def pick_batch(est: Estimator, sizes: Sequence[int], prompt: int, n_new: int,
     return kept or sizes[:1], 1
 
 
-def pick_race_tokens(est: Estimator, prompt: int, asked: int, budget_s: float = PICK_S, least: int = 16) -> int:
-    """New tokens per mode for the race: ``asked`` (the sidebar's) when its race fits the budget,
-    else the most that do (the no-cache mode's steps grow with every token), never under ``least``
-    (a shorter race shows no slope) unless fewer were asked."""
-    if est.race_s(prompt, asked) <= budget_s:
+def pick_repeats(seconds: Callable[[int], float], budget_s: float = PICK_S, most: int = 3) -> int:
+    """The most repeats, up to ``most``, whose measurement (``seconds(repeats)``) fits; 1 when none does."""
+    return next((r for r in range(most, 0, -1) if seconds(r) <= budget_s), 1)
+
+
+def pick_tokens(seconds: Callable[[int], float], asked: int, budget_s: float = PICK_S, least: int = 16) -> int:
+    """New tokens for a measurement whose cost grows with them (``seconds(n)``): ``asked`` when it
+    fits the budget, else the most that do, never under ``least`` (a shorter run shows too little)
+    unless fewer were asked."""
+    if seconds(asked) <= budget_s:
         return asked
-    lo, hi = min(asked, least), asked  # race_s grows with N: the largest N that fits, by bisection
+    lo, hi = min(asked, least), asked  # seconds grows with n: the largest n that fits, by bisection
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if est.race_s(prompt, mid) <= budget_s else (lo, mid - 1)
+        lo, hi = (mid, hi) if seconds(mid) <= budget_s else (lo, mid - 1)
     return lo
+
+
+def pick_race_tokens(est: Estimator, prompt: int, asked: int, budget_s: float = PICK_S, least: int = 16) -> int:
+    """New tokens per mode for the race: ``pick_tokens`` over its three modes (the no-cache mode's
+    steps grow with every token)."""
+    return pick_tokens(lambda n: est.race_s(prompt, n), asked, budget_s, least)
 
 
 def about(seconds: float) -> str:

@@ -12,7 +12,7 @@ from kvviz.engine.generation.flops import forward_flops
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.measure import sizing
 from kvviz.measure.sizing import (BUDGET_S, MARGIN, PICK_S, Calibration, Estimator, about, contention, pick_batch,
-                                  pick_context, pick_ns)
+                                  pick_context, pick_ns, pick_race_tokens, pick_repeats)
 from kvviz.measure.sweeps import prompt_lengths
 
 CAL = Calibration(prefill_ms=64.0, decode_ms=10.0, prompt=64, weight_bytes=1_000_000, kv_bytes_per_token=1_000)
@@ -24,8 +24,11 @@ def test_estimates_scale_the_calibration_by_flops_and_bytes(random_models: dict[
     # A prefill scales with its FLOPs (attention makes a long one cost more than linear) ...
     ratio = forward_flops(cfg, 256, 0) / forward_flops(cfg, 64, 0)
     assert ratio > 4 and est.prefill_ms(256) == pytest.approx(64.0 * ratio)
-    # ... but never drops below the calibrated per-token rate (a short one keeps its overheads).
-    assert est.prefill_ms(16) == pytest.approx(16.0)
+    # A short one costs a decode step (the weights streamed once) plus its share of the rest: on the
+    # straight line from (1 row, 10 ms) to (64 rows, 64 ms).
+    assert est.prefill_ms(16) == pytest.approx(10.0 + (64.0 - 10.0) * 15 / 63)
+    assert est.prefill_ms(1) == pytest.approx(10.0) and est.prefill_ms(64) == pytest.approx(64.0)
+    assert est.prefill_ms(8, batch=4) == pytest.approx(est.prefill_ms(32))
     # A decode step grows with the cache's share of the bytes read, counted KV_WEIGHT times.
     assert est.decode_ms(64) == 10.0
     assert est.decode_ms(1064) == pytest.approx(10.0 * (1 + sizing.KV_WEIGHT * 1_000 * 1_000 / 1_000_000))
@@ -89,6 +92,19 @@ def test_estimates_hold_at_the_load_now(random_models: dict[str, LoadedModel]) -
     ns = [8, 16, 32, 64, 128]
     assert sum(pick_ns(busy, 10, ns, 5.0)[0]) * pick_ns(busy, 10, ns, 5.0)[1] \
         < sum(pick_ns(quiet, 10, ns, 5.0)[0]) * pick_ns(quiet, 10, ns, 5.0)[1]
+
+
+def test_the_race_and_the_example_shrink_to_fit(random_models: dict[str, LoadedModel]) -> None:
+    est = Estimator(CAL, random_models["tiny"].config)
+    # The race: the sidebar's N when it fits, else the most tokens that do (never under 16).
+    assert pick_race_tokens(est, 10, 64, budget_s=est.race_s(10, 64)) == 64
+    n = pick_race_tokens(est, 10, 64, budget_s=est.race_s(10, 40) * 1.001)
+    assert n == 40 and est.race_s(10, 41) > est.race_s(10, 40) * 1.001
+    assert pick_race_tokens(est, 10, 64, budget_s=0.0) == 16 and pick_race_tokens(est, 10, 8, budget_s=0.0) == 8
+    # The example: 3 repeats if they fit, else 2, else 1.
+    assert pick_repeats(lambda r: 10.0 * r, budget_s=30.0) == 3
+    assert pick_repeats(lambda r: 10.0 * r, budget_s=25.0) == 2
+    assert pick_repeats(lambda r: 10.0 * r, budget_s=5.0) == 1
 
 
 def test_defaults_leave_room_under_the_minute() -> None:

@@ -16,6 +16,7 @@ from kvviz.engine.generation.loop import iter_generate
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.common.figs import show
+from kvviz.measure.sizing import pick_tokens
 from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
@@ -143,7 +144,8 @@ def _spec(s: Settings, model: LoadedModel) -> None:
                              width=380)
         k = int(st.number_input("Draft tokens", 1, 32, SPEC_DEFAULTS["k"], key="spec_k", width=130))
         ngram = int(st.number_input("n-gram", 1, 8, SPEC_DEFAULTS["ngram"], key="spec_ngram", width=110))
-        n = int(st.number_input("New tokens", 2, 256, SPEC_DEFAULTS["new"], key="spec_new", width=120))
+        n = int(st.number_input("New tokens", 2, 256, _spec_tokens(s, model, which), key="spec_new", width=120,
+                                help="The default is what finishes in about a minute here (at most 48)"))
         repeats = int(st.number_input("Timed runs", 1, 9, 1, key="spec_repeats", width=120,
                                       help="Each of plain and speculative runs this many times after a warm-up; "
                                            "the speedup compares medians"))
@@ -158,6 +160,17 @@ def _spec(s: Settings, model: LoadedModel) -> None:
                 "then the notebook of what each verify forward wrote and rolled back.")
         return
     _spec_results(*got)
+
+
+def _spec_tokens(s: Settings, model: LoadedModel, which: str) -> int:
+    """The default new tokens: SPEC_DEFAULTS' when the comparison (a warm-up and a timed run of each)
+    finishes in about a minute here at the load now, else the most that do (at least 16)."""
+    est = estimator(model, s.engine == "fast")
+    prompt = s.prompt if which == "sidebar" else PROMPTS[which]
+    n_prompt = len(model.tokenizer.encode(prompt)) if model.has_tokenizer else 0
+    if est is None or not n_prompt:
+        return SPEC_DEFAULTS["new"]
+    return pick_tokens(lambda n: est.spec_s(n_prompt, n, 1), SPEC_DEFAULTS["new"])
 
 
 def _run_spec(s: Settings, model: LoadedModel, which: str, k: int, ngram: int, n: int, repeats: int,

@@ -13,7 +13,7 @@ from kvviz.units import fmt_bytes, kv_bytes_per_token
 from kvviz.engine.generation.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.measure import doubts
-from kvviz.measure.sizing import PICK_S, Estimator, pick_context
+from kvviz.measure.sizing import PICK_S, Estimator, pick_context, pick_repeats
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.engine.generation.request import resolve_chat
 from kvviz.errors import KVVizError
@@ -247,10 +247,12 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         st.button("Stop", key="pd_example_stop", help="Stop; the runs that finished are kept")
     long_len = ctx - n_new
     how = " in the model's chat template, as Generate sends it" if templated else ""
-    cost = f" · {est.here(est.example_s(len(short), long_len, n_new, 3))}" if est is not None else ""
+    # As many repeats (up to 3) as finish in about a minute here, at the load now.
+    repeats = pick_repeats(lambda r: est.example_s(len(short), long_len, n_new, r)) if est is not None else 3
+    cost = f" · {est.here(est.example_s(len(short), long_len, n_new, repeats))}" if est is not None else ""
     st.caption(f"Question: “{SHORT_QUESTION}”{how} ({len(short)} tokens) vs a document that fills a "
                f"{ctx:,}-token context ({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every "
-               f"run generates {n_new} tokens; 3 repeats{cost} · {where(model)}")
+               f"run generates {n_new} tokens; {_n(repeats, 'repeat')}{cost} · {where(model)}")
     if run_it:
         lock = acquire_or_warn()
         if lock is None:
@@ -258,7 +260,8 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         state.begin()
         results["example"] = []
         try:
-            drive(sweep_short_long(model, short, long_len, n_new, repeats=3, fast=fast), results["example"], "Measuring…")
+            drive(sweep_short_long(model, short, long_len, n_new, repeats=repeats, fast=fast), results["example"],
+                  "Measuring…")
             state.end()
         finally:
             lock.release()
