@@ -144,6 +144,26 @@ def test_race_sweep_then_table_and_slopes(raced: AppTest) -> None:
     assert {s.series for s in at.session_state["race_sweep::random:tiny::cpu::fp32"]} == {"static", "none"}
 
 
+def test_a_slow_race_runs_the_tokens_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the Gemma 3 race took 85 s at load 8. Where the sidebar's N would take over a minute
+    here, the race runs the most tokens that fit (at least 16) and says so; a box races all of them."""
+    from kvviz.measure.sizing import Calibration, Estimator
+    from kvviz.ui.pages.race import race
+
+    slow = Calibration(prefill_ms=6400.0, decode_ms=1000.0, prompt=64, weight_bytes=10**6, kv_bytes_per_token=10**3)
+    monkeypatch.setattr(race, "estimator", lambda model, fast=True: Estimator(slow, model.config))
+    at = fresh(_race, 64)
+    no_problems(at)
+    caps = " ".join(c.value for c in at.caption)
+    assert "16 new tokens per mode (of the sidebar's 64: what finishes in about a minute here)" in caps, caps
+    at.button(key="race_start").click().run()
+    no_problems(at)
+    assert {len(r.events) for r in at.session_state["race_runs::random:tiny::cpu::fp32"]["runs"].values()} == {16}
+    at.checkbox(key="race_all_n").check().run()
+    caps = " ".join(c.value for c in at.caption)
+    assert "64 new tokens per mode, EOS ignored" in caps, caps
+
+
 def test_race_rejects_bad_input_with_a_message() -> None:
     at = fresh(_race)
     at.text_area(key="prompt").set_value("").run()
