@@ -155,7 +155,8 @@ def test_a_slow_race_runs_the_tokens_that_fit(monkeypatch: pytest.MonkeyPatch) -
     at = fresh(_race, 64)
     no_problems(at)
     caps = " ".join(c.value for c in at.caption)
-    assert "16 new tokens per mode (of the sidebar's 64: what finishes in about a minute here)" in caps, caps
+    assert ("16 new tokens per mode, EOS ignored so every run generates 16 tokens (of the sidebar's 64: what "
+            "finishes in about a minute here)") in caps, caps
     at.button(key="race_start").click().run()
     no_problems(at)
     assert {len(r.events) for r in at.session_state["race_runs::random:tiny::cpu::fp32"]["runs"].values()} == {16}

@@ -86,8 +86,8 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     n_new, shortened = _race_tokens(s, est, n_prompt)
     secs = est.race_s(n_prompt, n_new) if est is not None and n_prompt else None
     cost = f" · {est.here(secs)}" if est is not None and secs is not None else ""
-    st.caption(f"{n_new} new tokens per mode{shortened}, EOS ignored so every run generates {n_new} "
-               f"tokens{cost} · {_sampling_text(s)} · {where(model)} · engine: "
+    st.caption(f"{n_new} new tokens per mode, EOS ignored so every run generates {n_new} "
+               f"tokens{shortened}{cost} · {_sampling_text(s)} · {where(model)} · engine: "
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
                "settings come from the sidebar")
     with st.container(horizontal=True):
