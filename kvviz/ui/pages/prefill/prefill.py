@@ -25,6 +25,7 @@ from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.figs import show
 from kvviz.ui.state import session
 
+EXAMPLE_NEW = 16  # the example's default new tokens: enough decode steps for a median per-token rate
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
     "every weight read from memory is used for many tokens, so it is usually **compute-bound**. **Decode** "
@@ -69,10 +70,12 @@ def _context_limit(model: LoadedModel, est: Estimator | None) -> tuple[int, int]
 
 def _example_context(model: LoadedModel, est: Estimator | None, ctx: int) -> int:
     """The example's context: the slider's, or longer where the example (two runs, not a sweep) still
-    finishes in about a minute here, so the document is long enough to make its point."""
+    finishes in about a minute here with its default new tokens and one repeat, so the document is
+    long enough to make its point (on a busy machine the slider's 64 made a "document" as long as the
+    question: "1× longer"); the repeats then take what time is left."""
     block = model.config.block_size
     fits = [c for c in (256, 512, 1024, 2048, 4096, 8192) if c <= block and est is not None
-            and est.example_s(48, c - 32, 32, 3) <= PICK_S]
+            and est.example_s(48, c - EXAMPLE_NEW, EXAMPLE_NEW, 1) <= PICK_S]
     return max([ctx, *fits])
 
 
@@ -240,7 +243,7 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         st.info("This model has no tokenizer: type a prompt in the sidebar to use as the short question.")
         return
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        n_new = int(st.number_input("New tokens", 8, max(8, min(256, ctx // 2)), min(32, ctx // 2), step=8,
+        n_new = int(st.number_input("New tokens", 8, max(8, min(256, ctx // 2)), min(EXAMPLE_NEW, ctx // 2), step=8,
                                     key="pd_example_tokens", width=160,
                                     help="Generated after each prompt; the per-token rate is their median"))
         run_it = st.button("Run the example", key="pd_example", type="primary")
