@@ -123,7 +123,7 @@ def test_each_kept_control_defaults_to_its_current_value(app: AppTest) -> None:
                 "cache_mode": list(CACHE_MODES)[app.radio(key="cache_mode").proto.default],
                 "temperature": list(app.slider(key="temperature").proto.default)}
 
-    assert defaults() == {"prompt": "ROMEO:\n", "max_new_tokens": 64, "seed": 0, "cache_mode": "static",
+    assert defaults() == {"prompt": "ROMEO:\n", "max_new_tokens": 128, "seed": 0, "cache_mode": "static",
                           "temperature": [0.8]}
     app.text_area(key="prompt").set_value("To be")
     app.number_input(key="max_new_tokens").set_value(9)
