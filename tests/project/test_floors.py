@@ -22,6 +22,8 @@ FLOORS: dict[str, int] = {
     "kvviz.cli.argtypes": 0,  # argparse value types: the measurement modules declare their subcommands with them
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
     "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
+    "kvviz.paths": 0,  # where the assets, the app script and its config are: a checkout's or an installed wheel's
+    "kvviz.model_packages": 0,  # the model packages' pins, sizes and install command: the loaders' messages name it
     "kvviz.memory": 1,  # the calculator: pure Python
     # engine/models: the readable families (2) over their config and attention mask (1).
     "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
@@ -67,7 +69,7 @@ EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading",
                                                           "compress", "calculator")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
-            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo")
+            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
