@@ -58,6 +58,7 @@ FLOORS: dict[str, int] = {
     "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,
     "kvviz.measure.doubts": 2,
     "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
+    "kvviz.notebook": 7, "kvviz.notebook_live": 7,  # the app's figures in Jupyter, beside the pages
     "kvviz.cli": 8, "kvviz.__main__": 8, "app": 8,  # the command line (its table, the subcommands' glue) and the app
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
