@@ -59,7 +59,7 @@ def test_tour_notebook_runs_on_smollm2_and_teaches() -> None:
 
     text, data = by_source["runs = nb.race_runs(model, \"Once upon a time, in a quiet village by the sea,\", max_new_tokens=32)"]
     assert re.search(r"static: +\d+ ms for 32 tokens", text) and re.search(r"none: +\d+ ms for 32 tokens", text)
-    assert len({t["name"] for t in data[0][PLOTLY]["data"]}) >= 2  # a line per mode
+    assert len({t.get("name") for t in data[0][PLOTLY]["data"] if t.get("name")}) >= 2  # a line per mode
 
     text, _ = by_source["bytes_per_token = 2 * c.n_layer * c.kv_heads * c.head_dim * 4  # K and V, every layer, fp32"]
     assert "46,080 bytes per token" in text  # 2 x 30 layers x 3 heads x 64 x 4 bytes
@@ -72,5 +72,5 @@ def test_tour_notebook_runs_on_smollm2_and_teaches() -> None:
 
     text, live = by_source['view = nb.LiveView(model, "Tell me about the sea.", chat=True, max_new_tokens=32)']
     assert "application/vnd.jupyter.widget-view+json" in live[0]  # the widget, not a text repr
-    text, _ = by_source["view.wait(120)"]
+    text, _ = by_source["view.wait()"]
     assert re.match(r"(eos|max_new_tokens) \d+ tokens: '", text), text

