@@ -15,9 +15,12 @@ milliseconds, faster than a browser redraws a heatmap) and once more at the end.
 from __future__ import annotations
 
 import html
+import json
 import threading
 import time
 from typing import Any
+
+import plotly.io
 
 from kvviz.charts import run_charts
 from kvviz.engine.generation.capture import Capture
@@ -62,7 +65,7 @@ class LiveView:
         self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop",
                                           tooltip="end the generation at the next token")
         self.stop_button.on_click(lambda _button: self.stop())
-        self.figure = go.FigureWidget(run_charts.cache_notebook(self._stream.run))
+        self.figure = go.FigureWidget()
         self.widget = widgets.VBox([self.status, self.text, self.figure, self.stop_button])
         self._draw(final=False)
         if display:
@@ -131,11 +134,13 @@ class LiveView:
         self.status.value = f"<span style='color:#495057'>{state}</span>"
         self.text.value = (f"<div style=\"{TEXT_STYLE}\"><span style='color:#1c2a6b'>{html.escape(run.prompt_text)}"
                            f"</span><span style='background:#fff4e6;color:#5c3200'>{html.escape(run.text)}</span></div>")
-        fig = run_charts.cache_notebook(run)
+        # Through Plotly's JSON encoder: the notebook's empty cells are NaN, which a widget message
+        # (strict JSON) cannot carry; the encoder writes them as null, which Plotly draws as gaps.
+        fig = json.loads(plotly.io.to_json(run_charts.cache_notebook(run), validate=False))
         with self.figure.batch_update():
             self.figure.data = ()
-            self.figure.add_traces(list(fig.data))
-            self.figure.layout = fig.layout
+            self.figure.add_traces(fig["data"])
+            self.figure.layout = fig["layout"]
         self.draws += 1
 
     def __repr__(self) -> str:  # the widget showed itself when made; a bare `view` then says where it stands

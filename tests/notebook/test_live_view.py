@@ -3,6 +3,7 @@ the calculator table holds exact bytes, and LiveView (ipywidgets + FigureWidget)
 goes, stops at a Stop click and says a bad request before anything runs."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -49,13 +50,23 @@ def test_calculator_table_is_exact() -> None:
 def test_live_view_draws_each_step_and_ends_with_the_run(small_model) -> None:  # type: ignore[no-untyped-def]
     view = nb.LiveView(small_model, "abc", max_new_tokens=10, redraw_s=0.0, display=False, start=False)
     assert view.status.value.endswith("ready</span>") and not view.done
+    sent: list[str] = []
+    original = view._draw
+
+    def draw_and_check(final: bool) -> None:
+        original(final)
+        sent.append(json.dumps(view.figure._data, allow_nan=False, default=lambda a: a.tolist()))
+
+    view._draw = draw_and_check  # type: ignore[method-assign]
     view.start(background=False)
     assert view.done and view.error is None and view.stop_button.disabled
     reference = generate(small_model, prompt="abc", max_new_tokens=10)
     assert view.run.generated_ids == reference.generated_ids  # the live view changes nothing it shows
-    assert view.draws == 1 + 10 + 1  # the empty view, every step (redraw_s=0), the end
+    assert view.draws == 1 + 10 + 1 and len(sent) == 10 + 1  # the empty view, every step (redraw_s=0), the end
     assert view.figure.layout.title.text == run_charts.cache_notebook(view.run).layout.title.text
     assert "max_new_tokens: 10 tokens" in view.status.value
+    # The widget's state after every draw is strict JSON (arrays aside, which go as binary buffers).
+    assert len(sent) == 11
     assert view.text.value.count(reference.text.replace("&", "&amp;").replace("<", "&lt;")[:3]) >= 1
     with pytest.raises(KVVizError, match="already ran"):
         view.start()

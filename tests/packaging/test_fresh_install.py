@@ -82,6 +82,10 @@ def _pages_render(url: str) -> list[str]:
             nav = page.locator('[data-testid="stSidebarNav"]')
             nav.wait_for(timeout=120_000)
             page.get_by_role("heading", name="KV memory calculator").first.wait_for(timeout=120_000)
+            page.locator('[data-testid="stMetricValue"]').first.wait_for(timeout=120_000)
+            # The script ran to its end: no placeholder left where an element is still coming.
+            page.wait_for_function("document.querySelectorAll('[data-testid=\"stSkeleton\"]').length === 0",
+                                   timeout=120_000)
             assert page.locator('[data-testid="stException"]').count() == 0
             shots = Path(os.environ.get("KVVIZ_SCREENSHOTS", ROOT / "test-results" / "screenshots"))
             shots.mkdir(parents=True, exist_ok=True)
