@@ -13,6 +13,7 @@ from kvviz.ui.pages.generate import live
 from kvviz.ui.pages.prefill import prefill
 from kvviz.ui.pages.race import race
 from kvviz.ui.sidebar import render_sidebar
+from kvviz.ui.common import text_guard
 from kvviz.ui.state import session
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
@@ -52,6 +53,7 @@ _default_page_at_its_own_path(GENERATE_PATH)
 pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR]})
 tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR)
 present.apply()  # the presentation layout's fonts, on every page
+text_guard.install()  # a lone surrogate typed or pasted is replaced before the browser sends it
 if pg.url_path != CALCULATOR.url_path:
     # Model, prompt and sampling controls: shared by every generation page.
     session.set_settings(render_sidebar())
