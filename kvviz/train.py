@@ -301,7 +301,12 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     bar.close()
 
     model.eval()
-    save_model(model, out)
+    try:
+        save_model(model, out)
+    except OSError as e:  # a full disk at the end: say so, and where the last checkpoint is, not a traceback
+        where = f"; the checkpoint of step {history[-1]['step']} is in {state_dir} (rerun with --resume)" \
+            if history else ""
+        raise KVVizError(f"cannot save the trained model to {out}: {e.strerror or e}{where}") from None
     summary = {
         "steps": step,
         "tokens_seen": tokens,

@@ -158,3 +158,25 @@ def test_the_training_summary_goes_to_stdout_when_it_cannot_be_written(
     assert code == 2 and "the training summary" in err and "printed on stdout instead" in err, err
     summary = json.loads(stdout)
     assert summary["steps"] == 2 and summary["model"]["n_embd"] == 8 and not (tmp_path / "m" / "training.json").exists()
+
+
+def test_a_model_that_cannot_be_saved_names_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The disk fills at the final save: one error line naming the checkpoint to resume from, no traceback."""
+    import errno as _errno
+
+    import kvviz.train as train_module
+
+    def full(model: object, folder: object) -> None:
+        raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world, the sea is calm tonight\n" * 40)
+    monkeypatch.setattr(train_module, "save_model", full)
+    code, _, err = cli(capsys, "train", "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--device", "cpu",
+                       "--n-layer", "1", "--n-head", "1", "--n-embd", "8", "--block-size", "8", "--batch-size", "2",
+                       "--steps", "2", "--eval-every", "2", "--eval-batches", "1", "--no-final-eval", "--no-progress")
+    assert code == 2 and "Traceback" not in err, err
+    assert (f"cannot save the trained model to {tmp_path / 'm'}: No space left on device; the checkpoint of step 2 "
+            f"is in {tmp_path / 'm' / 'train_state'} (rerun with --resume)") in err
+    assert (tmp_path / "m" / "train_state" / "state.safetensors").is_file()
