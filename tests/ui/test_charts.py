@@ -313,3 +313,23 @@ def test_each_live_chart_presets_the_margins_its_labels_need(runs: dict[str, Run
         return dataclasses.replace(run, events=tuple(dataclasses.replace(e, latency_ms=ms) for e in run.events))
     assert charts.latency_chart(at(0.5)).layout.margin.r == 71
     assert charts.latency_chart(at(50.0)).layout.margin.r == 50
+
+
+def test_chat_turn_charts_write_their_numbers_level_and_compare_reuse() -> None:
+    """Issue 36: the chat's per-turn counts ("8" generated) were turned sideways in thin segments;
+    they are level, at least 11 px. The TTFT chart pairs each turn's TTFT with its no-reuse TTFT."""
+    from kvviz.charts import paged_charts as pc
+
+    turns = [{"reused_tokens": r, "prefilled_tokens": p, "generated_tokens": 8, "ttft_ms": t,
+              "no_reuse_ttft_ms": n} for r, p, t, n in ((0, 40, 120.0, 118.0), (48, 15, 60.0, None),
+                                                        (71, 15, 55.0, 250.0))]
+    reuse = pc.reuse_bars(turns)
+    assert [tr.textangle for tr in reuse.data] == [0, 0, 0] and reuse.layout.uniformtext.minsize >= 11
+    assert [str(v) for v in reuse.data[2].text] == ["8", "8", "8"]
+    ttft = pc.ttft_bars(turns)
+    assert [tr.textangle for tr in ttft.data] == [0, 0]
+    assert list(ttft.data[0].y) == [120.0, 60.0, 55.0] and list(ttft.data[1].y) == [118.0, None, 250.0]
+    assert list(ttft.data[1].text) == ["118", "", "250"] and ttft.layout.yaxis.range[1] >= 250.0
+    # The check's recompute fills a turn that was not timed after it.
+    turns[1]["recompute_ttft_ms"] = 90.0
+    assert list(pc.ttft_bars(turns).data[1].y) == [118.0, 90.0, 250.0]
