@@ -148,6 +148,11 @@ def block_tables(snap: Mapping[str, Any], names: Sequence[str] | None = None) ->
     return fig
 
 
+# Below the axis, anchored to the figure's bottom edge: a legend at y=-0.12 of the plot, on one
+# row (a 1920 px screen), covered the "turn 1" tick label.
+LEGEND_BELOW = dict(orientation="h", yref="container", y=0.0, yanchor="bottom", x=0)
+
+
 def reuse_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
     """Per turn: prompt tokens reused from the cache vs prefilled, and tokens generated. The counts
     are written level (textangle 0) at a legible minimum size: Plotly would turn a label sideways
@@ -160,9 +165,9 @@ def reuse_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
         fig.add_trace(go.Bar(x=x, y=[t[key] for t in turns], name=name, marker_color=colour,
                              text=[t[key] for t in turns], textposition="inside", textangle=0,
                              insidetextanchor="middle"))
-    fig.update_layout(barmode="stack", title="Tokens per turn", yaxis_title="tokens", height=360,
+    fig.update_layout(barmode="stack", title="Tokens per turn", yaxis_title="tokens", height=400,
                       uniformtext=dict(minsize=11, mode="show"),
-                      margin=dict(l=70, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
+                      margin=dict(l=70, r=10, t=50, b=90), legend=LEGEND_BELOW)
     return fig
 
 
@@ -181,8 +186,8 @@ def ttft_bars(turns: Sequence[Mapping[str, Any]]) -> go.Figure:
                              text=[f"{v:.0f}" if v is not None else "" for v in re],
                              textposition="outside", textangle=0))
     top = max([t["ttft_ms"] for t in turns] + [v for v in re if v is not None], default=1.0)
-    fig.update_layout(barmode="group", yaxis_title="ms", height=360, showlegend=True,
+    fig.update_layout(barmode="group", yaxis_title="ms", height=400, showlegend=True,
                       title=dict(text="Time to first token", subtitle=dict(text="both measured on each turn")),
                       yaxis=dict(range=[0, top * 1.18]),  # room for the labels above the bars
-                      margin=dict(l=70, r=10, t=70, b=40), legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
+                      margin=dict(l=70, r=10, t=70, b=90), legend=LEGEND_BELOW)
     return fig

@@ -92,7 +92,7 @@ def test_max_new_tokens_changed_after_a_turn_keeps_it_and_its_cache(browser, mak
         assert int(r2) > int(p1) and int(r2) + int(f2) == int(p2), text[-2000:]  # the whole first turn reused
         assert len(NO_REUSE.findall(text)) == 2 and "Both measured on the same turn" in text, text[-2000:]
         assert page.locator(ERROR_BOX).count() == 0, text[-2000:]
-        legend = page.locator(".js-plotly-plot .legendtext").all_inner_texts()
+        legend = page.evaluate("[...document.querySelectorAll('.js-plotly-plot .legendtext')].map(e => e.textContent)")
         assert "without reuse (all prefilled)" in legend, legend
         shoot(page, "chat_settings_1366.png")
         page.set_viewport_size({"width": 1920, "height": 1080})
@@ -110,8 +110,8 @@ def test_switching_the_model_mid_turn_keeps_the_message_and_the_chat(browser, ma
     and switching back shows every message."""
     context, page, errors = open_chat(browser, make_run_url, 1366, 768)
     try:
+        send(page, "Tell me about the sea.", 1)  # 24 new tokens: the transcript fits random:tiny's context
         set_number(page, "chat_max_new", 200)  # long enough to be caught answering
-        send(page, "Tell me about the sea.", 1)
         box = page.locator(".st-key-chat_input textarea")
         box.fill("Tell me a long story about a ship and its crew.")
         box.press("Enter")

@@ -191,3 +191,22 @@ def test_a_setting_never_throws_the_conversation_away() -> None:
                                                                       "Now the stars."]
     at.button(key="chat_check").click().run()  # checks the turns this cache computed, none carried
     _ok(at)
+
+
+def test_a_message_refused_before_its_turn_is_kept_as_typed() -> None:
+    """A message the conversation cannot take (here: past the context with the tokens asked for)
+    says why, and stays on the page as typed; the conversation goes on."""
+    at = AppTest.from_function(_chat, default_timeout=120)
+    at.run()
+    at.number_input(key="chat_max_new").set_value(6).run()
+    at.chat_input(key="chat_input").set_value("hello").run()
+    _ok(at)
+    long = "x" * 1100  # random:tiny: 1,024 byte tokens of context
+    at.chat_input(key="chat_input").set_value(long).run()
+    assert any("passes the model's context" in unescape(e.value) for e in at.error)
+    assert long in [t.value for t in at.text]
+    assert any("Not answered, refused before its turn began" in unescape(c.value) for c in at.caption)
+    at.chat_input(key="chat_input").set_value("and more").run()
+    _ok(at)
+    assert [t.user for t in at.session_state["chat_conv"].turns] == ["hello", "and more"]
+    assert long in [t.value for t in at.text]  # still shown, after turn 1

@@ -267,6 +267,8 @@ def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerat
         return  # a newer turn replaced this one: the script run that started it draws the page
     except KVVizError as e:
         session.put(session.CHAT_ERROR, str(e))
+        if it is None and edit_turn is None and not regenerate and text.strip():
+            conv.drop(text, f"not sent: {e}")  # refused before it began (too long for the context...): keep it
     finally:
         if it is not None and inspect.getgeneratorstate(it) == inspect.GEN_CREATED and edit_turn is None \
                 and not regenerate:  # stopped before the turn began: keep the message, unanswered

@@ -103,6 +103,9 @@ def no_reuse_note(turns: Sequence[TurnRecord], label: str, device: str) -> str:
 
 def interrupted_line(c: InterruptedTurn) -> str:
     """The label of an interrupted turn (plain text; the reason may quote an error)."""
+    if c.reason.startswith("not sent: "):
+        return (f"Not answered, refused before its turn began: {c.reason.removeprefix('not sent: ')} The message "
+                "is kept here as typed; it is not part of the conversation.")
     why = {"replaced by a newer turn": "a newer turn replaced it",
            "stopped": "stopped before it ended",
            "interrupted by a rerun": "a click or a new message interrupted it",
