@@ -145,7 +145,8 @@ def _conversation_view(conv: Conversation) -> None:
     if turns and carried >= len(turns):
         st.info(md_plain(
             f"The conversation is kept ({len(turns)} turn{'' if len(turns) == 1 else 's'}), but it was computed on "
-            f"another model or cache ({turns[-1].made_on or 'earlier settings'}). It now runs on {conv.label()}, "
+            f"another model or cache (the last turn on {turns[-1].made_on or 'earlier settings'}). It now runs on "
+            f"{conv.label()}, "
             "whose cache starts empty: the next turn prefills the whole transcript again (nothing reused on that "
             "turn), and the turns after it reuse the cache as before."), icon="♻️")
     tok = conv.model.tokenizer

@@ -94,11 +94,15 @@ def no_reuse_note(turns: Sequence[TurnRecord], label: str, device: str) -> str:
         return "The TTFT without reuse is measured after each turn (turns computed on an earlier cache are not timed)."
     t = timed[-1]
     saved = t.no_reuse_ttft_ms - t.ttft_ms  # type: ignore[operator]
-    return (f"Both measured on the same turn, on {device}: its TTFT with the cache kept ({t.reused_tokens} tokens "
-            f"reused, {t.prefilled_tokens} prefilled), then the same {t.prompt_tokens} prompt tokens prefilled from "
-            f"scratch on a fresh cache, right after it ({label}). Last turn: {t.ttft_ms:.0f} ms with reuse vs "
-            f"{t.no_reuse_ttft_ms:.0f} ms without ({'saved' if saved >= 0 else 'lost'} {abs(saved):.0f} ms). "
-            "Each is one timing on a shared CPU: a few ms either way is noise.")
+    how = (f"Both measured on the same turn, on {device}: its TTFT with the cache kept ({t.reused_tokens} tokens "
+           f"reused, {t.prefilled_tokens} prefilled), then the same {t.prompt_tokens} prompt tokens prefilled from "
+           f"scratch on a fresh cache, right after it ({label}). Last turn: {t.ttft_ms:.0f} ms with reuse vs "
+           f"{t.no_reuse_ttft_ms:.0f} ms without")
+    if t.reused_tokens == 0:  # the same work twice: the gap is the timing's own noise, not a saving
+        return (how + f". This turn reused nothing, so both timed the same work: their gap ({abs(saved):.0f} ms) "
+                "is how much one timing varies on this machine now.")
+    return (how + f" ({'saved' if saved >= 0 else 'lost'} {abs(saved):.0f} ms). Each is one timing on a shared "
+            "CPU: compare them with the gap on a turn that reused nothing.")
 
 
 def interrupted_line(c: InterruptedTurn) -> str:
