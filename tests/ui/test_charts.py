@@ -354,3 +354,6 @@ def test_the_no_reuse_note_names_the_noise_on_a_turn_that_reused_nothing() -> No
     note = no_reuse_note([base, later], "m · static cache", "cpu")
     assert "59 tokens reused, 16 prefilled" in note and "same 75 prompt tokens" in note and "(saved 190 ms)" in note
     assert no_reuse_note([dataclasses.replace(base, no_reuse_ttft_ms=None)], "x", "cpu").startswith("The TTFT without")
+    # A turn computed before a model switch is named with the model and cache that computed it.
+    carried = dataclasses.replace(later, made_on="smollm2 (fp32, fast engine) · paged cache, blocks of 16")
+    assert "(smollm2 (fp32, fast engine) · paged cache, blocks of 16)" in no_reuse_note([carried], "tiny", "cpu")

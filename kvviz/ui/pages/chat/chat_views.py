@@ -88,7 +88,8 @@ def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | 
 
 
 def no_reuse_note(turns: Sequence[TurnRecord], label: str, device: str) -> str:
-    """What the TTFT chart compares, and how it was measured (plain text; the label names a model)."""
+    """What the TTFT chart compares, and how it was measured (plain text; the label names a model).
+    The model and cache named are those of the turn described (``made_on``), else ``label``."""
     timed = [t for t in turns if t.no_reuse_ttft_ms is not None]
     if not timed:
         return "The TTFT without reuse is measured after each turn (turns computed on an earlier cache are not timed)."
@@ -96,7 +97,7 @@ def no_reuse_note(turns: Sequence[TurnRecord], label: str, device: str) -> str:
     saved = t.no_reuse_ttft_ms - t.ttft_ms  # type: ignore[operator]
     how = (f"Both measured on the same turn, on {device}: its TTFT with the cache kept ({t.reused_tokens} tokens "
            f"reused, {t.prefilled_tokens} prefilled), then the same {t.prompt_tokens} prompt tokens prefilled from "
-           f"scratch on a fresh cache, right after it ({label}). Last turn: {t.ttft_ms:.0f} ms with reuse vs "
+           f"scratch on a fresh cache, right after it ({t.made_on or label}). Last turn: {t.ttft_ms:.0f} ms with reuse vs "
            f"{t.no_reuse_ttft_ms:.0f} ms without")
     if t.reused_tokens == 0:  # the same work twice: the gap is the timing's own noise, not a saving
         return (how + f". This turn reused nothing, so both timed the same work: their gap ({abs(saved):.0f} ms) "
