@@ -118,6 +118,25 @@ def test_gpu_menu_names_its_memory_in_the_unit_every_figure_uses() -> None:
         assert f"({g.memory_gib} GiB)" in g.name, g.name  # the size in the name is the one the calculator uses
 
 
+def test_a_preset_gpu_is_never_called_as_entered(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The engines' GPU line: a preset at its nominal size is named, with nvidia-smi's total where one
+    is on file (H100) and saying there is none where not (RTX 4090); "as entered" only for a typed size."""
+    from types import SimpleNamespace
+
+    from kvviz.ui.pages.calculator import calculator_engines as ce
+
+    def pick(kind: str) -> None:
+        monkeypatch.setattr(ce.session, "get", lambda key, default=None: kind if key == "mem_gpu_kind" else default)
+
+    pick("rtx-4090")
+    assert ce.usable_gpu(SimpleNamespace(gpu_gib=24.0)) == (
+        24.0, "GeForce RTX 4090 (24 GiB): 24 GiB nominal (no nvidia-smi total on file)")
+    assert ce.usable_gpu(SimpleNamespace(gpu_gib=20.0)) == (20.0, "GPU 20 GiB (as entered)")
+    pick("h100-sxm")
+    assert ce.usable_gpu(SimpleNamespace(gpu_gib=80.0)) == (
+        81_559 / 1024, "H100 SXM (80 GiB): 81,559 MiB usable (what nvidia-smi reports), 80 GiB nominal")
+
+
 def test_vllm_formula_shows_how_a_request_counts_its_blocks() -> None:
     """"one request of 32,768 tokens = 2,048 = 2,048 blocks": each group's count is shown worked out,
     and no formula line repeats a figure as its own result."""
