@@ -193,6 +193,14 @@ def test_latency_chart_marks_prefill_and_plots_tokens_per_second(runs: dict[str,
     assert line.yaxis == "y2" and fig.layout.yaxis2.title.text == "tokens/s"
     assert any("prefill" in a.text for a in fig.layout.annotations)
     assert fig.layout.xaxis.range[1] >= run.max_new_tokens - 1  # room for the whole run while live
+    # tokens/s ticks at whole 1, 2 or 5 x 10^n steps from 0 (issue 36 saw "0, 2, 4, 5, 7, 9": 1.75 apart,
+    # rounded by the integer tick format), and the axis reaches past the fastest point
+    y2 = fig.layout.yaxis2
+    assert y2.tick0 == 0 and y2.dtick in {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}
+    assert y2.range[0] == 0 and y2.range[1] >= max(line.y) and y2.range[1] / y2.dtick <= 6 * 1.05
+    from kvviz.charts.style import integer_ticks
+
+    assert [integer_ticks(t)["dtick"] for t in (0.3, 9.4, 13, 65.15, 1320)] == [1, 2, 5, 20, 500]
 
 
 def test_empty_and_capture_free_runs_give_message_figures(runs: dict[str, Run]) -> None:
