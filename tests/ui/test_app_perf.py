@@ -87,10 +87,15 @@ def raced() -> Iterator[AppTest]:
     from kvviz.ui.common import perf_common
 
     os.environ.setdefault("KVVIZ_DEFAULT_MODEL", "random:tiny")
+    from kvviz.measure import stats
+
     # The machine running the tests may be busy; these tests are about a steady machine's pages
-    # (test_doubts.py covers what a busy one says).
+    # (test_doubts.py covers what a busy one says). Nor may the race's own timings decide what
+    # the page says: 8 tiny steps on a loaded or faster machine can have a no-cache step finish
+    # first, and the page then rightly gives no explanation (test_doubts.py holds that branch).
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(perf_common.BusyWindow, "clause", lambda self: None)
+        mp.setattr(stats, "race_doubts", lambda *args, **kwargs: [])
         at = fresh(_race)
         yield at.button(key="race_start").click().run()
 
@@ -124,8 +129,9 @@ def test_race_shows_identical_output_and_every_chart(raced: AppTest) -> None:
     assert byte_metrics["Concat: bytes copied"] == fmt_bytes(runs["concat"].events[-1].cache_bytes_copied)
     shown = [m.value for m in raced.markdown] + [c.value for c in raced.caption] + list(byte_metrics.values())
     assert not [t for t in shown if decimal_without_binary(t)]
-    # The explanation quotes the probe's numbers.
-    assert any("50 GFLOP/s" in m.value for m in raced.markdown)
+    # The explanation quotes the probe's numbers: PROBE's fixed 50e9 FLOP/s and 10e9 B/s, not a speed
+    # this machine measured.
+    assert any("50 GFLOP/s" in m.value and "10.0 GB/s" in m.value for m in raced.markdown)
     # All three outputs are shown as plain text (st.code), never as HTML.
     assert len(raced.code) >= 3 and len({c.value for c in raced.code[:3]}) == 1
 
@@ -142,6 +148,27 @@ def test_race_sweep_then_table_and_slopes(raced: AppTest) -> None:
     table = at.dataframe[0].value
     assert list(table["new tokens"]) == [32] and table["repeats"].iloc[0] == 1
     assert {s.series for s in at.session_state["race_sweep::random:tiny::cpu::fp32"]} == {"static", "none"}
+
+
+def test_a_slow_race_runs_the_tokens_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the Gemma 3 race took 85 s at load 8. Where the sidebar's N would take over a minute
+    here, the race runs the most tokens that fit (at least 16) and says so; a box races all of them."""
+    from kvviz.measure.sizing import Calibration, Estimator
+    from kvviz.ui.pages.race import race
+
+    slow = Calibration(prefill_ms=6400.0, decode_ms=1000.0, prompt=64, weight_bytes=10**6, kv_bytes_per_token=10**3)
+    monkeypatch.setattr(race, "estimator", lambda model, fast=True: Estimator(slow, model.config))
+    at = fresh(_race, 64)
+    no_problems(at)
+    caps = " ".join(c.value for c in at.caption)
+    assert ("16 new tokens per mode, EOS ignored so every run generates 16 tokens (of the sidebar's 64: what "
+            "finishes in about a minute here)") in caps, caps
+    at.button(key="race_start").click().run()
+    no_problems(at)
+    assert {len(r.events) for r in at.session_state["race_runs::random:tiny::cpu::fp32"]["runs"].values()} == {16}
+    at.checkbox(key="race_all_n").check().run()
+    caps = " ".join(c.value for c in at.caption)
+    assert "64 new tokens per mode, EOS ignored" in caps, caps
 
 
 def test_race_rejects_bad_input_with_a_message() -> None:
@@ -171,6 +198,11 @@ def test_a_stopped_sweep_keeps_its_points() -> None:
 # --- prefill vs decode ----------------------------------------------------------------------------
 
 def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvviz.ui.pages.prefill import prefill
+
+    # About a steady machine's page: the machine running the tests may be busy, and a page that
+    # doubts its timings gives no verdict (the test below).
+    monkeypatch.setattr(prefill, "sweep_doubts", lambda ttft, decode, busy: [])
     at = fresh(_prefill, None)
     no_problems(at)
     at.select_slider(key="pd_max_context").set_value(64)
@@ -205,6 +237,39 @@ def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyP
     no_problems(at)
     assert "Short question vs long pasted document" in titles(at)
     assert any("time to first token grew" in m.value for m in at.markdown)
+
+
+def test_a_prefill_page_in_doubt_gives_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the amber box said "these timings contradict what they should show", and right below
+    it the page still printed a confident "Verdict, from the measurements". One or the other."""
+    from kvviz.ui.pages.prefill import prefill
+
+    doubt = "The spread is too wide: repeats of the same prompt length differ by 2.0×."
+    monkeypatch.setattr(prefill, "sweep_doubts", lambda ttft, decode, busy: [doubt])
+    at = fresh(_prefill, None)
+    at.select_slider(key="pd_max_context").set_value(64)
+    at.number_input(key="pd_repeats").set_value(1)
+    at.button(key="pd_run").click().run()
+    no_problems(at)
+    assert any(doubt in w.value and "does not explain them" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Verdict" not in text and "-token prompt: **" not in text and "-token context: **" not in text, text
+    assert "**No verdict from these measurements**" in text
+    assert any(x.startswith("Roofline of this machine") for x in titles(at))  # the points are still shown
+
+
+def test_a_race_sweep_in_doubt_gives_no_cause() -> None:
+    """The sweep's slopes stay (they are measured); its "expect about 1 ... fixed costs" does not,
+    beside a box saying the slope contradicts what it should be."""
+    at = fresh(_race, None)
+    at.session_state["race_sweep::random:tiny::cpu::fp32"] = [  # a cached time growing as N squared
+        Sample("total_time", m, n, 0, {"total_ms": k * n * n}, "cpu", "fp32")
+        for n in (32, 64, 128, 256) for m, k in (("static", 0.01), ("none", 0.03))]
+    at.run()
+    no_problems(at)
+    assert any("The cached (static) slope is 2.00" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Fitted log-log slopes" in text and "Expect" not in text and "fixed costs" not in text
 
 
 # --- batching -------------------------------------------------------------------------------------

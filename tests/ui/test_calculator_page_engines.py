@@ -68,6 +68,6 @@ def test_cpu_backend_async_and_ubatch_controls() -> None:
     at.number_input(key="mem_eng_batched").set_value(2048).run()  # the sidebar's GPU would batch 8,192
     code = "\n".join(c.value for c in at.code)
     assert "(  2304 cells,  12 layers,  1/1 seqs)" in code
-    assert "= 265 + 8,192 = 8,457 blocks" in code  # async: ceil((127 + 2 x 2,048) / 16) + 1
+    assert "+ 1 = 265 + full: ceil(131,072 / 16) = 8,192; 8,457 blocks in all" in code  # async: 2 x 2,048 in flight
     at.checkbox(key="mem_eng_async").uncheck().run()
-    assert "= 137 + 8,192 = 8,329 blocks" in "\n".join(c.value for c in at.code)
+    assert "+ 1 = 137 + full: ceil(131,072 / 16) = 8,192; 8,329 blocks in all" in "\n".join(c.value for c in at.code)

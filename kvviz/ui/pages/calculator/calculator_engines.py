@@ -19,8 +19,10 @@ from kvviz.memory.engine_vllm import VLLMSettings
 from kvviz.memory.engine_vllm_defaults import DEVICES, default_batched_tokens, default_block_size
 from kvviz.memory.engines import EngineRequest, engine_report, estimate_parts
 from kvviz.memory.formulas import weight_bytes
+from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.state import session
+from kvviz.units import exact_ratio
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
@@ -74,6 +76,8 @@ def usable_gpu(req: MemoryRequest) -> tuple[float | None, str]:
     if g is not None and g.usable_mib and req.gpu_gib == float(g.memory_gib):
         return g.usable_gib, (f"{g.name}: {g.usable_mib:,} MiB usable (what nvidia-smi reports), "
                               f"{g.memory_gib} GiB nominal")
+    if g is not None and req.gpu_gib == float(g.memory_gib):  # the menu's GiB, the same unit as every figure
+        return req.gpu_gib, f"{g.name}: {g.memory_gib} GiB nominal (no nvidia-smi total on file)"
     return req.gpu_gib, "" if req.gpu_gib is None else f"GPU {req.gpu_gib:g} GiB (as entered)"
 
 
@@ -137,7 +141,7 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
                     f"max concurrency at {er.max_model_len:,} tokens {d['max_concurrency']:.2f}x; "
                     f"available {d['available_kv_bytes'] / GIB:,.2f} GiB ({d['available_kv_source']})")
     elif er.engine == "llama.cpp":
-        col.metric("llama.cpp: KV allocated", f"{d['kv_bytes'] / GIB:,.2f} GiB")
+        col.metric("llama.cpp: KV allocated", f"{exact_ratio(int(d['kv_bytes']), GIB)} GiB")  # exact at any size
         col.caption(f"-c {er.max_model_len:,} padded to {d['n_ctx_padded']:,}, -np {er.n_seq}, -ub {er.n_ubatch}")
     else:
         col.metric("SGLang: #tokens", f"{d['max_total_num_tokens']:,}")
@@ -201,8 +205,8 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
     except CalcError as e:
         st.error("Cannot reconcile:\n\n" + "\n".join(f"- {md_plain(p)}" for p in e.problems))
         return
-    df = pd.DataFrame([{"line": r.what, "logged": r.logged, "kvviz": r.predicted, "agrees": r.agrees, "why": r.why}
-                       for r in rows])
-    st.dataframe(df, hide_index=True, key="mem_eng_rows")
+    table = safe_frame([{"line": r.what, "logged": r.logged, "kvviz": r.predicted, "agrees": r.agrees, "why": r.why}
+                        for r in rows])
+    st.dataframe(table, hide_index=True, key="mem_eng_rows")
     for n in said + notes:
         st.caption(md_plain(n))
