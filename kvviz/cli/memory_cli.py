@@ -19,6 +19,8 @@ from kvviz.memory.engine_log import (
 )
 from kvviz.memory.formulas import weight_bytes
 from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
+from kvviz.memory.engine_vllm_defaults import DEVICES, default_block_size
+from kvviz.memory.engine_vllm_kv import KV_DTYPES as VLLM_KV_DTYPES
 from kvviz.memory.engines import ENGINES, EngineRequest, engine_report, estimate_parts
 from kvviz.memory import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH,
@@ -59,8 +61,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help="int8/int4: scale dtype (default fp16)")
     p.add_argument("--zero-point", action="store_true", help="int8/int4: count a zero point per group too")
     p.add_argument("--paged", action="store_true", help="vLLM-style paging: round tokens up to whole blocks")
-    p.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=DEFAULT_BLOCK_SIZE,
-                   help=f"paging block size in tokens (default {DEFAULT_BLOCK_SIZE})")
+    p.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=None,
+                   help=f"paging block size in tokens (default {DEFAULT_BLOCK_SIZE}; vLLM's CPU backend: 128)")
     p.add_argument("--no-windows", action="store_true", help="ignore sliding windows: every layer keeps every token")
     p.add_argument("--window", type=int_in(1, MAX_SEQ_LEN), metavar="W",
                    help="a run-time cache window on every layer: keep the last W positions (kvviz's --window)")
@@ -88,12 +90,32 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """'20,12' -> (20, 12), as vLLM reads VLLM_PP_LAYER_PARTITION (positive layer counts)."""
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"Invalid partition string: {text[:80]!r} (give layer counts, e.g. 20,12)")
+    if not out or len(out) > MAX_TP or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"give 1 to {MAX_TP} positive layer counts, e.g. 20,12 (got {text[:80]!r})")
+    return out
+
+
+def _gib_list(text: str) -> tuple[float, ...]:
+    """'10,6.5' -> (10.0, 6.5): each pipeline stage's available KV memory in GiB."""
+    parts = text.split(",")
+    if len(parts) > MAX_TP:
+        raise argparse.ArgumentTypeError(f"at most {MAX_TP} stages")
+    return tuple(types.gib(x) for x in parts)
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """--engine and the serve flags that decide each engine's sizing (see kvviz.memory.engines)."""
     g = p.add_argument_group("engine sizing (vLLM, llama.cpp, SGLang)")
     g.add_argument("--engine", choices=ENGINES, help="size the KV cache as this engine allocates it")
-    g.add_argument("--kv-cache-dtype", choices=DTYPES, metavar="DTYPE",
-                   help="the engine's KV dtype (vLLM's --kv-cache-dtype; default --dtype; fp8 = 1 byte a value)")
+    g.add_argument("--kv-cache-dtype", choices=tuple(dict.fromkeys((*DTYPES, *VLLM_KV_DTYPES))), metavar="DTYPE",
+                   help="the engine's KV dtype (vLLM's --kv-cache-dtype; default --dtype; fp8 = 1 byte a value; "
+                        "vLLM's scaled formats: " + ", ".join(VLLM_KV_DTYPES[6:]) + ")")
     g.add_argument("--kv-memory-gib", type=types.gib, metavar="GIB",
                    help="vLLM: its 'Available KV cache memory' (exact blocks); SGLang: the memory left for the pool")
     g.add_argument("--max-model-len", type=int_in(1, MAX_SEQ_LEN), metavar="L",
@@ -102,10 +124,25 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM: tokens per scheduler step (the sliding groups' share; default `vllm serve`'s: "
                         "8192 on >= 70 GiB GPUs but the A100, else 2048)")
     g.add_argument("--pp", type=_tp, default=None, metavar="N", help="vLLM pipeline-parallel stages (default 1)")
+    g.add_argument("--pp-layer-partition", type=_int_list, metavar="N,N,...",
+                   help="vLLM's VLLM_PP_LAYER_PARTITION: layers per pipeline stage (default: even shares)")
+    g.add_argument("--stage-kv-memory-gib", type=_gib_list, metavar="G,G,...",
+                   help="vLLM: each pipeline stage's 'Available KV cache memory' (default --kv-memory-gib on every "
+                        "stage)")
     g.add_argument("--gpu-memory-utilization", type=types.efficiency, default=0.9, metavar="F",
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
                    help="vLLM --disable-hybrid-kv-cache-manager: sliding layers keep every token")
+    g.add_argument("--device", choices=DEVICES, default="cuda",
+                   help="vLLM: cuda (default) or cpu, the CPU backend: block 128, --kv-memory-gib is "
+                        "VLLM_CPU_KVCACHE_SPACE, no async scheduling, 'CPU KV cache size'")
+    g.add_argument("--estimate-cudagraphs", action="store_true",
+                   help="vLLM's VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1: the estimate subtracts CUDA graphs' memory")
+    g.add_argument("--no-async-scheduling", action="store_true",
+                   help="vLLM --no-async-scheduling: one batch in flight (PP batches under PP) instead of two")
+    g.add_argument("--draft-config", type=Path, metavar="FILE",
+                   help="vLLM: a speculative draft model's config.json (EAGLE or a draft model): its layers hold KV "
+                        "beside the target's")
     g.add_argument("--reconcile", metavar="LOG",
                    help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
@@ -117,8 +154,19 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--swa-full", action="store_true",
                    help="llama.cpp --swa-full: sliding layers keep the whole context")
     g.add_argument("--kv-unified", action="store_true", help="llama.cpp --kv-unified: one cache shared by the -np seqs")
+    g.add_argument("--ubatch-size", "-ub", type=int_in(1, MAX_SEQ_LEN), default=512, metavar="N",
+                   help="llama.cpp -ub (n_ubatch, default 512): the sliding-window cache keeps window + N cells")
+    g.add_argument("--batch-size", "-b", type=int_in(1, MAX_SEQ_LEN), default=2048, metavar="N",
+                   help="llama.cpp -b (n_batch, default 2048): n_ubatch is at most this")
+    g.add_argument("--flash-attn", "-fa", choices=("on", "off", "auto"), default="auto",
+                   help="llama.cpp -fa (default auto: on where supported): off pads V rows and refuses a quantized V")
     g.add_argument("--mem-fraction-static", type=types.efficiency, default=0.9, metavar="F",
                    help="SGLang --mem-fraction-static (default 0.9)")
+    g.add_argument("--avail-mem-gib", type=_gib_list, metavar="BEFORE,AFTER",
+                   help="SGLang: its log's 'avail mem' figures at 'Load weight begin' and 'end' (GiB): "
+                        "the pool's memory is AFTER - BEFORE x (1 - --mem-fraction-static)")
+    g.add_argument("--page-size", type=int_in(1, MAX_BLOCK_SIZE), default=1, metavar="N",
+                   help="SGLang --page-size (default 1): the pool is rounded down to whole pages")
 
 
 def _list(presets: dict[str, ModelSpec]) -> tuple[dict[str, Any], str]:
@@ -187,7 +235,7 @@ def run_memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         req = MemoryRequest(
             seq_len=args.seq_len, batch=args.batch, beams=args.beams, kv_dtype=args.dtype,
             weight_dtype=weight_dtype(args), group_size=args.group_size, scale_dtype=args.scale_dtype,
-            zero_point=args.zero_point, paged=args.paged, block_size=args.block_size,
+            zero_point=args.zero_point, paged=args.paged, block_size=args.block_size or DEFAULT_BLOCK_SIZE,
             use_windows=not args.no_windows, params=args.params, reserve=args.reserve, tp=args.tp,
             state_dtype=args.state_dtype, efficiency=args.efficiency, **_gpu_settings(args),
         )
@@ -210,12 +258,28 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         engine=args.engine, max_model_len=args.max_model_len or args.seq_len,
         kv_dtype=args.kv_cache_dtype or args.dtype,
         kv_memory_gib=args.kv_memory_gib, gpu_gib=gpu, weight_dtype=weight_dtype(args), params=params, tp=args.tp,
-        pp=args.pp or 1, block_size=args.block_size,
+        pp=args.pp or len(args.pp_layer_partition or args.stage_kv_memory_gib or (1,)), block_size=args.block_size or default_block_size(args.device),
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_name=load_gpus()[args.gpu_model].name if args.gpu_model else "",
         gpu_memory_utilization=args.gpu_memory_utilization, hybrid=not args.no_hybrid_kv_cache_manager,
         n_seq=args.parallel, type_k=args.cache_type_k, type_v=args.cache_type_v, swa_full=args.swa_full,
-        kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static, lengths=_lengths(args))
+        kv_unified=args.kv_unified, mem_fraction_static=args.mem_fraction_static, lengths=_lengths(args),
+        device=args.device, async_scheduling=not args.no_async_scheduling, draft=_draft(args),
+        n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off",
+        cudagraph_estimate=args.estimate_cudagraphs, pp_layers=args.pp_layer_partition or (),
+        stage_memory_gib=args.stage_kv_memory_gib or (), avail_mem_gib=_before_after(args.avail_mem_gib),
+        page_size=args.page_size)
+
+
+def _before_after(v: tuple[float, ...] | None) -> tuple[float, float] | None:
+    if v is not None and len(v) != 2:
+        raise CalcError([f"--avail-mem-gib takes two figures, BEFORE,AFTER loading the weights (got {len(v)})"])
+    return None if v is None else (v[0], v[1])
+
+
+def _draft(args: argparse.Namespace) -> ModelSpec | None:
+    """--draft-config FILE: the draft's shape, read like any config.json (errors name the file)."""
+    return None if args.draft_config is None else load_config_file(args.draft_config)
 
 
 def _lengths(args: argparse.Namespace) -> tuple[int, ...]:
@@ -251,7 +315,7 @@ def _reconcile(args: argparse.Namespace, spec: ModelSpec) -> tuple[dict[str, Any
     """--reconcile LOG: the log's KV lines beside kvviz's prediction (vLLM)."""
     log = parse_vllm_log(_read_log(args.reconcile))
     given = {"max_model_len": args.max_model_len, "tp": args.tp if args.tp != 1 else None, "pp": args.pp,
-             "block_size": args.block_size if args.block_size != DEFAULT_BLOCK_SIZE else None,
+             "block_size": args.block_size,
              "max_num_batched_tokens": args.max_num_batched_tokens,
              "kv_dtype": args.kv_cache_dtype}
     flags, said = settings_from_log(log, given)
@@ -259,9 +323,11 @@ def _reconcile(args: argparse.Namespace, spec: ModelSpec) -> tuple[dict[str, Any
         reconcile(spec, log, VLLMSettings(0, 1))  # raises the sentence for a log without a KV line
     if flags.get("max_model_len") is None:
         raise KVVizError("the log does not say max_model_len: give --max-model-len")
-    s = VLLMSettings(0, flags["max_model_len"], flags.get("block_size") or DEFAULT_BLOCK_SIZE, flags.get("tp") or 1,
-                     flags.get("pp") or 1, flags.get("kv_dtype") or "bf16",
-                     flags.get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS, not args.no_hybrid_kv_cache_manager)
+    device = "cpu" if log.device == "CPU" else args.device
+    s = VLLMSettings(0, flags["max_model_len"], flags.get("block_size") or default_block_size(device),
+                     flags.get("tp") or 1, flags.get("pp") or 1, flags.get("kv_dtype") or "bf16",
+                     flags.get("max_num_batched_tokens") or DEFAULT_BATCHED_TOKENS, not args.no_hybrid_kv_cache_manager,
+                     device, not args.no_async_scheduling, _draft(args))
     rows, notes = reconcile(spec, log, s)
     params = args.params if args.params is not None else spec.params
     weights = None if params is None else -(-weight_bytes(params, weight_dtype(args)) // (s.tp * s.pp))

@@ -2,6 +2,12 @@
 every difference explained (the rounding of the printed GiB, another block size or KV dtype,
 another vLLM version's formula, the smallest GPU of a TP/PP group).
 
+Three generations of the lines are read: vLLM 0.33's one line "GPU KV cache size: N tokens, Maximum
+concurrency for L tokens per request: Cx" (N = int(C x L), kv_cache_utils.py:1120-1153; "CPU" on
+the CPU backend), the two lines of earlier V1 (N = blocks // groups x block size) and V0's blocks.
+The too-long error's wording tells the versions apart too: "model's" (0.33, checked against the
+available memory less the null block, kv_cache_planning.py:66-86, 1528-1537) or "models's" (earlier).
+
 Reading never raises on strange text: lines it does not know are skipped, numbers it cannot
 read are skipped, and text with no KV line at all is a CalcError with one clear sentence.
 """
@@ -12,7 +18,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvviz.memory.engine_log_explain import explain_needed, explain_tokens, line_tokens, sizes
 from kvviz.memory.engine_vllm import VLLMSettings, VLLMSizing, format_gib, vllm_sizing
+from kvviz.memory.engine_vllm_kv import KV_DTYPES
 from kvviz.memory.spec import CalcError, ModelSpec
 from kvviz.units import GIB
 
@@ -23,10 +31,10 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "available_gib": re.compile(r"Available KV cache memory:\s*" + _FLOAT + r"\s*GiB"),
     "kv_cache_size_gib": re.compile(r"kv_cache_size=" + _FLOAT + r"\s*GiB"),  # V0's "Memory profiling results"
     "rest_gib": re.compile(r"the rest of the memory reserved for KV Cache is\s*" + _FLOAT + r"\s*GiB"),  # later V0
-    "tokens": re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens"),
+    "tokens": re.compile(r"\b([A-Z]{2,5})(?: \+ host)? KV cache size:\s*" + _NUM + r"\s*tokens"),
     "concurrency": re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*" + _FLOAT + "x"),
     "gpu_blocks": re.compile(r"#?\s*GPU blocks:\s*" + _NUM),
-    "too_long": re.compile(r"max seq len \(" + _NUM + r"\),\s*\(" + _FLOAT
+    "too_long": re.compile(r"(models?'s) max seq len \(" + _NUM + r"\),\s*\(" + _FLOAT
                            + r" GiB KV cache is needed, which is larger "
                            r"than the available KV cache memory \(" + _FLOAT + r" GiB\)\.(?:\s*Based on the available "
                            r"memory, the estimated maximum model length is " + _NUM + r")?"),
@@ -47,7 +55,7 @@ _SETTINGS: dict[str, re.Pattern[str]] = {
                      + _SIGNED),
     "pp": re.compile(r"(?:pipeline_parallel_size[=:]\s*|'pipeline_parallel_size':\s*)" + _SIGNED),
     "block_size": re.compile(r"(?:'block_size':\s*|block_size=|--block-size[ =])" + _SIGNED),
-    "kv_dtype": re.compile(r"(?:kv_cache_dtype=|'kv_cache_dtype':\s*'|--kv-cache-dtype[ =])([a-z0-9_]{2,12})"),
+    "kv_dtype": re.compile(r"(?:kv_cache_dtype=|'kv_cache_dtype':\s*'|--kv-cache-dtype[ =])([a-z0-9_]{2,24})"),
     "max_num_batched_tokens": re.compile(r"max_num_batched_tokens[=:]\s*" + _SIGNED),
 }
 # The most a setting can plausibly be: past it the value is named as ignored, not used.
@@ -68,6 +76,9 @@ class ParsedLog:
     concurrency: float | None = None
     gpu_blocks: int | None = None
     too_long: tuple[int, float, float, int | None] | None = None  # (max_model_len, needed GiB, available GiB, estimate)
+    device: str | None = None  # "GPU" / "CPU": the token line's first word
+    one_line: bool = False  # vLLM 0.33's single line: tokens = int(concurrency x max_model_len)
+    model_s: bool = False  # the too-long error says "model's" (0.33: the null block is held back)
     too_long_v0: tuple[int, int] | None = None  # (max_model_len, tokens that fit)
     weights_gib: float | None = None  # the memory-profiling line's parts (V0 and early V1)
     non_torch_gib: float | None = None
@@ -123,15 +134,17 @@ def parse_vllm_log(text: str) -> ParsedLog:
             elif key in ("weights_gib", "non_torch_gib", "activation_gib"):
                 got[key] = _float(m.group(1))
             elif key == "tokens":
-                got["tokens"] = _int(m.group(1))
+                got["device"], got["tokens"] = m.group(1), _int(m.group(2))
+                got["one_line"] = bool(_PATTERNS["concurrency"].search(line))
             elif key == "gpu_blocks":
                 got["gpu_blocks"] = _int(m.group(1))
             elif key == "concurrency":
                 got["concurrency_len"], got["concurrency"] = _int(m.group(1)), _float(m.group(2))
             elif key == "too_long":
-                L, need, avail = _int(m.group(1)), _float(m.group(2)), _float(m.group(3))
+                L, need, avail = _int(m.group(2)), _float(m.group(3)), _float(m.group(4))
                 if None not in (L, need, avail):
-                    got["too_long"] = (L, need, avail, _int(m.group(4)))
+                    got["too_long"] = (L, need, avail, _int(m.group(5)))
+                    got["model_s"] = m.group(1) == "model's"
             elif key == "too_long_v0":
                 L, fit = _int(m.group(1)), _int(m.group(2))
                 if None not in (L, fit):
@@ -172,7 +185,10 @@ def settings_from_log(log: ParsedLog, given: dict[str, Any]) -> tuple[dict[str, 
                 break
     if out.get("kv_dtype") is None and log.setting("kv_dtype"):
         raw = str(log.setting("kv_dtype"))
-        if raw not in VLLM_KV_DTYPES:
+        if raw in KV_DTYPES and raw not in ("fp8", "fp8_e4m3", "fp8_e5m2"):  # the plain fp8s: 1 byte, read as fp8
+            out["kv_dtype"] = raw
+            said.append(f"KV dtype {raw} (the log's kv_cache_dtype)")
+        elif raw not in VLLM_KV_DTYPES:
             said.append(f"the log's kv_cache_dtype {raw!r} ignored: vLLM's choices are {', '.join(VLLM_KV_DTYPES)}; "
                         "kvviz keeps the KV dtype set here")
         elif raw.startswith("fp8"):
@@ -201,45 +217,6 @@ def gib_range(gib: float) -> tuple[int, int]:
     return max(0, math.ceil((gib - 0.005) * GIB)), math.floor((gib + 0.005) * GIB)
 
 
-def _sizes(spec: ModelSpec, s: VLLMSettings, lo: int, hi: int) -> tuple[VLLMSizing, VLLMSizing]:
-    return vllm_sizing(spec, replace(s, kv_memory_bytes=lo)), vllm_sizing(spec, replace(s, kv_memory_bytes=hi))
-
-
-def _explain_tokens(spec: ModelSpec, s: VLLMSettings, lo: int, hi: int, logged: int) -> str:
-    """Why the logged token count is not in kvviz's range: the first alternative that reproduces it."""
-    a, b = _sizes(spec, s, lo, hi)
-    if a.tokens_legacy <= logged <= b.tokens_legacy and len(a.groups) > 1:
-        return (f"older vLLM printed blocks x block size ({a.tokens_legacy:,}-{b.tokens_legacy:,}) without dividing "
-                f"by the {len(a.groups)} groups: the same blocks, another version's line")
-    if a.tokens_newest <= logged <= b.tokens_newest:
-        return "the newest vLLM prints int(concurrency x max_model_len): the same blocks, another version's line"
-    trials: list[tuple[str, VLLMSettings]] = []
-    for bs in (16, 32, 64, 128, 256):
-        if bs != s.block_size:
-            trials.append((f"a block size of {bs} (attention backends choose their own: FlashMLA and some "
-                           f"hybrid models use 64 or more): pass --block-size {bs}", replace(s, block_size=bs)))
-    for dt in ("fp8", "bf16", "fp32"):
-        if dt != s.kv_dtype:
-            trials.append((f"a {dt} KV cache: pass --kv-cache-dtype {dt}", replace(s, kv_dtype=dt)))
-    if s.hybrid and spec.has_windows:
-        trials.append(("the hybrid KV-cache manager off (--disable-hybrid-kv-cache-manager, or a model vLLM does not "
-                       "group): every layer keeps every token", replace(s, hybrid=False)))
-    for why, alt in trials:
-        try:
-            x, y = _sizes(spec, alt, lo, hi)
-        except CalcError:
-            continue
-        if x.kv_cache_tokens <= logged <= y.kv_cache_tokens or x.tokens_legacy <= logged <= y.tokens_legacy:
-            return f"reproduced with {why}"
-    if logged < a.kv_cache_tokens and s.tp * s.pp > 1:
-        return ("fewer than predicted: vLLM keeps the smallest block count over all GPUs, and the logged "
-                "'Available KV cache memory' is one GPU's; another GPU of the group had less free memory")
-    implied = lo / logged if logged else 0
-    per_token = (b.kv_cache_tokens and hi / b.kv_cache_tokens) or 0
-    return (f"not explained: the log implies {implied:,.0f} B of KV per token, kvviz computes {per_token:,.0f} B; "
-            "check the config (layers, KV heads, head_dim), the KV dtype, TP and the block size")
-
-
 def profile_rows(log: ParsedLog, weights_per_gpu: int | None, estimate: dict[str, tuple[int, int]]) -> list[Row]:
     """The profiling line's measured parts beside kvviz's: the weights (params x dtype, split over the GPUs)
     and the estimate's activation and non-torch parts, each with its stated spread."""
@@ -262,6 +239,12 @@ def profile_rows(log: ParsedLog, weights_per_gpu: int | None, estimate: dict[str
     return rows
 
 
+def older_log(log: ParsedLog) -> bool:
+    """Lines of a vLLM before 0.33: the token line on its own, V0's blocks, or the error's "models's"."""
+    return ((log.tokens is not None and not log.one_line) or log.gpu_blocks is not None
+            or log.too_long_v0 is not None or (log.too_long is not None and not log.model_s))
+
+
 def reconcile(spec: ModelSpec, log: ParsedLog, settings: VLLMSettings) -> tuple[list[Row], list[str]]:
     """Each KV line of the log beside kvviz's prediction for the same model and flags, with why
     they differ. ``settings.kv_memory_bytes`` is ignored: the log's Available line sets it."""
@@ -270,6 +253,14 @@ def reconcile(spec: ModelSpec, log: ParsedLog, settings: VLLMSettings) -> tuple[
                          "'GPU KV cache size', 'Maximum concurrency', '# GPU blocks' or the max seq len error"])
     rows: list[Row] = []
     notes: list[str] = []
+    if older_log(log) and not settings.older:
+        settings = replace(settings, older=True)
+        notes.append("the log's lines are an earlier vLLM's (two lines, '# GPU blocks' or 'models's'): sized with "
+                     "its rules: max_num_batched_tokens in flight (not 0.33's two batches under async scheduling), "
+                     "no null block held back from the too-long check")
+    if log.device == "CPU" and settings.device != "cpu":
+        settings = replace(settings, device="cpu")  # no async scheduling on the CPU backend (cpu.py:347-348)
+        notes.append("the log is the CPU backend's ('CPU KV cache size'): sized as --device cpu")
     gib = log.available_gib
     if gib is None and log.too_long is not None:
         gib = log.too_long[2]
@@ -279,32 +270,33 @@ def reconcile(spec: ModelSpec, log: ParsedLog, settings: VLLMSettings) -> tuple[
     L = settings.max_model_len
     if gib is not None:
         lo, hi = gib_range(gib)
-        a, b = _sizes(spec, settings, lo, hi)
+        a, b = sizes(spec, settings, lo, hi)
         rows.append(Row("Available KV cache memory", f"{gib:.2f} GiB", f"{lo:,}-{hi:,} B", True,
                         f"the input: printed with two decimals, so any of {hi - lo + 1:,} byte counts"))
         if log.tokens is not None:
-            ok = a.kv_cache_tokens <= log.tokens <= b.kv_cache_tokens
-            rows.append(Row("GPU KV cache size", f"{log.tokens:,} tokens",
-                            _span(a.kv_cache_tokens, b.kv_cache_tokens, " tokens"), ok,
-                            "agrees within the rounding of the printed GiB" if ok
-                            else _explain_tokens(spec, settings, lo, hi, log.tokens)))
+            t_a, t_b = line_tokens(a, log.one_line), line_tokens(b, log.one_line)
+            ok = t_a <= log.tokens <= t_b
+            rows.append(Row(f"{log.device or 'GPU'} KV cache size", f"{log.tokens:,} tokens", _span(t_a, t_b, " tokens"),
+                            ok, ("agrees within the rounding of the printed GiB" + (
+                                " (0.33's one line: int(concurrency x max_model_len))" if log.one_line else ""))
+                            if ok else explain_tokens(spec, settings, lo, hi, log.tokens)))
         if log.gpu_blocks is not None:
             ok = a.num_blocks <= log.gpu_blocks <= b.num_blocks
             rows.append(Row("# GPU blocks", f"{log.gpu_blocks:,}", _span(a.num_blocks, b.num_blocks), ok,
                             "agrees within the rounding of the printed GiB" if ok
-                            else _explain_tokens(spec, settings, lo, hi, log.gpu_blocks * settings.block_size)))
+                            else explain_tokens(spec, settings, lo, hi, log.gpu_blocks * settings.block_size)))
         if log.concurrency is not None:
             rows.append(_concurrency_row(spec, settings, log, a, b))
         if log.too_long is not None:
-            rows += _too_long_rows(spec, settings, log.too_long)
+            rows += _too_long_rows(spec, settings, log.too_long, log.model_s)
     if log.too_long_v0 is not None and gib is not None:
         L0, fit = log.too_long_v0
         lo, hi = gib_range(gib)
-        a, b = _sizes(spec, replace(settings, max_model_len=L0), lo, hi)
+        a, b = sizes(spec, replace(settings, max_model_len=L0), lo, hi)
         ok = a.tokens_legacy <= fit <= b.tokens_legacy
         rows.append(Row("max seq len error (V0)", f"{fit:,} tokens fit", _span(a.tokens_legacy, b.tokens_legacy), ok,
                         "V0 compared max_model_len with blocks x block size: agrees" if ok
-                        else _explain_tokens(spec, settings, lo, hi, fit)))
+                        else explain_tokens(spec, settings, lo, hi, fit)))
     if L is not None and log.concurrency_len is not None and log.concurrency_len != L:
         notes.append(f"the log's concurrency line is for {log.concurrency_len:,} tokens, the prediction for {L:,}")
     return rows, notes
@@ -318,12 +310,12 @@ def _concurrency_row(spec: ModelSpec, s: VLLMSettings, log: ParsedLog, a: VLLMSi
     assert log.concurrency is not None
     L = log.concurrency_len or s.max_model_len
     if L != s.max_model_len:
-        a, b = _sizes(spec, replace(s, max_model_len=L), a.settings.kv_memory_bytes, b.settings.kv_memory_bytes)
+        a, b = sizes(spec, replace(s, max_model_len=L), a.settings.kv_memory_bytes, b.settings.kv_memory_bytes)
     per_request = sum(g.blocks_per_request for g in a.groups)
     blocks, source = None, ""  # the exact block count, when the log gives it
-    if log.tokens is not None and a.kv_cache_tokens <= log.tokens <= b.kv_cache_tokens:
+    if log.tokens is not None and line_tokens(a, log.one_line) <= log.tokens <= line_tokens(b, log.one_line):
         blocks = [n for n in range(a.num_blocks, b.num_blocks + 1)
-                  if n // len(a.groups) * s.block_size == log.tokens]
+                  if (int(n / per_request * L) if log.one_line else n // len(a.groups) * s.block_size) == log.tokens]
         source = "the blocks the log's token line gives"
     elif log.gpu_blocks is not None:
         blocks, source = [log.gpu_blocks], "the log's # GPU blocks"
@@ -343,40 +335,21 @@ def _concurrency_row(spec: ModelSpec, s: VLLMSettings, log: ParsedLog, a: VLLMSi
                     "(max_model_len, max_num_batched_tokens for sliding groups)")
 
 
-def _explain_needed(spec: ModelSpec, s: VLLMSettings, need_gib: float) -> str:
-    """Why the error's needed GiB differs: the first alternative setting that reproduces it."""
-    trials: list[tuple[str, VLLMSettings]] = []
-    if s.pp > 1:
-        trials.append(("the whole model's layers checked against one GPU, as vLLM did before it projected the check "
-                       "onto each pipeline stage (vllm#34076)", replace(s, pp=1)))
-    for n in (1024, 2048, 4096, 8192, 16384):
-        if n != s.max_num_batched_tokens and spec.has_windows:
-            trials.append((f"--max-num-batched-tokens {n} (the sliding groups hold window + that)",
-                           replace(s, max_num_batched_tokens=n)))
-    for dt in ("fp8", "bf16", "fp32"):
-        if dt != s.kv_dtype:
-            trials.append((f"a {dt} KV cache: pass --kv-cache-dtype {dt}", replace(s, kv_dtype=dt)))
-    for bs in (16, 32, 64, 128):
-        if bs != s.block_size:
-            trials.append((f"a block size of {bs}: pass --block-size {bs}", replace(s, block_size=bs)))
-    for why, alt in trials:
-        try:
-            if format_gib(vllm_sizing(spec, replace(alt, kv_memory_bytes=0)).needed_bytes) == f"{need_gib:.2f}":
-                return f"reproduced with {why}"
-        except CalcError:
-            continue
-    return "differs: check the KV dtype, TP/PP, the block size and max_num_batched_tokens"
-
-
-def _too_long_rows(spec: ModelSpec, s: VLLMSettings, err: tuple[int, float, float, int | None]) -> list[Row]:
+def _too_long_rows(spec: ModelSpec, s: VLLMSettings, err: tuple[int, float, float, int | None],
+                   model_s: bool = False) -> list[Row]:
+    """The error's figures. 0.33's error ("model's") prints the memory less the null block it checks
+    against (kv_cache_planning.py:1528-1537): the available memory is that plus one block."""
     L, need_gib, avail_gib, est = err
-    s = replace(s, max_model_len=L)
+    s = replace(s, max_model_len=L, older=not model_s)
     lo, hi = gib_range(avail_gib)
-    a, b = _sizes(spec, s, lo, hi)
+    if model_s:
+        block = vllm_sizing(spec, replace(s, kv_memory_bytes=0)).bytes_per_block
+        lo, hi = lo + block, hi + block
+    a, b = sizes(spec, s, lo, hi)
     ok = f"{need_gib:.2f}" == format_gib(a.needed_bytes)
     rows = [Row(f"KV needed for one {L:,}-token request", f"{need_gib:.2f} GiB", f"{format_gib(a.needed_bytes)} GiB "
                 f"({a.needed_bytes:,} B)", ok, "exact: it does not depend on the available memory" if ok
-                else _explain_needed(spec, s, need_gib))]
+                else explain_needed(spec, s, need_gib))]
     if a.fits:
         rows.append(Row("fits?", "does not fit", "fits", False, "kvviz's request fits in this memory: the needed "
                         "bytes differ (see above)"))

@@ -6,8 +6,15 @@ python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool / MLATokenToKVPool):
 
 - cell = KV heads per GPU (max(1, KV heads // TP)) x head_dim x layers x 2 x dtype bytes; under MLA
   (kv_lora_rank + qk_rope_head_dim) x layers x dtype bytes;
-- rest = the GPU memory free after loading the weights - total x (1 - mem_fraction_static);
-  #tokens = rest // cell, rounded down to the page size;
+- rest = the GPU memory free after loading the weights - the memory free before loading x
+  (1 - mem_fraction_static), in GB of 2^30 (SGLang 0.5.10.post1, the nearest sdist on PyPI to 0.5.23:
+  model_executor/model_runner_kv_cache_mixin.py:144-172 profile_max_num_token); its log's "Load weight
+  begin/end. avail mem=X GB" are those two figures (--avail-mem-gib BEFORE,AFTER);
+  #tokens = int(rest x 2^30) // cell, rounded down to the page size (:808-838);
+- hybrid sliding-window models (gpt-oss, Llama 4, MiMo-V2, Step-3.5: configs/model_config.py:1438-1448)
+  split that capacity into a full pool and a sliding pool of swa_full_tokens_ratio (0.8) as many
+  tokens: full = int(capacity x cell / (F x full layers + r x S x sliding layers)), sliding = full x r,
+  each page-aligned (_resolve_hybrid_swa_tokens, :287-378);
 - the pool allocates #tokens + page_size cells (slot 0 is a padding token); "K size" is those cells'
   K buffers in GiB (SGLang's GB is 2^30 bytes).
 Unlike vLLM, SGLang sizes the pool before any profiling run: the activations must fit in the
@@ -22,7 +29,10 @@ from kvviz.memory.spec import CalcError, ModelSpec
 from kvviz.units import GIB
 
 SGLANG_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-SOURCES = ("python/sglang/srt/model_executor/model_runner.py", "python/sglang/srt/mem_cache/memory_pool.py")
+SOURCES = ("python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py", "python/sglang/srt/mem_cache/memory_pool.py",
+           "python/sglang/srt/configs/model_config.py")
+HYBRID_SWA_TYPES = ("gpt_oss", "llama4", "llama4_text", "mimo_v2_flash", "step3p5")  # model_config.py:1438-1448
+SWA_FULL_TOKENS_RATIO = 0.8  # server_args.py:360
 
 
 @dataclass(frozen=True)
@@ -37,16 +47,19 @@ class SGLangSizing:
     formula: tuple[str, ...]
     exact: bool  # True when the rest memory was given, not estimated
     notes: tuple[str, ...] = ()
+    swa_tokens: int | None = None  # the sliding pool of a hybrid SWA model (None: one pool)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": "sglang", "rest_bytes": self.rest_bytes, "cell_bytes": self.cell_bytes,
                 "max_total_num_tokens": self.tokens, "page_size": self.page_size, "k_bytes": self.k_bytes,
                 "v_bytes": self.v_bytes, "log_line": self.line, "formula": list(self.formula),
-                "exact": self.exact, "notes": list(self.notes), "sources": list(SOURCES)}
+                "exact": self.exact, "notes": list(self.notes), "sources": list(SOURCES),
+                "swa_max_total_num_tokens": self.swa_tokens}
 
 
 def sglang_sizing(spec: ModelSpec, rest_bytes: int, tp: int = 1, kv_dtype: str = "bf16", page_size: int = 1,
-                  exact: bool = True, how: str = "") -> SGLangSizing:
+                  exact: bool = True, how: str = "", hybrid_swa: bool = True,
+                  swa_ratio: float = SWA_FULL_TOKENS_RATIO) -> SGLangSizing:
     """The pool for ``rest_bytes`` of KV memory on each GPU (SGLang's rest_memory)."""
     problems = []
     if kv_dtype not in SGLANG_DTYPE_BYTES:
@@ -80,16 +93,48 @@ def sglang_sizing(spec: ModelSpec, rest_bytes: int, tp: int = 1, kv_dtype: str =
     else:
         k = v = slots * cell // 2
         line = f"KV Cache is allocated. #tokens: {tokens}, K size: {k / GIB:.2f} GB, V size: {v / GIB:.2f} GB"
-    formula = (f"cell = {what} = {cell:,} B per token",
+    formula = [f"cell = {what} = {cell:,} B per token",
                f"rest = {how or f'{rest_bytes:,} B'}",
                f"#tokens = {rest_bytes:,} // {cell:,}" + (f" // {page_size} x {page_size}" if page_size > 1 else "")
-               + f" = {tokens:,}")
-    notes = ()
-    if spec.has_windows:
-        notes = ("this model has sliding-window or chunked layers: SGLang's hybrid SWA pool "
-                 "(--swa-full-tokens-ratio) gives them a smaller pool of their own, which kvviz does not model; "
-                 "the figure counts every layer at full size (as with --disable-hybrid-swa-memory)",)
-    return SGLangSizing(rest_bytes, cell, tokens, page_size, k, v, line, formula, exact, notes)
+               + f" = {tokens:,}"]
+    notes: tuple[str, ...] = ()
+    swa = None
+    if spec.has_windows and hybrid_swa and spec.model_type in HYBRID_SWA_TYPES:
+        full, swa, pool_line = _hybrid_swa(spec, tokens, page_size, swa_ratio)
+        formula.append(pool_line)
+        n_swa = sum(1 for i in range(spec.n_layers) if spec.layer(i).caps)
+        per_layer = cell // layers // 2  # one layer's K (or V) bytes a token
+        k = v = ((full + page_size) * (layers - n_swa) + (swa + page_size) * n_swa) * per_layer
+        line, tokens = pool_line, full
+    elif spec.has_windows:
+        notes = (("SGLang keeps one pool at full size for this architecture's sliding layers (its hybrid SWA "
+                  "pool is for gpt-oss, Llama 4, MiMo-V2 and Step-3.5 only)" if hybrid_swa else
+                  "--disable-hybrid-swa-memory: every layer at full size"),)
+    return SGLangSizing(rest_bytes, cell, tokens, page_size, k, v, line, tuple(formula), exact, notes, swa)
+
+
+def _hybrid_swa(spec: ModelSpec, capacity: int, page: int, ratio: float) -> tuple[int, int, str]:
+    """(full tokens, sliding tokens, SGLang's line): _resolve_hybrid_swa_tokens (:287-378). kvviz's layers
+    share one KV shape, so F = S."""
+    n_swa = sum(1 for i in range(spec.n_layers) if spec.layer(i).caps)
+    n_full = spec.kv_layers - n_swa
+    if n_full == 0:
+        swa = capacity // page * page
+        return swa, swa, f"Use sliding window memory pool (all SWA). swa_layer_tokens={swa}"
+    per = 1  # F = S: the byte size cancels in full = capacity x (F n_full + S n_swa) / (F n_full + r S n_swa)
+    total = capacity * (per * n_full + per * n_swa)
+    full = int(total / (per * n_full + ratio * per * n_swa)) // page * page
+    swa = int(full * ratio) // page * page
+    return full, swa, f"Use sliding window memory pool. full_layer_tokens={full}, swa_layer_tokens={swa}"
+
+
+def sglang_rest_logged(before_gib: float, after_gib: float, mem_fraction_static: float) -> tuple[int, str]:
+    """rest_memory from SGLang's own "avail mem" figures before and after loading the weights (GB of 2^30),
+    as profile_max_num_token computes it: after - before x (1 - f), then int(x 2^30)."""
+    rest = after_gib - before_gib * (1 - mem_fraction_static)
+    how = (f"{after_gib:g} GiB free after loading - {before_gib:g} GiB free before x (1 - {mem_fraction_static:g}) "
+           f"= {rest:,.4f} GiB (SGLang's 'avail mem' lines)")
+    return int(rest * (1 << 30)), how
 
 
 def sglang_rest(gpu_bytes: int, weights_per_gpu: int, mem_fraction_static: float) -> tuple[int, str]:

@@ -43,13 +43,19 @@ def parse_config(raw: Any, where: str = "config.json", name: str | None = None, 
     if max_pos is None and mtype == "falcon":
         max_pos = 2048  # FalconConfig's default; falcon-7b's config.json leaves it out
     layers, state = read_layout(rd, mtype, shape.layers, shape.hidden, notes) if shape else ((), None)
+    shared = rd.int("num_kv_shared_layers", required=False, minimum=0) or 0
+    if shape and shared >= shape.layers:
+        rd.problems.append(f"num_kv_shared_layers {shared} leaves none of the {shape.layers} layers a cache of its own")
+    if shared:
+        notes.append(f"num_kv_shared_layers {shared}: the last {shared} layers reuse earlier layers' K/V; the engine "
+                     "sizings (vLLM, llama.cpp) leave them out, the totals here count every layer")
     if rd.problems or shape is None:
         raise ConfigError(rd.problems or ["could not read the attention shape"], where)
     spec = ModelSpec(
         name=name or str(raw.get("_name_or_path") or mtype), model_type=mtype, n_layers=shape.layers,
         n_heads=shape.heads, n_kv_heads=shape.kv, head_dim=shape.head_dim, hidden=shape.hidden,
         max_positions=max_pos, layers=layers, mla=more.get("mla"), state=state, vocab_size=vocab,
-        source=source, key=key,
+        source=source, key=key, kv_shared_layers=shared,
     )
     quant = raw.get("quantization_config")
     if isinstance(quant, dict) and isinstance(quant.get("quant_method"), str):

@@ -162,6 +162,12 @@ class ModelSpec:
     key: str = ""  # preset key, when it is a preset
     notes: tuple[str, ...] = ()  # what the parser decided and why
     provenance: tuple[tuple[str, str], ...] = ()  # (figure, the config field or class default it came from)
+    kv_shared_layers: int = 0  # Gemma 3n / Gemma 4 num_kv_shared_layers: the last N reuse earlier layers' K/V
+
+    def own_kv(self, i: int) -> bool:
+        """Whether layer i allocates K/V of its own in an engine: not linear, and not one of the last
+        ``kv_shared_layers`` that read an earlier layer's cache (llama.cpp's has_kv, vLLM's kv sharing)."""
+        return self.layer(i).has_kv and i < self.n_layers - self.kv_shared_layers
 
     @property
     def attention(self) -> str:

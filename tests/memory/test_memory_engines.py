@@ -105,10 +105,11 @@ def test_real_sglang_line_k_size():
 def test_vllm_dense_hand_worked(presets):
     """Llama-3-8B, bf16, block 16, 30 GiB available: page = 16 x 8 x 128 x 2 x 2 = 65,536 B
     (AttentionSpec.page_size_bytes); blocks = 32,212,254,720 // 65,536 // 32 layers = 15,360
-    (get_num_blocks); tokens = 15,360 x 16 = 245,760; one 8,192 request = 512 blocks: 30.00x."""
+    (get_kv_cache_config_from_groups); one 8,192 request = 512 blocks: 30.00x; the tokens, int(30.0 x 8,192)
+    = 245,760, on one line with the concurrency (vLLM 0.33 v1/core/kv_cache_utils.py:1120-1153)."""
     v = vllm_sizing(presets["llama-3-8b"], VLLMSettings(30 * GIB, 8192))
     assert (v.page_bytes, v.num_blocks, v.kv_cache_tokens) == (65_536, 15_360, 245_760)
-    assert v.lines[1:] == ("GPU KV cache size: 245,760 tokens", "Maximum concurrency for 8,192 tokens per request: 30.00x")
+    assert v.lines[1:] == ("GPU KV cache size: 245,760 tokens, Maximum concurrency for 8,192 tokens per request: 30.00x",)
     assert v.fits and v.needed_bytes == 32 * 512 * 65_536 and v.estimated_max_model_len is None
 
 
@@ -120,17 +121,25 @@ def test_vllm_fp8_halves_the_page(presets):
 
 
 def test_vllm_too_long_error_and_estimate(presets):
-    """1 GiB holds exactly one 8,192-token Llama-3-8B request (32 x 512 x 65,536 B = 1 GiB: needed is not
-    larger, so it fits); 8,193 tokens need a 513th block per layer: vLLM's _check_enough_kv_cache_memory
-    error, with the binary search's estimate of 8,192."""
+    """vLLM 0.33 v1/core/kv_cache_planning.py:1528-1559 checks a request against the available memory less
+    the null block the pool holds back (one block of 32 x 65,536 B = 2 MiB). 1 GiB + 2 MiB holds exactly
+    one 8,192-token Llama-3-8B request (32 x 512 x 65,536 B = 1 GiB); 1 GiB does not: the error (:66-86,
+    "model's", with the docs link), whose estimate is 511 blocks = 8,176 tokens (the binary search,
+    :100-148). Logs of earlier vLLM ("models's", no null block) are sized with ``older``."""
     spec = presets["llama-3-8b"]
-    assert vllm_sizing(spec, VLLMSettings(GIB, 8192)).fits
-    v = vllm_sizing(spec, VLLMSettings(GIB, 8193))
-    assert not v.fits and v.needed_bytes == 32 * 513 * 65_536 and v.estimated_max_model_len == 8192
-    assert v.lines[1] == ("ValueError: To serve at least one request with the models's max seq len (8193), (1.00 GiB "
+    assert vllm_sizing(spec, VLLMSettings(GIB + 2 * 1024**2, 8192)).fits
+    v = vllm_sizing(spec, VLLMSettings(GIB, 8192))
+    assert not v.fits and v.needed_bytes == 32 * 512 * 65_536 and v.estimated_max_model_len == 8176
+    assert v.lines[1] == ("ValueError: To serve at least one request with the model's max seq len (8192), (1.00 GiB "
                           "KV cache is needed, which is larger than the available KV cache memory (1.00 GiB). Based on "
-                          "the available memory, the estimated maximum model length is 8192. Try increasing "
-                          "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+                          "the available memory, the estimated maximum model length is 8176. Try increasing "
+                          "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+                          "`max_model_len` when initializing the engine. See "
+                          "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    assert "models's" not in v.lines[1]
+    old = vllm_sizing(spec, VLLMSettings(GIB, 8193, older=True))
+    assert not old.fits and old.estimated_max_model_len == 8192 and "the models's max seq len (8193)" in old.lines[1]
+    assert vllm_sizing(spec, VLLMSettings(GIB, 8192, older=True)).fits
 
 
 def test_vllm_tp_splits_and_refuses(presets):
@@ -159,18 +168,25 @@ def test_vllm_pp_stages(presets):
 def test_vllm_gpt_oss_hybrid_groups(presets):
     """gpt-oss-20b: 24 layers, even ones sliding (window 128), 8 KV heads x 64. kv_cache_utils groups
     12 sliding + 12 full as 2 groups of 12 (equal counts), page 16 x 8 x 64 x 2 x 2 = 32,768 B.
-    10 GiB: blocks = 10,737,418,240 // 32,768 // 12 = 27,306; GPU KV cache size = 27,306 // 2 x 16 =
-    218,448 tokens. One 131,072-token request: the sliding group holds ceil(min(127 + 2,048, L) / 16) + 1
-    = 137 blocks (SlidingWindowSpec.max_memory_usage_bytes), the full group 8,192: 8,329, so 3.28x."""
+    10 GiB: blocks = 10,737,418,240 // (12 x 32,768) = 27,306. One 131,072-token request: the sliding group
+    holds ceil(min(127 + 4,096 in flight, L) / 16) + 1 = 265 blocks (vLLM 0.33 kv_cache_interface.py:917-944:
+    window - 1 + max_in_flight_tokens, which is 2 x max_num_batched_tokens 2,048 under async scheduling,
+    config/vllm.py:588-609), the full group 8,192: 8,457, so 27,306 / 8,457 = 3.2288x and
+    int(3.2288... x 131,072) = 423,205 tokens (kv_cache_utils.py:1120-1128)."""
     v = vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072))
     assert [(g.kind, g.span, len(g.layers)) for g in v.groups] == [("sliding", 128, 12), ("full", None, 12)]
     assert v.groups[0].layers == tuple(range(0, 24, 2))
-    assert (v.page_bytes, v.num_blocks, v.kv_cache_tokens) == (32_768, 27_306, 218_448)
-    assert [g.blocks_per_request for g in v.groups] == [137, 8192]
-    assert v.lines[2] == "Maximum concurrency for 131,072 tokens per request: 3.28x"
-    # --max-num-batched-tokens 8192 (H100-class default) widens the sliding group's share
+    assert (v.page_bytes, v.bytes_per_block, v.num_blocks, v.kv_cache_tokens) == (32_768, 393_216, 27_306, 423_205)
+    assert v.tokens_by_groups == 27_306 // 2 * 16 == 218_448  # what vLLM 0.9-0.11 printed
+    assert [g.blocks_per_request for g in v.groups] == [265, 8192]
+    assert v.lines[1] == ("GPU KV cache size: 423,205 tokens, Maximum concurrency for 131,072 tokens per request: "
+                          "3.23x")
+    # --max-num-batched-tokens 8192 (H100-class default) widens the sliding group's share: 2 x 8,192 in flight
     assert vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072, max_num_batched_tokens=8192)) \
-        .groups[0].blocks_per_request == -(-(127 + 8192) // 16) + 1
+        .groups[0].blocks_per_request == -(-(127 + 16384) // 16) + 1 == 1033
+    # --no-async-scheduling: one batch in flight (config/vllm.py:596-598), as older vLLM held
+    for s in (VLLMSettings(10 * GIB, 131072, async_scheduling=False), VLLMSettings(10 * GIB, 131072, older=True)):
+        assert vllm_sizing(presets["gpt-oss-20b"], s).groups[0].blocks_per_request == -(-(127 + 2048) // 16) + 1 == 137
     # --disable-hybrid-kv-cache-manager: one group, every layer keeps every token
     off = vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 131072, hybrid=False))
     assert len(off.groups) == 1 and off.num_blocks == 10 * GIB // 32_768 // 24
@@ -186,21 +202,24 @@ def test_vllm_gpt_oss_pp_projects_the_groups(presets):
 def test_vllm_gemma3_padding_groups(presets):
     """Gemma-3-1B: 26 layers, every 6th global: 4 full, 22 sliding (window 512), 1 KV head x 256.
     group size = 4 (22 >= 1.5 x 4); the sliding layers make ceil(22 / 4) = 6 groups, padded to 24: 7
-    groups. page 16 x 1 x 256 x 2 x 2 = 16,384 B; 10 GiB // 16,384 // 4 = 163,840 blocks; // 7 x 16 =
-    374,480 tokens; a 32,768 request: 6 x 161 + 2,048 = 3,014 blocks: 54.36x."""
+    groups. page 16 x 1 x 256 x 2 x 2 = 16,384 B; 10 GiB // (4 x 16,384) = 163,840 blocks; a 32,768 request:
+    each sliding group ceil((511 + 2 x 2,048) / 16) + 1 = 289 blocks (vLLM 0.33 kv_cache_interface.py:937-944),
+    6 x 289 + 2,048 = 3,782 blocks: 43.32x, int(163,840 / 3,782 x 32,768) = 1,419,542 tokens
+    (kv_cache_utils.py:1120-1128; vLLM 0.9-0.11 printed 163,840 // 7 x 16 = 374,480)."""
     v = vllm_sizing(presets["gemma-3-1b"], VLLMSettings(10 * GIB, 32768))
     assert v.group_size == 4 and len(v.groups) == 7
     assert sorted(len(g.layers) for g in v.groups) == [3, 3, 4, 4, 4, 4, 4]
-    assert (v.num_blocks, v.kv_cache_tokens) == (163_840, 374_480)
-    assert sum(g.blocks_per_request for g in v.groups) == 6 * 161 + 2048
-    assert v.lines[2] == "Maximum concurrency for 32,768 tokens per request: 54.36x"
+    assert (v.num_blocks, v.kv_cache_tokens, v.tokens_by_groups) == (163_840, 1_419_542, 374_480)
+    assert sum(g.blocks_per_request for g in v.groups) == 6 * 289 + 2048
+    assert v.lines[1] == ("GPU KV cache size: 1,419,542 tokens, Maximum concurrency for 32,768 tokens per request: "
+                          "43.32x")
     assert any("2 padding layer(s)" in n for n in v.notes)
 
 
 def test_vllm_refuses_linear_layers_and_int8(presets):
     with pytest.raises(CalcError, match="linear-attention / Mamba"):
         vllm_sizing(presets["qwen3-next-80b-a3b"], VLLMSettings(10 * GIB, 8192))
-    with pytest.raises(CalcError, match="int8 is not one of them"):
+    with pytest.raises(CalcError, match="'int8' is not one kvviz sizes"):
         vllm_sizing(presets["llama-3-8b"], VLLMSettings(10 * GIB, 8192, kv_dtype="int8"))
 
 
@@ -377,18 +396,24 @@ def test_estimate_brackets_a_real_profile(presets):
 
 
 def test_vllm_serve_default_batched_tokens(presets):
-    """vllm/engine/arg_utils.py get_batch_defaults: `vllm serve` batches 8,192 tokens on a GPU of >= 70 GiB
-    that is not an A100, 2,048 otherwise; gpt-oss's sliding group then holds ceil((127 + 8,192) / 16) + 1 =
-    521 blocks a request on an H100."""
-    from kvviz.memory.engine_vllm import default_batched_tokens
+    """vLLM 0.33 vllm/engine/arg_utils.py:2973-3004 (get_batch_defaults): `vllm serve` batches 16,384 tokens
+    on a GPU of >= 160 GiB (B200, B300), 8,192 on one of >= 70 GiB that is neither an A100 nor a GB10,
+    2,048 otherwise; the CPU backend 2,048 x world size (:3027-3036). gpt-oss's sliding group then holds
+    ceil((127 + 2 x 8,192) / 16) + 1 = 1,033 blocks a request on an H100 (two batches in flight)."""
+    from kvviz.memory.engine_vllm_defaults import default_batched_tokens
     from kvviz.memory.engines import EngineRequest, engine_report
 
     assert default_batched_tokens(79.6, "H100 SXM (80 GB)") == 8192
+    assert default_batched_tokens(178.0, "B200") == default_batched_tokens(160.0) == 16384
+    assert default_batched_tokens(159.9, "H200") == 8192
     assert default_batched_tokens(80.0, "A100 80GB SXM") == 2048 and default_batched_tokens(22.5, "L4") == 2048
+    assert default_batched_tokens(119.0, "NVIDIA GB10") == 2048
     assert default_batched_tokens(None) == 2048
+    assert default_batched_tokens(None, device="cpu", world_size=2) == 4096
     d, _ = engine_report(presets["gpt-oss-20b"], EngineRequest("vllm", 131072, kv_memory_gib=10, gpu_gib=79.6,
                                                                gpu_name="H100 SXM (80 GB)"))
-    assert d["groups"][0]["blocks_per_request"] == 521 and d["max_num_batched_tokens"] == 8192
+    assert d["groups"][0]["blocks_per_request"] == 1033 and d["max_num_batched_tokens"] == 8192
+    assert d["tokens_in_flight"] == 16384 and d["async_scheduling"]
 
 
 GPT_OSS_120B = {  # https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json (layer_types alternate)

@@ -49,24 +49,27 @@ def test_kv_bytes_by_hand(seq_len: int, expected: int) -> None:
 
 
 def test_vllm_groups_blocks_and_concurrency_by_hand() -> None:
-    """vllm/v1/core/kv_cache_utils.py: 3 full and 15 sliding layers -> group size 3 (15 >= 1.5 x 3),
-    1 full group + 5 sliding groups, no padding. Page 16 x 1 x 256 x 2 x 2 = 16,384 B. 10 GiB // 16,384
-    // 3 = 218,453 blocks; // 6 groups x 16 = 582,528 tokens. One 32,768 request: full 2,048 blocks,
-    each sliding group cdiv(min(511 + 2,048, 32,768), 16) + 1 = 161 (kv_cache_interface.py
-    SlidingWindowSpec): 2,048 + 5 x 161 = 2,853; 218,453 / 2,853 = 76.57x."""
+    """vLLM 0.33 v1/core/kv_cache_planning.py:416-560: 3 full and 15 sliding layers -> group size 3
+    (15 >= 1.5 x 3), 1 full group + 5 sliding groups, no padding. Page 16 x 1 x 256 x 2 x 2 = 16,384 B.
+    10 GiB // (3 x 16,384) = 218,453 blocks. One 32,768 request: full 2,048 blocks, each sliding group
+    cdiv(min(511 + 2 x 2,048 in flight, 32,768), 16) + 1 = 289 (kv_cache_interface.py:937-944,
+    config/vllm.py:588-609): 2,048 + 5 x 289 = 3,493; 218,453 / 3,493 = 62.54x, and the tokens
+    int(62.5402... x 32,768) = 2,049,318 (kv_cache_utils.py:1120-1128)."""
     v = vllm_sizing(SPEC, VLLMSettings(10 * GIB, 32_768))
     assert v.page_bytes == 16_384 and v.group_size == 3
     assert sorted((g.kind, len(g.layers)) for g in v.groups) == [("full", 3)] + [("sliding", 3)] * 5
-    assert (v.num_blocks, v.kv_cache_tokens) == (218_453, 582_528)
-    assert sum(g.blocks_per_request for g in v.groups) == 2_048 + 5 * 161
-    assert v.lines[2] == "Maximum concurrency for 32,768 tokens per request: 76.57x"
+    assert (v.num_blocks, v.kv_cache_tokens) == (218_453, 2_049_318)
+    assert sum(g.blocks_per_request for g in v.groups) == 2_048 + 5 * 289
+    assert v.lines[1] == ("GPU KV cache size: 2,049,318 tokens, Maximum concurrency for 32,768 tokens per request: "
+                          "62.54x")
 
 
 def test_vllm_too_long_and_its_estimate_by_hand() -> None:
-    """0.1 GiB = 107,374,182 B. Needed: 3 layers x 16,384 x 2,853 = 140,230,656 B (0.13 GiB). The
-    longest L that fits: 49,152 x (cdiv(L, 16) + 805) <= 107,374,182 -> cdiv(L, 16) <= 1,379 -> 22,064."""
+    """0.1 GiB = 107,374,182 B, less the null block 3 x 16,384 = 49,152 B (kv_cache_planning.py:1528-1537):
+    107,325,030 B. Needed: 3 layers x 16,384 x 3,493 = 171,687,936 B (0.16 GiB). The longest L that fits:
+    49,152 x (cdiv(L, 16) + 5 x 289) <= 107,325,030 -> cdiv(L, 16) <= 738 -> 11,808."""
     v = vllm_sizing(SPEC, VLLMSettings(int(0.1 * GIB), 32_768))
-    assert not v.fits and v.needed_bytes == 140_230_656 and v.estimated_max_model_len == 22_064
+    assert not v.fits and v.needed_bytes == 171_687_936 and v.estimated_max_model_len == 11_808
 
 
 def test_llamacpp_swa_cache_by_hand() -> None:

@@ -44,3 +44,30 @@ def test_length_mix_box() -> None:
     assert m["vLLM: requests of this length mix at once"] == "243.8"
     at.text_input(key="mem_eng_pcts").input("90:5,50:x").run()
     assert not at.exception and "is not PERCENTILE:TOKENS" in at.warning[-1].value.replace("\\", "")
+
+
+def test_cpu_backend_async_and_ubatch_controls() -> None:
+    """Issue 41's options with the engines' own flag names: vLLM --device cpu (block 128 while the sidebar
+    keeps vLLM's GPU default of 16; SmolLM2 at VLLM_CPU_KVCACHE_SPACE=1 printed "CPU KV cache size: 46,592
+    tokens", issue 40), llama.cpp -ub (gpt-oss-20b's sliding cache: pad(128 + 2,048, 256) = 2,304 cells),
+    and async scheduling off (gpt-oss: one batch in flight, ceil((127 + 2,048) / 16) + 1 = 137 blocks)."""
+    at = AppTest.from_function(_script, default_timeout=60).run()
+    at.selectbox(key="mem_preset").set_value("smollm2-135m").run()
+    at.number_input(key="mem_seq_len").set_value(2048).run()
+    at.number_input(key="mem_eng_kv_gib").set_value(1.0).run()
+    at.selectbox(key="mem_eng_device").set_value("cpu").run()
+    assert not at.exception
+    m = {x.label: x.value for x in at.metric}
+    assert m["vLLM: CPU KV cache size"] == "46,592 tokens"
+    assert any("CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x"
+               in c.value for c in at.code)
+    at.selectbox(key="mem_eng_device").set_value("cuda").run()
+    at.selectbox(key="mem_preset").set_value("gpt-oss-20b").run()
+    at.number_input(key="mem_seq_len").set_value(131072).run()
+    at.number_input(key="mem_eng_ub").set_value(2048).run()
+    at.number_input(key="mem_eng_batched").set_value(2048).run()  # the sidebar's GPU would batch 8,192
+    code = "\n".join(c.value for c in at.code)
+    assert "(  2304 cells,  12 layers,  1/1 seqs)" in code
+    assert "+ 1 = 265 + full: ceil(131,072 / 16) = 8,192; 8,457 blocks in all" in code  # async: 2 x 2,048 in flight
+    at.checkbox(key="mem_eng_async").uncheck().run()
+    assert "+ 1 = 137 + full: ceil(131,072 / 16) = 8,192; 8,329 blocks in all" in "\n".join(c.value for c in at.code)

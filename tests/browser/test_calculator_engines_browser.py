@@ -1,0 +1,29 @@
+"""The calculator page's Engine section in a real browser: vLLM's CPU backend chosen with its own flag
+name (--device cpu) shows the figure vLLM's CPU build printed for SmolLM2 at VLLM_CPU_KVCACHE_SPACE=1
+(issue 40: "CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request:
+22.75x"), on one line as vLLM 0.33 prints it. Elements are found by ``.st-key-<key>``."""
+from __future__ import annotations
+
+from conftest import _wait_idle
+
+LINE = "CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x"
+
+
+def test_cpu_backend_line_and_new_controls(page, app_url: str, screenshot) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{app_url}/calculator?mem_preset=smollm2-135m&mem_seq_len=2048")
+    _wait_idle(page, 180_000)  # the page's first run draws every chart: slow on a loaded machine
+    page.wait_for_selector(".st-key-mem_eng_kv_gib input", timeout=180_000)
+    for key in ("mem_eng_device", "mem_eng_async", "mem_eng_ub", "mem_eng_fa", "mem_eng_draft"):
+        assert page.locator(f".st-key-{key}").count() == 1, key
+    kv = page.locator(".st-key-mem_eng_kv_gib input")
+    kv.fill("1")
+    kv.press("Enter")
+    _wait_idle(page, 180_000)
+    page.locator(".st-key-mem_eng_device input").click()  # a combobox: its options open under the input
+    page.get_by_role("option", name="cpu").click()
+    page.wait_for_function("t => document.body.innerText.includes(t)", arg=LINE, timeout=180_000)
+    _wait_idle(page, 180_000)
+    assert page.get_by_text("vLLM: CPU KV cache size").count() >= 1
+    page.locator(".st-key-mem_eng_device").scroll_into_view_if_needed()
+    path = screenshot(page, "calculator-engines-cpu.png")
+    assert path.exists()
