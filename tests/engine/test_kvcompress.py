@@ -217,7 +217,7 @@ def test_compare_measures_int8_less_than_int4(make_llama) -> None:
     (dict(window=65), "larger than the model's context"),
     (dict(window=8, sinks=8), "must be fewer than the window"),
     (dict(sinks=4), "sinks need a window"),
-    (dict(window=0), "positive number"),
+    (dict(window=0), "window must be an integer from 1"),
 ])
 def test_bad_combinations(make_llama, opts: dict, msg: str) -> None:
     with pytest.raises(KVVizError, match=msg):

@@ -30,7 +30,8 @@ def kv(key: str, seq_len: int, dtype: str = "fp16", **kw: object) -> int:
 MEMORY_DIR = ROOT / "kvviz" / "memory"
 MEMORY_FILES = sorted(p.name for p in MEMORY_DIR.glob("*.py"))
 # kvviz.limits is the bounds every entry point shares: standard library only, like the other two.
-ALLOWED_KVVIZ = {"kvviz.errors", "kvviz.units", "kvviz.limits"}
+# kvviz.paths (floor 0, standard library only) finds the shipped presets in a checkout or a wheel.
+ALLOWED_KVVIZ = {"kvviz.errors", "kvviz.units", "kvviz.limits", "kvviz.paths"}
 
 
 def _imports(path: Path) -> set[str]:
