@@ -40,12 +40,12 @@ browser:
 # the browser tests run after them, one at a time, each against its app server.
 XDIST := -n auto --maxprocesses 4
 test: $(DEV_STAMP) browser
-	$(PY) -m pytest tests -q -m "not bench and not browser" $(XDIST)
-	$(PY) -m pytest tests -q -m "browser and not bench"
+	$(PY) -m pytest tests -q -m "not bench and not browser and not vllm" $(XDIST)
+	$(PY) -m pytest tests -q -m "browser and not bench and not vllm"
 
 # The quick loop while editing: no browser, no SmolLM2, no benchmark (markers in tests/conftest.py).
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not gemma3 and not bench and not process" $(XDIST)
+	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not gemma3 and not bench and not process and not vllm" $(XDIST)
 
 # The screenshots in docs/: the browser tests take theirs (into test-results/screenshots/), and the
 # ones the README and docs/app.md show are copied in under their published names. The Generate
@@ -89,5 +89,7 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm: $(VLLM_STAMP)
 
-test-vllm: $(DEV_STAMP) $(VLLM_STAMP)
+# The checks against a real vLLM (tests marked `vllm`): the calculator against the engine's own log
+# lines, `watch` and the Live server page against a server under load. Minutes: each starts vLLM.
+test-vllm: $(DEV_STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest tests -q -m vllm -n 0

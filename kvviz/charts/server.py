@@ -38,8 +38,9 @@ def server_timeline(t: Sequence[float], usage: Sequence[float | None], running: 
     fig.update_yaxes(rangemode="tozero", tickformat=",d", row=2, col=1)
     fig.update_yaxes(rangemode="tozero", row=3, col=1)
     fig.update_xaxes(title_text="seconds since the first reading", row=3, col=1)
+    # The legend sits right of the panels: above them it would meet the first panel's title.
     fig.update_layout(height=HEIGHT, margin=dict(l=60, r=20, t=50 if title else 30, b=50),
-                      legend=dict(orientation="h", y=1.12, x=0), title=title or None)
+                      legend=dict(orientation="v", y=1.0, x=1.01, yanchor="top"), title=title or None)
     return fig
 
 

@@ -69,13 +69,15 @@ def _metrics(w: Watch) -> None:
     cols[0].metric("KV usage", "n/a" if r.kv_cache_usage is None else f"{100 * r.kv_cache_usage:.1f}%")
     cols[1].metric("Running", "n/a" if r.requests_running is None else f"{r.requests_running:,.0f}")
     cols[2].metric("Waiting", "n/a" if r.requests_waiting is None else f"{r.requests_waiting:,.0f}")
-    hit = None
+    hit, since = None, "since you started watching"
     if r.prefix_cache_queries is not None and first.reading.prefix_cache_queries is not None:
         q = r.prefix_cache_queries - first.reading.prefix_cache_queries
         h = (r.prefix_cache_hits or 0) - (first.reading.prefix_cache_hits or 0)
+        if q <= 0 and r.prefix_cache_queries > 0:  # nothing looked up while watched: the server's whole life
+            q, h, since = r.prefix_cache_queries, r.prefix_cache_hits or 0, "since the server started"
         hit = h / q if q > 0 else None
     cols[3].metric("Prefix-cache hits", "n/a" if hit is None else f"{100 * hit:.1f}%",
-                   help="hit tokens / looked-up tokens since you started watching (the counters' deltas)")
+                   help=f"hit tokens / looked-up tokens {since} (the counters' deltas)")
     cols[4].metric("Preemptions", "n/a" if r.preemptions is None else f"{r.preemptions:,.0f}",
                    help="since the server started")
     tok = w.tok_s[-1]
