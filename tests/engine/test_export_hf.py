@@ -74,9 +74,12 @@ def test_llama_family_folder_reloads_in_transformers_with_kvvizs_logits(family: 
 
 def test_gemma3_folder_reloads_in_transformers_with_kvvizs_logits(tmp_path: Path) -> None:
     hf = hf_tiny_gemma3(3)
-    path = write_gemma3_gguf(tmp_path / "gemma3.gguf", hf, tokenizer=False, types={})
+    path = write_gemma3_gguf(tmp_path / "gemma3.gguf", hf, types={})
     model = load_model(str(path), device="cpu", dtype="fp32")
     export_hf(model, tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in ("".join(GEMMA3_TOKENS[5:12]), " ".join(GEMMA3_TOKENS[20:26])):
+        assert tok.encode(text) == model.tokenizer.encode(text), text  # BOS first as the file says
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     ids = [i % len(GEMMA3_TOKENS) for i in range(3, 3 + 12)]  # 12 > the window of 8: sliding layers slide
     with torch.no_grad():
@@ -99,12 +102,40 @@ def test_byte_model_exports_as_gpt2_with_a_byte_tokenizer(tmp_path: Path) -> Non
     torch.testing.assert_close(theirs, _logits(model.model, ids), rtol=0, atol=1e-5)
 
 
-def test_a_sentencepiece_vocabulary_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    hf = hf_tiny_gemma3(1)
-    model = load_model(str(write_gemma3_gguf(tmp_path / "g.gguf", hf, types={})), device="cpu", dtype="fp32")
-    with pytest.raises(KVVizError, match="SentencePiece"):
-        export_hf(model, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+SPM_TEXTS = ["the ab: Their theatre is 12 int en tête-à-tête, isn't it?", "def f(x):\n    return x*2  # twice",
+             "été 日本語 €5 😀 e\u0301 \u00a0nbsp", "a   b\t\tc\n\n\n d  \r\n  ", "", "  lead and trail  ",
+             "x[INST]y </s><s>the<unk> [INST] hi [/INST]", "returnreturn ▁▁the ▁x"]
+
+
+def test_a_sentencepiece_vocabulary_exports_with_the_same_ids(tmp_path: Path) -> None:
+    """The Llama SentencePiece vocabulary (score ranks, the prefix, byte fallback, [INST] whole): the
+    derived merges give kvviz's ids on every text, and decode back to it."""
+    from tokenizers import Tokenizer
+
+    from kvviz.engine.loading.gguf_lite import read_gguf
+    from kvviz.engine.tokenize.spm import load_spm_tokenizer
+
+    from gguf_writers import write_spm_tokenizer_gguf
+
+    path = write_spm_tokenizer_gguf(tmp_path / "spm.gguf", chat_template="{{ bos_token }}{{ messages[0]['content'] }}")
+    ours = load_spm_tokenizer(read_gguf(path).metadata, path.name, gemma=False)
+    theirs = Tokenizer.from_str(ours.backend().to_str())  # through the JSON, as a reader of the folder gets it
+    for text in SPM_TEXTS:
+        ids = ours.encode(text, add_bos=False)
+        assert theirs.encode(text, add_special_tokens=False).ids == ids, text
+        if ids:  # the decoder strips the one prefix space the encoder added
+            assert theirs.decode(ids, skip_special_tokens=False) == ours.decode(ids)[1:]
+
+
+def test_gemma3s_sentencepiece_exports_with_the_same_ids(gemma3: Any) -> None:
+    """Gemma 3's 262,144 pieces ranked by position: the stored transformers cases (tests/data) and the
+    SPM texts encode to kvviz's ids through the exported pipeline."""
+    from tokenizers import Tokenizer
+
+    theirs = Tokenizer.from_str(gemma3.tokenizer.backend().to_str())
+    cases = json.loads((Path(__file__).resolve().parents[1] / "data" / "gemma3_hf_reference.json").read_text())
+    for text in [c["text"] for c in cases["tokenizer"]] + SPM_TEXTS:
+        assert theirs.encode(text, add_special_tokens=False).ids == gemma3.tokenizer.encode(text, add_bos=False), text
 
 
 def test_smollm2_folder_tokenizes_templates_and_computes_as_kvviz(smollm2: Any, tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ import torch
 from kvviz.engine.loading.loader import KVVIZ_MODEL_TYPE
 from kvviz.engine.models.gemma3 import Gemma3Config
 from kvviz.engine.models.gpt2 import GPT
+from kvviz.engine.tokenize.spm import SPMTokenizer
+from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.errors import KVVizError
 
 
@@ -117,19 +119,16 @@ def _int_if_whole(x: float) -> float | int:
 
 
 def _tokenizer_files(tokenizer: Any) -> dict[str, str]:
-    """tokenizer.json (+ tokenizer_config.json with the chat template and special tokens) for a
-    tokenizer kvviz built on the `tokenizers` library: a GGUF's byte-level BPE or a tokenizer.json it
-    loaded. A SentencePiece vocabulary (Gemma, Llama 2) is kvviz's own encoder, with no `tokenizers`
-    pipeline to write: refused, by name, rather than written approximately."""
-    from kvviz.engine.tokenize.tokenizer import ByteTokenizer
-
+    """tokenizer.json (+ tokenizer_config.json with the chat template and special tokens): a GGUF's
+    byte-level BPE or a tokenizer.json kvviz loaded (already `tokenizers` pipelines), a SentencePiece
+    vocabulary (Gemma, Llama 2: ``SPMTokenizer.backend``, the same ids) or the byte tokenizer."""
     backend = getattr(tokenizer, "_tok", None)
     if isinstance(tokenizer, ByteTokenizer):
         backend = _byte_backend(tokenizer.vocab_size)
+    elif isinstance(tokenizer, SPMTokenizer):
+        backend = tokenizer.backend()
     if backend is None or not hasattr(backend, "to_str"):
-        raise KVVizError(f"this model's tokenizer ({type(tokenizer).__name__}) has no tokenizer.json form: "
-                         "kvviz exports the byte-level BPE vocabularies (SmolLM2, Qwen, Llama 3) and byte models; "
-                         "a SentencePiece vocabulary (Gemma 3, Llama 2) is not written yet")
+        raise KVVizError(f"this model's tokenizer ({type(tokenizer).__name__}) has no tokenizer.json form")
     if getattr(tokenizer, "add_bos", False) and getattr(tokenizer, "bos_token_id", None) is not None:
         from tokenizers import processors
 
