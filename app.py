@@ -9,6 +9,7 @@ from kvviz.ui.pages.chat import chat_page
 from kvviz.ui.pages.compress import compress
 from kvviz.ui.pages.decoding import decoding
 from kvviz.ui.pages.generate import live
+from kvviz.ui.pages.live import live_server
 from kvviz.ui.pages.prefill import prefill
 from kvviz.ui.pages.race import race
 from kvviz.ui.sidebar import render_sidebar
@@ -32,6 +33,7 @@ GENERATION_PAGES = [
     st.Page(compress.page, title="Compression lab", icon=":material/compress:", url_path="compress"),
 ]
 CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":material/calculate:", url_path="calculator")
+LIVE_SERVER = st.Page(live_server.page, title="Live server", icon=":material/monitor_heart:", url_path="live")
 
 
 def _default_page_at_its_own_path(path: str) -> None:
@@ -49,11 +51,11 @@ def _default_page_at_its_own_path(path: str) -> None:
 
 _default_page_at_its_own_path(GENERATE_PATH)
 # Material icons ship with Streamlit; emoji need a font that Debian's Chromium lacks.
-pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR]})
+pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR, LIVE_SERVER]})
 tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR)
 present.apply()  # the presentation layout's fonts, on every page
 text_guard.install()  # a lone surrogate typed or pasted is replaced before the browser sends it
-if pg.url_path != CALCULATOR.url_path:
+if pg.url_path not in (CALCULATOR.url_path, LIVE_SERVER.url_path):
     # Model, prompt and sampling controls: shared by every generation page.
     session.set_settings(render_sidebar())
 tour.banner(pg.url_path)  # on the other pages while the tour is on

@@ -36,6 +36,7 @@ MARKERS = {
     "smollm2": "loads the real SmolLM2-135M model (seconds each, ~600 MB)",
     "gemma3": "loads the real Gemma 3 270M model and transformers' (a minute or more, ~2.5 GB)",
     "bench": "a benchmark report, not a pass/fail check (minutes)",
+    "vllm": "starts vLLM's CPU build from .venv-vllm (`make vllm`; `make test-vllm` runs these; minutes each)",
 }
 
 

@@ -279,6 +279,10 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "kvviz.cli.main:add_train_arguments", "kvviz.cli.main:run_train"),
     Subcommand("kv-curves", "perplexity by position: full vs window vs sinks + window; per KV dtype",
                "kvviz.measure.kv_curves:add_curves_arguments", "kvviz.measure.kv_curves:run_curves"),
+    Subcommand("export", "write a model as a folder transformers and vLLM load (--format hf)",
+               "kvviz.cli.server_cli:add_export_arguments", "kvviz.cli.server_cli:run_export"),
+    Subcommand("watch", "a running vLLM / SGLang / llama.cpp server's KV cache and queues, from its /metrics",
+               "kvviz.cli.server_cli:add_watch_arguments", "kvviz.cli.server_cli:run_watch"),
 )
 
 

@@ -35,7 +35,7 @@ def _pages() -> dict[str, list[str]]:
 
 def test_app_py_is_read() -> None:
     groups = _pages()
-    assert groups["Size it"] == ["KV memory calculator"]
+    assert groups["Size it"] == ["KV memory calculator", "Live server"]
     assert groups["Watch it generate"][0] == "Generate" and len(groups["Watch it generate"]) == 7
 
 

@@ -25,6 +25,7 @@ FLOORS: dict[str, int] = {
     "kvviz.paths": 0,  # where the assets, the app script and its config are: a checkout's or an installed wheel's
     "kvviz.model_packages": 0,  # the model packages' pins, sizes and install command: the loaders' messages name it
     "kvviz.memory": 1,  # the calculator: pure Python
+    "kvviz.watch": 1,  # a running server's /metrics read and sized with the calculator: pure Python, no torch
     # engine/models: the readable families (2) over their config and attention mask (1).
     "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
     "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
@@ -64,13 +65,13 @@ FLOORS: dict[str, int] = {
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
 EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
                   "kvviz.engine.kvcache", "kvviz.engine.generation", "kvviz.engine.strategy", "kvviz.engine.sessions",
-                  "kvviz.cli", "kvviz.measure", "kvviz.charts", "kvviz.ui", "kvviz.ui.state", "kvviz.ui.common",
+                  "kvviz.cli", "kvviz.measure", "kvviz.watch", "kvviz.charts", "kvviz.ui", "kvviz.ui.state", "kvviz.ui.common",
                   "kvviz.ui.pages",
                   *(f"kvviz.ui.pages.{page}" for page in ("generate", "race", "prefill", "batching", "chat", "decoding",
-                                                          "compress", "calculator")))
+                                                          "compress", "calculator", "live")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
-            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")
+NO_TORCH = ("kvviz.memory", "kvviz.watch", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors",
+            "kvviz.safeio", "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:

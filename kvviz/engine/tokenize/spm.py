@@ -164,6 +164,38 @@ class SPMTokenizer(PieceVocab):
                 out.append(pid if pid is not None else (self.unk_token_id or 0))
         return out
 
+    # -- the same pipeline in the `tokenizers` library (what `kvviz export` writes) ----------
+    def backend(self) -> Any:
+        """This tokenizer as a `tokenizers` pipeline that encodes exactly as ``encode`` does, for a
+        tokenizer.json (transformers, vLLM). SentencePiece stores no merges; they are derived: every
+        split of a piece into two pieces is a merge, ordered as ``_encode_plain``'s heap orders them
+        (the merged piece's rank, then the longer left part, the longer right part, the merged id),
+        and `tokenizers`' BPE then picks the lowest merge, leftmost among equals, as the heap does.
+        Whole tokens are added tokens (matched before the normalizer, which then runs per stretch:
+        spaces as ``▁`` and the prefix before each stretch); byte fallback and fused ``<unk>`` as here."""
+        from tokenizers import AddedToken, Tokenizer, decoders, normalizers
+        from tokenizers.models import BPE
+
+        ids = self._ids
+        ranked = []
+        for piece, pid in ids.items():
+            for k in range(1, len(piece)):
+                left, right = piece[:k], piece[k:]
+                if left in ids and right in ids:
+                    ranked.append((self._rank[pid], -len(left), -len(right), pid, left, right))
+        ranked.sort()
+        unk = self._pieces[self.unk_token_id] if self.unk_token_id is not None else self._pieces[0]
+        backend = Tokenizer(BPE(vocab=dict(ids), merges=[(a, b) for *_, a, b in ranked], unk_token=unk,
+                                fuse_unk=True, byte_fallback=True, dropout=None))
+        steps = [normalizers.Prepend(SPACE)] if self.add_space_prefix else []
+        backend.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
+        backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+                                            + ([decoders.Strip(" ", 1, 0)] if self.add_space_prefix else []))
+        user = {t for t, i in self._whole.items() if i not in self._special}
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in self.control_tokens])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in sorted(user)])
+        return backend
+
     # -- decoding -------------------------------------------------------------------------
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for: ``▁the`` -> b' the', ``<0xE2>`` -> b'\\xe2'; a control

@@ -53,6 +53,8 @@ CHAT_ERROR = "chat_error"  # a message for the next run
 CHAT_SCENARIO = "chat_scn"  # the one-click scenario's stages
 # calculator
 CALC_LINK_READ = "mem_qp_loaded"  # the URL's settings were read once this session
+# Live server page
+LIVE_WATCH = "_kvviz_live_watch"  # the readings of the server being watched (pages/live/live_server.py)
 
 
 # --- access -------------------------------------------------------------------------------------
