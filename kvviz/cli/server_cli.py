@@ -77,6 +77,9 @@ def add_watch_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--config", help="the served model's config.json (default: a preset found by its name)")
     p.add_argument("--kv-dtype", choices=["fp32", "fp16", "bf16", "fp8"], default=None,
                    help="the server's KV dtype when its cache_dtype is 'auto' (default bf16)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="where the vLLM server runs: its CPU backend keeps one batch in flight, a GPU two "
+                        "(the sliding-window share of the calculator's figures; the metrics do not say)")
     p.add_argument("--json", action="store_true", help="one JSON object per reading")
 
 
@@ -141,7 +144,7 @@ def run_watch(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     target = parse_target(args.url, args.header)
     spec, presets = _spec(args), load_presets()
-    read = lambda: read_server(target, presets, spec, args.timeout, args.kv_dtype)  # noqa: E731
+    read = lambda: read_server(target, presets, spec, args.timeout, args.kv_dtype, args.device)  # noqa: E731
     snap = read()
     if args.once or args.count == 1:
         return snap.to_json(), describe(snap)

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvviz.memory.engine_vllm import VLLM_DTYPE_BYTES, VLLMSettings, vllm_sizing
+from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
 from kvviz.memory.spec import CalcError, ModelSpec
 from kvviz.watch.server_metrics import Reading
 
 _SUFFIXES = ("-instruct", "-it", "-chat", "-base", "-hf")
+_KV_DTYPES = ("fp32", "fp16", "bf16", "fp8")  # cache_dtype labels kvviz sizes as they are
 
 
 def _norm(name: str) -> str:
@@ -66,15 +67,17 @@ def _vllm_kv_dtype(cache_dtype: str | None) -> str:
     c = (cache_dtype or "auto").lower()
     if c.startswith("fp8"):
         return "fp8"
-    if c in VLLM_DTYPE_BYTES:
+    if c in _KV_DTYPES:
         return c
     if c in ("bfloat16", "float16", "float32", "half", "float"):
         return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}[c]
     return "bf16"
 
 
-def server_calc(r: Reading, spec: ModelSpec | None, dtype: str | None = None) -> ServerCalc:
-    """The calculator's figures for the pool this reading describes, on ``spec`` (None: unknown model)."""
+def server_calc(r: Reading, spec: ModelSpec | None, dtype: str | None = None, device: str = "cuda") -> ServerCalc:
+    """The calculator's figures for the pool this reading describes, on ``spec`` (None: unknown model).
+    ``device``: where the vLLM server runs ("cpu": its CPU backend schedules one step at a time, so a
+    sliding layer holds one batch in flight, not two); its metrics do not say, so the caller does."""
     if spec is None:
         return ServerCalc(why_not=f"kvviz does not know the served model {r.model or '(unnamed)'}: "
                                   "give its config.json (--config) or a preset (--preset)")
@@ -87,11 +90,11 @@ def server_calc(r: Reading, spec: ModelSpec | None, dtype: str | None = None) ->
         kv_dtype = dtype or _vllm_kv_dtype(r.cache_config.get("cache_dtype"))
         try:
             probe = vllm_sizing(spec, VLLMSettings(kv_memory_bytes=1 << 40, max_model_len=L, block_size=r.block_size,
-                                                   kv_dtype=kv_dtype))
+                                                   kv_dtype=kv_dtype, device=device))
             # The memory that yields exactly the server's blocks: the engine's own division, reversed.
             memory = r.num_blocks * probe.page_bytes * probe.group_size
             s = vllm_sizing(spec, VLLMSettings(kv_memory_bytes=memory, max_model_len=L, block_size=r.block_size,
-                                               kv_dtype=kv_dtype))
+                                               kv_dtype=kv_dtype, device=device))
         except CalcError as e:
             return ServerCalc(model=spec.name, why_not="; ".join(e.problems))
         used = None if r.kv_cache_usage is None else r.kv_cache_usage * s.kv_cache_tokens

@@ -37,7 +37,7 @@ class Snapshot:
 
 
 def read_server(target: Target, presets: Mapping[str, ModelSpec], spec: ModelSpec | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S, kv_dtype: str | None = None) -> Snapshot:
+                timeout_s: float = DEFAULT_TIMEOUT_S, kv_dtype: str | None = None, device: str = "cuda") -> Snapshot:
     """One Snapshot, or a ScrapeError when /metrics cannot be read. /v1/models and /slots are optional:
     a server without them still gives its metrics (a note says what was missing)."""
     text = fetch_text(target, "/metrics", timeout_s)
@@ -56,4 +56,4 @@ def read_server(target: Target, presets: Mapping[str, ModelSpec], spec: ModelSpe
         except ScrapeError as e:
             notes.append(f"no slots: {e}")
     chosen = spec or match_preset(reading.model, presets)
-    return Snapshot(reading, at, server_calc(reading, chosen, kv_dtype), tuple(notes))
+    return Snapshot(reading, at, server_calc(reading, chosen, kv_dtype, device), tuple(notes))

@@ -56,7 +56,7 @@ def test_kv_tokens_and_concurrency_equal_the_engines_own_line(tmp_path: Path, la
     batched = BATCHED.search(text)
     spec = parse_config(LAYOUTS[layout], layout)
     s = vllm_sizing(spec, VLLMSettings(kv_memory_bytes=gib * GIB, max_model_len=max_len, block_size=CPU_BLOCK,
-                                       kv_dtype="bf16",
+                                       kv_dtype="bf16", device="cpu",
                                        **({"max_num_batched_tokens": int(batched.group(1))} if batched else {})))
     tokens, length, conc = LINE.search(line).groups()
     assert int(length.replace(",", "")) == max_len
@@ -80,7 +80,8 @@ def test_the_too_long_error_equals_the_engines(tmp_path: Path) -> None:
     theirs = TOO_LONG.search((tmp_path / "vllm.log").read_text(errors="replace"))
     assert theirs, str(e.value)[-2000:]
     s = vllm_sizing(parse_config(LAYOUTS["llama-untied"], "llama-untied"),
-                    VLLMSettings(kv_memory_bytes=GIB, max_model_len=65536, block_size=CPU_BLOCK, kv_dtype="bf16"))
+                    VLLMSettings(kv_memory_bytes=GIB, max_model_len=65536, block_size=CPU_BLOCK, kv_dtype="bf16",
+                                 device="cpu"))
     ours = TOO_LONG.search(" ".join(s.lines))
     assert not s.fits and ours, s.lines
     assert ours.groups() == theirs.groups()

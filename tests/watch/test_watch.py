@@ -200,5 +200,5 @@ def test_the_vllm_cpu_lines_seen_on_this_machine(config: str, gib: float, max_le
 
     s = vllm_sizing(parse_config(LAYOUTS[config], config),
                     VLLMSettings(kv_memory_bytes=int(gib * (1 << 30)), max_model_len=max_len, block_size=128,
-                                 kv_dtype="bf16", max_num_batched_tokens=2048))
+                                 kv_dtype="bf16", max_num_batched_tokens=2048, device="cpu"))
     assert (s.tokens_newest, f"{s.max_concurrency:.2f}") == (tokens, conc)

@@ -46,10 +46,10 @@ def _state(url: str) -> Watch:
     return w
 
 
-def _read(w: Watch, header: str) -> None:
+def _read(w: Watch, header: str, device: str) -> None:
     try:
         target = parse_target(w.url, [header] if header.strip() else [])
-        snap = read_server(target, _presets(), timeout_s=3.0)
+        snap = read_server(target, _presets(), timeout_s=3.0, device=device)
     except KVVizError as e:
         w.error = str(e)
         return
@@ -112,10 +112,9 @@ def _charts(w: Watch) -> None:
         st.plotly_chart(latency_bars(rows), key=f"live_latency_{len(w.snaps)}", config={"displayModeBar": False})
 
 
-def _panel(url: str, header: str, watching: bool) -> None:
+def _panel(url: str, header: str, device: str) -> None:
     w = _state(url)
-    if watching or not w.snaps:
-        _read(w, header)
+    _read(w, header, device)
     if w.error:
         st.warning(w.error + (" (the charts keep the last good readings)" if w.snaps else ""))
     if not w.snaps:
@@ -134,12 +133,15 @@ def page() -> None:
                 "what those figures mean in tokens. Try it on this machine: `make vllm`, then "
                 "`python -m kvviz export --model smollm2 /tmp/smollm2-hf` and serve that folder "
                 "(docs/usage.md says how).")
-    c1, c2, c3 = st.columns([3, 2, 1])
+    c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
     url = c1.text_input("Server URL", value="http://127.0.0.1:8000", key="live_url", max_chars=2000)
     header = c2.text_input("Header (optional)", value="", key="live_header", type="password",
                            placeholder="Authorization: Bearer ...", max_chars=4000)
     interval = c3.selectbox("Every (s)", INTERVALS, index=1, key="live_interval")
+    device = c4.selectbox("Runs on", ("cuda", "cpu"), key="live_device", format_func=lambda d: d.upper(),
+                          help="where the server runs; vLLM's CPU backend keeps one batch in flight, a GPU two, "
+                               "which changes what a sliding-window layer holds (its metrics do not say)")
     watching = st.toggle("Watch live", value=False, key="live_watch",
                          help="read the server every few seconds; off: read once per click of Read now")
     st.button("Read now", key="live_read")
-    st.fragment(run_every=interval if watching else None)(_panel)(url, header, True)
+    st.fragment(run_every=interval if watching else None)(_panel)(url, header, device)
