@@ -133,7 +133,8 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
         c = model.config
         kv = f"{c.kv_heads} K/V heads" if c.kv_heads != c.n_head else f"{c.n_head} heads"
         what = {"shakespeare": "Trained on Tiny Shakespeare, byte-level. ",
-                "smollm2": "A real instruct LLM (Llama architecture, BPE tokens), from its GGUF file. ",
+                "smollm2": "SmolLM2-135M-Instruct: a real instruct LLM (Llama architecture, BPE tokens), from its "
+                           "GGUF file. ",
                 "gemma3": "Google's Gemma 3 270M base model (no chat template: plain text in, text out); "
                           "15 sliding-window layers (512 tokens) and 3 global ones, 1 K/V head (MQA). "}.get(
             choice, "Untrained: seeded random weights. " if choice.startswith("random:") else "")
