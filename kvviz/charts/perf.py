@@ -148,9 +148,10 @@ def _giga(flops: float) -> str:
 
 def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     """Analytic FLOPs per step (log scale) next to the total over the run (linear: the bars compare
-    totals, each labelled with its value, so the panel needs no tick labels to crowd its title)."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.1,
-                        subplot_titles=("per step", "total over the run (G)"))
+    totals, each labelled with its value, so the panel needs no tick labels)."""
+    # What each panel shows is its axis title, not a subplot title: those sit on the plot's top
+    # edge, where a wrapped subtitle reaches at 1366 px.
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.1)
     top = 0.0
     for mode, run in _ordered(runs):
         name = MODE_LABELS.get(mode, mode)
@@ -172,9 +173,8 @@ def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     _log_axes(fig, row=1, col=1)
     # Room above the tallest bar for its label; no tick labels (each bar says its total).
     fig.update_yaxes(showticklabels=False, range=[0, top * 1.18 or 1], row=1, col=2)
-    fig.update_xaxes(tickangle=0, tickfont=dict(size=12), row=1, col=2)
-    fig.update_annotations(font_size=13)  # the subplot titles, below the figure title
-    fig.update_layout(margin=dict(t=fig.layout.margin.t + 30), uniformtext=dict(minsize=12, mode="show"))
+    fig.update_xaxes(title_text="total over the run (G)", tickangle=0, tickfont=dict(size=12), row=1, col=2)
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + 24), uniformtext=dict(minsize=12, mode="show"))
     fig.update_layout(hovermode="closest")
     return fig
 
@@ -226,16 +226,19 @@ def cache_bytes(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
 def cache_copied(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     """Cumulative bytes the cache wrote: O(T) in place (static) vs O(T^2) re-copied (concat)."""
     fig = go.Figure()
+    totals = []
     for mode in ("static", "concat"):
         if mode not in runs:
             continue
         run = runs[mode]
         steps = np.arange(len(run.events))
         total = run.events[-1].cache_bytes_copied if run.events else 0
-        verb = "written in place, O(T)" if mode == "static" else "copied by torch.cat, O(T²)"
+        verb = "in place, O(T)" if mode == "static" else "torch.cat copies, O(T²)"
         _mode_line(fig, mode, steps, [e.cache_bytes_copied / MIB for e in run.events])
-        fig.data[-1].name = f"{MODE_LABELS[mode]}: {verb} · total {fmt_bytes(total)}"
-    fig = _layout(fig, "Bytes written by the cache (cumulative)", _runs_where(runs),
+        fig.data[-1].name = f"{MODE_LABELS[mode]}: {verb}"  # short: a legend entry wider than the chart is cut
+        totals.append(f"{mode} {fmt_bytes(total)}")
+    fig = _layout(fig, "Bytes written by the cache (cumulative)", _runs_where(runs) +
+                  (" · in total: " + ", ".join(totals) if totals else ""),
                   "step (new token index)", "MiB written so far", height)
     fig.update_yaxes(rangemode="tozero")
     return fig

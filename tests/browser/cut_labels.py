@@ -27,8 +27,7 @@ CUT_JS = r"""() => {
       !['auto', 'scroll'].includes(getComputedStyle(e).overflowX));
   const kinds = [
     ['button', '[data-testid=stMain] button, [data-testid=stSidebar] button'],
-    ['tab', '[data-baseweb=tab]'],
-    ['selectbox', '[data-baseweb=select]'],
+    ['tab', '[role=tab]'],
     ['metric', '[data-testid=stMetric]'],
     ['table', '[data-testid=stTable] th, [data-testid=stTable] td'],
     ['tour card', '.st-key-tour_card'],
@@ -36,16 +35,9 @@ CUT_JS = r"""() => {
   for (const [kind, sel] of kinds)
     for (const e of document.querySelectorAll(sel))
       if (shown(e) && txt(e) && cutInside(e)) out.push(`${kind} cut: ${txt(e).slice(0, 90)}`);
-  // A selectbox shows its value in an input, which never reports its text as overflowing: measure
-  // the text in the input's own font against the input's inner width.
-  const ctx0 = document.createElement('canvas').getContext('2d');
-  for (const i of document.querySelectorAll('[data-baseweb=select] input')) {
-    if (!shown(i) || !i.value) continue;
-    const cs = getComputedStyle(i);
-    ctx0.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
-    const room = i.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
-    if (ctx0.measureText(i.value).width > room + SLACK) out.push(`selectbox cut: ${i.value.slice(0, 60)}`);
-  }
+  // A selectbox shows its value in an input that clips it (Streamlit 1.67: no ellipsis, no scroll bar).
+  for (const i of document.querySelectorAll('[data-testid=stSelectbox] input, input[role=combobox]'))
+    if (shown(i) && i.value && wide(i)) out.push(`selectbox cut: ${i.value.slice(0, 60)}`);
   // A code block scrolls sideways instead of clipping: its hidden part is as lost to a reader.
   for (const e of document.querySelectorAll('[data-testid=stCode] pre'))
     if (shown(e) && wide(e)) out.push(`code block cut sideways: ${txt(e).slice(0, 60)}`);

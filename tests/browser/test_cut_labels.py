@@ -4,9 +4,10 @@ The app as `make run` starts it (SmolLM2 where installed, so the sidebar's model
 label). One browser, one context per screen size; every page is opened, what is cheap to run is run
 (a 6-token answer on Generate, an 8-token race, the Compression lab's 8-token comparison, a made-up
 vLLM log in the calculator's reconciler), every step of the tour is walked, and the presentation
-layout (``?present=1``) is opened after a short run. On each, ``cut_labels`` (cut_labels.py) must
-find nothing: no button, tab, selectbox value, metric, table cell, code block or chart label cut,
-and no chart label outside its chart or over another label. Screenshots of each go to
+layout (``?present=1``) is opened after a short run, where the cache and attention charts must start
+on the first screen. On each, ``cut_labels`` (cut_labels.py) must find nothing: no button, tab,
+selectbox value, metric, table cell, code block or chart label cut, and no chart label outside its
+chart or over another label. Screenshots of each go to
 test-results/screenshots/cut-*.png: look at them.
 """
 from __future__ import annotations
@@ -88,6 +89,7 @@ def _calculator(page) -> None:  # type: ignore[no-untyped-def]
 PAGES = [("", _generate), ("race", _race), ("prefill", None), ("batching", None), ("chat", None),
          ("decoding", None), ("compress", _compress), ("calculator", _calculator)]
 SIZES = [(1366, 768), (1920, 1080)]
+CHART_ON_SCREEN = 200  # px of the presentation layout's charts on the first screen, at least (the title and a plot)
 
 
 def _check(page, name: str, problems: dict[str, list[str]], size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
@@ -155,6 +157,12 @@ def test_no_label_is_cut(browser, make_run_url: str, size: tuple[int, int]) -> N
         _idle(page, STARTUP_MS)
         _generate(page)
         _check(page, "present", problems, size)
+        # The point of the layout: the cache and attention charts on the screen with the chips. At
+        # 1366x768 they started at its bottom edge; at least CHART_ON_SCREEN px of each must show.
+        for key in ("view_notebook", "view_attention"):
+            top = page.evaluate(f"document.querySelector('.st-key-{key} .js-plotly-plot')?.getBoundingClientRect().top ?? 1e9")
+            if top > h - CHART_ON_SCREEN:
+                problems.setdefault(f"present {w}x{h}", []).append(f"{key} starts {top:.0f} px down a {h} px screen")
     finally:
         context.close()
     assert not problems, "\n".join(f"{k}:\n  " + "\n  ".join(v) for k, v in problems.items())
