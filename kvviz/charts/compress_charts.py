@@ -56,9 +56,7 @@ def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], t
         texts = [short_label(t) for t in labels]
         fig.add_trace(go.Scatter(
             x=list(range(len(ids))), y=[name] * len(ids), mode="markers+text", showlegend=False,
-            # Each chip as wide as its label (a square, so at most 46 px: the lanes are 56 px apart).
-            marker=dict(symbol="square", size=[min(46, max(26, CHAR_PX * visible_len(t) + 6)) for t in texts],
-                        color=colors, opacity=0.25), text=texts,
+            marker=dict(symbol="square", size=26, color=colors, opacity=0.25), text=texts,
             textfont=dict(size=12), hoverinfo="text",
             hovertext=[f"{name} · token {i} · {short_label(t)}" for i, t in enumerate(labels)]))
         if d is not None:

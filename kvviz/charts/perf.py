@@ -173,7 +173,7 @@ def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     _log_axes(fig, row=1, col=1)
     # Room above the tallest bar for its label; no tick labels (each bar says its total).
     fig.update_yaxes(showticklabels=False, range=[0, top * 1.18 or 1], row=1, col=2)
-    fig.update_xaxes(title_text="total over the run (G)", tickangle=0, tickfont=dict(size=12), row=1, col=2)
+    fig.update_xaxes(title_text="run total (G)", tickangle=0, tickfont=dict(size=12), row=1, col=2)
     fig.update_layout(margin=dict(t=fig.layout.margin.t + 24), uniformtext=dict(minsize=12, mode="show"))
     fig.update_layout(hovermode="closest")
     return fig
