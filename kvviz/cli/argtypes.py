@@ -166,3 +166,6 @@ def out_file(s: str) -> Path:
     if problem:
         raise argparse.ArgumentTypeError(f"cannot write the results to {s}: {problem}")
     return Path(s)
+
+
+port = int_in(1, 65535, "a TCP port")

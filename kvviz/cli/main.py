@@ -1,6 +1,7 @@
-"""``python -m kvviz {generate,chat,bench,bench-spec,memory,eval,train,kv-curves}``: one table, SUBCOMMANDS.
+"""``kvviz`` (= ``python -m kvviz``) ``{app,models,generate,chat,bench,bench-spec,memory,eval,train,kv-curves}``:
+one table, SUBCOMMANDS; ``kvviz --version``.
 
-Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout. Bad
+Every subcommand but ``app`` (which serves until stopped) takes ``--json`` and then prints exactly one JSON object on stdout. Bad
 arguments and bad input get argparse-style messages (``kvviz <cmd>: error: ...``) and exit 2;
 a traceback means a bug.
 """
@@ -251,9 +252,14 @@ class Subcommand:
     run: str
     with_parser: bool = False  # run takes the subparser too (for parser.error on argument combinations)
     partial_error: bool = False  # an "error" in the object: the part answered is printed, then exit 2
+    serves: bool = False  # run(args) prints its own output and returns the exit status (`app`)
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand("app", "serve the Streamlit app (the pages) on localhost",
+               "kvviz.cli.app_cli:add_app_arguments", "kvviz.cli.app_cli:run_app", serves=True),
+    Subcommand("models", "which models are installed; `kvviz models install smollm2|gemma3` adds one",
+               "kvviz.cli.models_cli:add_models_arguments", "kvviz.cli.models_cli:run_models", with_parser=True),
     Subcommand("generate", "generate text and report every step",
                "kvviz.cli.main:add_generate_arguments", "kvviz.cli.main:run_generate", with_parser=True),
     Subcommand("chat", "a multi-turn chat over one KV cache: what each turn reuses and prefills",
@@ -280,16 +286,22 @@ def resolve(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
-def _run(cmd: Subcommand, args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+def _run(cmd: Subcommand, args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     run = resolve(cmd.run)
+    if cmd.serves:
+        return int(run(args))
     obj, text = run(args, parser) if cmd.with_parser else run(args)
     _emit(args, obj, text)
     if cmd.partial_error and "error" in obj:  # a later turn failed: the answered turns are out, then exit 2
         raise KVVizError(f"{obj['error']} (the {len(obj['turns'])} turn(s) before it are printed above)")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvviz import __version__
+
     parser = argparse.ArgumentParser(prog="kvviz", description="See how an LLM generates text, and why the KV cache matters.")
+    parser.add_argument("--version", action="version", version=f"kvviz {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd in SUBCOMMANDS:
         p = sub.add_parser(cmd.name, help=cmd.help)
@@ -303,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
     try:
-        args.func(args, sub)
+        return args.func(args, sub)
     except KVVizError as e:
         sub.error(str(e))  # prints usage + "kvviz <cmd>: error: ..." and exits 2
     except KeyboardInterrupt:

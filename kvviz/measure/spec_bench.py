@@ -43,7 +43,7 @@ CODE = '''def summarize(orders):
     return {"total": total, "count": count, "average": average}
 '''
 # A paragraph the model is asked to copy: its answer repeats the prompt, so nearly every draft is
-# accepted (the Decoding strategies page opens on it). About 60 tokens, longer than the page's N.
+# accepted. About 60 tokens, longer than the Decoding strategies page's N.
 PARAGRAPH = ("The KV cache keeps the keys and values of every token the model has already read, layer by layer, "
              "so each new token only computes its own and reads the rest from memory. Reading is cheap compared "
              "with recomputing, but the cache grows with the context and with the batch.")

@@ -10,11 +10,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from kvviz import paths
 from kvviz.memory.hf_config import load_config_file, parse_config
 from kvviz.memory.hf_fields import KVVIZ_MODEL_TYPE
 from kvviz.memory.spec import CalcError, ConfigError, ModelSpec
 
-ASSETS = Path(__file__).resolve().parent.parent.parent / "assets"
+ASSETS = paths.ASSETS  # the checkout's assets/, or the installed wheel's kvviz/assets
 PRESETS_PATH = ASSETS / "memory_presets.json"
 BUILTIN_PREFIX = "kvviz:"
 

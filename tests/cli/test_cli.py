@@ -173,4 +173,4 @@ def test_the_subcommand_table_is_the_parser() -> None:
         assert callable(resolve(cmd.add)) and callable(resolve(cmd.run)), cmd.name
     choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert list(choices) == [c.name for c in SUBCOMMANDS] == [
-        "generate", "chat", "bench", "bench-spec", "memory", "eval", "train", "kv-curves"]
+        "app", "models", "generate", "chat", "bench", "bench-spec", "memory", "eval", "train", "kv-curves"]

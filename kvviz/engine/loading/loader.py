@@ -31,12 +31,13 @@ from kvviz.engine.models.gemma3 import Gemma3, Gemma3Config
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from kvviz import paths
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 from kvviz.fast.blockdot import BlockCodes
 from kvviz.safeio import describe_path, kind_of, parse_json, read_bounded
 
-ASSETS = Path(__file__).resolve().parents[3] / "assets"  # kvviz/engine/loading/loader.py -> repo root
+ASSETS = paths.ASSETS  # the checkout's assets/, or the installed wheel's kvviz/assets
 SHAKESPEARE_DIR = ASSETS / "models" / "shakespeare"
 SHAKESPEARE_CORPUS = ASSETS / "data" / "tinyshakespeare.txt.gz"  # what it was trained on; eval's default
 KVVIZ_MODEL_TYPE = "kvviz-gpt"

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,9 +22,9 @@ import streamlit as st
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.generation.request import resolve_chat
 from kvviz.measure import threads
-from kvviz.measure.cpu_load import busy_during, busy_warning, read_cpu
+from kvviz.measure.cpu_load import busy_during, busy_warning, load_average, read_cpu
 from kvviz.measure.probe import probe_machine
-from kvviz.measure.sizing import Estimator, about, calibrate
+from kvviz.measure.sizing import Estimator, about, calibrate, contention
 from kvviz.measure.stats import MachineProbe, Sample
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
@@ -154,10 +155,20 @@ def estimator(model: LoadedModel, fast: bool = True) -> Estimator | None:
             return None
         try:
             with st.spinner("Timing this model once, to size the defaults to this machine (a second or two)…"):
-                cals[key] = calibrate(model, fast)
+                cal = calibrate(model, fast)
+            # What the timing was slowed by: the load average right after it (it counts this run too).
+            cals[key] = dataclasses.replace(cal, contention=_contention_now()[0])
         finally:
             lock.release()
-    return Estimator(cals[key], model.config)
+    # Scaled by how much busier the machine is now than it was then (measure/sizing.py).
+    now, others = _contention_now()
+    return Estimator(cals[key], model.config, now, others)
+
+
+def _contention_now() -> tuple[float, float | None]:
+    """(``sizing.contention`` now, the load average it comes from, which the busy note names too)."""
+    load = load_average()
+    return contention(load, threads.ensure().cores), load
 
 
 def machine_probe(model: LoadedModel, again: bool = False) -> MachineProbe:

@@ -10,7 +10,7 @@ import functools
 import os
 from pathlib import Path
 
-from kvviz import KVVizError
+from kvviz import KVVizError, paths
 from kvviz.engine.loading.loader import (
     RANDOM_SHAPES, SHAKESPEARE_DIR, config_from_json, default_model_name, read_config, resolve_device,
 )
@@ -20,7 +20,6 @@ from kvviz.engine.loading.gguf_checks import model_family
 from kvviz.engine.models.config import GPTConfig
 from kvviz.units import fmt_bytes
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 FOLDER_PREFIX = "folder:"
 GGUF_PREFIX = "gguf:"
 FALLBACK_MODEL = "random:tiny"
@@ -29,7 +28,7 @@ FALLBACK_MODEL = "random:tiny"
 def models_root() -> Path:
     """The one directory whose sub-folders may be loaded as models."""
     env = os.environ.get("KVVIZ_MODELS_DIR")
-    return Path(env) if env else REPO_ROOT / "models"
+    return Path(env) if env else paths.models_dir()
 
 
 def _offered_entries() -> list[Path]:

@@ -7,7 +7,7 @@ import streamlit as st
 from kvviz import LoadedModel
 from kvviz.charts import perf as pc
 from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
-from kvviz.measure.sizing import about, pick_batch
+from kvviz.measure.sizing import pick_batch
 from kvviz.measure.stats import Sample, aggregate
 from kvviz.ui.common.perf_common import (
     SweepState, acquire_or_warn, busy_note, drive, estimator, page_model, prompt_ids, results_key, where,
@@ -55,16 +55,26 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     n_new = int(c3.number_input("New tokens", 4, max(4, cfg.block_size - prompt_len), 32, key="batch_new_tokens"))
     sizes = batch_sizes(model, prompt_len, n_new)
     est = estimator(model, s.engine == "fast")
-    # The default repeats finish in about a minute on this machine (measure.sizing); more is one click away.
-    default_repeats = pick_batch(est, sizes, prompt_len, n_new)[1] if est is not None and sizes else 1
+    # The default sizes and repeats finish in about a minute on this machine, at the load now
+    # (measure.sizing); more is one click away.
+    fit, default_repeats = pick_batch(est, sizes, prompt_len, n_new) if est is not None and sizes else (sizes, 1)
     repeats = int(c4.number_input("Repeats", 1, 10, default_repeats, key="batch_repeats"))
 
     skipped = [b for b in BATCH_SIZES if b not in sizes]
+    slow = [b for b in sizes if b not in fit]
+    if slow and not st.checkbox(f"Also B = {', '.join(map(str, slow))}", key="batch_all_sizes",
+                                help="Batch sizes left out of the default because the sweep would take over a "
+                                     "minute here with them"):
+        sizes = fit
+    else:
+        slow = []
     note = f"Batch sizes {', '.join(map(str, sizes)) or 'none'}"
+    if slow:
+        note += f" (B = {', '.join(map(str, slow))} left out: over a minute here with them)"
     if skipped:
         note += (f" (skipped {', '.join(map(str, skipped))}: over a quarter of free memory; B={skipped[0]} "
                  f"would need ≈{fmt_bytes(batch_memory(model, skipped[0], prompt_len, n_new))})")
-    cost = f" · {about(est.batch_s(sizes, prompt_len, n_new, repeats))} here" if est is not None and sizes else ""
+    cost = f" · {est.here(est.batch_s(sizes, prompt_len, n_new, repeats))}" if est is not None and sizes else ""
     st.caption(f"{note} · {n_new} new tokens per row (EOS ignored so every run generates {n_new} tokens) · "
                f"{repeats} repeats{cost} · static KV cache · {where(model)}")
     with st.container(horizontal=True):

@@ -16,7 +16,7 @@ from kvviz.engine.generation.loop import iter_generate
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.common.figs import show
-from kvviz.measure.sizing import about
+from kvviz.measure.sizing import pick_tokens
 from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
@@ -32,13 +32,19 @@ INTRO = (
 )
 REDRAW_S = 0.3  # the live tree redraws at most about three times a second
 _draws = itertools.count()  # every live chart gets a fresh key
-SPEC_PROMPTS = {  # the first is the default: prompt lookup wins on text that repeats the prompt
-    "copy_text": "copy a pasted paragraph (the answer repeats the prompt: speculation wins)",
-    "code_edit": "repeat pasted code with one edit (speculation should win)",
+# The first is the default. The tab is about the rollback, so it opens on a prompt where prompt lookup
+# wins and still guesses wrong: SmolLM2 copying code drafts right where it copies and wrong where it
+# writes its own words (tests/ui/test_spec_default_smollm2.py). Copying the paragraph accepts every draft
+# and rolls back nothing.
+SPEC_PROMPTS = {
+    "code_edit": "repeat pasted code with one edit (speculation wins, and rolls back the wrong guesses)",
+    "copy_text": "copy a pasted paragraph (the answer repeats the prompt: every draft accepted)",
     "sidebar": "the sidebar's prompt",
     "counting": "count from 1 to 40 (drafts the next numbers)",
     "free_text": "explain why the sky is blue (free text: it should not win)",
 }
+
+SPEC_DEFAULTS = {"k": 10, "ngram": 2, "new": 48}  # draft tokens, n-gram, new tokens
 
 
 def page() -> None:
@@ -136,9 +142,10 @@ def _spec(s: Settings, model: LoadedModel) -> None:
     with st.container(horizontal=True, vertical_alignment="bottom"):
         which = st.selectbox("Prompt", list(SPEC_PROMPTS), format_func=SPEC_PROMPTS.get, key="spec_prompt",
                              width=380)
-        k = int(st.number_input("Draft tokens", 1, 32, 10, key="spec_k", width=130))
-        ngram = int(st.number_input("n-gram", 1, 8, 2, key="spec_ngram", width=110))
-        n = int(st.number_input("New tokens", 2, 256, 48, key="spec_new", width=120))
+        k = int(st.number_input("Draft tokens", 1, 32, SPEC_DEFAULTS["k"], key="spec_k", width=130))
+        ngram = int(st.number_input("n-gram", 1, 8, SPEC_DEFAULTS["ngram"], key="spec_ngram", width=110))
+        n = int(st.number_input("New tokens", 2, 256, _spec_tokens(s, model, which), key="spec_new", width=120,
+                                help="The default is what finishes in about a minute here (at most 48)"))
         repeats = int(st.number_input("Timed runs", 1, 9, 1, key="spec_repeats", width=120,
                                       help="Each of plain and speculative runs this many times after a warm-up; "
                                            "the speedup compares medians"))
@@ -155,13 +162,24 @@ def _spec(s: Settings, model: LoadedModel) -> None:
     _spec_results(*got)
 
 
+def _spec_tokens(s: Settings, model: LoadedModel, which: str) -> int:
+    """The default new tokens: SPEC_DEFAULTS' when the comparison (a warm-up and a timed run of each)
+    finishes in about a minute here at the load now, else the most that do (at least 16)."""
+    est = estimator(model, s.engine == "fast")
+    prompt = s.prompt if which == "sidebar" else PROMPTS[which]
+    n_prompt = len(model.tokenizer.encode(prompt)) if model.has_tokenizer else 0
+    if est is None or not n_prompt:
+        return SPEC_DEFAULTS["new"]
+    return pick_tokens(lambda n: est.spec_s(n_prompt, n, 1), SPEC_DEFAULTS["new"])
+
+
 def _run_spec(s: Settings, model: LoadedModel, which: str, k: int, ngram: int, n: int, repeats: int,
               store_key: str) -> None:
     prompt = s.prompt if which == "sidebar" else PROMPTS[which]
     chat = s.chat if which == "sidebar" else bool(getattr(model.tokenizer, "chat_template", None))
     est = estimator(model, s.engine == "fast")  # before the lock: calibrating (once) takes it itself
     n_prompt = len(model.tokenizer.encode(prompt)) if model.has_tokenizer else 0
-    cost = f" ({about(est.spec_s(n_prompt, n, repeats))} here)" if est is not None and n_prompt else ""
+    cost = f" ({est.here(est.spec_s(n_prompt, n, repeats))})" if est is not None and n_prompt else ""
     lock = acquire_or_warn()
     if lock is None:
         return

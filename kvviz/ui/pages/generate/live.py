@@ -163,7 +163,9 @@ def _resolve_parked(store: RunStore, settings: Settings, stop: bool, new_run: bo
     if parked is None:
         return None
     n = len(parked.stream.events)
-    if stop:
+    if parked.stream.settle_end() is not None:  # interrupted on its last token: it ended by itself
+        why, notice = "", ""  # (a Stop pressed while the end token was drawn stopped nothing)
+    elif stop:
         why, notice = "stopped by the user", f"Stopped: run #{parked.run_id} is kept with the {n} tokens it had."
     elif new_run:
         why, notice = "replaced by a new run", ""
@@ -178,7 +180,9 @@ def _resolve_parked(store: RunStore, settings: Settings, stop: bool, new_run: bo
         return parked
     close_iterator(parked.it)
     run = parked.stream.run
-    store.put(parked.run_id, _with_meta(run.finish("stopped", run.text, run.stop_string, why), parked.meta))
+    if run.stop_reason == "stopped":  # it did not end by itself: say why it ended
+        run = run.finish("stopped", run.text, run.stop_string, why)
+    store.put(parked.run_id, _with_meta(run, parked.meta))
     store.post("show", parked.run_id)
     if notice:
         store.post("notice", ("info", notice))
@@ -434,6 +438,7 @@ def _end_stepping(store: RunStore, why: str = "ended when a setting changed", re
     stepper: Stepper | None = session.pop(STEPPER_KEY, None)
     if stepper is None:
         return
+    stepper.stream.settle_end()  # a step that drew the last token ended the run by itself
     stepper.close()
     if stepper.stream.events:
         run = stepper.stream.run

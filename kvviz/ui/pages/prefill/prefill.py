@@ -13,7 +13,7 @@ from kvviz.units import fmt_bytes, kv_bytes_per_token
 from kvviz.engine.generation.flops import weight_bytes
 from kvviz.measure.sweeps import SHORT_QUESTION, document_ids, prompt_lengths, sweep_decode, sweep_short_long, sweep_ttft
 from kvviz.measure import doubts
-from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_context
+from kvviz.measure.sizing import PICK_S, Estimator, pick_context, pick_repeats
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.engine.generation.request import resolve_chat
 from kvviz.errors import KVVizError
@@ -25,6 +25,7 @@ from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.figs import show
 from kvviz.ui.state import session
 
+EXAMPLE_NEW = 16  # the example's default new tokens: enough decode steps for a median per-token rate
 INTRO = (
     "Generation has two phases. **Prefill** feeds the whole prompt through the model in one forward pass: "
     "every weight read from memory is used for many tokens, so it is usually **compute-bound**. **Decode** "
@@ -69,10 +70,12 @@ def _context_limit(model: LoadedModel, est: Estimator | None) -> tuple[int, int]
 
 def _example_context(model: LoadedModel, est: Estimator | None, ctx: int) -> int:
     """The example's context: the slider's, or longer where the example (two runs, not a sweep) still
-    finishes in about a minute here, so the document is long enough to make its point."""
+    finishes in about a minute here with its default new tokens and one repeat, so the document is
+    long enough to make its point (on a busy machine the slider's 64 made a "document" as long as the
+    question: "1× longer"); the repeats then take what time is left."""
     block = model.config.block_size
     fits = [c for c in (256, 512, 1024, 2048, 4096, 8192) if c <= block and est is not None
-            and est.example_s(48, c - 32, 32, 3) <= BUDGET_S]
+            and est.example_s(48, c - EXAMPLE_NEW, EXAMPLE_NEW, 1) <= PICK_S]
     return max([ctx, *fits])
 
 
@@ -94,7 +97,7 @@ def _sweeps(model: LoadedModel, results: dict[str, list[Sample]], state: SweepSt
                                   help="Every point is the median of this many runs; bars and bands show min–max")
         run_it = st.button("Measure prefill and decode", key="pd_run", type="primary")
         st.button("Stop", key="pd_stop", help="Stop the sweep; the points measured so far are kept")
-    cost = f" · {about(est.prefill_decode_s(ctx, int(repeats)))} here" if est is not None else ""
+    cost = f" · {est.here(est.prefill_decode_s(ctx, int(repeats)))}" if est is not None else ""
     st.caption(f"Prompt lengths {', '.join(map(str, lengths))} · decode steps at contexts of 17–{ctx - 1:,} "
                f"tokens (EOS ignored so the run from a 16-token prompt generates all {ctx - 16:,} tokens) · "
                f"{_n(int(repeats), 'repeat')}{cost} · {where(model)}")
@@ -165,6 +168,14 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
         st.markdown("**This machine** (probed once per session)")
         st.caption(probe.describe() + f" · probe took {probe.seconds:.1f} s")
         st.button("Probe again", key="pd_reprobe", help="Measure peak FLOP/s and bandwidth anew (about a second)")
+        if found:
+            # One or the other: a page that doubts its own timings (the box above) draws no
+            # conclusion from them; the roofline still shows the points as measured.
+            with st.container(key="pd_no_verdict"):
+                st.markdown("**No verdict from these measurements**")
+                st.caption("They contradict what they should show (see the box above), so this page does not say "
+                           "which phase is compute- or memory-bound from them. Measure again on a quiet machine.")
+            return
         st.markdown("**Verdict, from the measurements**")
         for phase, df in points.items():
             if not len(df):
@@ -173,8 +184,7 @@ def _sweep_results(model: LoadedModel, results: dict[str, list[Sample]]) -> None
             row = df.iloc[-1] if phase == "prefill" else df.iloc[len(df) // 2]
             unit = "prompt" if phase == "prefill" else "context"
             at = f"at a {int(row['x']):,}-token {unit}"
-            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at,
-                                             doubtful=bool(found)))
+            st.markdown("- " + phase_verdict(phase, float(row["intensity"]), float(row["median"]), probe, at))
         st.caption("Intensity = analytic matmul FLOPs / minimum bytes moved (weights once + KV read and written); "
                    "achieved GFLOP/s = those FLOPs / the measured time.")
 
@@ -233,17 +243,19 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         st.info("This model has no tokenizer: type a prompt in the sidebar to use as the short question.")
         return
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        n_new = int(st.number_input("New tokens", 8, max(8, min(256, ctx // 2)), min(32, ctx // 2), step=8,
+        n_new = int(st.number_input("New tokens", 8, max(8, min(256, ctx // 2)), min(EXAMPLE_NEW, ctx // 2), step=8,
                                     key="pd_example_tokens", width=160,
                                     help="Generated after each prompt; the per-token rate is their median"))
         run_it = st.button("Run the example", key="pd_example", type="primary")
         st.button("Stop", key="pd_example_stop", help="Stop; the runs that finished are kept")
     long_len = ctx - n_new
     how = " in the model's chat template, as Generate sends it" if templated else ""
-    cost = f" · {about(est.example_s(len(short), long_len, n_new, 3))} here" if est is not None else ""
+    # As many repeats (up to 3) as finish in about a minute here, at the load now.
+    repeats = pick_repeats(lambda r: est.example_s(len(short), long_len, n_new, r)) if est is not None else 3
+    cost = f" · {est.here(est.example_s(len(short), long_len, n_new, repeats))}" if est is not None else ""
     st.caption(f"Question: “{SHORT_QUESTION}”{how} ({len(short)} tokens) vs a document that fills a "
                f"{ctx:,}-token context ({long_len:,} tokens); {n_new} new tokens after each, EOS ignored so every "
-               f"run generates {n_new} tokens; 3 repeats{cost} · {where(model)}")
+               f"run generates {n_new} tokens; {_n(repeats, 'repeat')}{cost} · {where(model)}")
     if run_it:
         lock = acquire_or_warn()
         if lock is None:
@@ -251,7 +263,8 @@ def _example(model: LoadedModel, results: dict[str, list[Sample]], state: SweepS
         state.begin()
         results["example"] = []
         try:
-            drive(sweep_short_long(model, short, long_len, n_new, repeats=3, fast=fast), results["example"], "Measuring…")
+            drive(sweep_short_long(model, short, long_len, n_new, repeats=repeats, fast=fast), results["example"],
+                  "Measuring…")
             state.end()
         finally:
             lock.release()

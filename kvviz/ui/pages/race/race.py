@@ -20,7 +20,7 @@ from kvviz.ui.common.perf_common import (
     BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
     results_key, time_left, where,
 )
-from kvviz.measure.sizing import BUDGET_S, Estimator, about, pick_ns
+from kvviz.measure.sizing import Estimator, pick_ns, pick_race_tokens
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.common.figs import show
@@ -55,9 +55,9 @@ def page() -> None:
 
 # --- the race ---------------------------------------------------------------------------------
 
-def _request(s: Settings, model: LoadedModel) -> Request:
+def _request(s: Settings, model: LoadedModel, n_new: int) -> Request:
     ids, text = prompt_ids(s, model)
-    return Request(prompt_ids=(ids,), max_new_tokens=s.max_new_tokens, prompt=text,
+    return Request(prompt_ids=(ids,), max_new_tokens=n_new, prompt=text,
                    fast=s.engine == "fast", **s.sampling_kwargs())
 
 
@@ -83,12 +83,11 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     st.subheader("The race")
     est = estimator(model, s.engine == "fast")
     n_prompt = len(prompt_ids(s, model)[0])
-    secs = est.race_s(n_prompt, s.max_new_tokens) if est is not None and n_prompt else None
-    cost = f" · {about(secs)} here" if secs is not None else ""
-    if secs is not None and secs > BUDGET_S:  # the sidebar's N is shared with Generate: say what it costs here
-        cost += " (fewer *Max new tokens* in the sidebar make it quicker)"
-    st.caption(f"{s.max_new_tokens} new tokens per mode, EOS ignored so every run generates {s.max_new_tokens} "
-               f"tokens{cost} · {_sampling_text(s)} · {where(model)} · engine: "
+    n_new, shortened = _race_tokens(s, est, n_prompt)
+    secs = est.race_s(n_prompt, n_new) if est is not None and n_prompt else None
+    cost = f" · {est.here(secs)}" if est is not None and secs is not None else ""
+    st.caption(f"{n_new} new tokens per mode, EOS ignored so every run generates {n_new} "
+               f"tokens{shortened}{cost} · {_sampling_text(s)} · {where(model)} · engine: "
                f"{ENGINES[s.engine]}, for all three modes, so they compare like with like · prompt and "
                "settings come from the sidebar")
     with st.container(horizontal=True):
@@ -109,7 +108,7 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     live_chart = st.empty()
 
     if start:
-        _run_race(s, model, key, slots, (progress, live_chart), state, est)
+        _run_race(s, model, n_new, key, slots, (progress, live_chart), state, est)
     stored = session.get(key)
     if stored and not stored["settled"].wait(SETTLE_WAIT_S):
         # A Stop click started this script run on a new thread while the race's thread is still
@@ -119,7 +118,7 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if not stored or not stored["runs"]:
         tip = "Tip: 200+ new tokens (the sidebar's *Max new tokens*) make the no-cache slope obvious"
         if est is not None and n_prompt:
-            tip += f" ({about(est.race_s(n_prompt, 200))} here for 200)"
+            tip += f" ({est.here(est.race_s(n_prompt, 200))} for 200)"
         st.info(f"Press **Start the race**. {tip}.")
         return
     if not start:
@@ -130,6 +129,23 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if state.status == "stopped" and not stored.get("complete"):
         st.warning("The race was stopped: the charts show the steps that ran.")
     _results(model, stored)
+
+
+def _race_tokens(s: Settings, est: Estimator | None, n_prompt: int) -> tuple[int, str]:
+    """(new tokens per mode, the words that say why they are fewer than the sidebar's, or "").
+
+    The sidebar's N is Generate's too; on a slow or busy machine its race (the no-cache mode's
+    steps grow with every token) would take minutes. So the race runs the most tokens that finish in
+    about a minute here, unless asked for all of them."""
+    asked = s.max_new_tokens
+    fit = pick_race_tokens(est, n_prompt, asked) if est is not None and n_prompt else asked
+    if fit >= asked:
+        return asked, ""
+    if st.checkbox(f"All {asked} of the sidebar's new tokens", key="race_all_n",
+                   help=f"Race the sidebar's *Max new tokens* ({asked}) instead of the {fit} that finish in about a "
+                        f"minute here: {est.here(est.race_s(n_prompt, asked)) if est is not None else ''}"):
+        return asked, ""
+    return fit, f" (of the sidebar's {asked}: what finishes in about a minute here)"
 
 
 def _status_line(run: Run, running: bool = False) -> str:
@@ -143,10 +159,10 @@ def _status_line(run: Run, running: bool = False) -> str:
             + (f" · {tpot:.2f} ms/token (median)" if tpot else ""))
 
 
-def _run_race(s: Settings, model: LoadedModel, key: str, slots: dict[str, tuple[Any, Any]], places: tuple[Any, Any],
-              state: SweepState, est: Estimator | None) -> None:
+def _run_race(s: Settings, model: LoadedModel, n_new: int, key: str, slots: dict[str, tuple[Any, Any]],
+              places: tuple[Any, Any], state: SweepState, est: Estimator | None) -> None:
     progress, live_chart = places
-    req = _request(s, model)
+    req = _request(s, model, n_new)
     try:
         start_stream(model, req, "static")  # validates prompt and budget before any compute
     except KVVizError as e:
@@ -292,7 +308,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     if est is not None and ns:
         secs = est.total_time_sweep_s(len(ids), sorted(ns), int(repeats))
         st.caption(f"EOS ignored so every run generates its N tokens · {len(ns)} values of N × {int(repeats)} "
-                   f"repeat{'s' if int(repeats) != 1 else ''} × 2 modes: {about(secs)} here")
+                   f"repeat{'s' if int(repeats) != 1 else ''} × 2 modes: {est.here(secs)}")
 
     key = results_key("race_sweep", model)
     charts = st.empty()
@@ -335,12 +351,14 @@ def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None =
     a, b = st.columns(2)
     show(a, pc.sweep_time(agg, fits, False, sub), key=f"race_sweep_lin_{len(samples)}")
     show(b, pc.sweep_time(agg, fits, True, sub), key=f"race_sweep_log_{len(samples)}")
+    found = sweep_doubts(agg, fits, busy)
     if fits:
         parts = [f"**{MODE_LABELS.get(m, m)}**: slope {f.slope:.2f} (fitted on N = {f.x_min:.0f}…{f.x_max:.0f})"
                  for m, f in fits.items()]
-        st.markdown("Fitted log-log slopes: " + " · ".join(parts) + ". Expect ≈1 with the cache and ≈2 without, "
-                    "once N is large enough that fixed costs stop dominating.")
-    found = sweep_doubts(agg, fits, busy)
+        # The expectation and its cause only where the timings are not in doubt (the box below says why).
+        why = "" if found else (" Expect ≈1 with the cache and ≈2 without, once N is large enough that fixed costs "
+                                "stop dominating.")
+        st.markdown("Fitted log-log slopes: " + " · ".join(parts) + "." + why)
     if found:
         with st.container(key="race_sweep_doubts"):
             st.warning(doubts.verdict(found), icon=":material/report:")
