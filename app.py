@@ -12,6 +12,7 @@ from kvviz.ui.pages.generate import live
 from kvviz.ui.pages.prefill import prefill
 from kvviz.ui.pages.race import race
 from kvviz.ui.sidebar import render_sidebar
+from kvviz.ui.common import text_guard
 from kvviz.ui.state import session
 
 # A local SVG, not ":material/memory:": Streamlit turns a Material page icon into a favicon URL on
@@ -20,8 +21,9 @@ ICON = paths.ASSETS / "icon.svg"  # the checkout's assets/ or the installed pack
 st.set_page_config(page_title="kvviz: see the KV cache at work", page_icon=str(ICON), layout="wide",
                    initial_sidebar_state=present.sidebar_state())  # folded away while presenting
 
+GENERATE_PATH = "generate"
 GENERATION_PAGES = [
-    st.Page(live.page, title="Generate", icon=":material/edit_note:", url_path="generate", default=True),
+    st.Page(live.page, title="Generate", icon=":material/edit_note:", url_path=GENERATE_PATH, default=True),
     st.Page(race.page, title="Cache vs no cache", icon=":material/speed:", url_path="race"),
     st.Page(prefill.page, title="Prefill vs decode", icon=":material/balance:", url_path="prefill"),
     st.Page(batching.page, title="Batching", icon=":material/stacks:", url_path="batching"),
@@ -31,10 +33,26 @@ GENERATION_PAGES = [
 ]
 CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":material/calculate:", url_path="calculator")
 
+
+def _default_page_at_its_own_path(path: str) -> None:
+    """/generate, the Generate page's own url_path, opens Generate. Streamlit serves the default page
+    only at "/", so a link to /generate met "Page not found" and an inert page: here a request for
+    the default page by its name is turned into a request for the app's root before the pages
+    resolve (Streamlit's page manager; where that is missing, the old behaviour remains)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    manager = getattr(get_script_run_ctx(), "pages_manager", None)
+    if (manager is not None and getattr(manager, "intended_page_name", None) == path
+            and not getattr(manager, "intended_page_script_hash", "")):
+        manager.set_script_intent("", "")
+
+
+_default_page_at_its_own_path(GENERATE_PATH)
 # Material icons ship with Streamlit; emoji need a font that Debian's Chromium lacks.
 pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR]})
 tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR)
 present.apply()  # the presentation layout's fonts, on every page
+text_guard.install()  # a lone surrogate typed or pasted is replaced before the browser sends it
 if pg.url_path != CALCULATOR.url_path:
     # Model, prompt and sampling controls: shared by every generation page.
     session.set_settings(render_sidebar())

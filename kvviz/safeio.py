@@ -30,7 +30,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from kvviz.errors import KVVizError
+from kvviz.errors import KVVizError, ResultsNotSaved
 
 MAX_JSON_DEPTH = 32  # a model config nests 2-3 levels; 100,000 levels overflows the C parser's stack
 MAX_JSON_INT_DIGITS = 30  # int64 has 19 digits; a 5,000-digit literal is refused before int() runs
@@ -173,16 +173,97 @@ def read_maybe_gzip(path: Path | str, limit: int, label: str = "") -> bytes:
 
 
 # ----------------------------------------------------------------------------- writing results
-def out_file_problem(path: Path | str) -> str:
-    """'' when ``path`` can become a result file, else why not (no side effects: nothing is created).
+# statfs(2) f_type of the kernel's pseudo-filesystems (linux/magic.h): a "file" there is an interface
+# to the kernel, not a place for results (/proc/version takes no new file beside it; /sys refuses one).
+_PSEUDO_FS = {
+    0x9FA0: "proc", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+    0x73636673: "securityfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2", 0x1CD1: "devpts",
+    0xCAFE4A11: "bpf", 0x6165676C: "pstore", 0xDE5E81E4: "efivarfs", 0x62656570: "configfs",
+    0x65735543: "fusectl", 0xF97CFF8C: "selinuxfs", 0x42494E4D: "binfmt_misc", 0x19800202: "mqueue",
+    0x6E736673: "nsfs",
+}
 
-    A result file is a regular file (new, or one to replace) in a folder that exists and that this
-    process may write: not a folder, not a device (``/dev/full`` takes the open and fails the write),
-    not a FIFO (its open blocks until a reader comes), not in a missing folder.
+
+def fs_type(folder: Path | str) -> int | None:
+    """statfs(2)'s f_type for ``folder`` (its first field, a C long on Linux), or None where it
+    cannot be asked (not Linux, or the call fails). os.statvfs does not carry the type."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86-64, 120 on arm64
+        if libc.statfs(os.fsencode(str(folder)), buf) != 0:
+            return None
+    except (OSError, AttributeError, ValueError):
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def pseudo_fs(folder: Path | str) -> str:
+    """The name of the kernel pseudo-filesystem ``folder`` is on ("proc", "sysfs", ...), else ''."""
+    return _PSEUDO_FS.get(fs_type(folder) or 0, "")
+
+
+def _dangling_link(p: Path) -> str:
+    """'' unless ``p`` is a symbolic link whose target does not exist; then why it is refused."""
+    try:
+        if not stat.S_ISLNK(os.lstat(p).st_mode) or p.exists():
+            return ""
+        target = os.readlink(p)
+    except (OSError, ValueError):
+        return ""
+    return (f"it is a symbolic link to {target}, which does not exist; kvviz does not create a file through "
+            f"a dangling link (name the file itself)")
+
+
+def resolve_out(path: Path | str) -> Path:
+    """The file a result goes to: a symbolic link to a file is followed (the file is replaced and the
+    link stays a link), anything else is the path itself."""
+    p = Path(path)
+    try:
+        return Path(os.path.realpath(p)) if p.is_symlink() and p.exists() else p
+    except (OSError, ValueError):
+        return p
+
+
+def _probe_folder(folder: Path, name: str) -> str:
+    """'' when a new file can be created and written in ``folder`` (a temp file beside the target,
+    removed at once), else why not. Checked by doing: ``os.access`` passes for root on a read-only
+    or pseudo file system and proves nothing."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name[:64]}.", suffix=".probe")
+    except OSError as e:
+        return f"a file cannot be created in its folder {folder} ({e.strerror or e})"
+    try:
+        os.write(fd, b"{}")
+    except OSError as e:
+        return f"a file in its folder {folder} cannot be written ({e.strerror or e})"
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return ""
+
+
+def out_file_problem(path: Path | str) -> str:
+    """'' when ``path`` can become a result file, else why not. Leaves nothing behind (it creates and
+    removes one temp file beside the target to prove the folder takes one).
+
+    A result file is a regular file (new, or one to replace) in a folder that exists and takes a new
+    file: not a folder, not a device (``/dev/full`` takes the open and fails the write), not a FIFO
+    (its open blocks until a reader comes), not in a missing folder, not on a kernel pseudo-filesystem
+    (/proc, /sys: statfs says which), not a dangling symbolic link (refused: a link to a file is followed).
     """
     if str(path) == "":
         return "the path is empty"
-    p = Path(path)
+    dangling = _dangling_link(Path(path))
+    if dangling:
+        return dangling
+    p = resolve_out(path)
     mode, problem = describe_path(p)
     if mode is not None and not stat.S_ISREG(mode):
         return f"it is {kind_of(mode)}, not a regular file"
@@ -194,11 +275,10 @@ def out_file_problem(path: Path | str) -> str:
         return f"its folder {problem}"
     if not stat.S_ISDIR(fmode):
         return f"its folder {folder} is {kind_of(fmode)}, not a folder"
-    # W_OK | X_OK on the folder: the new file and the rename happen there (access() also reports
-    # a read-only file system).
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"its folder {folder} is not writable"
-    return ""
+    pseudo = pseudo_fs(folder)
+    if pseudo:
+        return f"its folder {folder} is on {pseudo}, a kernel pseudo-filesystem, not a place for files"
+    return _probe_folder(folder, p.name)
 
 
 def check_out_file(path: Path | str, label: str = "the results") -> Path:
@@ -224,7 +304,7 @@ def write_atomic(path: Path | str, data: str | bytes, label: str = "the results"
     """Write ``data`` to ``path`` whole or not at all: a temp file in the same folder, flushed to disk,
     then renamed over ``path`` (``os.replace`` is atomic within a file system). A full disk or any
     other failure leaves the old file (or none) and no temp file, and is one KVVizError line."""
-    p = check_out_file(path, label)
+    p = resolve_out(check_out_file(path, label))
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         mode = stat.S_IMODE(os.stat(p).st_mode) if p.exists() else 0o644
@@ -242,3 +322,12 @@ def write_atomic(path: Path | str, data: str | bytes, label: str = "the results"
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise KVVizError(f"cannot write {label} to {p}: {e.strerror or e}") from None
+
+
+def save_results(path: Path | str, text: str, label: str = "the results") -> None:
+    """``write_atomic`` for a command's results: when the file cannot be written after all, the work
+    is not lost: ``ResultsNotSaved`` carries ``text`` for the CLI to print on stdout."""
+    try:
+        write_atomic(path, text, label)
+    except KVVizError as e:
+        raise ResultsNotSaved(f"{e}; they are printed on stdout instead", text) from None

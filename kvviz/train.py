@@ -28,7 +28,7 @@ from kvviz.evaluate import bits_per_byte
 from kvviz.hostinfo import available_memory_bytes, cpu_name
 from kvviz.engine.models.config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
-from kvviz.safeio import describe_path, kind_of, read_maybe_gzip, write_atomic
+from kvviz.safeio import describe_path, kind_of, pseudo_fs, read_maybe_gzip, save_results, write_atomic
 from kvviz.units import fmt_bytes
 
 VAL_FRACTION = 0.1
@@ -228,6 +228,10 @@ def prepare_out(out: Path, resume: bool) -> None:
     mode, _ = describe_path(out)
     if mode is not None and not stat.S_ISDIR(mode):
         raise KVVizError(f"--out {out} is {kind_of(mode)}, not a folder")
+    existing = next((p for p in (out.absolute(), *out.absolute().parents) if p.exists()), None)
+    pseudo = pseudo_fs(existing) if existing is not None else ""
+    if pseudo:  # /proc, /sys: root's mkdir there may even succeed (cgroup), but it is no place for a model
+        raise KVVizError(f"--out {out} is on {pseudo}, a kernel pseudo-filesystem, not a place for files")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".kvviz-write-test-"):
@@ -297,7 +301,12 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
     bar.close()
 
     model.eval()
-    save_model(model, out)
+    try:
+        save_model(model, out)
+    except OSError as e:  # a full disk at the end: say so, and where the last checkpoint is, not a traceback
+        where = f"; the checkpoint of step {history[-1]['step']} is in {state_dir} (rerun with --resume)" \
+            if history else ""
+        raise KVVizError(f"cannot save the trained model to {out}: {e.strerror or e}{where}") from None
     summary = {
         "steps": step,
         "tokens_seen": tokens,
@@ -322,7 +331,7 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
         res = bits_per_byte(lm, text)
         summary["val_bits_per_byte"] = round(res.bits_per_byte, 4)
         summary["val_nats_per_byte"] = round(res.bits_per_byte * math.log(2), 4)
-    write_atomic(out / "training.json", json.dumps(summary, indent=2) + "\n", "the training summary")
+    save_results(out / "training.json", json.dumps(summary, indent=2) + "\n", "the training summary")
     return summary
 
 

@@ -33,6 +33,30 @@ def kv_bytes_per_token(n_layer: int, n_kv_heads: int, head_dim: int, elem_bytes:
     return int(n) if float(n).is_integer() else n
 
 
+def exact_ratio(n: int, div: int, places: int = 2) -> str:
+    """``n / div`` to ``places`` decimals with thousands separators, in exact integer arithmetic
+    (half rounds up): a float has 15-17 significant digits, so ``f"{n / div:,.2f}"`` of a 10^20-byte
+    cache prints digits that are not true (131,072,000,001,862,640.00 GiB for ...862,645.15)."""
+    scale = 10**places
+    q = (abs(n) * scale * 2 + div) // (2 * div)
+    whole, frac = divmod(q, scale)
+    sign = "-" if n < 0 and q else ""
+    return f"{sign}{whole:,}" + (f".{frac:0{places}d}" if places else "")
+
+
+MAX_SHOWN_DIGITS = 24  # past this a number is shown by its size: nobody reads 300 digits
+
+
+def fmt_count(v: int) -> str:
+    """An integer for a message: '8,192', or for one of more than MAX_SHOWN_DIGITS digits its size and
+    leading digits ('about 1.00e+308 (a 309-digit number)'), so a 10^308 config value gives one short line."""
+    digits = str(abs(v))
+    if len(digits) <= MAX_SHOWN_DIGITS:
+        return f"{v:,}"
+    sign = "-" if v < 0 else ""
+    return f"about {sign}{digits[0]}.{digits[1:3]}e+{len(digits) - 1} (a {len(digits):,}-digit number)"
+
+
 def fmt_bytes(n: float | None, both_units: bool = False) -> str:
     """A byte count for people: '12.5 MiB', or with ``both_units`` '12.50 MiB (13.11 MB)'.
 
@@ -46,6 +70,8 @@ def fmt_bytes(n: float | None, both_units: bool = False) -> str:
             return f"{n:,.0f} B ({n / 1024:,.1f} KiB)"
         if n < GIB:
             return f"{n / MIB:,.2f} MiB ({n / 10**6:,.2f} MB)"
+        if isinstance(n, int):  # exact to the last digit shown, however large
+            return f"{exact_ratio(n, GIB)} GiB ({exact_ratio(n, GB)} GB)"
         return f"{n / GIB:,.2f} GiB ({n / GB:,.2f} GB)"
     for unit, div in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
         if n >= div:

@@ -21,7 +21,7 @@ import kvviz.cli.argtypes as types
 from kvviz.cli.argtypes import finite_float as _float
 from kvviz.cli.argtypes import nonneg_int as _nonneg_int
 from kvviz.cli.argtypes import positive_int as _positive_int
-from kvviz.errors import KVVizError
+from kvviz.errors import KVVizError, ResultsNotSaved
 from kvviz.cli.kv_cli import add_kv_arguments
 
 
@@ -316,6 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
     try:
         return args.func(args, sub)
+    except ResultsNotSaved as e:  # the work is done: its results go to stdout, then the error
+        print(e.text, end="" if e.text.endswith("\n") else "\n", flush=True)
+        sub.error(str(e))
     except KVVizError as e:
         sub.error(str(e))  # prints usage + "kvviz <cmd>: error: ..." and exits 2
     except KeyboardInterrupt:

@@ -57,7 +57,7 @@ from kvviz.measure.bench_gemma3 import gemma3_matmuls, hf_gemma3, is_gemma3
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
-from kvviz.safeio import prepare_out, write_atomic
+from kvviz.safeio import prepare_out, save_results
 from kvviz.units import fmt_bytes
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
@@ -382,7 +382,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     dev = resolve_device(args.device)
     obj = {"machine": machine_info(dev), "repeats": repeats, "results": results, "skipped": skipped,
            "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
-    write_atomic(args.out, json.dumps(obj, indent=2) + "\n")
+    save_results(args.out, json.dumps(obj, indent=2) + "\n")
     obj["out"] = str(args.out)
     return obj, format_table(obj)
 
@@ -395,7 +395,7 @@ def _run_cache_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     model = load_model(case.model or f"random:{case.shape}", device=args.device)
     res = cache_sweep(model, DOCUMENT, ns, 2 if args.quick else args.repeats)
     obj = {"machine": machine_info(resolve_device(args.device)), "cache_sweep": res}
-    write_atomic(args.out, json.dumps(obj, indent=2) + "\n")
+    save_results(args.out, json.dumps(obj, indent=2) + "\n")
     obj["out"] = str(args.out)
     m = obj["machine"]
     head = f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)\n"

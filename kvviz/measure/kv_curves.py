@@ -17,7 +17,7 @@ from kvviz.engine.kvcache.kv_spec import rotates_keys
 from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import by_position, compare, nll_through_cache
-from kvviz.safeio import prepare_out, read_maybe_gzip, write_atomic
+from kvviz.safeio import prepare_out, read_maybe_gzip, save_results
 
 TAIL_BYTES = 40_000  # the corpus tail the text is taken from (the model never trained on it: SmolLM2)
 MAX_CURVE_TOKENS = 4096
@@ -87,7 +87,7 @@ def run_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     model = load_model(args.model, device=args.device)
     res = measure(model, args.tokens, args.window, args.sinks, args.bins)
     if args.out is not None:
-        write_atomic(args.out, json.dumps(res, indent=1) + "\n")
+        save_results(args.out, json.dumps(res, indent=1) + "\n")
     lines = [f"{k}: perplexity {v:.3f}" for k, v in res["perplexity"].items()]
     lines += [f"{k} KV: perplexity {v['perplexity']:.3f}, top-1 agreement {v['top1_agreement']:.1%}"
               for k, v in res["kv_dtypes"].items()]

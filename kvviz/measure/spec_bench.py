@@ -28,7 +28,7 @@ from kvviz.engine.loading.loader import LoadedModel, load_model
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
-from kvviz.safeio import prepare_out, write_atomic
+from kvviz.safeio import prepare_out, save_results
 
 DEFAULT_OUT = Path("bench-results") / "spec.json"
 
@@ -155,7 +155,7 @@ def run_spec_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
            "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
            "draft_tokens": args.draft_tokens, "ngram": args.ngram,
            "results": {k: v.to_dict() for k, v in results.items()}, "out": str(args.out)}
-    write_atomic(args.out, json.dumps(obj, indent=1))
+    save_results(args.out, json.dumps(obj, indent=1) + "\n")
     lines = [f"{model.name}: plain greedy vs prompt-lookup speculation ({args.draft_tokens} drafts, n-gram "
              f"{args.ngram}), medians of {args.repeats}, {obj['torch_threads']} threads; other processes kept "
              f"{busy} cores busy meanwhile"]

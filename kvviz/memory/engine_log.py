@@ -38,14 +38,24 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "too_long_v0": re.compile(r"max seq len \(" + _NUM + r"\) is larger than the maximum number of tokens that can be "
                               r"stored in KV cache \(" + _NUM + r"\)"),
 }
+# A setting's value as the log writes it, sign and all: "-5" or "0" is read so that it can be named
+# as ignored (a silent skip left the user believing kvviz had used it).
+_SIGNED = r"(-?\d[\d,]{0,20})"
 _SETTINGS: dict[str, re.Pattern[str]] = {
-    "max_model_len": re.compile(r"(?:'max_model_len':\s*|max_seq_len=|--max-model-len[ =])" + _NUM),
-    "tp": re.compile(r"(?:tensor_parallel_size[=:]\s*|'tensor_parallel_size':\s*|--tensor-parallel-size[ =])(\d{1,4})"),
-    "pp": re.compile(r"(?:pipeline_parallel_size[=:]\s*|'pipeline_parallel_size':\s*)(\d{1,4})"),
-    "block_size": re.compile(r"(?:'block_size':\s*|block_size=|--block-size[ =])(\d{1,5})"),
+    "max_model_len": re.compile(r"(?:'max_model_len':\s*|max_seq_len=|--max-model-len[ =])" + _SIGNED),
+    "tp": re.compile(r"(?:tensor_parallel_size[=:]\s*|'tensor_parallel_size':\s*|--tensor-parallel-size[ =])"
+                     + _SIGNED),
+    "pp": re.compile(r"(?:pipeline_parallel_size[=:]\s*|'pipeline_parallel_size':\s*)" + _SIGNED),
+    "block_size": re.compile(r"(?:'block_size':\s*|block_size=|--block-size[ =])" + _SIGNED),
     "kv_dtype": re.compile(r"(?:kv_cache_dtype=|'kv_cache_dtype':\s*'|--kv-cache-dtype[ =])([a-z0-9_]{2,12})"),
-    "max_num_batched_tokens": re.compile(r"max_num_batched_tokens[=:]\s*" + _NUM),
+    "max_num_batched_tokens": re.compile(r"max_num_batched_tokens[=:]\s*" + _SIGNED),
 }
+# The most a setting can plausibly be: past it the value is named as ignored, not used.
+_SETTING_MAX = {"max_model_len": 1 << 40, "tp": 1024, "pp": 1024, "block_size": 4096,
+                "max_num_batched_tokens": 1 << 40}
+_LOG_NAMES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size"}  # as the log writes them
+# vLLM's --kv-cache-dtype choices; "auto" and "bfloat16" keep the model's dtype (kvviz's KV dtype setting).
+VLLM_KV_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class ParsedLog:
     activation_gib: float | None = None
     settings: tuple[tuple[str, Any], ...] = ()
     lines_read: int = 0
+    ignored: tuple[str, ...] = ()  # a sentence for each setting the log states but kvviz cannot use
 
     @property
     def found(self) -> bool:
@@ -129,14 +140,25 @@ def parse_vllm_log(text: str) -> ParsedLog:
             m = pat.search(line)
             if m:
                 settings[key] = m.group(1) if key == "kv_dtype" else _int(m.group(1))
-    settings = {k: v for k, v in settings.items() if v is not None and (k == "kv_dtype" or v > 0)}
-    return ParsedLog(settings=tuple(sorted(settings.items())), lines_read=len(lines), **got)
+    ignored = [_ignored(k, v) for k, v in settings.items() if k != "kv_dtype" and _ignored(k, v)]
+    settings = {k: v for k, v in settings.items() if k == "kv_dtype" or not _ignored(k, v)}
+    return ParsedLog(settings=tuple(sorted(settings.items())), lines_read=len(lines), ignored=tuple(ignored), **got)
+
+
+def _ignored(key: str, v: int | None) -> str:
+    """'' for a usable value of a numeric setting, else why it is ignored."""
+    if v is not None and 1 <= v <= _SETTING_MAX[key]:
+        return ""
+    shown = "unreadable" if v is None else f"{v:,}"
+    name = _LOG_NAMES.get(key, key)
+    return (f"the log's {name} {shown} ignored: it must be an integer from 1 to {_SETTING_MAX[key]:,}, "
+            "so kvviz uses the value set here (or vLLM's default) instead")
 
 
 def settings_from_log(log: ParsedLog, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The flags to predict with: what the user gave, else what the log shows, else vLLM's defaults;
     with a sentence for each one read from the log."""
-    out, said = dict(given), []
+    out, said = dict(given), list(log.ignored)
     for key in ("max_model_len", "tp", "pp", "block_size", "max_num_batched_tokens"):
         if out.get(key) is None and log.setting(key) is not None:
             out[key] = log.setting(key)
@@ -150,7 +172,10 @@ def settings_from_log(log: ParsedLog, given: dict[str, Any]) -> tuple[dict[str, 
                 break
     if out.get("kv_dtype") is None and log.setting("kv_dtype"):
         raw = str(log.setting("kv_dtype"))
-        if raw.startswith("fp8"):
+        if raw not in VLLM_KV_DTYPES:
+            said.append(f"the log's kv_cache_dtype {raw!r} ignored: vLLM's choices are {', '.join(VLLM_KV_DTYPES)}; "
+                        "kvviz keeps the KV dtype set here")
+        elif raw.startswith("fp8"):
             out["kv_dtype"] = "fp8"
             said.append(f"KV dtype fp8 (the log's kv_cache_dtype {raw})")
     return out, said

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from kvviz.memory.spec import MAX_DIM, is_int
+from kvviz.units import fmt_count
 
 LLAMA_LIKE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"})
 KVVIZ_MODEL_TYPE = "kvviz-gpt"
@@ -81,10 +82,10 @@ class Reader:
             return None
         if v < minimum:
             what = "positive" if minimum == 1 else f">= {minimum}"
-            self.problems.append(f"{k} must be {what} (got {v})")
+            self.problems.append(f"{k} must be {what} (got {fmt_count(v)})")
             return None
         if v > maximum:
-            self.problems.append(f"{k} = {v:,} is implausibly large (limit {maximum:,})")
+            self.problems.append(f"{k} = {fmt_count(v)} is implausibly large (limit {maximum:,})")
             return None
         return v
 

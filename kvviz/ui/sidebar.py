@@ -16,6 +16,7 @@ from kvviz.model_packages import install_command
 from kvviz.ui import machine
 from kvviz.ui.present import switch as presentation_switch
 from kvviz.ui.common.plain_text import md_plain
+from kvviz.ui.common.text_guard import replacement_note
 from kvviz.ui.settings import CACHE_MODES, DTYPE_CHOICES, ENGINES, Settings
 from kvviz.ui.state import persist, session
 from kvviz.ui.state.model_cache import get_model
@@ -174,6 +175,9 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
         chat = st.toggle("Chat (use the model's chat template)", value=kept_chat, key="chat", help=HELP["chat"])
     prompt = st.text_area("Message" if chat else "Prompt", value=session.read("prompt"), key="prompt",
                           height=110, help=HELP["prompt"])
+    note = replacement_note(prompt or "", "The message" if chat else "The prompt")
+    if note:
+        st.caption(note)  # plain text: no user text in it
     examples = CHAT_EXAMPLES if chat else EXAMPLES
     cols = st.columns(len(examples))
     for col, (name, text) in zip(cols, examples.items()):

@@ -147,7 +147,8 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypa
     args = ["kv-curves", "--model", "random:tiny", "--tokens", "16", "--device", "cpu", "--out", str(out)]
     code, _, err = cli(capsys, *args)
     assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines()[-1].endswith(f"cannot write the results to {out}: No space left on device")
+    assert err.strip().splitlines()[-1].endswith(f"cannot write the results to {out}: No space left on device; "
+                                                 "they are printed on stdout instead")
     assert out.read_text() == '{"old": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["curves.json"]
     monkeypatch.undo()
     code, stdout, err = cli(capsys, *args, "--json")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ("Makefile", "requirements.txt", "requirements-dev.txt", "requirements-models.txt")
+FILES = ("Makefile", "requirements.txt", "requirements-dev.txt", "requirements-models.txt", "pyproject.toml")
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 

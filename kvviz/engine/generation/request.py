@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from kvviz.engine.generation.arg_checks import check_arguments, check_prompt_ids
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.generation.valid_request import BeamOptions, SpecOptions, ValidRequest
 from kvviz.engine.kvcache.factory import KINDS as CACHE_KINDS
@@ -93,12 +94,7 @@ def resolve_prompt(model: LoadedModel, prompt: str | None,
     if prompt is not None and prompt_ids is not None:
         raise KVVizError("give a prompt or prompt_ids, not both")
     if prompt_ids is not None:
-        seq = list(prompt_ids)
-        rows = [list(r) for r in seq] if seq and isinstance(seq[0], (list, tuple)) else [seq]
-        try:
-            rows = [[int(i) for i in r] for r in rows]
-        except (TypeError, ValueError):
-            raise KVVizError("prompt_ids must be integers (or equal-length rows of integers)") from None
+        rows = check_prompt_ids(prompt_ids)
         if len({len(r) for r in rows}) > 1:
             raise KVVizError(f"batched prompt rows must have equal lengths (got {sorted({len(r) for r in rows})})")
         bad = [i for r in rows for i in r if not 0 <= i < model.config.vocab_size]
@@ -212,6 +208,7 @@ class GenerateRequest:
 
     def validate(self, model: LoadedModel) -> ValidRequest:
         """Every check, before any compute (the first failure raises its KVVizError)."""
+        check_arguments({f: getattr(self, f) for f in self.__dataclass_fields__})
         params = sampling_params(self.greedy, self.temperature, self.top_k, self.top_p, self.seed)
         ignore_eos = check_flag("ignore_eos", self.ignore_eos)
         rows, text = self._rows(model)

@@ -23,18 +23,21 @@ from kvviz.ui.pages.calculator import calculator_panels as panels
 from kvviz.engine.loading.loader import builtin_shapes
 from kvviz.ui.pages.calculator.calculator_engine import SHAPES_SOURCE
 from kvviz.ui.pages.calculator.calculator_links import (
-    CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
+    CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, MAX_CUSTOM_GIB, MIN_CUSTOM_GIB, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
 )
 from kvviz.ui.common.plain_text import md_plain
+from kvviz.ui.common.frames import safe_frame
+from kvviz.units import exact_ratio
 from kvviz.ui.state import session
 
 
 # ----------------------------------------------------------------------------- formatting
 def _pair(n: int) -> tuple[str, str]:
-    """(binary, decimal) strings in a unit that suits the size."""
+    """(binary, decimal) strings in a unit that suits the size, exact to the last digit shown
+    (integer arithmetic: at 10^20 bytes a float's quotient is off by gigabytes)."""
     for bin_unit, dec_unit, b, d in (("GiB", "GB", GIB, GB), ("MiB", "MB", 2**20, 10**6), ("KiB", "KB", 1024, 1000)):
         if n >= b:
-            return f"{n / b:,.2f} {bin_unit}", f"{n / d:,.2f} {dec_unit}"
+            return f"{exact_ratio(n, b)} {bin_unit}", f"{exact_ratio(n, d)} {dec_unit}"
     return f"{n:,} B", f"{n:,} B"
 
 
@@ -267,7 +270,7 @@ def _table(rows_of: list[tuple[ModelSpec, MemoryResult]]) -> None:
             "source": m.source,
         })
     df = pd.DataFrame(rows)
-    st.dataframe(df, hide_index=True, key="mem_table")
+    st.dataframe(safe_frame(rows), hide_index=True, key="mem_table")  # the CSV keeps the numbers as numbers
     st.download_button("Download CSV", df.to_csv(index=False).encode("utf-8"), file_name="kv_memory.csv",
                        mime="text/csv", key="mem_download_csv", on_click="ignore")
 

@@ -17,8 +17,10 @@ from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows,
 from kvviz.memory.engine_vllm import VLLMSettings, default_batched_tokens
 from kvviz.memory.engines import EngineRequest, engine_report, estimate_parts
 from kvviz.memory.formulas import weight_bytes
+from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.state import session
+from kvviz.units import exact_ratio
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
@@ -98,7 +100,7 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
                     f"max concurrency at {er.max_model_len:,} tokens {d['max_concurrency']:.2f}x; "
                     f"available {d['available_kv_bytes'] / GIB:,.2f} GiB ({d['available_kv_source']})")
     elif er.engine == "llama.cpp":
-        col.metric("llama.cpp: KV allocated", f"{d['kv_bytes'] / GIB:,.2f} GiB")
+        col.metric("llama.cpp: KV allocated", f"{exact_ratio(int(d['kv_bytes']), GIB)} GiB")  # exact at any size
         col.caption(f"-c {er.max_model_len:,} padded to {d['n_ctx_padded']:,}, -np {er.n_seq}")
     else:
         col.metric("SGLang: #tokens", f"{d['max_total_num_tokens']:,}")
@@ -161,11 +163,11 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
     except CalcError as e:
         st.error("Cannot reconcile:\n\n" + "\n".join(f"- {md_plain(p)}" for p in e.problems))
         return
-    df = pd.DataFrame([{"line": r.what, "logged": r.logged, "kvviz": r.predicted, "agrees": r.agrees, "why": r.why}
-                       for r in rows])
+    table = safe_frame([{"line": r.what, "logged": r.logged, "kvviz": r.predicted, "agrees": r.agrees, "why": r.why}
+                        for r in rows])
     # A table, not a dataframe: its "why" sentences wrap in their column instead of being cut at
     # the grid's column width (a 1366 px screen showed a third of each). Cells are text, never Markdown.
     with st.container(key="mem_eng_rows"):
-        st.table(df, hide_index=True)
+        st.table(table, hide_index=True)
     for n in said + notes:
         st.caption(md_plain(n))

@@ -19,6 +19,7 @@ from kvviz.ui.state import session
 SOURCES = {"preset": "Preset", "import": "Import config.json"}
 GPU_OPTIONS = [str(g) for g in GPU_PRESETS_GIB] + ["custom"]
 CUSTOM_GPU = "custom"
+MIN_CUSTOM_GIB, MAX_CUSTOM_GIB = 0.5, 100_000.0  # the "Custom (GiB)" box's bounds: a link may not pass them
 MAX_BEAMS = 16
 _DEFAULT_GPU = load_gpus()["h100-sxm"]
 DEFAULTS: dict[str, Any] = {
@@ -74,11 +75,17 @@ def _bool(s: str) -> bool:
 
 
 def _gpu(s: str) -> str | float:
-    if s in GPU_OPTIONS[:-1]:
+    """A preset size, "custom" (the size is then in mem_gpu_custom, as this page writes its links), or
+    a size in GiB typed by hand (read as custom), within the custom box's own bounds."""
+    if s in GPU_OPTIONS:
         return s
+    return _gpu_custom(s)
+
+
+def _gpu_custom(s: str) -> float:
     v = float(s)
-    if not (math.isfinite(v) and 0 < v <= 100_000):
-        raise ValueError("must be a GPU size in GiB")
+    if not (math.isfinite(v) and MIN_CUSTOM_GIB <= v <= MAX_CUSTOM_GIB):
+        raise ValueError(f"must be a GPU size from {MIN_CUSTOM_GIB:g} to {MAX_CUSTOM_GIB:,g} GiB")
     return v
 
 
@@ -99,7 +106,7 @@ def _parsers(preset_keys: list[str]) -> dict[str, Callable[[str], Any]]:
         "mem_beams": _int_in(1, MAX_BEAMS), "mem_dtype": _choice(DTYPES), "mem_weight_dtype": _choice(DTYPES),
         "mem_group_size": _int_in(1, 4096), "mem_scale_dtype": _choice(tuple(SCALE_DTYPE_BYTES)),
         "mem_zero_point": _bool, "mem_paged": _bool, "mem_block_size": _int_in(1, 4096), "mem_windows": _bool,
-        "mem_gpu": _gpu, "mem_gpu_custom": lambda s: float(_gpu(s)), "mem_reserve": _int_in(0, 50),
+        "mem_gpu": _gpu, "mem_gpu_custom": _gpu_custom, "mem_reserve": _int_in(0, 50),
         "mem_params": _int_in(0, 10**15), "mem_compare": _list_of(preset_keys), "mem_chart_dtypes": _list_of(DTYPES),
         "mem_log": _bool, "mem_chart_weights": _bool,
         "mem_tp": _int_in(1, MAX_TP), "mem_state_dtype": _choice(STATE_DTYPES),
@@ -137,14 +144,14 @@ def read_query_params(preset_keys: list[str]) -> list[str]:
 
 
 def write_query_params() -> None:
-    """The current settings back into the URL, so the address bar is always a shareable link."""
+    """The current settings back into the URL, so the address bar is always a shareable link: every
+    setting travels (the custom GPU size too, while a preset size is chosen: the box still shows it),
+    and each is written as its parser reads it, so the link reopens the same page."""
     out: dict[str, str] = {}
     for key in SHARED_KEYS:
         v = session.get(key, DEFAULTS[key])
         if key == "mem_preset" and session.get("mem_source") == "import":
             continue  # an imported config is too big for a link
-        if key == "mem_gpu_custom" and session.get("mem_gpu") != CUSTOM_GPU:
-            continue
         out[key] = ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
     if dict(st.query_params) != out:
         st.query_params.from_dict(out)

@@ -10,7 +10,6 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from kvviz.charts import memory as charts
@@ -24,6 +23,7 @@ from kvviz.ui.pages.calculator.calculator_engine import measure_caches
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.units import fmt_bytes, fmt_usd
 from kvviz.ui.common.figs import show
+from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.state import session
 
 MAX_STRIP_LAYERS = 2000  # a bar per layer; past this the strip shows the first layers only
@@ -50,7 +50,7 @@ def layer_strip(spec: ModelSpec, res: MemoryResult) -> None:
     rows = [{"kind": g.kind, "window or chunk": g.span, "layers": g.count, "tokens held (each)": g.tokens_held,
              "KV bytes": g.bytes, "KV bytes per GPU": g.bytes_per_gpu, "state bytes": g.state_bytes}
             for g in res.layers]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="mem_layers_table")
+    st.dataframe(safe_frame(rows), hide_index=True, key="mem_layers_table")
     if spec.n_layers > MAX_STRIP_LAYERS:
         st.caption(f"The strip shows the first {MAX_STRIP_LAYERS:,} of {spec.n_layers:,} layers; the table counts all.")
 
@@ -217,4 +217,4 @@ def _live_cache(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
                      "engine cache (bytes)": m.bytes_allocated, "equal": calc == m.bytes_allocated})
     st.markdown(f"**{md_plain(spec.name)}: the calculator next to kvviz's own caches** (bytes_allocated, "
                 "built on the meta device)")
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="mem_live_cache")
+    st.dataframe(safe_frame(rows), hide_index=True, key="mem_live_cache")
