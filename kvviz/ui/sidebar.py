@@ -179,10 +179,11 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
     if note:
         st.caption(note)  # plain text: no user text in it
     examples = CHAT_EXAMPLES if chat else EXAMPLES
-    cols = st.columns(len(examples))
-    for col, (name, text) in zip(cols, examples.items()):
-        col.button(name, key=f"example_{name.lower().replace(' ', '_')}", on_click=_set_prompt, args=(text,),
-                   help=f"Use the example prompt {text.splitlines()[0]!r}…", width="stretch")
+    # Each button as wide as its name, wrapping to a second row: four equal columns cut "France" to "F…".
+    with st.container(horizontal=True, gap="small"):
+        for name, text in examples.items():
+            st.button(name, key=f"example_{name.lower().replace(' ', '_')}", on_click=_set_prompt, args=(text,),
+                      help=f"Use the example prompt {text.splitlines()[0]!r}…", width="content")
 
     block = model.config.block_size if model is not None else 1024
     n_prompt = None
