@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 HEIGHT = 380
 # A half-width chart at 1366 px holds about 62 characters of subtitle (72 measured past its edge: "… · s").
 SUBTITLE_CHARS = 58
-SUBTITLE_LINE_PX = 18  # the subtitle's line height: the top margin grows this per extra line
+SUBTITLE_LINE_PX = 24  # the subtitle's line height: the top margin grows this per extra line
 # Below the plot: tick labels, the axis title and a legend of up to two rows (three modes at 440 px).
 LEGEND_BOTTOM = 112
 SMOOTH = 9  # steps in the rolling median drawn over noisy per-step timings
