@@ -53,7 +53,10 @@ def _layout(fig: go.Figure, title: str, subtitle: str, x: str, y: str, height: i
     figure's bottom edge, under the x axis's title, never on it."""
     lines = wrap_words(subtitle, SUBTITLE_CHARS)
     fig.update_layout(
-        title=dict(text=title, subtitle=dict(text="<br>".join(lines)), x=0.0, xanchor="left"),
+        # Pinned to the figure's top: Plotly centres an unpinned title in the top margin, so a taller
+        # margin moved a wrapped subtitle down onto the top tick label instead of making room.
+        title=dict(text=title, subtitle=dict(text="<br>".join(lines)), x=0.0, xanchor="left",
+                   y=1.0, yref="container", yanchor="top", pad=dict(t=12)),
         height=height, template="plotly_white", font=FONT,
         margin=dict(l=70, r=20, t=80 + SUBTITLE_LINE_PX * (len(lines) - 1), b=LEGEND_BOTTOM),
         legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0.0),
