@@ -35,9 +35,9 @@ def _node_ys(steps: Sequence[BeamStep]) -> list[dict[int, int]]:
     return out
 
 
-def beam_tree(steps: Sequence[BeamStep], title: str = "The beam tree") -> go.Figure:
+def beam_tree(steps: Sequence[BeamStep], title: str = "The beam tree", vocab: int | None = None) -> go.Figure:
     """x: generated token index; y: rank among the step's candidates (best on top); a line joins each
-    candidate to the running beam it extends."""
+    candidate to the running beam it extends. ``vocab`` (V) puts the k x V figure in the subtitle."""
     if not steps:
         return _message_figure(title, "Run beam search to grow the tree here.", HEIGHTS["tree"])
     rows = _node_ys(steps)
@@ -77,8 +77,12 @@ def beam_tree(steps: Sequence[BeamStep], title: str = "The beam tree") -> go.Fig
                      dtick=1, zeroline=False)
     fig.update_xaxes(title="generated token", dtick=1 if len(steps) <= 24 else None, range=[-0.9, len(steps) + 0.6])
     fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.24, x=0.0))
-    sub = (f"{len(steps)} steps · every step keeps the best {keep} of k x vocabulary continuations · "
-           "blue lines run through the beams kept alive")
+    # Step 0 fans the prompt's row out to k rows, so its reorder index has k entries. Each step ranks
+    # all k x V continuations and keeps max(2, 1 + #EOS) x k of them (kvviz.engine.strategy.beam).
+    k = max(1, len(steps[0].parents))
+    pool = f"k × V = {k} × {vocab:,} = {k * vocab:,}" if vocab else f"k × vocabulary ({k} × V)"
+    sub = (f"{len(steps)} steps · each keeps the best {keep} ({keep // k}k, k = {k}) of all {pool} continuations · "
+           "blue lines: the beams kept alive")
     fig = _layout(fig, title, sub, HEIGHTS["tree"])
     fig.update_layout(margin_b=120)
     return fig

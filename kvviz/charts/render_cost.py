@@ -25,7 +25,7 @@ COLUMN_GAP_MAX = 128  # gapped columns at most: about 8 px each at full width, w
 AXIS = dict(automargin=True, ticklabeloverflow="allow")
 
 MARGIN = dict(l=90, r=30, b=40)  # what a chart starts from where it presets nothing
-COLORBAR_R = 104  # right: a colorbar with its title above it ("length"); 100 px measured
+COLORBAR_R = 116  # right: a colorbar with its title above it ("‖K‖ (L2)"); 114 px measured (Chromium)
 COLORBAR_TITLE_R = 116  # right: a colorbar with its title beside it ("weight"); 112 px measured
 LATENCY_R_BASE, LATENCY_R_PER_CHAR = 36, 7  # right: a tokens/s axis, its title and labels ("63": 48 px, "1,320": 69)
 AXIS_MARGIN_FLAT = 52  # bottom: level labels and the axis title (49 px measured)

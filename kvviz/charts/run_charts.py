@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.charts.fast_layout import set_layout
+from kvviz.charts.style import integer_ticks
 from kvviz.charts.render_cost import (  # noqa: F401 (COLUMN_GAP_MAX: the tests read it here)
     AXIS, AXIS_MARGIN_FLAT, COLORBAR_R, COLORBAR_TITLE_R, COLUMN_GAP_MAX, MARGIN, axis_margin, column_gap, label_margin,
     rate_axis_margin,
@@ -213,12 +214,11 @@ def cache_notebook(run: Run, by: str = "layer", layer: int = 0) -> go.Figure:
         traces.append(go.Heatmap(
             z=z[i], x=np.arange(X, dtype=np.int32), y=labels, colorscale=scale, zmin=lo, zmax=hi,
             xaxis="x" if i == 0 else "x2", yaxis="y" if i == 0 else "y2", xgap=column_gap(X), ygap=1, name=name,
-            # One short title line and three ticks: on a short chart (presenting) a two-line title
-            # left the bar too short for its labels, which printed over each other. The block's
-            # own axis title says whether it is K or V.
-            colorbar=dict(title=dict(text="length", side="top"), len=0.46, y=0.77 - 0.54 * i,
+            # One short title line (what the colour is: each vector's L2 norm) and three ticks: a two-line
+            # title left a short chart's bar too short for its labels, which printed over each other.
+            colorbar=dict(title=dict(text=f"‖{name}‖ (L2)", side="top"), len=0.46, y=0.77 - 0.54 * i,
                           yanchor="middle", thickness=14, nticks=3),
-            hovertemplate=f"position %{{x}}<br>%{{y}}<br>length of {name} = %{{z:.2f}}<extra></extra>"))
+            hovertemplate=f"position %{{x}}<br>%{{y}}<br>‖{name}‖ = %{{z:.2f}} (L2 norm, no unit)<extra></extra>"))
     shapes, notes = _decorate_positions(run, ev, X, [("x", "y"), ("x2", "y2")], len(labels))
     fig = go.Figure(traces)
     # automargin: a GQA head's label ("kv 0 ← q 0-2") is wider than "layer 29"
@@ -437,7 +437,8 @@ def latency_chart(run: Run) -> go.Figure:
         xaxis=dict(title=dict(text="step (0 = prefill, then one decode step per token)"), range=[-0.7, n_steps - 0.3]),
         yaxis=yaxis,
         yaxis2=dict(title=dict(text="tokens/s", font=dict(color="#2b8a3e")), overlaying="y", side="right",
-                    rangemode="tozero", showgrid=False, tickformat=",.0f", tickfont=dict(color="#2b8a3e")),
+                    showgrid=False, tickformat=",.0f", tickfont=dict(color="#2b8a3e"),
+                    **integer_ticks(float(tps.max()) if decode.size else 1.0)),
         annotations=notes,
         legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)"),
         bargap=0.15,

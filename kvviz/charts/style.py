@@ -161,3 +161,20 @@ def _short_y_titles(fig: go.Figure) -> None:
         text = ax.title.text
         if text and visible_len(text) > Y_TITLE_CHARS and "<br" not in text:
             ax.update(title_text=wrap_subtitle(text, Y_TITLE_CHARS), title_font_size=Y_TITLE_SIZE)
+
+
+def integer_ticks(top: float, most: int = 6) -> dict:
+    """An axis from 0 to a little above ``top`` with ticks at whole multiples of 1, 2 or 5 x 10^n,
+    at most ``most`` of them: a count per second reads 0, 2, 4, 6, 8, never Plotly's 0, 1.75,
+    3.5... printed as "0, 2, 4, 5, 7, 9" by an integer tick format."""
+    top = max(float(top), 1.0) if math.isfinite(top) else 1.0
+    step = 1
+    while top / step > most:
+        step = _next_step(step)
+    return dict(range=[0.0, top * 1.05], tick0=0, dtick=step, tickmode="linear")
+
+
+def _next_step(step: int) -> int:
+    """1 -> 2 -> 5 -> 10 -> 20 -> 50 -> 100 ..."""
+    lead = int(str(step)[0])
+    return step * 2 if lead == 1 else (step * 5 // 2 if lead == 2 else step * 2)

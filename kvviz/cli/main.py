@@ -99,7 +99,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--ngram", type=types.ngram, default=2, metavar="N",
                       help="longest n-gram matched against the context (then shorter ones)")
     add_kv_arguments(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: the text, ids, stop reason and every step (phase, position, "
+                        "cache length and bytes, latency); without it only the answer")
 
 
 def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
@@ -260,7 +262,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "kvviz.cli.app_cli:add_app_arguments", "kvviz.cli.app_cli:run_app", serves=True),
     Subcommand("models", "which models are installed; `kvviz models install smollm2|gemma3` adds one",
                "kvviz.cli.models_cli:add_models_arguments", "kvviz.cli.models_cli:run_models", with_parser=True),
-    Subcommand("generate", "generate text and report every step",
+    Subcommand("generate", "generate text (with --json: and every step's record)",
                "kvviz.cli.main:add_generate_arguments", "kvviz.cli.main:run_generate", with_parser=True),
     Subcommand("chat", "a multi-turn chat over one KV cache: what each turn reuses and prefills",
                "kvviz.cli.chat_cli:add_chat_arguments", "kvviz.cli.chat_cli:run_chat", with_parser=True,

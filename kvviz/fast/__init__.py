@@ -17,17 +17,22 @@ from kvviz.engine.models.llama import Llama
 from kvviz.fast.blockdot import BlockCodes
 from kvviz.fast.gemma3_flat import FastGemma3
 from kvviz.fast.gpt2_flat import FastGPT2
+from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_flat import FastLlama, declines
 
+Accelerator = FastGPT2 | FastLlama | FastLlamaCodes | FastGemma3
 
-def build(net: nn.Module, codes: Mapping[str, BlockCodes] | None = None) -> FastGPT2 | FastLlama | FastGemma3 | None:
+
+def build(net: nn.Module, codes: Mapping[str, BlockCodes] | None = None) -> Accelerator | None:
     """An accelerator for ``net`` (eval mode, grads off), or None where there is none. ``codes``:
-    a GGUF's weights as block codes by parameter name (Gemma 3 multiplies by them)."""
+    a GGUF's weights as block codes by parameter name (Gemma 3 and the Llama family multiply by them)."""
     if isinstance(net, GPT):
         return FastGPT2(net)
     if isinstance(net, Llama):
-        # Kin it does not compute exactly (Qwen3's q/k norms, a sliding window) run the readable model.
-        return None if declines(net.config) else FastLlama(net)
+        # Kin the fp32 path does not compute exactly (Qwen3's q/k norms, a sliding window) run the
+        # readable model there; on block codes every kin runs (its attention is the readable one).
+        fp32 = None if declines(net.config) else FastLlama(net)
+        return FastLlamaCodes(net, codes, fp32) if codes else fp32
     if isinstance(net, Gemma3):
         return FastGemma3(net, codes)
     return None

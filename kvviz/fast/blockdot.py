@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -60,9 +60,10 @@ class _Spec(ctypes.Structure):
     """Mirror of ``kv_blocks`` in blockdot.c (its size is checked against the library's)."""
 
     _fields_ = [("codes", ctypes.c_void_p * MAX_SEGMENTS), ("scale", ctypes.c_void_p * MAX_SEGMENTS),
-                ("minv", ctypes.c_void_p * MAX_SEGMENTS), ("n_out", ctypes.c_int * MAX_SEGMENTS),
+                ("minv", ctypes.c_void_p * MAX_SEGMENTS), ("bias", ctypes.c_void_p * MAX_SEGMENTS),
+                ("n_out", ctypes.c_int * MAX_SEGMENTS),
                 ("block", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
-                ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("geglu", ctypes.c_int),
+                ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("glu", ctypes.c_int),
                 ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("n_q", ctypes.c_int), ("n_k", ctypes.c_int),
                 ("head_dim", ctypes.c_int), ("qk_eps", ctypes.c_float)]
@@ -81,8 +82,9 @@ def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]
 
 @dataclass(frozen=True)
 class BlockDot:
-    """``epilogue(RMSNorm(x) @ W^T) (+ res)`` for a few fp32 rows, the weights ``BlockCodes`` side by
-    side; the input norm, GeGLU and the output norm are optional (``block_dot`` says which)."""
+    """``epilogue(RMSNorm(x) @ W^T + b) (+ res)`` for a few fp32 rows, the weights ``BlockCodes`` side
+    by side; the input norm, biases, GeGLU or SwiGLU, the output norm and the q/k heads' norms and
+    RoPE are optional (``block_dot`` says which)."""
 
     spec: _Spec
     spec_addr: int
@@ -134,40 +136,69 @@ def _vec(t: torch.Tensor | None, n: int) -> bool:
 
 def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, float] | None = None,
               geglu: bool = False, post: tuple[torch.Tensor, float] | None = None,
-              qk_norm: tuple[torch.Tensor, torch.Tensor, int, int, float] | None = None) -> BlockDot | None:
+              qk_norm: tuple[torch.Tensor | None, torch.Tensor | None, int, int, float] | None = None,
+              swiglu: bool = False, biases: Sequence[torch.Tensor | None] | None = None,
+              head_dim: int = 0) -> BlockDot | None:
     """A BlockDot over ``ws`` (same input width), or None when the kernel is missing or a weight
     does not fit (another block size, not CPU, not contiguous). ``norm = (w, eps)``: RMSNorm the
     input rows first, scaled by w; ``geglu``: two weights, gate and up, give gelu_tanh(gate) * up;
     ``post = (w, eps)``: RMSNorm each output row, scaled by w (before ``res`` is added);
     ``qk_norm = (q_w, k_w, n_q, n_k, eps)``: RMSNorm each of the first n_q heads by q_w and the next
-    n_k by k_w (head_dim = len(q_w)), then RoPE when the call passes tables."""
+    n_k by k_w (head_dim = len(q_w)), then RoPE when the call passes tables; q_w = k_w = None with
+    ``head_dim``: RoPE alone (Llama). ``swiglu``: silu(gate) * up, as ``geglu``; ``biases``: one
+    fp32 (n_out,) vector or None per weight, added to its outputs (Qwen2's q/k/v)."""
     fn = _fn()
     ws = list(ws)
-    if fn is None or not 1 <= len(ws) <= MAX_SEGMENTS or not all(_fits(w) for w in ws):
+    bs = list(biases) if biases is not None else [None] * len(ws)
+    if fn is None or not 1 <= len(ws) <= MAX_SEGMENTS or not all(_fits(w) for w in ws) or len(bs) != len(ws) \
+            or (geglu and swiglu) or not all(_vec(b, w.shape[0]) for b, w in zip(bs, ws)):
         return None
+    glu = 1 if geglu else (2 if swiglu else 0)
     n_in = ws[0].shape[1]
-    if any(w.shape[1] != n_in for w in ws) or (geglu and (len(ws) != 2 or ws[0].shape != ws[1].shape)):
+    if any(w.shape[1] != n_in for w in ws) or (glu and (len(ws) != 2 or ws[0].shape != ws[1].shape)):
         return None
-    n_out = ws[0].shape[0] if geglu else sum(w.shape[0] for w in ws)
+    n_out = ws[0].shape[0] if glu else sum(w.shape[0] for w in ws)
     norm_w, eps = norm if norm is not None else (None, 0.0)
     post_w, post_eps = post if post is not None else (None, 0.0)
     if not (_vec(norm_w, n_in) and _vec(post_w, n_out)):
         return None
     q_w, k_w, n_q, n_k, qk_eps = qk_norm if qk_norm is not None else (None, None, 0, 0, 0.0)
-    hd = 0 if q_w is None else int(q_w.shape[0])
-    if qk_norm is not None and not (_vec(q_w, hd) and _vec(k_w, hd) and hd % 2 == 0 and hd > 0 and not geglu
-                                    and (n_q + n_k) * hd <= n_out):
+    hd = int(q_w.shape[0]) if q_w is not None else (head_dim if qk_norm is not None else 0)
+    if qk_norm is not None and not (_vec(q_w, hd) and _vec(k_w, hd) and (q_w is None) == (k_w is None)
+                                    and hd % 2 == 0 and hd > 0 and not glu and (n_q + n_k) * hd <= n_out):
         return None
     pad = [None] * (MAX_SEGMENTS - len(ws))
     ints = [0] * (MAX_SEGMENTS - len(ws))
     spec = _Spec((ctypes.c_void_p * MAX_SEGMENTS)(*[w.codes.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[w.scale.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if w.minv is None else w.minv.data_ptr() for w in ws], *pad),
+                 (ctypes.c_void_p * MAX_SEGMENTS)(*[None if b is None else b.data_ptr() for b in bs], *pad),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.shape[0] for w in ws], *ints),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints), len(ws), n_in,
-                 None if norm_w is None else norm_w.data_ptr(), float(eps), int(geglu),
+                 None if norm_w is None else norm_w.data_ptr(), float(eps), glu,
                  None if post_w is None else post_w.data_ptr(), float(post_eps),
                  None if q_w is None else q_w.data_ptr(), None if k_w is None else k_w.data_ptr(), n_q, n_k, hd,
                  float(qk_eps))
-    keep = (*ws, *(t for t in (norm_w, post_w, q_w, k_w) if t is not None))
+    keep = (*ws, *(t for t in (norm_w, post_w, q_w, k_w, *bs) if t is not None))
     return BlockDot(spec, ctypes.addressof(spec), n_in, n_out, max(1, threads), fn, keep)
+
+
+Group = tuple[tuple[str, ...], tuple[torch.Tensor, ...]]  # one fused call's parameter names and parameters
+
+
+def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
+    """Whether ``codes`` rebuild ``w`` (the model's parameter): its shape, and its first, middle and
+    last rows value for value. A model whose weights changed after loading keeps its fp32 path."""
+    if tuple(codes.shape) != tuple(w.shape) or w.dtype != torch.float32:
+        return False
+    rows = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
+    part = BlockCodes(codes.codes[rows], codes.scale[rows], None if codes.minv is None else codes.minv[rows],
+                      codes.block)
+    return torch.equal(part.weight(), w.detach()[rows])
+
+
+def matching_codes(group: Group, codes: Mapping[str, BlockCodes]) -> list[BlockCodes] | None:
+    """The group's codes when every one of its weights has codes that rebuild it, else None."""
+    names, weights = group
+    cs = [codes.get(n) for n in names]
+    return cs if all(c is not None and codes_match(c, w) for c, w in zip(cs, weights)) else None  # type: ignore[misc]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, layer_inputs, softcap
-from kvviz.fast.blockdot import BlockCodes, BlockDot, block_dot
+from kvviz.fast.blockdot import BlockCodes, BlockDot, Group, block_dot, matching_codes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
 
@@ -98,23 +98,9 @@ class Gemma3Plan:
     fp32_bytes: int  # bytes a step streams from fp32 weights (those without codes)
 
 
-def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
-    """Whether ``codes`` rebuild ``w`` (the model's parameter): its shape, and its first, middle and
-    last rows value for value. A model whose weights changed after loading keeps its fp32 path."""
-    if tuple(codes.shape) != tuple(w.shape) or w.dtype != torch.float32:
-        return False
-    rows = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
-    part = BlockCodes(codes.codes[rows], codes.scale[rows], None if codes.minv is None else codes.minv[rows],
-                      codes.block)
-    return torch.equal(part.weight(), w.detach()[rows])
-
-
 def one_plus(norm: torch.nn.Module) -> torch.Tensor:
     """Gemma's RMSNorm scale, 1 + w in fp32, as its forward computes it (the same rounding)."""
     return (1.0 + norm.weight.detach().float()).contiguous()
-
-
-Group = tuple[tuple[str, ...], tuple[torch.Tensor, ...]]  # one fused call's parameter names and parameters
 
 
 def groups(model: Gemma3) -> list[Group]:
@@ -129,13 +115,6 @@ def groups(model: Gemma3) -> list[Group]:
                 ((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), (m.gate_proj.weight, m.up_proj.weight)),
                 ((p + "mlp.down_proj.weight",), (m.down_proj.weight,))]
     return out + [(("model.embed_tokens.weight",), (model.model.embed_tokens.weight,))]
-
-
-def matching_codes(group: Group, codes: Mapping[str, BlockCodes]) -> list[BlockCodes] | None:
-    """The group's codes when every one of its weights has codes that rebuild it, else None."""
-    names, weights = group
-    cs = [codes.get(n) for n in names]
-    return cs if all(c is not None and codes_match(c, w) for c, w in zip(cs, weights)) else None  # type: ignore[misc]
 
 
 def _call(group: Group, codes: Mapping[str, BlockCodes], threads: int, eps: float, norm: torch.Tensor | None = None,

@@ -25,7 +25,8 @@ views built once per thread count, and counts ops:
 It computes Llama and Qwen2 (whose q/k/v biases the calls into C add before RoPE). ``declines``
 names the kin it does not: Qwen3's per-head q/k RMSNorm sits between the projection and RoPE,
 inside one fused call, and a sliding window needs a mask the one-row step never builds; for
-those ``fast.build`` returns None and the readable model runs, never a near miss.
+those ``fast.build`` returns None and the readable model runs, never a near miss (loaded from a
+GGUF with block codes, every kin runs on them instead: ``llama_codes.py``).
 
 Norm weights, biases and the RoPE tables are views of the model's fp32 tensors; a bf16 model's
 are widened into fp32 copies once (a few KB per layer, and the tables), refreshed by

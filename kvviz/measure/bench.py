@@ -53,7 +53,7 @@ from kvviz.fast import rowops
 from kvviz.fast.gpt2_flat import Matmul
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.fast.llama_flat import Linear
-from kvviz.measure.bench_gemma3 import gemma3_matmuls, hf_gemma3, is_gemma3
+from kvviz.measure.bench_gemma3 import coded_matmuls, hf_gemma3, is_gemma3, on_codes
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
 from kvviz.measure.sweeps import DOCUMENT
@@ -80,8 +80,8 @@ CASES = (
     Case("tiny", 256, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("gpt2-small", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")),
     Case("tiny", 512, ("kvviz_static", "kvviz_concat")),
-    Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16",
-                         "floor_bf16"), model="smollm2", prompt_text=STORY),
+    Case("smollm2", 64, ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "floor_fp32",
+                         "kvviz_static_bf16", "floor_bf16"), model="smollm2", prompt_text=STORY),
     # floor_bf16: the same matmuls on bf16 weights (the C kernel widens them as it reads): how far a
     # bf16 step could go, where the fp32 floor bounds the speed-up over transformers below 3x.
     # Gemma 3: floor is the coded matmuls kvviz.fast runs; floor_fp32 the same on the fp32 weights.
@@ -201,8 +201,8 @@ def weight_matmuls(model: LoadedModel, fp32: bool = False) -> list[Matmul | Line
 def _step_matmuls(model: LoadedModel, fp32: bool = False) -> tuple[list[Matmul | Linear], int, bool]:
     """The step's matmuls, the thread count they run at, and whether the C row kernel runs them.
     Gemma 3: the block codes its accelerator reads, or with ``fp32`` the readable model's weights."""
-    if is_gemma3(model):
-        return list(gemma3_matmuls(model, coded=not fp32)), torch.get_num_threads(), rowops.load() is not None
+    if on_codes(model):  # Gemma 3, a Llama-family GGUF: the block codes the step reads (or with fp32 the weights)
+        return list(coded_matmuls(model, coded=not fp32)), torch.get_num_threads(), rowops.load() is not None
     plan = model.fast.plan()
     return list(plan.matmuls()), plan.threads, plan.rows is not None
 

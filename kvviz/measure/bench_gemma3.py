@@ -5,6 +5,8 @@ The floor's matmuls are grouped as kvviz.fast's Gemma step calls them (q|k|v, o,
 then the tied LM head). ``floor`` runs them on the GGUF's block codes, as the step does
 (``fast/blockdot.py``); ``floor_fp32`` on the readable model's fp32 weights through the fp32 row
 kernel: what the step would stream without the codes (1,022.5 MiB a token instead of 291.8).
+``coded_matmuls`` groups a Llama-family GGUF's step the same way (``fast/llama_codes.py``), for
+SmolLM2's floors.
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from typing import Any
 
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.models.gemma3 import SLIDING, Gemma3
-from kvviz.fast.blockdot import BlockCodes, block_dot
-from kvviz.fast.gemma3_flat import groups, matching_codes
+from kvviz.fast.blockdot import BlockCodes, Group, block_dot, matching_codes
+from kvviz.fast.gemma3_flat import groups
+from kvviz.fast.llama_codes import FastLlamaCodes
+from kvviz.fast.llama_codes import groups as llama_groups
 from kvviz.fast.llama_flat import Linear
 from kvviz.fast.rowops import RowDot
 
@@ -70,9 +74,26 @@ def gemma3_matmuls(model: LoadedModel, coded: bool = True) -> list[Linear]:
     ``coded``, a group whose every weight has matching block codes reads those."""
     net = model.model
     assert isinstance(net, Gemma3)
-    codes = getattr(model.fast, "codes", {}) if coded else {}
+    return _grouped(groups(net), getattr(model.fast, "codes", {}) if coded else {})
+
+
+def on_codes(model: LoadedModel) -> bool:
+    """Whether the model's accelerator multiplies by block codes (Gemma 3, or a Llama-family GGUF)."""
+    return is_gemma3(model) or isinstance(model.fast, FastLlamaCodes)
+
+
+def coded_matmuls(model: LoadedModel, coded: bool = True) -> list[Linear]:
+    """``gemma3_matmuls`` for either family on codes: the Llama family's calls are grouped as
+    ``fast/llama_codes.py`` makes them (q|k|v, o, gate|up, down, then the LM head)."""
+    if is_gemma3(model):
+        return gemma3_matmuls(model, coded)
+    assert isinstance(model.fast, FastLlamaCodes)
+    return _grouped(llama_groups(model.fast.model), model.fast.codes if coded else {})
+
+
+def _grouped(every: list[Group], codes: dict[str, BlockCodes]) -> list[Linear]:
     out: list[Linear] = []
-    for group in groups(net):
+    for group in every:
         ws = tuple(w.detach() for w in group[1])
         cs = matching_codes(group, codes)
         out.append(Linear(ws, tuple(None for _ in ws)) if cs is None

@@ -81,6 +81,10 @@ class MachineProbe:
         """Attainable FLOP/s at this arithmetic intensity: min(peak, intensity x bandwidth)."""
         return min(self.peak_flops, intensity * self.bandwidth)
 
+    def describe_sizes(self) -> str:
+        """What the probe timed: the matmul and the copy its two figures come from."""
+        return f"an n={self.matmul_n} matmul and a {fmt_bytes(self.copy_bytes)} copy"
+
     def describe(self) -> str:
         return (f"{self.device} · {self.dtype}: peak matmul {self.peak_flops / 1e9:,.1f} GFLOP/s, "
                 f"memory bandwidth {self.bandwidth / 1e9:,.1f} GB/s, ridge {self.ridge:,.1f} FLOP/byte")
@@ -296,10 +300,14 @@ def race_explanation(cached: "Run", uncached: "Run", weight_bytes: int,
     if probe is not None:
         t_compute_us = dec_flops / probe.peak_flops * 1e6
         t_weights_us = weight_bytes / probe.bandwidth * 1e6
+        # The weights in MiB and, beside them, MB: the bandwidth is GB/s as spec sheets give it, so the
+        # division reads in one unit. Both figures are the session's probe, the roofline's on Prefill vs decode.
         parts.append(
             f"A cached decode step takes {dec_ms:.2f} ms, but its {dec_flops / 1e6:,.1f} MFLOP would need only "
             f"{t_compute_us:,.0f} µs at the measured peak of {probe.peak_flops / 1e9:,.0f} GFLOP/s, and reading all "
-            f"{fmt_bytes(weight_bytes)} of weights at {probe.bandwidth / 1e9:,.1f} GB/s takes {t_weights_us:,.0f} µs. "
+            f"{fmt_bytes(weight_bytes, both_units=True)} of weights at {probe.bandwidth / 1e9:,.1f} GB/s takes "
+            f"{t_weights_us:,.0f} µs (peak and bandwidth: this session's probe, {probe.describe_sizes()}, the "
+            "figures the roofline on Prefill vs decode uses). "
         )
     else:
         parts.append(f"A cached decode step takes {dec_ms:.2f} ms and must read all {fmt_bytes(weight_bytes)} of weights. ")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from statistics import median
 from typing import Iterator, Sequence
 
 import torch
@@ -234,8 +233,9 @@ def prompt_lengths(block_size: int, first: int = 16, n_new: int = 1) -> list[int
 # --- sweeps ---------------------------------------------------------------------------------
 
 def _decode_ms(run: Run) -> float:
-    dec = [e.latency_ms for e in run.events[1:]]
-    return float(median(dec)) if dec else float("nan")
+    """TPOT as Run.mean_tpot_ms defines it (the mean decode step), so tokens/s = 1000 / it everywhere."""
+    t = run.mean_tpot_ms
+    return float("nan") if t is None else t
 
 
 def _tag(model: LoadedModel) -> dict[str, str]:
@@ -375,12 +375,13 @@ def sweep_batch(model: LoadedModel, base: Sequence[int], sizes: Sequence[int], p
             run = run_once(model, req, "static")
             done += 1
             last = run.events[-1]
-            tpot = _decode_ms(run)
+            # kvviz's one tokens/s (Run.tokens_per_s: batch x 1000 / mean TPOT), and the TPOT it is from,
+            # so each point's latency and throughput are one measurement read two ways.
             yield Sample("batch", series, b, rep, {
-                "tpot_ms": tpot, "ttft_ms": run.ttft_ms or 0.0, "total_ms": run.total_ms,
+                "tpot_ms": _decode_ms(run), "ttft_ms": run.ttft_ms or 0.0, "total_ms": run.total_ms,
                 "request_ms": run.total_ms,  # every request of a batch finishes with the batch
-                "tokens_per_s": b * 1000.0 / tpot if tpot > 0 else 0.0,
-                "e2e_tokens_per_s": run.tokens_per_s or 0.0,
+                "tokens_per_s": run.tokens_per_s or 0.0,
+                "e2e_tokens_per_s": run.e2e_tokens_per_s or 0.0,
                 "kv_bytes_allocated": last.cache_bytes_allocated, "kv_bytes_used": last.cache_bytes_used,
                 "distinct_outputs": len({tuple(r) for r in zip(*[e.token_ids for e in run.events])}),
             }, done=done, total=total, **_tag(model))

@@ -199,6 +199,18 @@ def _request_blocks(key: tuple[str, int | None], s: VLLMSettings, max_len: int) 
     return cdiv(max_len, bs)
 
 
+def _request_blocks_text(key: tuple[str, int | None], s: VLLMSettings, max_len: int) -> str:
+    """How ``_request_blocks`` counts a group's blocks, in words and numbers (the formula shows it)."""
+    kind, span = key
+    bs, n = s.block_size, _request_blocks(key, s, max_len)
+    if kind == "sliding":
+        return (f"{kind} {span or 0:,}: ceil(min({span or 0:,} - 1 + {s.max_num_batched_tokens:,}, {max_len:,}) / {bs})"
+                f" + 1 = {n:,}")
+    if kind == "chunked":
+        return f"{kind} {span or 0:,}: ceil(min({span or 0:,} + {s.max_num_batched_tokens:,}, {max_len:,}) / {bs}) = {n:,}"
+    return f"{kind}: ceil({max_len:,} / {bs}) = {n:,}"
+
+
 def _longest(fits: Callable[[int], bool], upto: int) -> int:
     """vLLM's binary search for the estimated maximum model length: 0 when one token does not fit."""
     if not fits(1):
@@ -274,8 +286,8 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     formula += [f"blocks = {avail:,} B{each} // {page:,} B // {max(stage_need(a, b, L)[0] for a, b in stages)} "
                 f"layers = {num_blocks:,}",
                 f"GPU KV cache size = {num_blocks:,} // {len(groups)} groups x {bs} = {tokens:,} tokens",
-                "one request of " + f"{L:,} tokens = "
-                + " + ".join(f"{g.blocks_per_request:,}" for g in groups) + f" = {per_request:,} blocks",
+                f"one request of {L:,} tokens: " + " + ".join(_request_blocks_text((g.kind, g.span), s, L) for g in groups)
+                + (f"; {per_request:,} blocks in all" if len(groups) > 1 else " blocks"),
                 f"max concurrency = {num_blocks:,} / {per_request:,} = {concurrency:.4f}"]
     notes = []
     if any(k[0] in ("sliding", "chunked") for k, _ in raw):

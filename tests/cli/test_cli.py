@@ -138,6 +138,27 @@ def test_generate_plain_text_output(capsys: pytest.CaptureFixture[str], random_m
     assert capsys.readouterr().out == ref.text + "\n"
 
 
+def test_generate_help_says_what_each_output_holds(capsys: pytest.CaptureFixture[str],
+                                                    random_models: dict[str, LoadedModel]) -> None:
+    """The help said "report every step", yet without --json only the text is printed (issue 36):
+    it now says the steps come with --json, and they do, one record per generated token."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "generate text (with --json: and every step's record)" in top and "report every step" not in top
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert "every step (phase, position, cache length and bytes, latency); without it only the answer" in helptext
+    args = ["generate", "--model", "random:tiny", "--prompt-ids", "104,105", "--max-new-tokens", "4"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert plain == obj["text"] + "\n" and len(obj["steps"]) == 4
+    assert [s["position"] for s in obj["steps"]] == [2, 3, 4, 5] and "latency_ms" in obj["steps"][0]
+
+
 def test_eval_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, random_models: dict[str, LoadedModel]) -> None:
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 3
     f = tmp_path / "t.txt"

@@ -392,3 +392,21 @@ def test_json_export_carries_each_layers_bytes_and_kinds() -> None:
     last = d["steps"][-1]
     assert last["cache_layer_bytes"] == [5 * 128, 5 * 128, 12 * 128]
     assert all(sum(s["cache_layer_bytes"]) == s["cache_bytes"] for s in d["steps"])
+
+
+def test_allocated_bytes_are_counted_per_layer_kind_never_averaged() -> None:
+    """Before the window fills, every layer holds the same tokens, yet a sliding layer's ring has W
+    slots and a global layer block_size: the formula names both (issue 36: Gemma 3 270M's formula
+    multiplied by "1,792 slots", the average of 15 x 512 and 3 x 8,192 over 18 layers; here it was
+    "24 slots", (5 + 5 + 64) / 3 rounded down)."""
+    from kvviz.ui.pages.generate.metrics import bytes_formula
+
+    m = tiny(seed=1)
+    run = kvviz.generate(m, prompt_ids=[40, 41], max_new_tokens=2)  # 3 positions held < W = 5
+    ev = run.events[-1]
+    assert len(set(ev.cache_layer_bytes)) == 1  # no layer has let go of anything yet
+    assert ev.cache_bytes_allocated == (2 * 5 + 64) * 128  # 128 B per layer and slot (K and V, fp32)
+    text = bytes_formula(run)
+    assert ("per layer and slot × (2 sliding layers × 5 slots + 1 global layer × 64 slots) = "
+            f"**{ev.cache_bytes_allocated:,} B**") in text
+    assert " 24 slots" not in text and "⚠️" not in text

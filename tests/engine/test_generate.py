@@ -328,10 +328,13 @@ def test_events_carry_consistent_figures(small_model: LoadedModel) -> None:
     assert run.text == tok.decode(run.generated_ids)
     assert run.ttft_ms == run.events[0].latency_ms
     assert run.mean_tpot_ms == pytest.approx(sum(e.latency_ms for e in run.events[1:]) / 7)
-    assert run.tokens_per_s == pytest.approx(8 / (sum(e.latency_ms for e in run.events) / 1000))
+    # One tokens/s (the tour's 1000 / TPOT, issue 36): the decode steps only; end to end apart, by name.
+    assert run.tokens_per_s == pytest.approx(1000 / run.mean_tpot_ms) == run.decode_tokens_per_s
+    assert run.e2e_tokens_per_s == pytest.approx(8 / (sum(e.latency_ms for e in run.events) / 1000))
     assert run.prompt_ids == tuple(b"Hello") and run.prompt_text == "Hello"
     d = run.to_dict()
     assert d["generated_ids"] == run.generated_ids and len(d["steps"]) == 8
+    assert (d["tokens_per_s"], d["e2e_tokens_per_s"]) == (run.tokens_per_s, run.e2e_tokens_per_s)
 
 
 def test_captures_are_bounded_float16_and_change_nothing(random_models: dict[str, LoadedModel]) -> None:

@@ -111,7 +111,12 @@ def test_one_openmp_runtime_is_loaded() -> None:
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+    # A hang detector, not a speed: the process may build the library (each flag set up to the build's own
+    # BUILD_TIMEOUT_S), and a cold -O3 build at load 20 on 2 cores took about two minutes (issue 36).
+    from kvviz.fast.rowops import BUILD_TIMEOUT_S, FLAG_SETS
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=BUILD_TIMEOUT_S * len(FLAG_SETS) + 300,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 

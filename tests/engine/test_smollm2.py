@@ -19,6 +19,7 @@ from kvviz.engine.loading.llama_loader import smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 from kvviz.fast import rowops
+from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_flat import FastLlama
 
 transformers = pytest.importorskip("transformers")
@@ -51,7 +52,8 @@ def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None
 
 def test_smollm2_weights_and_logits_match_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
     m = smollm2.model
-    assert isinstance(m, Llama) and isinstance(smollm2.fast, FastLlama)
+    # its decode steps multiply by the file's block codes; longer forwards take the fp32 accelerator
+    assert isinstance(m, Llama) and isinstance(smollm2.fast, FastLlamaCodes) and isinstance(smollm2.fast.fp32, FastLlama)
     c = m.config
     assert (c.n_layer, c.n_embd, c.n_head, c.kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
     assert (c.intermediate_size, c.vocab_size, c.block_size, c.eos_token_id) == (1536, 49152, 8192, 2)
@@ -140,10 +142,13 @@ def test_smollm2_cli_ignore_eos_generates_64_and_text_drops_the_marker(
 
 
 def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedModel, hf_smollm2: Any) -> None:
-    """The chat answer through the accelerator (decode steps through the C row ops where they
-    build) and through the readable model: the same tokens, and every step's logits close to
+    """The chat answer through the accelerator (decode steps on the file's block codes where the C
+    kernels build) and through the readable model: the same tokens, and every step's logits close to
     transformers' logits for the same sequence."""
-    assert (smollm2.fast.plan().rows is not None) == (rowops.load() is not None)
+    assert (smollm2.fast.fp32.plan().rows is not None) == (rowops.load() is not None)
+    plan = smollm2.fast.plan()  # every matmul of a decode step on the Q4_1 (head: Q8_0) codes
+    assert (plan is not None) == (rowops.load() is not None)
+    assert plan is None or (plan.fp32_bytes == 0 and plan.coded_bytes == smollm2.info["codes_bytes"])
     runs = [generate(smollm2, prompt_ids=CHAT, max_new_tokens=8, greedy=True, fast=fast,
                      capture=Capture(logits=True)) for fast in (True, False)]
     assert [r.engine for r in runs] == ["fast", "readable"]

@@ -90,7 +90,12 @@ def test_samples_frame_has_metrics_and_tags() -> None:
     assert {"sweep", "series", "x", "repeat", "device", "dtype", "ms", "flops"} <= set(df.columns)
 
 
-def test_race_explanation_quotes_this_runs_numbers(small_model) -> None:  # type: ignore[no-untyped-def]
+def test_race_explanation_quotes_this_runs_numbers(small_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import kvviz.measure.stats as stats
+
+    # 12 real steps of a tiny model: on a loaded machine a no-cache step may finish first, and the
+    # explanation then rightly gives way to the doubts (tests/measure/test_doubts.py holds that).
+    monkeypatch.setattr(stats, "race_doubts", lambda *args, **kwargs: [])
     cached = generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=12)
     uncached = generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=12, use_cache=False)
     text = race_explanation(cached, uncached, weight_bytes=1_000_000, probe=PROBE)

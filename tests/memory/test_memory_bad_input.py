@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,12 +28,15 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 @pytest.fixture(autouse=True)
 def _deadline() -> Iterator[None]:
-    """A hang is a failure, not a stuck suite: SIGALRM interrupts a blocking open or read."""
+    """A hang is a failure, not a stuck suite: SIGALRM interrupts a blocking open or read.
+
+    It detects a hang (a FIFO's open blocks forever, /dev/zero never ends), not a speed: each check
+    parses a few bytes, so a minute holds at any load."""
     def stop(signum: int, frame: object) -> None:
-        raise TimeoutError("hung for 20 s")
+        raise TimeoutError("hung for 60 s")
 
     old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(20)
+    signal.alarm(60)
     try:
         yield
     finally:
@@ -43,10 +45,8 @@ def _deadline() -> Iterator[None]:
 
 
 def cli_error(capsys: pytest.CaptureFixture[str], path: Path | str, *extra: str) -> str:
-    t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:
         main(["memory", "--config", str(path), "--seq-len", "1", "--json", *extra])
-    assert time.monotonic() - t0 < 10
     assert e.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and "kvviz memory: error:" in err and "Traceback" not in err

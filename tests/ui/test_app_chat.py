@@ -146,3 +146,67 @@ def test_the_default_pool_grows_with_a_hybrid_models_layer_groups() -> None:
     gemma, tiny = config_groups(Gemma3Config()).count, config_groups(RANDOM_SHAPES["tiny"]).count
     assert (gemma, tiny) == (6, 1)
     assert (default_pool_blocks(gemma), default_pool_blocks(tiny), default_pool_blocks(20)) == (384, 64, 512)
+
+
+def test_a_setting_never_throws_the_conversation_away() -> None:
+    """Issue 37: Max new tokens changed after a turn keeps the turn and its cache (the next turn
+    reuses it); another model keeps the transcript, says the cache is rebuilt from it, and the
+    rebuild turn reuses nothing; switching back still shows every turn."""
+    at = AppTest.from_function(_chat, default_timeout=120)
+    at.run()
+    at.number_input(key="chat_max_new").set_value(6).run()
+    at.chat_input(key="chat_input").set_value("Tell me about the sea.").run()
+    _ok(at)
+    conv = at.session_state["chat_conv"]
+    (t1,) = conv.turns
+    assert t1.no_reuse_ttft_ms is not None and t1.no_reuse_ttft_ms > 0  # timed without reuse, on the turn
+    assert any(f"(without reuse: {t1.no_reuse_ttft_ms:.0f} ms, measured after it)" in c.value for c in at.caption)
+    at.number_input(key="chat_max_new").set_value(7).run()
+    _ok(at)
+    assert at.session_state["chat_conv"] is conv and conv.turns == [t1] and conv.max_new_tokens == 7
+    assert "Tell me about the sea." in [t.value for t in at.text]
+    at.chat_input(key="chat_input").set_value("And the sky?").run()
+    _ok(at)
+    t1, t2 = conv.turns
+    assert t2.reused_tokens > t1.prompt_tokens and t2.max_new_tokens == 7  # the cache was kept
+    # Another model: the transcript stays, the page says the cache is rebuilt from it.
+    at.selectbox(key="model").set_value("random:tiny-gqa").run()
+    _ok(at)
+    assert at.session_state["chat_conv"] is conv and conv.turns == [t1, t2] and conv.carried == 2
+    assert any("The conversation is kept (2 turns)" in unescape(i.value) for i in at.info)
+    assert [t.value.strip() for t in at.text][:4] == [x.strip() for x in ("Tell me about the sea.", t1.text,
+                                                                          "And the sky?", t2.text)]
+    assert sum("computed on an earlier cache" in unescape(c.value) for c in at.caption) == 2
+    at.chat_input(key="chat_input").set_value("Now the stars.").run()
+    _ok(at)
+    t3 = conv.turns[2]
+    assert (t3.reused_tokens, t3.prefilled_tokens) == (0, t3.prompt_tokens)  # the rebuild turn, honestly
+    assert any(f"{t3.prompt_tokens} prompt tokens: 0 reused, {t3.prompt_tokens} prefilled" in c.value
+               for c in at.caption)
+    assert not any("The conversation is kept" in unescape(i.value) for i in at.info)
+    # Back to the first model: every turn is still there.
+    at.selectbox(key="model").set_value("random:tiny").run()
+    _ok(at)
+    assert [t.user for t in at.session_state["chat_conv"].turns] == ["Tell me about the sea.", "And the sky?",
+                                                                      "Now the stars."]
+    at.button(key="chat_check").click().run()  # checks the turns this cache computed, none carried
+    _ok(at)
+
+
+def test_a_message_refused_before_its_turn_is_kept_as_typed() -> None:
+    """A message the conversation cannot take (here: past the context with the tokens asked for)
+    says why, and stays on the page as typed; the conversation goes on."""
+    at = AppTest.from_function(_chat, default_timeout=120)
+    at.run()
+    at.number_input(key="chat_max_new").set_value(6).run()
+    at.chat_input(key="chat_input").set_value("hello").run()
+    _ok(at)
+    long = "x" * 1100  # random:tiny: 1,024 byte tokens of context
+    at.chat_input(key="chat_input").set_value(long).run()
+    assert any("passes the model's context" in unescape(e.value) for e in at.error)
+    assert long in [t.value for t in at.text]
+    assert any("Not answered, refused before its turn began" in unescape(c.value) for c in at.caption)
+    at.chat_input(key="chat_input").set_value("and more").run()
+    _ok(at)
+    assert [t.user for t in at.session_state["chat_conv"].turns] == ["hello", "and more"]
+    assert long in [t.value for t in at.text]  # still shown, after turn 1

@@ -193,6 +193,14 @@ def test_latency_chart_marks_prefill_and_plots_tokens_per_second(runs: dict[str,
     assert line.yaxis == "y2" and fig.layout.yaxis2.title.text == "tokens/s"
     assert any("prefill" in a.text for a in fig.layout.annotations)
     assert fig.layout.xaxis.range[1] >= run.max_new_tokens - 1  # room for the whole run while live
+    # tokens/s ticks at whole 1, 2 or 5 x 10^n steps from 0 (issue 36 saw "0, 2, 4, 5, 7, 9": 1.75 apart,
+    # rounded by the integer tick format), and the axis reaches past the fastest point
+    y2 = fig.layout.yaxis2
+    assert y2.tick0 == 0 and y2.dtick in {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}
+    assert y2.range[0] == 0 and y2.range[1] >= max(line.y) and y2.range[1] / y2.dtick <= 6 * 1.05
+    from kvviz.charts.style import integer_ticks
+
+    assert [integer_ticks(t)["dtick"] for t in (0.3, 9.4, 13, 65.15, 1320)] == [1, 2, 5, 20, 500]
 
 
 def test_empty_and_capture_free_runs_give_message_figures(runs: dict[str, Run]) -> None:
@@ -313,3 +321,47 @@ def test_each_live_chart_presets_the_margins_its_labels_need(runs: dict[str, Run
         return dataclasses.replace(run, events=tuple(dataclasses.replace(e, latency_ms=ms) for e in run.events))
     assert charts.latency_chart(at(0.5)).layout.margin.r == 71
     assert charts.latency_chart(at(50.0)).layout.margin.r == 50
+
+
+def test_chat_turn_charts_write_their_numbers_level_and_compare_reuse() -> None:
+    """Issue 36: the chat's per-turn counts ("8" generated) were turned sideways in thin segments;
+    they are level, at least 11 px. The TTFT chart pairs each turn's TTFT with its no-reuse TTFT."""
+    from kvviz.charts import paged_charts as pc
+
+    turns = [{"reused_tokens": r, "prefilled_tokens": p, "generated_tokens": 8, "ttft_ms": t,
+              "no_reuse_ttft_ms": n} for r, p, t, n in ((0, 40, 120.0, 118.0), (48, 15, 60.0, None),
+                                                        (71, 15, 55.0, 250.0))]
+    reuse = pc.reuse_bars(turns)
+    assert [tr.textangle for tr in reuse.data] == [0, 0, 0] and reuse.layout.uniformtext.minsize >= 11
+    assert [str(v) for v in reuse.data[2].text] == ["8", "8", "8"]
+    ttft = pc.ttft_bars(turns)
+    assert [tr.textangle for tr in ttft.data] == [0, 0]
+    assert list(ttft.data[0].y) == [120.0, 60.0, 55.0] and list(ttft.data[1].y) == [118.0, None, 250.0]
+    assert list(ttft.data[1].text) == ["118", "", "250"] and ttft.layout.yaxis.range[1] >= 250.0
+    # The check's recompute fills a turn that was not timed after it.
+    turns[1]["recompute_ttft_ms"] = 90.0
+    assert list(pc.ttft_bars(turns).data[1].y) == [118.0, 90.0, 250.0]
+
+
+def test_the_no_reuse_note_names_the_noise_on_a_turn_that_reused_nothing() -> None:
+    """A turn that reused nothing timed the same work twice: the note calls their gap noise, not
+    a saving; a turn that reused says how much it saved. Figures as the turn recorded them."""
+    import dataclasses
+
+    from kvviz.engine.sessions.turn import TurnRecord
+    from kvviz.ui.pages.chat.chat_views import no_reuse_note
+
+    base = TurnRecord(user="u", text="a", prompt_ids=tuple(range(36)), generated_ids=(1,) * 24, cached_before=0,
+                      reused_tokens=0, prefilled_tokens=36, ttft_ms=120.4, decode_ms=900.0, cache_bytes_before=0,
+                      cache_bytes_used=1, cache_bytes_allocated=1, blocks_used=None, blocks_shared=None,
+                      prefix_hit_blocks=None, stop_reason="max_new_tokens", no_reuse_ttft_ms=131.0)
+    first = no_reuse_note([base], "m · static cache", "cpu")
+    assert "120 ms with reuse vs 131 ms without" in first and "gap (11 ms)" in first and "saved" not in first
+    later = dataclasses.replace(base, prompt_ids=tuple(range(75)), reused_tokens=59, prefilled_tokens=16,
+                                ttft_ms=60.2, no_reuse_ttft_ms=250.0)
+    note = no_reuse_note([base, later], "m · static cache", "cpu")
+    assert "59 tokens reused, 16 prefilled" in note and "same 75 prompt tokens" in note and "(saved 190 ms)" in note
+    assert no_reuse_note([dataclasses.replace(base, no_reuse_ttft_ms=None)], "x", "cpu").startswith("The TTFT without")
+    # A turn computed before a model switch is named with the model and cache that computed it.
+    carried = dataclasses.replace(later, made_on="smollm2 (fp32, fast engine) · paged cache, blocks of 16")
+    assert "(smollm2 (fp32, fast engine) · paged cache, blocks of 16)" in no_reuse_note([carried], "tiny", "cpu")

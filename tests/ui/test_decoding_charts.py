@@ -24,6 +24,10 @@ def test_beam_tree_draws_every_candidate_with_its_status() -> None:
     kept_edges = fig.data[0]
     assert list(kept_edges.x[6:8]) == [1, 2] and list(kept_edges.y[6:8]) == [1, 0]
     assert "&lt;x&gt;" in " ".join(h for t in fig.data if t.hovertext is not None for h in t.hovertext)
+    # k = 2 beams (step 0 fans out to 2 rows) keep 4 = 2k of k x V (issue 36: "the best 6 of k x vocabulary")
+    assert "each keeps the best 4 (2k, k = 2) of all k × vocabulary (2 × V) continuations" in \
+        fig.layout.title.subtitle.text
+    assert "of all k × V = 2 × 96 = 192 continuations" in dc.beam_tree(_steps(), vocab=96).layout.title.subtitle.text
 
 
 def test_reorder_figure_and_bytes() -> None:

@@ -103,7 +103,9 @@ def test_a_projector_keeps_every_other_word_of_a_long_token_axis(small_model: Lo
     labels = dict(zip(fig.layout.xaxis2.tickvals, fig.layout.xaxis2.ticktext))
     assert all(labels[v] == dict(zip(before, charts.cache_notebook(run).layout.xaxis2.ticktext))[v] for v in after)
     # The colour bars keep their titles beside them and three ticks, so a short chart never overprints them.
-    assert all(t.colorbar.title.text == "length" and t.colorbar.nticks == 3 for t in fig.data)
+    # Each names what its colour is (issue 36: "length" alone): the L2 norm of the K or V vectors.
+    assert [t.colorbar.title.text for t in fig.data] == ["‖K‖ (L2)", "‖V‖ (L2)"]
+    assert all(t.colorbar.nticks == 3 and "(L2 norm, no unit)" in t.hovertemplate for t in fig.data)
     # A few labels crowded together are spaced out too (the rule is the spacing, not the count).
     few = go.Figure(go.Heatmap(z=[[1] * 100]))
     few.update_layout(xaxis=dict(tickmode="array", tickvals=[0, 2, 4, 50], ticktext=["a", "b", "c", "d"],

@@ -201,14 +201,23 @@ class Run:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Generated tokens (all batch rows) per second of measured forward+sampling time."""
-        t = self.total_ms
-        return len(self.events) * self.batch_size / (t / 1000.0) if t > 0 else None
+        """kvviz's one tokens/s: decode speed, batch x 1000 / mean TPOT in ms (the tour's definition,
+        Generate's metric, the sweeps' column). Prefill is left out: its time grows with the prompt,
+        not with the tokens generated. A run of one token has no decode step: None."""
+        t = self.mean_tpot_ms
+        return self.batch_size * 1000.0 / t if t else None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        t = self.mean_tpot_ms
-        return self.batch_size * 1000.0 / t if t else None
+        """The same figure as ``tokens_per_s`` (the name the pages used first)."""
+        return self.tokens_per_s
+
+    @property
+    def e2e_tokens_per_s(self) -> float | None:
+        """End to end: every generated token (all batch rows, the first one included) per second of
+        measured forward+sampling time, prefill included. Lower than ``tokens_per_s`` by the prefill."""
+        t = self.total_ms
+        return len(self.events) * self.batch_size / (t / 1000.0) if t > 0 else None
 
     @property
     def total_flops(self) -> int:
@@ -242,6 +251,7 @@ class Run:
             "ttft_ms": self.ttft_ms,
             "mean_tpot_ms": self.mean_tpot_ms,
             "tokens_per_s": self.tokens_per_s,
+            "e2e_tokens_per_s": self.e2e_tokens_per_s,
             "total_flops": self.total_flops,
             "config": {
                 "n_layer": self.n_layer,

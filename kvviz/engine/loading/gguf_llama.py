@@ -86,6 +86,9 @@ class GGUFModel:
     state_dict: dict[str, torch.Tensor]  # transformers' names; no lm_head.weight when tied
     tokenizer_metadata: dict[str, Any]  # tokenizer.ggml.* and tokenizer.chat_template, as read once
     info: dict[str, Any] = field(default_factory=dict)  # timings, type counts, file size
+    # the quantized matrices as the file keeps them (int8 codes, a scale per block), by the same
+    # names as state_dict, q/k rows in transformers' order: what kvviz.fast multiplies by (fp32 only)
+    codes: dict[str, BlockCodes] = field(default_factory=dict)
 
 
 def meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -252,9 +255,18 @@ def dequantize_tensor(t: LiteTensor, codes: BlockCodes | None = None) -> torch.T
     return torch.from_numpy(arr)
 
 
-def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32) -> GGUFModel:
+def unpermute_codes(c: BlockCodes, n_head: int) -> BlockCodes:
+    """``unpermute_rope_rows`` on codes: a block never spans rows, so the codes, scales and offsets
+    move with their rows and still rebuild the unpermuted weight value for value."""
+    return BlockCodes(unpermute_rope_rows(c.codes, n_head), unpermute_rope_rows(c.scale, n_head),
+                      None if c.minv is None else unpermute_rope_rows(c.minv, n_head), c.block)
+
+
+def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32,
+              keep_codes: bool = False) -> GGUFModel:
     """Config, dequantized state dict and tokenizer metadata of a Llama-family GGUF file (a path,
-    or the file ``read_gguf`` already opened: the loader reads the header once to pick a family)."""
+    or the file ``read_gguf`` already opened: the loader reads the header once to pick a family);
+    with ``keep_codes`` and fp32, the quantized matrices' codes too."""
     t0 = time.perf_counter()
     g = source if isinstance(source, LiteGGUF) else read_gguf(source)
     path = g.path
@@ -262,19 +274,25 @@ def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32)
     tensors = check_tensors(g.tensors, config, path.name)
     t1 = time.perf_counter()
     sd: dict[str, torch.Tensor] = {}
+    codes: dict[str, BlockCodes] = {}
+    keep = keep_codes and dtype == torch.float32
     permuted = architecture(g) == "llama"  # Qwen2/3 files keep transformers' row order
     for name, t in tensors.items():
-        w = dequantize_tensor(t)
-        if permuted and name.endswith("q_proj.weight"):
-            w = unpermute_rope_rows(w, config.n_head)
-        elif permuted and name.endswith("k_proj.weight"):
-            w = unpermute_rope_rows(w, config.kv_heads)
+        c = block_codes(t)  # unpacked once: the fp32 weight is rebuilt from it, and kept for kvviz.fast
+        w = dequantize_tensor(t, c)
+        heads = config.n_head if name.endswith("q_proj.weight") else (
+            config.kv_heads if name.endswith("k_proj.weight") else 0)
+        if permuted and heads:
+            w = unpermute_rope_rows(w, heads)
+            c = None if c is None or not keep else unpermute_codes(c, heads)
         sd[name] = w if dtype == torch.float32 else w.to(dtype)
+        if keep and c is not None:
+            codes[name] = c
     check_finite(sd, path.name)
     info = {"file_bytes": path.stat().st_size, "tensor_types": type_counts(tensors.values()), "read_seconds": t1 - t0,
             "dequantize_seconds": time.perf_counter() - t1, "general.name": g.metadata.get("general.name"),
-            "family": config.family}
-    return GGUFModel(config, sd, g.tokenizer_metadata(), info)
+            "family": config.family, "codes_bytes": sum(c.nbytes for c in codes.values())}
+    return GGUFModel(config, sd, g.tokenizer_metadata(), info, codes)
 
 
 def tokenizer_metadata(source: str | Path | LiteGGUF) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class LlamaLoad:
     tokenizer_metadata: dict[str, Any] | None  # GGUF's tokenizer.* fields; None for a HF folder
     info: dict[str, Any] = field(default_factory=dict)  # source, file size, timings of the steps, ...
     tokenizer: Any = None  # what ``tokenizer_from`` built from the GGUF metadata, if it was given
+    codes: dict[str, Any] = field(default_factory=dict)  # a GGUF's block codes by parameter name (kvviz.fast)
 
 
 def smollm2_path() -> Path:
@@ -74,21 +75,24 @@ def _finish(model: Llama, info: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_llama_gguf(source: "str | Path | LiteGGUF", dtype: torch.dtype = torch.float32,
-                    tokenizer_from: "Callable[[dict[str, Any], str], Any] | None" = None) -> LlamaLoad:
+                    tokenizer_from: "Callable[[dict[str, Any], str], Any] | None" = None,
+                    keep_codes: bool = False) -> LlamaLoad:
     """A Llama GGUF file (a path, or the file ``gguf_lite.read_gguf`` already opened), dequantized
     to ``dtype``; ``tokenizer_from(tokenizer_metadata, file_name)`` builds the tokenizer from the
-    metadata the loader decoded (it is decoded once)."""
+    metadata the loader decoded (it is decoded once); ``keep_codes`` (fp32): the quantized
+    matrices' block codes too, for kvviz.fast."""
     try:
         from kvviz.engine.loading.gguf_llama import load_gguf  # imported here: only GGUF users need the gguf package
     except ModuleNotFoundError as e:
         if e.name != "gguf":
             raise
         raise KVVizError("reading GGUF files needs the gguf package: pip install gguf") from None
-    g = load_gguf(source, dtype)
+    g = load_gguf(source, dtype, keep_codes)
     path = Path(getattr(source, "path", source))
     model = Llama.from_state_dict(g.config, g.state_dict).freeze()
     tokenizer = tokenizer_from(g.tokenizer_metadata, path.name) if tokenizer_from is not None else None
-    return LlamaLoad(model, g.tokenizer_metadata, _finish(model, {**g.info, "source": str(path)}), tokenizer)
+    return LlamaLoad(model, g.tokenizer_metadata, _finish(model, {**g.info, "source": str(path)}), tokenizer,
+                     g.codes)
 
 
 def _get(raw: dict[str, Any], key: str, where: str, default: Any = None, required: bool = False) -> Any:

@@ -350,12 +350,13 @@ def _read_gguf(path: Path) -> Any:
 
 
 def load_gguf_model(path: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
-    """A Llama- or Gemma 3-architecture GGUF file, dequantized to ``dtype`` (its quantized form is
-    not kept). The file is opened once: header checks, metadata, then the family's loader."""
+    """A Llama- or Gemma 3-architecture GGUF file, dequantized to ``dtype`` (on the CPU in fp32 its
+    quantized matrices' block codes are kept too, for kvviz.fast). The file is opened once: header
+    checks, metadata, then the family's loader."""
     g = _read_gguf(path)
     if g.architecture == "gemma3":
         return load_gemma3_model(path, device, dtype, name, opened=g)
-    out = load_llama_gguf(g, dtype, tokenizer_from=_gguf_tokenizer)
+    out = load_llama_gguf(g, dtype, tokenizer_from=_gguf_tokenizer, keep_codes=device.type == "cpu")
     return _llama_model(out, path, name or path.stem, device, dtype)
 
 
@@ -394,7 +395,7 @@ def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dt
     has_tok = tok is not None
     if tok is None:
         tok = NoTokenizer(cfg.vocab_size, cfg.eos_token_id)
-    return wrap_model(out.model, tok, name, device, dtype, has_tok, str(path), out.info)
+    return wrap_model(out.model, tok, name, device, dtype, has_tok, str(path), out.info, codes=out.codes)
 
 
 def _map_state_dict(sd: dict[str, torch.Tensor], names: dict[str, str], where: str) -> dict[str, torch.Tensor]:

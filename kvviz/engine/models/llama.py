@@ -232,6 +232,16 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # over the last dim, hs: each head on its own
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj(self.attend_rotated(q, k, v, cache, mask, is_causal, capture))  # (B, T, C)
+
+    def attend_rotated(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: "KVCache | None",
+                       mask: torch.Tensor | None, is_causal: bool, capture: "ForwardCapture | None") -> torch.Tensor:
+        """The cache write, the capture and the attention: q (B, nh, T, hs) and k (B, nkv, T, hs)
+        already normed (Qwen3) and rotated, v (B, nkv, T, hs) -> (B, T, nh*hs). The accelerator on
+        block codes (kvviz.fast.llama_codes) rotates in its q|k|v call and calls this, so both
+        share one attention."""
+        B, _, T, _ = q.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
         if cache is not None:
             # Writes the new positions and returns every cached position (B, nkv, S, hs); with a
             # window, the rows the cache still holds (ring_positions names their positions).
@@ -250,8 +260,7 @@ class LlamaAttention(nn.Module):
         # without materialising repeated K/V.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                            enable_gqa=nkv != nh)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
-        return self.o_proj(y)  # (B, T, C)
+        return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
 
 
 class LlamaMLP(nn.Module):
@@ -278,6 +287,23 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, mask, is_causal, capture):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask, is_causal, capture)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def forward_mask(c: LlamaConfig, T: int, start: int, input_pos: torch.Tensor,
+                 cache: "KVCache | None") -> tuple[torch.Tensor | None, bool]:
+    """The attention mask of a forward over T new tokens after ``start`` cached ones, built once per
+    forward, not per layer (the readable model and the accelerator on block codes share it). A
+    chunked prefill needs it explicit, and so does a sliding window once the keys outgrow it, over
+    the rows a windowed cache still holds (engine/models/attention.py)."""
+    window = c.sliding_window
+    if window is None:
+        return attention_mask(T, start, input_pos)
+    if cache is not None and cache.kind == "window":
+        # A run-time window cache (WindowKVCache) evicts by its own rule, not the model's window,
+        # and names no positions for the mask; every other kind keeps the model's window.
+        raise ValueError("a sliding-window model keeps its own window in the cache; a run-time windowed "
+                         "cache on top of it is not supported")
+    return window_mask(T, start, input_pos, window, cache)
 
 
 class Llama(nn.Module):
@@ -377,19 +403,7 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
-        # Built once per forward, not per layer; a chunked prefill needs it explicit, and so does a
-        # sliding window once the keys outgrow it, over the rows a windowed cache still holds
-        # (engine/models/attention.py).
-        window = self.config.sliding_window
-        if window is None:
-            mask, is_causal = attention_mask(T, start, input_pos)
-        elif cache is not None and cache.kind == "window":
-            # A run-time window cache (WindowKVCache) evicts by its own rule, not the model's window,
-            # and names no positions for the mask; every other kind keeps the model's window.
-            raise ValueError("a sliding-window model keeps its own window in the cache; a run-time windowed "
-                             "cache on top of it is not supported")
-        else:
-            mask, is_causal = window_mask(T, start, input_pos, window, cache)
+        mask, is_causal = forward_mask(self.config, T, start, input_pos, cache)
         cos = self.rope_cos.index_select(0, input_pos)  # (T, hs)
         sin = self.rope_sin.index_select(0, input_pos)  # (T, hs)
         x = self.model.embed_tokens(idx)  # (B, T, C)

@@ -34,20 +34,20 @@ import threading
 import time
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.tokenize.chat_template import chat_prompt
-from kvviz.engine.generation.loop import generate
 from kvviz.engine.generation.request import check_pool, check_pool_memory, sampling_params
 from kvviz.engine.kvcache.kv_spec import KVSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
+from kvviz.engine.sessions.conversation_checks import ConversationChecks, feed, forward_fn
 from kvviz.engine.sessions.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
 
@@ -94,12 +94,7 @@ def with_chat_template(model: LoadedModel) -> tuple[LoadedModel, bool]:
     return replace(model, tokenizer=_Templated(model.tokenizer)), True
 
 
-def forward_fn(model: LoadedModel, fast: bool) -> Callable[..., torch.Tensor]:
-    """The step the generation loop would run: the accelerator or the readable model."""
-    return model.fast.forward if fast and model.fast is not None else model.model
-
-
-class Conversation:
+class Conversation(ConversationChecks):
     """A chat session: messages, one batch-1 cache, and a TurnRecord per turn."""
 
     def __init__(self, model: LoadedModel, *, cache_kind: str = "paged", kv_block_size: int = DEFAULT_BLOCK_SIZE,
@@ -117,20 +112,12 @@ class Conversation:
         # False: control-token text typed in a message is text (engine/tokenize/chat_template.py); True reads it as
         # control tokens, so a message can end its turn and forge the next one.
         self.parse_special = bool(parse_special)
-        cfg = model.config
-        if cache_kind == "paged":
-            groups = config_groups(cfg).count  # a hybrid model's layer groups each keep a table
-            check_pool(kv_block_size, kv_blocks, 1, groups)
-            if pool is None and kv_blocks is None:
-                # The context of one sequence plus as much again for blocks kept by prefix hash.
-                kv_blocks = 2 * groups * blocks_for(cfg.block_size, kv_block_size)
-            if pool is None:
-                check_pool_memory(model, kv_block_size, kv_blocks)
-            with torch.inference_mode():
-                self.cache = PagedKVCache(cfg, 1, model.device, model.dtype, kv_block_size, kv_blocks, pool)
-        else:
-            with torch.inference_mode():  # an active kv spec (resolved) makes it quantized or windowed
-                self.cache: KVCache = make_cache(cache_kind, cfg, 1, model.device, model.dtype, kv=kv)
+        self.cache_kind, self.kv = cache_kind, kv
+        self.cache: KVCache = _new_cache(model, cache_kind, kv_block_size, kv_blocks, pool, kv)
+        # The first ``carried`` turns were computed on an earlier cache (another model or cache
+        # settings: ``rebuild``); this cache holds none of them until a turn prefills them again.
+        self.carried = 0
+        self._epoch = 0  # rebuilds so far: a turn rendered before one must not run after it
         # Committed state, replaced (never mutated in place) when a turn commits: another thread
         # may be reading it to draw the page.
         self.messages: list[dict[str, str]] = []  # user and assistant turns (the system prompt apart)
@@ -139,6 +126,41 @@ class Conversation:
         self.interrupted: list[InterruptedTurn] = []
         self._lock = threading.RLock()  # reentrant: a rollback run by the garbage collector inside a step
         self._active: _Txn | None = None
+
+    # ------------------------------------------------------------------ settings between turns
+    def label(self) -> str:
+        """The model and cache that compute this conversation's turns, in words (plain text)."""
+        c = self.cache
+        kind = f"paged cache, blocks of {c.block_size}" if isinstance(c, PagedKVCache) else f"{self.cache_kind} cache"
+        engine = "fast" if self.fast and self.model.fast is not None else "readable"
+        return f"{self.model.name} ({self.model.dtype_name}, {engine} engine) · {kind}"
+
+    def configure(self, *, max_new_tokens: int, timestamp: bool = False, greedy: bool | None = None,
+                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                  seed: int = 0) -> None:
+        """Settings that apply from the next turn on (the cache and the turns so far stay): the
+        answer's length, the sampling, the timestamp (which changes the prompt, so the next turn
+        reuses less, and says so). A turn still running is rolled back first, as a rerun does."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise KVVizError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
+        params = sampling_params(greedy, temperature, top_k, top_p, seed)
+        with self._lock:
+            self.interrupt("interrupted by a rerun")
+            self.max_new_tokens, self.timestamp, self.params = max_new_tokens, bool(timestamp), params
+
+    def rebuild(self, model: LoadedModel, *, cache_kind: str, kv_block_size: int = DEFAULT_BLOCK_SIZE,
+                kv_blocks: int | None = None, fast: bool = True, reason: str = "the cache settings changed") -> None:
+        """Go on with another model or cache (the messages and turns stay; the new cache is empty,
+        so the next turn prefills the whole transcript and reuses nothing). A turn still running
+        is rolled back and kept as interrupted, with ``reason``. A cache that cannot be built
+        raises KVVizError and changes nothing."""
+        if not getattr(model.tokenizer, "chat_template", None):
+            raise KVVizError(f"model {model.name!r} has no chat template: a conversation needs an instruct model")
+        cache = _new_cache(model, cache_kind, kv_block_size, kv_blocks, None, None)
+        with self._lock:
+            self.interrupt(reason)
+            self.model, self.fast, self.cache, self.cache_kind, self.kv = model, bool(fast), cache, cache_kind, None
+            self.held, self.carried, self._epoch = [], len(self.turns), self._epoch + 1
 
     # ------------------------------------------------------------------ the conversation
     def render(self, messages: list[dict[str, str]]) -> list[int]:
@@ -208,7 +230,7 @@ class Conversation:
             if need > have:
                 raise KVVizError(f"the KV pool has {have} blocks of {self.cache.block_size} tokens; this turn needs "
                                  f"{need} ({len(ids)} prompt + {self.max_new_tokens} new tokens): give it more blocks")
-        return self._turn(text, base, msgs, ids, params)
+        return self._turn(text, base, msgs, ids, params, self._epoch)
 
     # ------------------------------------------------------------------ the transaction
     @property
@@ -283,29 +305,18 @@ class Conversation:
         if tx.done or self._active is not tx:
             raise TurnInterrupted("this turn was replaced by a newer one before it ended")
 
-    def _feed(self, forward: Callable[..., torch.Tensor], inp: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Plan, forward, commit the new positions (1, T): in pieces where a full window takes one
-        token per forward. The last piece's logits (1, 1, V)."""
-        cache, fed, T = self.cache, 0, inp.shape[1]
-        while True:
-            n = min(T - fed, cache.max_feed())
-            piece = inp.narrow(1, fed, n)
-            cache.plan_step(piece)
-            logits = forward(piece, positions.narrow(0, cache.pos, n), cache, None, last_only=True)
-            cache.advance(n)
-            fed += n
-            if fed == T:
-                return logits
-
     def _turn(self, text: str, base: int, msgs: list[dict[str, str]], ids: list[int],
-              params: SamplingParams | None = None) -> Iterator[dict[str, Any]]:
-        m, cache, dev = self.model, self.cache, self.model.device
-        forward = forward_fn(m, self.fast)
-        paged = isinstance(cache, PagedKVCache)
+              params: SamplingParams | None, epoch: int) -> Iterator[dict[str, Any]]:
         tx = _Txn(text, base, [])
         reason = "stopped"
         try:
             with self._lock:
+                if epoch != self._epoch:  # rendered for the model or cache before a rebuild
+                    self._abort(tx, "the model or cache changed before it began")
+                    raise TurnInterrupted("the model or cache changed before this turn began")
+                m, cache, dev = self.model, self.cache, self.model.device  # read under the lock: rebuild swaps them
+                forward = forward_fn(m, self.fast)
+                paged = isinstance(cache, PagedKVCache)
                 self._supersede()
                 self._active, tx.held, tx.params = tx, self.held, self.params
                 if params is not None:
@@ -314,20 +325,21 @@ class Conversation:
                 with torch.inference_mode():
                     reuse, hits = self._begin(tx, ids)
                 self.held = ids[:reuse]
-            gen = None if self.params.greedy else make_generator(self.params, dev)
+                run_params, max_new, made_on = self.params, self.max_new_tokens, self.label()
+            gen = None if run_params.greedy else make_generator(run_params, dev)
             eos = m.tokenizer.eos_token_id
             positions = torch.arange(m.config.block_size, device=dev)
             snaps: list[dict[str, Any]] = []
             ttft = decode = 0.0
             inp = torch.tensor([ids[reuse:]], dtype=torch.long, device=dev)  # (1, T): what is new
             stop = "max_new_tokens"
-            for step in range(self.max_new_tokens):
+            for step in range(max_new):
                 with self._lock:
                     self._check(tx)
                     with torch.inference_mode():
                         t0 = time.perf_counter()
-                        logits = self._feed(forward, inp, positions)
-                        nxt = sample(logits.select(1, -1).float(), self.params, gen)  # (1,)
+                        logits = feed(cache, forward, inp, positions)
+                        nxt = sample(logits.select(1, -1).float(), run_params, gen)  # (1,)
                         tok = int(nxt[0])
                         dt = (time.perf_counter() - t0) * 1000.0
                     self.held = [*self.held, *inp[0].tolist()]
@@ -356,12 +368,14 @@ class Conversation:
                     cache_bytes_allocated=cache.bytes_allocated,
                     blocks_used=st.blocks_used if st else None, blocks_shared=st.blocks_shared if st else None,
                     prefix_hit_blocks=hits if paged else None, stop_reason=stop, snapshots=tuple(snaps),
+                    max_new_tokens=max_new, params=run_params, made_on=made_on,
                 )
                 assert tx.cp is not None
                 cache.commit(tx.cp)
                 tx.done, self._active = True, None
                 self.messages = [*msgs, {"role": "assistant", "content": reply}]
                 self.turns = [*self.turns[:base], record]
+                self.carried = min(self.carried, base)  # an edit or a regenerate may replace carried turns
                 # what was interrupted after a turn this one replaced no longer has a place
                 self.interrupted = [i for i in self.interrupted if i.after <= base]
         except TurnInterrupted:
@@ -386,28 +400,19 @@ class Conversation:
             cache.advance(len(ids))
             forward(inp[:, -1:], torch.arange(len(ids), len(ids) + 1, device=m.device), cache, None, last_only=True)
 
-    # ------------------------------------------------------------------ checks, on demand
-    def scratch_ids(self, turn: int) -> list[int]:
-        """Turn ``turn``'s tokens generated from scratch (a fresh static cache, same sampling)."""
-        t = self.turns[turn]
-        p = self.params
-        run = generate(self.model, prompt_ids=list(t.prompt_ids), max_new_tokens=self.max_new_tokens,
-                       greedy=p.greedy, temperature=None if p.greedy else p.temperature, top_k=p.top_k,
-                       top_p=p.top_p, seed=p.seed, fast=self.fast)
-        return list(run.generated_ids)
 
-    def matches_scratch(self, turn: int) -> bool:
-        return self.scratch_ids(turn) == list(self.turns[turn].generated_ids)
-
-    def recompute_ttft_ms(self, turn: int) -> float:
-        """TTFT of the same turn with nothing reused: the whole conversation prefilled on a new cache."""
-        t, m = self.turns[turn], self.model
-        forward = forward_fn(m, self.fast)
-        with torch.inference_mode():
-            cache = make_cache("static", m.config, 1, m.device, m.dtype)
-            inp = torch.tensor([list(t.prompt_ids)], dtype=torch.long, device=m.device)  # (1, N)
-            t0 = time.perf_counter()
-            logits = forward(inp, torch.arange(inp.shape[1], device=m.device), cache, None, last_only=True)
-            sample(logits.select(1, -1).float(), self.params, None if self.params.greedy else
-                   make_generator(self.params, m.device))
-            return (time.perf_counter() - t0) * 1000.0
+def _new_cache(model: LoadedModel, kind: str, block_size: int, blocks: int | None, pool: PagedPool | None,
+               kv: KVSpec | None) -> KVCache:
+    """A batch-1 cache for a conversation; a paged one checked against the pool's limits and memory."""
+    cfg = model.config
+    with torch.inference_mode():
+        if kind != "paged":  # an active kv spec (resolved) makes it quantized or windowed
+            return make_cache(kind, cfg, 1, model.device, model.dtype, kv=kv)
+        groups = config_groups(cfg).count  # a hybrid model's layer groups each keep a table
+        check_pool(block_size, blocks, 1, groups)
+        if pool is None and blocks is None:
+            # The context of one sequence plus as much again for blocks kept by prefix hash.
+            blocks = 2 * groups * blocks_for(cfg.block_size, block_size)
+        if pool is None:
+            check_pool_memory(model, block_size, blocks)
+        return PagedKVCache(cfg, 1, model.device, model.dtype, block_size, blocks, pool)

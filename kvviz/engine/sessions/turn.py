@@ -59,6 +59,14 @@ class TurnRecord:
     prefix_hit_blocks: int | None  # blocks taken back by hash this turn (paged only)
     stop_reason: str  # "eos" or "max_new_tokens"
     snapshots: tuple[dict[str, Any], ...] = field(default=(), compare=False)  # the pool after each step (paged)
+    # What the turn ran with: a later turn may use other settings (the Chat page applies max new
+    # tokens and sampling to the next turn), and the check against scratch must use these.
+    max_new_tokens: int | None = None
+    params: Any = None  # the SamplingParams of this turn
+    made_on: str = ""  # the model and cache that computed it (Conversation.label())
+    # The same prompt prefilled from scratch on a fresh cache, timed right after the turn
+    # (Conversation.time_without_reuse): what this turn's TTFT would have been with no reuse.
+    no_reuse_ttft_ms: float | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -77,5 +85,6 @@ class TurnRecord:
             "cache_bytes_used": self.cache_bytes_used, "cache_bytes_allocated": self.cache_bytes_allocated,
             "blocks_used": self.blocks_used, "blocks_shared": self.blocks_shared,
             "prefix_hit_blocks": self.prefix_hit_blocks, "stop_reason": self.stop_reason,
+            "max_new_tokens": self.max_new_tokens, "made_on": self.made_on, "no_reuse_ttft_ms": self.no_reuse_ttft_ms,
             "prompt_ids": list(self.prompt_ids), "generated_ids": list(self.generated_ids),
         }

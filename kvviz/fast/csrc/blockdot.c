@@ -31,18 +31,21 @@ typedef struct {
     const int8_t *codes[MAX_BSEG]; /* segment s: (n_out[s], n_in) row-major */
     const float *scale[MAX_BSEG];  /* (n_out[s], n_in / block[s]) */
     const float *minv[MAX_BSEG];   /* the same shape, or NULL: no offsets */
+    const float *bias[MAX_BSEG];   /* (n_out[s],) added to each output, or NULL (Qwen2's q/k/v) */
     int n_out[MAX_BSEG];
     int block[MAX_BSEG]; /* 16 or 32 */
     int n_seg;
     int n_in;
-    /* What a Gemma layer does around its matmuls, fused so a step is a few calls, not dozens of ops: */
+    /* What a Gemma or Llama layer does around its matmuls, fused so a step is a few calls, not dozens of ops: */
     const float *norm_w; /* (n_in,) or NULL: RMSNorm each input row first, scaled by norm_w (Gemma's 1 + w) */
     float eps;
-    int geglu;            /* 1: two segments, gate and up: y = gelu_tanh(gate) * up, n_out[0] outputs */
+    int glu;              /* two segments, gate and up, n_out[0] outputs: 1 GeGLU, y = gelu_tanh(gate) * up
+                           * (Gemma); 2 SwiGLU, y = silu(gate) * up (Llama); 0 none */
     const float *post_w;  /* (outputs,) or NULL: RMSNorm each output row, scaled by post_w, then + res */
     float post_eps;
-    /* Gemma's q and k heads: RMSNorm over each of the first n_q heads (scaled by q_norm) and the
-     * next n_k (by k_norm), then RoPE at the row's position when the call gets tables. */
+    /* The q and k heads (head_dim > 0): RMSNorm over each of the first n_q heads (scaled by q_norm)
+     * and the next n_k (by k_norm) when those are given (Gemma, Qwen3; NULL for Llama), then RoPE
+     * at the row's position when the call gets tables. */
     const float *q_norm;
     const float *k_norm;
     int n_q, n_k, head_dim;
@@ -120,7 +123,7 @@ static float row_b16(const int8_t *c, const float *s, const float *x, int nb) { 
 static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const float *x, int m, const float *sx,
                     int ld, float *y) {
     const int n_in = p->n_in, block = p->block[s], nb = n_in / block;
-    const float *mv = p->minv[s];
+    const float *mv = p->minv[s], *bias = p->bias[s];
     for (int r = r0; r < r1; r++) {
         const int8_t *c = p->codes[s] + (size_t)r * n_in;
         const float *sc = p->scale[s] + (size_t)r * nb;
@@ -133,6 +136,7 @@ static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const fl
                 for (int b = 0; b < nb; b++) o += mr[b] * si[b];
                 v -= o;
             }
+            if (bias) v += bias[r]; /* after the sum, as F.linear adds it */
             y[(size_t)i * ld + col + r] = v;
         }
     }
@@ -144,17 +148,21 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
 }
 
+/* SiLU as rowdot.c computes it (exp_poly: no libm call). */
+static inline float silu(float g) { return g / (1.0f + exp_poly(-g)); }
+
 static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_threads);
 
-/* y (m, outputs) = epilogue(RMSNorm(x) @ W^T) (+ res): the optional input norm, the segments side
- * by side, then GeGLU or the output norm plus the residual, or the q/k heads' norms and RoPE.
+/* y (m, outputs) = epilogue(RMSNorm(x) @ W^T + b) (+ res): the optional input norm, the segments side
+ * by side (each with its bias), then GeGLU or SwiGLU or the output norm plus the residual, or the
+ * q/k heads' norms and RoPE.
  * x (m, n_in), res (m, outputs) or NULL; cos and sin (period, head_dim): row i at row i % period,
  * or NULL for no RoPE. Returns 0, or -1 when a block size is not 16 or 32 or a buffer cannot be had. */
 int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const float *res, const float *cos,
                   const float *sin, int period, int n_threads) {
     int width = 0;
     for (int s = 0; s < p->n_seg; s++) width += p->n_out[s];
-    const int outs = p->geglu ? p->n_out[0] : width;
+    const int outs = p->glu ? p->n_out[0] : width;
     float *xn = NULL, *raw = NULL;
     if (p->norm_w) {
         xn = malloc(sizeof(float) * (size_t)m * p->n_in);
@@ -162,7 +170,7 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
         for (int i = 0; i < m; i++) rms_norm(x + (size_t)i * p->n_in, p->n_in, p->norm_w, p->eps, xn + (size_t)i * p->n_in);
         x = xn;
     }
-    const int epilogue = p->geglu || p->post_w || res;
+    const int epilogue = p->glu || p->post_w || res;
     if (epilogue) {
         raw = malloc(sizeof(float) * (size_t)m * width);
         if (!raw) {
@@ -174,8 +182,10 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
     if (rc == 0 && epilogue) {
         for (int i = 0; i < m; i++) {
             float *r = raw + (size_t)i * width, *yi = y + (size_t)i * outs;
-            if (p->geglu)
+            if (p->glu == 1)
                 for (int j = 0; j < outs; j++) r[j] = gelu_tanh(r[j]) * r[outs + j];
+            else if (p->glu == 2)
+                for (int j = 0; j < outs; j++) r[j] = silu(r[j]) * r[outs + j];
             if (p->post_w) rms_norm(r, outs, p->post_w, p->post_eps, r);
             const float *ri = res ? res + (size_t)i * outs : NULL;
             for (int j = 0; j < outs; j++) yi[j] = ri ? ri[j] + r[j] : r[j];
@@ -187,7 +197,8 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
             const float *c = cos ? cos + (size_t)(i % period) * hd : NULL, *s = sin ? sin + (size_t)(i % period) * hd : NULL;
             for (int h = 0; h < p->n_q + p->n_k; h++) {
                 float *head = y + (size_t)i * outs + (size_t)h * hd;
-                rms_norm(head, hd, h < p->n_q ? p->q_norm : p->k_norm, p->qk_eps, head);
+                const float *w = h < p->n_q ? p->q_norm : p->k_norm;
+                if (w) rms_norm(head, hd, w, p->qk_eps, head);
                 if (c) rope_head(head, c, s, hd);
             }
         }

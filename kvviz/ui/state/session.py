@@ -47,7 +47,7 @@ RACE_NEXT_ID = "race_next_id"  # the race page's run counter
 BUSY_SUFFIX = "::busy"  # + a results key: the busy warning measured beside a sweep
 # Chat page
 CHAT_CONVERSATION = "chat_conv"  # the Conversation over one cache
-CHAT_CONVERSATION_KEY = "chat_key"  # the settings it was built for
+CHAT_CONVERSATION_KEY = "chat_key"  # (cache settings, next-turn settings) it runs with
 CHAT_CHECKS = "chat_checks"  # turn -> (matches scratch, max |diff|)
 CHAT_ERROR = "chat_error"  # a message for the next run
 CHAT_SCENARIO = "chat_scn"  # the one-click scenario's stages

@@ -58,6 +58,8 @@ def usable_gpu(req: MemoryRequest) -> tuple[float | None, str]:
     if g is not None and g.usable_mib and req.gpu_gib == float(g.memory_gib):
         return g.usable_gib, (f"{g.name}: {g.usable_mib:,} MiB usable (what nvidia-smi reports), "
                               f"{g.memory_gib} GiB nominal")
+    if g is not None and req.gpu_gib == float(g.memory_gib):  # the menu's GiB, the same unit as every figure
+        return req.gpu_gib, f"{g.name}: {g.memory_gib} GiB nominal (no nvidia-smi total on file)"
     return req.gpu_gib, "" if req.gpu_gib is None else f"GPU {req.gpu_gib:g} GiB (as entered)"
 
 

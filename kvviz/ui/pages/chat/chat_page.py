@@ -63,11 +63,13 @@ def page() -> None:
     stamp = st.toggle("Put the current time at the start of the system prompt", key="chat_timestamp",
                       help="what some deployments do: the prompt changes at its start, so every turn misses the cache")
     st.caption(f"{where(model)} · engine: {ENGINES[s.engine]} · sampling: "
-               + ("greedy" if s.greedy else f"temperature {s.temperature}, seed {s.seed}"))
+               + ("greedy" if s.greedy else f"temperature {s.temperature}, seed {s.seed}")
+               + " · max new tokens, sampling and the timestamp apply from the next turn; another model, "
+               "engine or cache keeps the conversation and rebuilds the cache from it")
     busy_note(short=True)  # TTFTs are timed: say when other processes hold the cores
-    sampling = s.sampling_kwargs()
-    key = (s.model_key, kind, block, blocks, max_new, stamp, fast, tuple(sorted(sampling.items())))
-    conv = _conversation(model, key, kind, block, blocks, max_new, stamp, fast, sampling)
+    cache_args = {"cache_kind": kind, "kv_block_size": block, "kv_blocks": blocks, "fast": fast}
+    turn_args = {"max_new_tokens": max_new, "timestamp": stamp, **s.sampling_kwargs()}
+    conv = _conversation(model, s.model_key, cache_args, turn_args)
     if conv is None:
         return
     tab_chat, tab_scenario = st.tabs(["Chat", "One-click scenario"])
@@ -84,21 +86,36 @@ def default_pool_blocks(groups: int) -> int:
     return min(512, 64 * max(1, groups))
 
 
-def _conversation(model: LoadedModel, key: tuple[Any, ...], kind: str, block: int, blocks: int, max_new: int,
-                  stamp: bool, fast: bool, sampling: dict[str, Any]) -> Conversation | None:
-    """This session's conversation; a new one when a setting it was built with changes."""
-    if session.get(session.CHAT_CONVERSATION_KEY) != key or session.get(session.CHAT_CONVERSATION) is None:
-        try:
-            conv = Conversation(model, cache_kind=kind, kv_block_size=block, kv_blocks=blocks, timestamp=stamp,
-                                max_new_tokens=max_new, fast=fast, **sampling)
+def _conversation(model: LoadedModel, model_key: tuple[str, ...], cache_args: dict[str, Any],
+                  turn_args: dict[str, Any]) -> Conversation | None:
+    """This session's conversation, never thrown away by a setting (issue 37). A setting of the
+    next turn (max new tokens, sampling, timestamp) is applied to it; another model, engine or
+    cache rebuilds its cache empty and keeps the transcript, which the next turn prefills again."""
+    cache_key = (model_key, tuple(sorted(cache_args.items())))
+    turn_key = tuple(sorted(turn_args.items(), key=lambda kv: kv[0]))
+    conv: Conversation | None = session.get(session.CHAT_CONVERSATION)
+    built = session.get(session.CHAT_CONVERSATION_KEY) if conv is not None else None
+    try:
+        if conv is None:
+            conv = Conversation(model, **cache_args, **turn_args)
             conv.warm_up()  # turn 1's TTFT then times the model, not first-call costs
-        except KVVizError as e:
-            st.error(md_plain(e))
-            return None
-        session.put(session.CHAT_CONVERSATION, conv)
-        session.put(session.CHAT_CONVERSATION_KEY, key)
-        session.put(session.CHAT_CHECKS, {})
-    return session.read(session.CHAT_CONVERSATION)
+            session.put(session.CHAT_CONVERSATION, conv)
+            session.put(session.CHAT_CHECKS, {})
+        else:
+            if not built or built[0] != cache_key:
+                switched = not built or built[0][0] != model_key
+                conv.rebuild(model, **cache_args,
+                             reason="the model was switched" if switched else "the cache settings changed")
+                conv.warm_up()
+            if not built or built[1] != turn_key:
+                conv.configure(**turn_args)
+    except KVVizError as e:
+        kept = f" The conversation ({len(conv.turns)} turns) is kept: it comes back when the settings allow a " \
+               "cache again." if conv is not None and conv.turns else ""
+        st.error(md_plain(f"{str(e).rstrip('.')}.{kept}" if kept else e))
+        return None
+    session.put(session.CHAT_CONVERSATION_KEY, (cache_key, turn_key))
+    return conv
 
 
 def _chat(conv: Conversation) -> None:
@@ -124,7 +141,14 @@ def _conversation_view(conv: Conversation) -> None:
     # A turn still running belongs to an older script run that this rerun stopped (Streamlit's fast
     # reruns start a new thread at once): roll it back now, so what is drawn below is current.
     conv.interrupt("interrupted by a rerun")
-    turns, cut = conv.turns, conv.interrupted  # read once: a turn on another script thread replaces them
+    turns, cut, carried = conv.turns, conv.interrupted, conv.carried  # read once: another thread replaces them
+    if turns and carried >= len(turns):
+        st.info(md_plain(
+            f"The conversation is kept ({len(turns)} turn{'' if len(turns) == 1 else 's'}), but it was computed on "
+            f"another model or cache (the last turn on {turns[-1].made_on or 'earlier settings'}). It now runs on "
+            f"{conv.label()}, "
+            "whose cache starts empty: the next turn prefills the whole transcript again (nothing reused on that "
+            "turn), and the turns after it reuse the cache as before."), icon="♻️")
     tok = conv.model.tokenizer
     controls = getattr(tok, "control_tokens", None) or {}
     for i, t in enumerate(turns):
@@ -137,7 +161,10 @@ def _conversation_view(conv: Conversation) -> None:
         with st.chat_message("assistant"):
             st.text(t.text)
             got = checks.get(i)
-            st.caption(chat_views.turn_line(t, got[1] if got else None, got[0] if got else None))
+            line = chat_views.turn_line(t, got[1] if got else None, got[0] if got else None)
+            if i < carried:  # plain text: the label holds the model's name
+                line += f" · computed on an earlier cache: {md_plain(t.made_on or 'earlier settings')}"
+            st.caption(line)
     _interrupted(cut, len(turns))
     err = session.pop(session.CHAT_ERROR, None)
     if err:
@@ -158,7 +185,7 @@ def _controls(conv: Conversation) -> None:
     if b2.button("Check against scratch", key="chat_check", disabled=not conv.turns,
                  help="generates every turn again on a fresh cache (same sampling), compares the tokens, and "
                       "times the TTFT of prefilling the whole conversation"):
-        for i in range(len(conv.turns)):
+        for i in range(conv.carried, len(conv.turns)):  # a carried turn's ids are an earlier model's
             checks[i] = (conv.matches_scratch(i), conv.recompute_ttft_ms(i))
         st.rerun()
     if b3.button("Regenerate", key="chat_regen", disabled=not conv.turns,
@@ -170,15 +197,19 @@ def _controls(conv: Conversation) -> None:
         st.rerun()
     if not conv.turns:
         return
-    last = conv.turns[-1]
+    last, own = conv.turns[-1], conv.carried < len(conv.turns)
     st.subheader("The last turn's tokens")
-    chat_views.chips(tok, last)
+    if own:
+        chat_views.chips(tok, last)
+    else:  # its ids are another tokenizer's, its pool another cache's
+        st.caption("The last turn was computed on the earlier cache: its tokens show again after the next turn.")
     turns = [{**t.to_dict(), "recompute_ttft_ms": checks[i][1] if i in checks else None}
              for i, t in enumerate(conv.turns)]
     left, right = st.columns(2)
     show(left, pc.reuse_bars(turns), key=f"chat_reuse_{len(turns)}")
     show(right, pc.ttft_bars(turns), key=f"chat_ttft_{len(turns)}_{len(checks)}")
-    if last.snapshots:
+    right.caption(md_plain(chat_views.no_reuse_note(conv.turns, conv.label(), str(conv.model.device))))
+    if own and last.snapshots:
         st.subheader("The paged pool during the last turn")
         chat_views.pool_views(last.snapshots, key=f"chat_pool_{len(turns)}", names=["conversation"])
 
@@ -229,12 +260,16 @@ def _send(conv: Conversation, text: str, edit_turn: int | None = None, regenerat
                     st.caption(f"Answering on the same cache: step {i + 1}")
                     if snap:
                         show(st, pc.pool_grid(snap, ["conversation"]), key=f"chat_live_{len(conv.turns)}_{i}")
+        live.caption("Timing the same prompt again without reuse (a fresh cache), for the comparison…")
+        conv.time_without_reuse()  # one extra prefill: what this turn would have cost with nothing reused
         if edit_turn is not None or regenerate:
             session.put(session.CHAT_CHECKS, {})
     except TurnInterrupted:
         return  # a newer turn replaced this one: the script run that started it draws the page
     except KVVizError as e:
         session.put(session.CHAT_ERROR, str(e))
+        if it is None and edit_turn is None and not regenerate and text.strip():
+            conv.drop(text, f"not sent: {e}")  # refused before it began (too long for the context...): keep it
     finally:
         if it is not None and inspect.getgeneratorstate(it) == inspect.GEN_CREATED and edit_turn is None \
                 and not regenerate:  # stopped before the turn began: keep the message, unanswered

@@ -73,6 +73,8 @@ def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | 
     """The turn's numbers in one line (plain text, no user text in it)."""
     s = (f"{t.prompt_tokens} prompt tokens: {t.reused_tokens} reused, {t.prefilled_tokens} prefilled · "
          f"{t.generated_tokens} generated · TTFT {t.ttft_ms:.0f} ms")
+    if t.no_reuse_ttft_ms is not None:
+        s += f" (without reuse: {t.no_reuse_ttft_ms:.0f} ms, measured after it)"
     if recompute_ms is not None:
         s += f" (recomputing all: {recompute_ms:.0f} ms)"
     s += f" · cache {fmt_bytes(t.cache_bytes_before)} → {fmt_bytes(t.cache_bytes_used)}"
@@ -85,11 +87,35 @@ def turn_line(t: TurnRecord, recompute_ms: float | None = None, scratch: bool | 
     return s
 
 
+def no_reuse_note(turns: Sequence[TurnRecord], label: str, device: str) -> str:
+    """What the TTFT chart compares, and how it was measured (plain text; the label names a model).
+    The model and cache named are those of the turn described (``made_on``), else ``label``."""
+    timed = [t for t in turns if t.no_reuse_ttft_ms is not None]
+    if not timed:
+        return "The TTFT without reuse is measured after each turn (turns computed on an earlier cache are not timed)."
+    t = timed[-1]
+    saved = t.no_reuse_ttft_ms - t.ttft_ms  # type: ignore[operator]
+    how = (f"Both measured on the same turn, on {device}: its TTFT with the cache kept ({t.reused_tokens} tokens "
+           f"reused, {t.prefilled_tokens} prefilled), then the same {t.prompt_tokens} prompt tokens prefilled from "
+           f"scratch on a fresh cache, right after it ({t.made_on or label}). Last turn: {t.ttft_ms:.0f} ms with reuse vs "
+           f"{t.no_reuse_ttft_ms:.0f} ms without")
+    if t.reused_tokens == 0:  # the same work twice: the gap is the timing's own noise, not a saving
+        return (how + f". This turn reused nothing, so both timed the same work: their gap ({abs(saved):.0f} ms) "
+                "is how much one timing varies on this machine now.")
+    return (how + f" ({'saved' if saved >= 0 else 'lost'} {abs(saved):.0f} ms). Each is one timing on a shared "
+            "CPU: compare them with the gap on a turn that reused nothing.")
+
+
 def interrupted_line(c: InterruptedTurn) -> str:
     """The label of an interrupted turn (plain text; the reason may quote an error)."""
+    if c.reason.startswith("not sent: "):
+        return (f"Not answered, refused before its turn began: {c.reason.removeprefix('not sent: ')} The message "
+                "is kept here as typed; it is not part of the conversation.")
     why = {"replaced by a newer turn": "a newer turn replaced it",
            "stopped": "stopped before it ended",
-           "interrupted by a rerun": "a click or a new message interrupted it"}.get(c.reason, c.reason)
+           "interrupted by a rerun": "a click or a new message interrupted it",
+           "the model was switched": "the model was switched in the sidebar",
+           "the cache settings changed": "the cache settings changed"}.get(c.reason, c.reason)
     n = c.generated_tokens
     return (f"Interrupted after {n} generated token{'' if n == 1 else 's'} ({why}). Not part of the conversation: "
             "the cache, its blocks and the messages are as they were before this message.")

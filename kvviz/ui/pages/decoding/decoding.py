@@ -90,7 +90,7 @@ def _beam(s: Settings, model: LoadedModel) -> None:
     if run is None or run.beams is None:
         st.info("Press **Run beam search** to grow the beam tree from the sidebar's prompt.")
         return
-    _beam_results(run)
+    _beam_results(run, model.config.vocab_size)
 
 
 def _run_beams(s: Settings, model: LoadedModel, opts: dict[str, Any], store_key: str) -> None:
@@ -104,13 +104,14 @@ def _run_beams(s: Settings, model: LoadedModel, opts: dict[str, Any], store_key:
     for _ in stream:
         now = time.monotonic()
         if now - last >= REDRAW_S:
-            show(slot, dc.beam_tree(stream.steps, "The beam tree, growing"), key=f"beam_live_{next(_draws)}")
+            show(slot, dc.beam_tree(stream.steps, "The beam tree, growing", model.config.vocab_size),
+                 key=f"beam_live_{next(_draws)}")
             last = now
     slot.empty()
     session.put(store_key, stream.run)
 
 
-def _beam_results(run: Run) -> None:
+def _beam_results(run: Run, vocab: int) -> None:
     b = run.beams
     assert b is not None
     cols = st.columns(4)
@@ -122,7 +123,7 @@ def _beam_results(run: Run) -> None:
     st.dataframe(pd.DataFrame({"beam": range(len(b.texts)), "score": [round(x, 4) for x in b.scores],
                                "tokens": [len(q) for q in b.sequences], "text": list(b.texts)}),
                  hide_index=True, key="beam_table")
-    show(st, dc.beam_tree(b.steps), key="beam_tree")
+    show(st, dc.beam_tree(b.steps, vocab=vocab), key="beam_tree")
     st.subheader("The reorder: which row was copied where")
     step = st.slider("Step", 0, max(0, len(b.steps) - 1), 0, key="beam_step",
                      help="Step 0 fans the prompt's one cache row out to k rows") if len(b.steps) > 1 else 0

@@ -72,7 +72,14 @@ def bytes_formula(run: Run) -> str:
                      f"{run.n_head // run.n_kv_head}× more, {mha - used:,} B saved.")
     if used != ev.cache_bytes_used:  # would mean the formula or the cache accounting is wrong: show both
         lines.append(f"⚠️ the cache reports {ev.cache_bytes_used:,} B used.")
-    if run.cache_kind == "static" and mixed:
+    kinds = _slots_by_kind(run, ev.cache_bytes_allocated, int(per_token) // run.n_layer if run.n_layer else 0)
+    if run.cache_kind == "static" and kinds:
+        # Per layer kind, never one average (Gemma 3 270M's would be 1,792, a ring nor a context)
+        lines.append(f"**Bytes allocated** = {factors.replace(f'{run.n_layer} layers × ', '')} per layer and slot "
+                     f"× ({kinds}) = **{ev.cache_bytes_allocated:,} B** ({fmt_bytes(ev.cache_bytes_allocated)}): "
+                     f"a ring of the window per sliding layer, every slot of the context per global layer; "
+                     f"{used / max(1, ev.cache_bytes_allocated):.1%} filled")
+    elif run.cache_kind == "static" and mixed:
         lines.append(f"**Bytes allocated** = **{ev.cache_bytes_allocated:,} B** "
                      f"({fmt_bytes(ev.cache_bytes_allocated)}): a ring of the window per sliding layer, "
                      f"every slot of the context per global layer; {used / max(1, ev.cache_bytes_allocated):.1%} filled")
@@ -84,6 +91,23 @@ def bytes_formula(run: Run) -> str:
         lines.append(f"**Bytes allocated** = bytes used ({fmt_bytes(ev.cache_bytes_allocated)}): torch.cat has "
                      f"copied {fmt_bytes(ev.cache_bytes_copied)} so far to grow it.")
     return "  \n".join(lines)
+
+
+def _slots_by_kind(run: Run, allocated: int, layer_slot: int) -> str:
+    """'2 sliding layers × 5 slots + 1 global layer × 64 slots' for a static cache over sliding and
+    global layers, from its allocated bytes: a global layer holds the context's block_size slots, so
+    the rest, split evenly, is each sliding layer's ring. '' when the run has one kind or it does not
+    divide evenly (then no per-kind figure is exact)."""
+    n_full = run.layer_kinds.count("full")
+    n_sliding = run.layer_kinds.count("sliding")
+    if not (n_full and n_sliding) or n_full + n_sliding != run.n_layer or layer_slot <= 0 or allocated % layer_slot:
+        return ""
+    ring, rest = divmod(allocated // layer_slot - n_full * run.block_size, n_sliding)
+    if rest or ring <= 0:
+        return ""
+    def term(n: int, kind: str, slots: int) -> str:
+        return f"{n} {kind} layer{'s' if n != 1 else ''} × {slots:,} slots"
+    return f"{term(n_sliding, 'sliding', ring)} + {term(n_full, 'global', run.block_size)}"
 
 
 class _Tiles:

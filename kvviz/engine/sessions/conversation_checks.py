@@ -1,0 +1,123 @@
+"""What a ``Conversation`` checks and times on demand, and the step its turns are timed with.
+
+``feed`` is one prefill or decode step on a cache (plan, forward, commit), the very code a turn's
+TTFT times; ``recompute_ttft_ms`` times it over a turn's whole prompt on a fresh cache, so a turn's
+TTFT with reuse and without it measure the same work but for what was reused. ``ConversationChecks``
+is the part of ``Conversation`` (engine/sessions/conversation.py) that reads its finished turns:
+warm-up, the check against a from-scratch generation, and the timing without reuse.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from kvviz.engine.generation.loop import generate
+from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
+from kvviz.engine.kvcache.dense import KVCache
+from kvviz.engine.kvcache.factory import make_cache
+from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.kvcache.paged_cache import PagedKVCache
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.sessions.turn import TurnRecord
+from kvviz.errors import KVVizError
+
+
+def forward_fn(model: LoadedModel, fast: bool) -> Callable[..., torch.Tensor]:
+    """The step the generation loop would run: the accelerator or the readable model."""
+    return model.fast.forward if fast and model.fast is not None else model.model
+
+
+def feed(cache: KVCache, forward: Callable[..., torch.Tensor], inp: torch.Tensor,
+         positions: torch.Tensor) -> torch.Tensor:
+    """Plan, forward, commit the new positions (1, T): in pieces where a full window takes one
+    token per forward. The last piece's logits (1, 1, V)."""
+    fed, T = 0, inp.shape[1]
+    while True:
+        n = min(T - fed, cache.max_feed())
+        piece = inp.narrow(1, fed, n)
+        cache.plan_step(piece)
+        logits = forward(piece, positions.narrow(0, cache.pos, n), cache, None, last_only=True)
+        cache.advance(n)
+        fed += n
+        if fed == T:
+            return logits
+
+
+class ConversationChecks:
+    """Checks over a conversation's finished turns (mixed into ``Conversation``, which sets these)."""
+
+    if TYPE_CHECKING:
+        model: LoadedModel
+        fast: bool
+        cache: KVCache
+        cache_kind: str
+        kv: KVSpec | None
+        params: SamplingParams
+        max_new_tokens: int
+        turns: list[TurnRecord]
+        carried: int
+        _lock: threading.RLock
+        _active: Any
+
+        def render(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def _own(self, turn: int) -> TurnRecord:
+        """Turn ``turn``, if this cache's model computed it (a carried turn's ids are another tokenizer's)."""
+        if not 0 <= turn < len(self.turns):
+            raise KVVizError(f"there is no turn {turn + 1} (the conversation has {len(self.turns)})")
+        if turn < self.carried:
+            raise KVVizError(f"turn {turn + 1} was computed on an earlier cache ({self.turns[turn].made_on}); "
+                             "only turns computed on this one can be checked or timed again")
+        return self.turns[turn]
+
+    def scratch_ids(self, turn: int) -> list[int]:
+        """Turn ``turn``'s tokens generated from scratch (a fresh static cache, the turn's own sampling)."""
+        t = self._own(turn)
+        p = t.params or self.params
+        run = generate(self.model, prompt_ids=list(t.prompt_ids), max_new_tokens=t.max_new_tokens or self.max_new_tokens,
+                       greedy=p.greedy, temperature=None if p.greedy else p.temperature, top_k=p.top_k,
+                       top_p=p.top_p, seed=p.seed, fast=self.fast)
+        return list(run.generated_ids)
+
+    def matches_scratch(self, turn: int) -> bool:
+        return self.scratch_ids(turn) == list(self.turns[turn].generated_ids)
+
+    def recompute_ttft_ms(self, turn: int) -> float:
+        """TTFT of turn ``turn`` with nothing reused: its whole prompt prefilled on a fresh cache of
+        the conversation's kind, timed as the turn's own TTFT is (plan, forward, commit, sample)."""
+        t, m = self._own(turn), self.model
+        ids, p = list(t.prompt_ids), t.params or self.params
+        forward = forward_fn(m, self.fast)
+        with torch.inference_mode():
+            if isinstance(self.cache, PagedKVCache):  # a pool just big enough for this prompt
+                bs = self.cache.block_size
+                cache: KVCache = PagedKVCache(m.config, 1, m.device, m.dtype, bs,
+                                              self.cache.pool.blocks_for_sequence(len(ids) + 1))
+            else:
+                cache = make_cache(self.cache_kind, m.config, 1, m.device, m.dtype, kv=self.kv)
+            inp = torch.tensor([ids], dtype=torch.long, device=m.device)  # (1, N)
+            gen = None if p.greedy else make_generator(p, m.device)
+            t0 = time.perf_counter()
+            logits = feed(cache, forward, inp, torch.arange(m.config.block_size, device=m.device))
+            sample(logits.select(1, -1).float(), p, gen)
+            return (time.perf_counter() - t0) * 1000.0
+
+    def time_without_reuse(self) -> float | None:
+        """Time the last turn's prompt prefilled from scratch (``recompute_ttft_ms``) and keep it on
+        its record as ``no_reuse_ttft_ms``: what the turn cost vs what it would have cost, both
+        measured on this machine, one right after the other. Holds the lock, so no turn runs
+        beside the timing. None when there is nothing to time (no turn, a carried one, a turn
+        running)."""
+        with self._lock:
+            last = len(self.turns) - 1
+            if last < self.carried or self._active is not None:
+                return None
+            t = self.turns[last]
+            if t.no_reuse_ttft_ms is None:
+                t = replace(t, no_reuse_ttft_ms=self.recompute_ttft_ms(last))
+                self.turns = [*self.turns[:last], t]
+            return t.no_reuse_ttft_ms
