@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import plotly.graph_objects as go
 
+from kvviz.charts.render_cost import visible_len
 from kvviz.charts.run_charts import _layout, _message_figure
 from kvviz.charts.tokens import short_label
 from kvviz.units import fmt_bytes
@@ -22,7 +23,12 @@ KEPT = "#1c7ed6"
 EVICTED = "#dee2e6"
 WRITE = "#f08c00"
 LINE_COLORS = ["#212529", "#e03131", "#2b8a3e", "#7048e8", "#f08c00", "#1c7ed6"]
-VISIBLE = 24  # tokens shown at once in the side-by-side lanes
+VISIBLE = 24  # tokens shown at once in the side-by-side lanes, at most
+# The lanes' plot is about 780 px wide at 1366x768 (the page's full width less the lane names); a
+# token's chip is CHAR_PX a character of its 12 px label plus CHIP_PAD, and the view holds only as
+# many chips as fit side by side, so neighbouring labels never overprint (pan for the rest).
+LANES_PX = 760
+CHAR_PX, CHIP_PAD = 7, 10
 HEIGHTS = {"tokens": 150, "heat": 400, "notebook": 460, "curves": 440}
 
 
@@ -42,12 +48,15 @@ def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], t
     fig = go.Figure()
     n = max(len(r[1]) for r in rows)
     firsts = [d for r in rows[1:] if (d := first_divergence(ref, r[1])) is not None]
+    widest = max((visible_len(short_label(t)) for r in rows for t in r[2]), default=1)
+    visible = max(4, min(VISIBLE, LANES_PX // (CHAR_PX * widest + CHIP_PAD)))
     for y, (name, ids, labels) in enumerate(rows):
         d = first_divergence(ref, ids) if y else None
         colors = [SAME if d is None or i < d else DIFF for i in range(len(ids))]
+        texts = [short_label(t) for t in labels]
         fig.add_trace(go.Scatter(
             x=list(range(len(ids))), y=[name] * len(ids), mode="markers+text", showlegend=False,
-            marker=dict(symbol="square", size=26, color=colors, opacity=0.25), text=[short_label(t) for t in labels],
+            marker=dict(symbol="square", size=26, color=colors, opacity=0.25), text=texts,
             textfont=dict(size=12), hoverinfo="text",
             hovertext=[f"{name} · token {i} · {short_label(t)}" for i, t in enumerate(labels)]))
         if d is not None:
@@ -55,9 +64,9 @@ def token_comparison(rows: Sequence[tuple[str, Sequence[int], Sequence[str]]], t
     sub = f"green: the same token as {reference} · red: from the first different token on"
     fig.update_yaxes(autorange="reversed", type="category")
     # VISIBLE tokens stay legible; the view starts a few tokens before the first divergence (pan for the rest)
-    lo = max(0, min(min(firsts, default=0) - 4, n - VISIBLE))
-    fig.update_xaxes(title="generated token (drag to pan)" if n > VISIBLE else "generated token",
-                     range=[lo - 0.7, lo + min(n, VISIBLE) - 0.3])
+    lo = max(0, min(min(firsts, default=0) - min(4, visible // 3), n - visible))
+    fig.update_xaxes(title="generated token (drag to pan)" if n > visible else "generated token",
+                     range=[lo - 0.7, lo + min(n, visible) - 0.3])
     return _layout(fig, title, sub, 120 + 56 * len(rows))
 
 
@@ -89,8 +98,11 @@ def error_by_step(steps: Sequence[Sequence[float]], name: str) -> go.Figure:
                                  hovertemplate=f"position %{{x}} · {label} |error| %{{y:.3g}}<extra></extra>"))
     fig.update_xaxes(title="first position the write stored (the prefill, then one per step)")
     fig.update_yaxes(title="|dequantized - exact|", type="log")
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0))
-    return _layout(fig, title, "over every layer and KV head: the largest error, and the mean", HEIGHTS["heat"])
+    # The legend at the figure's bottom edge, under the long x-axis title (a fraction of the plot's
+    # height below it landed on that title).
+    fig.update_layout(legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0))
+    return _layout(fig, title, "over every layer and KV head: the largest error, and the mean", HEIGHTS["heat"],
+                   margin=dict(b=110))
 
 
 def channel_heatmap(absmax: Sequence[Sequence[float]], layer: int) -> go.Figure:

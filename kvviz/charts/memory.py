@@ -158,7 +158,11 @@ def weights_and_kv_by_batch(batches: Sequence[int], weights_bytes: int, kv_bytes
     if capacity is not None:
         fig.add_hline(y=capacity[1] / GIB, line_dash="dash", line_color=_CAPACITY_COLORS[0],
                       annotation_text=_plain(capacity[0]), annotation_position="top left")
-    return _layout(fig, title, "batch size (requests)", "memory (GiB)")
+    _layout(fig, title, "batch size (requests)", "memory (GiB)")
+    # The legend's row sits on the plot's top edge: a row more of top margin keeps the title above it
+    # (at 1366 px they overprinted).
+    fig.update_layout(margin_t=fig.layout.margin.t + 28)
+    return fig
 
 
 def attention_variants(variants: Sequence[tuple[str, int]], title: str = "Same shape, different attention") -> go.Figure:

@@ -13,6 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvviz.charts.style import wrap_words
 from kvviz.units import MIB, fmt_bytes
 from kvviz.measure.stats import MODE_LABELS, Fit, MachineProbe, per_step_ratios, rolling_median
 
@@ -22,6 +23,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.generation.events import Run
 
 HEIGHT = 380
+# A half-width chart at 1366 px holds about 62 characters of subtitle (72 measured past its edge: "… · s").
+SUBTITLE_CHARS = 58
+SUBTITLE_LINE_PX = 24  # the subtitle's line height: the top margin grows this per extra line
+# Below the plot: tick labels, the axis title and a legend of up to two rows (three modes at 440 px).
+LEGEND_BOTTOM = 112
 SMOOTH = 9  # steps in the rolling median drawn over noisy per-step timings
 MODE_COLORS = {"static": "#1f77b4", "concat": "#9467bd", "none": "#d62728"}
 PHASE_COLORS = {"prefill": "#ff7f0e", "decode": "#2ca02c"}
@@ -42,10 +48,18 @@ def where(run: "Run") -> str:
 
 
 def _layout(fig: go.Figure, title: str, subtitle: str, x: str, y: str, height: int = HEIGHT) -> go.Figure:
+    """These charts sit two to a row: at 1366 px one is about 440 px wide, so the subtitle wraps at
+    SUBTITLE_CHARS (the top margin grows a line for each extra one) and the legend sits at the
+    figure's bottom edge, under the x axis's title, never on it."""
+    lines = wrap_words(subtitle, SUBTITLE_CHARS)
     fig.update_layout(
-        title=dict(text=title, subtitle=dict(text=subtitle), x=0.0, xanchor="left"),
-        height=height, template="plotly_white", font=FONT, margin=dict(l=70, r=20, t=80, b=60),
-        legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
+        # Pinned to the figure's top: Plotly centres an unpinned title in the top margin, so a taller
+        # margin moved a wrapped subtitle down onto the top tick label instead of making room.
+        title=dict(text=title, subtitle=dict(text="<br>".join(lines)), x=0.0, xanchor="left",
+                   y=1.0, yref="container", yanchor="top", pad=dict(t=12)),
+        height=height, template="plotly_white", font=FONT,
+        margin=dict(l=70, r=20, t=80 + SUBTITLE_LINE_PX * (len(lines) - 1), b=LEGEND_BOTTOM),
+        legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0.0),
         hovermode="x unified",
     )
     fig.update_xaxes(title_text=x)
@@ -128,10 +142,20 @@ def race_tokens(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
                    "every token so far", "step (new token index)", "tokens fed per step", height)
 
 
+def _giga(flops: float) -> str:
+    """A total in G FLOPs in at most five characters ("9.86", "69.7", "1,234"): three bars share a
+    third of a half-width chart, about 45 px each, so their labels must not be wider."""
+    g = flops / 1e9
+    return f"{g:,.0f}" if g >= 999.5 else f"{g:.3g}"
+
+
 def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
-    """Analytic FLOPs per step (log scale) next to the total over the run."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.12,
-                        subplot_titles=("per step", "total over the run"))
+    """Analytic FLOPs per step (log scale) next to the total over the run (linear: the bars compare
+    totals, each labelled with its value, so the panel needs no tick labels)."""
+    # What each panel shows is its axis title, not a subplot title: those sit on the plot's top
+    # edge, where a wrapped subtitle reaches at 1366 px.
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.1)
+    top = 0.0
     for mode, run in _ordered(runs):
         name = MODE_LABELS.get(mode, mode)
         steps = np.arange(len(run.events))
@@ -140,18 +164,20 @@ def race_flops(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
                                            dash="dash" if mode == "concat" else None),
                                  legendgroup=mode), row=1, col=1)
         total = float(sum(e.flops for e in run.events))
+        top = max(top, total)
         fig.add_trace(go.Bar(x=[mode], y=f32([total]), marker_color=MODE_COLORS.get(mode), name=name,
-                             legendgroup=mode, showlegend=False, text=[f"{total / 1e9:,.2f} G"],
+                             legendgroup=mode, showlegend=False, text=[_giga(total)],
+                             hovertemplate=f"{name}: %{{y:.4s}} FLOPs<extra></extra>",
                              textposition="outside", cliponaxis=False, textfont=dict(size=13)), row=1, col=2)
-    fig = _layout(fig, "Analytic FLOPs (matmuls only; kvviz.engine.generation.flops)", _runs_where(runs) + " · G = 10⁹ FLOPs",
-                  "", "", height)
+    fig = _layout(fig, "Analytic FLOPs (matmuls only)", _runs_where(runs) + " · counted by "
+                  "kvviz.engine.generation.flops · G = 10⁹ FLOPs", "", "", height)
     fig.update_xaxes(title_text="step (new token index)", row=1, col=1)
     fig.update_yaxes(title_text="FLOPs per step", row=1, col=1)
-    fig.update_yaxes(title_text="FLOPs", row=1, col=2)
-    _log_axes(fig)
-    fig.update_xaxes(tickangle=0, row=1, col=2)
-    fig.update_annotations(font_size=13)  # the subplot titles, below the figure title
-    fig.update_layout(margin=dict(t=110), uniformtext=dict(minsize=12, mode="show"))
+    _log_axes(fig, row=1, col=1)
+    # Room above the tallest bar for its label; no tick labels (each bar says its total).
+    fig.update_yaxes(showticklabels=False, range=[0, top * 1.18 or 1], row=1, col=2)
+    fig.update_xaxes(title_text="run total (G)", tickangle=0, tickfont=dict(size=12), row=1, col=2)
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + 24), uniformtext=dict(minsize=12, mode="show"))
     fig.update_layout(hovermode="closest")
     return fig
 
@@ -203,16 +229,19 @@ def cache_bytes(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
 def cache_copied(runs: Mapping[str, "Run"], height: int = HEIGHT) -> go.Figure:
     """Cumulative bytes the cache wrote: O(T) in place (static) vs O(T^2) re-copied (concat)."""
     fig = go.Figure()
+    totals = []
     for mode in ("static", "concat"):
         if mode not in runs:
             continue
         run = runs[mode]
         steps = np.arange(len(run.events))
         total = run.events[-1].cache_bytes_copied if run.events else 0
-        verb = "written in place, O(T)" if mode == "static" else "copied by torch.cat, O(T²)"
+        verb = "in place, O(T)" if mode == "static" else "torch.cat copies, O(T²)"
         _mode_line(fig, mode, steps, [e.cache_bytes_copied / MIB for e in run.events])
-        fig.data[-1].name = f"{MODE_LABELS[mode]}: {verb} · total {fmt_bytes(total)}"
-    fig = _layout(fig, "Bytes written by the cache (cumulative)", _runs_where(runs),
+        fig.data[-1].name = f"{MODE_LABELS[mode]}: {verb}"  # short: a legend entry wider than the chart is cut
+        totals.append(f"{mode} {fmt_bytes(total)}")
+    fig = _layout(fig, "Bytes written by the cache (cumulative)", _runs_where(runs) +
+                  (" · in total: " + ", ".join(totals) if totals else ""),
                   "step (new token index)", "MiB written so far", height)
     fig.update_yaxes(rangemode="tozero")
     return fig

@@ -85,6 +85,31 @@ def wrap_subtitle(text: str, width: int = WRAP_CHARS) -> str:
     return text[:cut] + "<br>" + text[cut + 1:]
 
 
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` visible characters, broken at spaces outside tags (a
+    word longer than ``width`` keeps a line of its own). Text that has a line break already is one
+    line: its author chose where it breaks."""
+    if "<br" in text or visible_len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    line, depth, start = "", 0, 0
+    words = []
+    for i, ch in enumerate(text):  # split at spaces outside tags, so "<span style=...>" stays whole
+        depth += ch == "<"
+        depth -= ch == ">" and depth > 0
+        if ch == " " and depth == 0:
+            words.append(text[start:i])
+            start = i + 1
+    words.append(text[start:])
+    for w in words:
+        if line and visible_len(line) + 1 + visible_len(w) > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}" if line else w
+    return lines + [line]
+
+
 def _grow_margins(fig: go.Figure, kw: dict, factor: float) -> None:
     """Margins a builder preset for its labels (charts/render_cost.py) grown with the font, so Plotly's
     automargin need not lay the chart out a second time (it still would for a longer label). The
@@ -121,7 +146,10 @@ def _legend_below_axis_title(fig: go.Figure, kw: dict) -> None:
     """A horizontal legend under the plot moves to the figure's bottom edge (``yref="container"``),
     with room above it for the x axis's larger labels and title, so it never overprints them."""
     legend = fig.layout.legend
-    if legend.orientation != "h" or legend.y is None or legend.y >= 0 or legend.yref == "container":
+    if legend.orientation == "h" and legend.yref == "container":  # a builder put it there: room for 18 px
+        kw["margin_b"] = max(kw.get("margin_b", fig.layout.margin.b or 0), PROJECTOR_BOTTOM)
+        return
+    if legend.orientation != "h" or legend.y is None or legend.y >= 0:
         return
     kw.update(legend_yref="container", legend_y=0.0, legend_yanchor="bottom",
               margin_b=max(fig.layout.margin.b or 0, PROJECTOR_BOTTOM))

@@ -3,7 +3,8 @@
 On: the sidebar starts collapsed, every font is larger, the Generate page puts the token chips
 (three lines, scrolled to the newest; the plain-text copy is left out) beside the numbers and the
 cache notebook beside the attention map, so chips, notebook and attention fit above the fold at
-1920x1080, and the charts' text grows (``charts.style``).
+1920x1080 (on a 1366x768 laptop a smaller base font and chips box bring the charts' tops onto the
+screen), and the charts' text grows (``charts.style``).
 Step has a key (S) on every layout; presenting mostly needs it.
 
 The switch's value lives in session state under ``STATE_KEY`` (not only in its widget, which is
@@ -45,6 +46,13 @@ body .st-key-view_metrics [data-testid="stMarkdown"] p{font-size:.8rem;line-heig
 body .st-key-view_notebook,body .st-key-view_attention{position:relative}
 body .st-key-view_notebook > :has([data-testid="stPopover"]),
 body .st-key-view_attention > :has([data-testid="stPopover"]){position:absolute;top:0;right:0;z-index:5;width:auto}
+}
+/* A laptop (1366x768): the 19 px fonts put the cache and attention charts under the fold; a
+   smaller base and a shorter chips box bring their tops onto the screen. */
+@media (max-width:1500px),(max-height:850px){
+html{font-size:16px}
+body .kv-body{max-height:4.2em}
+body [data-testid="stMainBlockContainer"]{padding-top:1.6rem}
 }
 </style>"""
 

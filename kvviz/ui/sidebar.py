@@ -141,7 +141,8 @@ def _model_section() -> tuple[str, str, str, LoadedModel | None]:
         c = model.config
         kv = f"{c.kv_heads} K/V heads" if c.kv_heads != c.n_head else f"{c.n_head} heads"
         what = {"shakespeare": "Trained on Tiny Shakespeare, byte-level. ",
-                "smollm2": "A real instruct LLM (Llama architecture, BPE tokens), from its GGUF file. ",
+                "smollm2": "SmolLM2-135M-Instruct: a real instruct LLM (Llama architecture, BPE tokens), from its "
+                           "GGUF file. ",
                 "gemma3": "Google's Gemma 3 270M base model (no chat template: plain text in, text out); "
                           "15 sliding-window layers (512 tokens) and 3 global ones, 1 K/V head (MQA). "}.get(
             choice, "Untrained: seeded random weights. " if choice.startswith("random:") else "")
@@ -178,10 +179,11 @@ def _prompt_section(model: LoadedModel | None) -> tuple[str, int, bool]:
     if note:
         st.caption(note)  # plain text: no user text in it
     examples = CHAT_EXAMPLES if chat else EXAMPLES
-    cols = st.columns(len(examples))
-    for col, (name, text) in zip(cols, examples.items()):
-        col.button(name, key=f"example_{name.lower().replace(' ', '_')}", on_click=_set_prompt, args=(text,),
-                   help=f"Use the example prompt {text.splitlines()[0]!r}…", width="stretch")
+    # Each button as wide as its name, wrapping to a second row: four equal columns cut "France" to "F…".
+    with st.container(horizontal=True, gap="small"):
+        for name, text in examples.items():
+            st.button(name, key=f"example_{name.lower().replace(' ', '_')}", on_click=_set_prompt, args=(text,),
+                      help=f"Use the example prompt {text.splitlines()[0]!r}…", width="content")
 
     block = model.config.block_size if model is not None else 1024
     n_prompt = None

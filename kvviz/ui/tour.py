@@ -288,27 +288,25 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
         session.put(SCROLLED_KEY, None)
     asked = None
     with st.container(key="tour_card", border=True):
-        # One row of title, action and navigation; the text below runs the card's full width, so a
-        # step costs as few lines as it can above the views it explains.
-        head, act, nav = st.columns([4.6, 1.9, 2.3], vertical_alignment="center")
-        head.markdown(f"**Tour, step {n} of {len(all_steps)}: {s.title}**")
-        with nav:
-            back, nxt, end = st.columns([1, 1, 1], vertical_alignment="center")
-            back.button("Back", key="tour_back", on_click=go, args=(n - 1,), disabled=n == 1, width="stretch",
-                        shortcut="B")
-            nxt.button("Next" if n < len(all_steps) else "Finish", key="tour_next", type="primary", width="stretch",
-                       on_click=go, args=(n + 1 if n < len(all_steps) else 0,), shortcut="N")
-            end.button("End tour", key="tour_end", type="tertiary", on_click=go, args=(0,), width="stretch")
-        with act:
+        # One row of title, action and navigation, each button as wide as its label (fixed columns cut
+        # "Back B" to "B… B" at 1366 px); what does not fit wraps to a second row, never cut. The text
+        # below runs the card's full width, so a step costs as few lines as it can above its views.
+        with st.container(horizontal=True, vertical_alignment="center", gap="small", key="tour_head"):
+            st.markdown(f"**Tour, step {n} of {len(all_steps)}: {s.title}**", width="stretch")
             if s.action:
                 mode = {"no_cache": "none", "cache": "static"}.get(s.action)
-                if st.button(s.action_label, key="tour_action", width="stretch", icon=":material/play_arrow:",
+                if st.button(s.action_label, key="tour_action", width="content", icon=":material/play_arrow:",
                              on_click=_set_cache if mode else None, args=(mode,) if mode else None):
                     asked = {"no_cache": "step", "cache": "generate"}.get(s.action, s.action)
             if s.link == "calculator":
                 _link("calculator", "Open the calculator", ":material/calculate:")
             elif s.link == "race":
                 _link("race", "Open the race", ":material/speed:")
+            st.button("Back", key="tour_back", on_click=go, args=(n - 1,), disabled=n == 1, width="content",
+                      shortcut="B")
+            st.button("Next" if n < len(all_steps) else "Finish", key="tour_next", type="primary", width="content",
+                      on_click=go, args=(n + 1 if n < len(all_steps) else 0,), shortcut="N")
+            st.button("End tour", key="tour_end", type="tertiary", on_click=go, args=(0,), width="content")
         st.markdown(s.text)
     return asked
 

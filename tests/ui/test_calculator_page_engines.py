@@ -28,7 +28,7 @@ def test_engines_side_by_side_and_reconciler() -> None:
     assert m["llama.cpp: KV allocated"] == "1.00 GiB"  # -c 8192: 32 layers x 8,192 cells x 2 x 2,048 B
     assert m["SGLang: #tokens"] == f"{30 * 1024**3 // 131072:,}"
     at.text_area(key="mem_eng_log").input(LOG).run()
-    rows = next(d.value for d in at.dataframe if "why" in d.value.columns)
+    rows = next(d.value for d in at.table if "why" in d.value.columns)  # a table: its "why" sentences wrap
     assert list(rows["agrees"]) == [True, True, True]
     at.text_area(key="mem_eng_log").input("<b>not a log</b>").run()
     assert not at.exception

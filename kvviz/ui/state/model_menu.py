@@ -136,8 +136,10 @@ def choice_config(choice: str) -> GPTConfig:
 
 
 BUILTIN_LABELS = {
-    "smollm2": "smollm2: SmolLM2-135M-Instruct (chat)",  # short: the sidebar is narrow
-    "gemma3": "gemma3: Gemma 3 270M (base, sliding + global)",
+    # Short: the sidebar's box shows about 28 characters ("smollm2: SmolLM2-135M-Instruc" at 1366 px);
+    # the caption under it names the model in full. Each starts with its choice's name.
+    "smollm2": "smollm2: 135M, chat",
+    "gemma3": "gemma3: 270M, base",
 }
 
 

@@ -212,7 +212,7 @@ def _explain(spec: ModelSpec, res: MemoryResult) -> None:
                    f"{share:.2%} of the cache.")
     for w in res.warnings:
         st.warning(md_plain(page_words(w)))
-    st.code("\n".join(res.formula), language=None)
+    st.code("\n".join(res.formula), language=None, wrap_lines=True)
     with st.expander("What is counted, and what is not"):
         st.markdown("**Counted**\n" + "\n".join(f"- {c}" for c in res.counted))
         st.markdown("**Not counted**\n" + "\n".join(f"- {c}" for c in res.not_counted))

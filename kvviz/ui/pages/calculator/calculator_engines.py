@@ -146,7 +146,7 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
     else:
         col.metric("SGLang: #tokens", f"{d['max_total_num_tokens']:,}")
         col.caption("rest memory given (exact)" if d["exact"] else "rest memory estimated from the GPU and weights")
-    col.code(text, language=None)
+    col.code(text, language=None, wrap_lines=True)  # a third of the page: long lines wrap, never scroll away
 
 
 def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
@@ -207,6 +207,9 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
         return
     table = safe_frame([{"line": r.what, "logged": r.logged, "kvviz": r.predicted, "agrees": r.agrees, "why": r.why}
                         for r in rows])
-    st.dataframe(table, hide_index=True, key="mem_eng_rows")
+    # A table, not a dataframe: its "why" sentences wrap in their column instead of being cut at
+    # the grid's column width (a 1366 px screen showed a third of each). Cells are text, never Markdown.
+    with st.container(key="mem_eng_rows"):
+        st.table(table, hide_index=True)
     for n in said + notes:
         st.caption(md_plain(n))

@@ -168,7 +168,7 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
                    key="mem_chart_cost")
     show(b, charts.tokens_per_s_vs_batch(series, "Decode tokens/s vs batch", f"{gpus}, upper bound"),
                    key="mem_chart_tokens")
-    st.code("\n".join(([f"(not reachable: {why})"] if why else []) + list(c.formula)), language=None)
+    st.code("\n".join(([f"(not reachable: {why})"] if why else []) + list(c.formula)), language=None, wrap_lines=True)
 
 
 # ----------------------------------------------------------------------------- the gap to a real engine
