@@ -21,7 +21,7 @@ import pytest
 from conftest import SCREENSHOTS, _shrink_png
 
 IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
-PAGES = ["", "race", "prefill", "batching", "chat", "decoding", "compress", "calculator"]
+PAGES = ["", "race", "prefill", "batching", "chat", "decoding", "compress", "calculator", "live"]
 STARTUP_MS = 300_000  # the first page loads and dequantizes the default model on a loaded 2-core box
 
 MEASURE_JS = """() => {
