@@ -10,7 +10,7 @@ turns them off.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -71,8 +71,9 @@ def run_app(args: argparse.Namespace) -> int:
     if args.print_command:
         print(" ".join(cmd))
         return 0
-    print(f"kvviz: serving the app on http://{args.address}:{args.port} (Ctrl-C stops it)", file=sys.stderr)
-    try:
-        return subprocess.run(cmd, check=False).returncode
-    except KeyboardInterrupt:  # Streamlit got the same Ctrl-C and stops on its own
-        return 130
+    print(f"kvviz: serving the app on http://{args.address}:{args.port} (Ctrl-C stops it)", file=sys.stderr,
+          flush=True)
+    # Streamlit replaces this process (same pid), so a signal sent to `kvviz app` (Ctrl-C, a service
+    # manager's SIGTERM) reaches the server itself: a child would be orphaned and keep the port.
+    os.execv(cmd[0], cmd)
+    return 0  # not reached

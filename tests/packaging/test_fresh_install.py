@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -130,7 +131,7 @@ def test_wheel_in_a_fresh_venv_installs_smollm2_answers_paris_and_serves_the_app
     log = tmp_path / "app.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen([str(venv / "bin" / "kvviz"), "app", "--port", str(port), "--address", "127.0.0.1"],
-                                env=env, cwd=work, stdout=f, stderr=subprocess.STDOUT)
+                                env=env, cwd=work, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not _healthy(url):
@@ -143,10 +144,10 @@ def test_wheel_in_a_fresh_venv_installs_smollm2_answers_paris_and_serves_the_app
             titles = _pages_render(url)
             for title in ("Generate", "Cache vs no cache", "KV memory calculator"):
                 assert title in titles, titles
-    finally:
-        proc.terminate()
+    finally:  # the whole process group: nothing the app started outlives the test
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
