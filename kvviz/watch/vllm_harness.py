@@ -40,7 +40,7 @@ def vllm_python() -> Path | None:
 def missing_reason() -> str | None:
     """Why vLLM cannot be started here (None: it can)."""
     if vllm_python() is None:
-        return "vLLM's CPU build is not installed: run `make vllm` (about 2 GB, 10-15 minutes)"
+        return "vLLM's CPU build is not installed: run `make vllm` (about 3.3 GiB installed, 10-15 minutes)"
     return None
 
 
