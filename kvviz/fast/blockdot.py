@@ -186,6 +186,26 @@ def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, 
 Group = tuple[tuple[str, ...], tuple[torch.Tensor, ...]]  # one fused call's parameter names and parameters
 
 
+class CodedCall:
+    """What a family's fused call (``gemma3_flat.Call``, ``llama_codes.Call``) streams: its ``op`` is a
+    ``BlockDot`` on block codes, or the fp32 row kernel (``rowops.RowDot``) where the codes no longer match."""
+
+    op: "BlockDot | object"
+
+    @property
+    def rotates(self) -> bool:
+        """Whether the call norms and rotates the q and k heads itself (q|k|v on block codes)."""
+        return isinstance(self.op, BlockDot) and self.op.spec.head_dim > 0
+
+    @property
+    def nbytes(self) -> tuple[int, int]:
+        """(bytes of block codes, bytes of fp32 weights) the call streams."""
+        keep = getattr(self.op, "keep", ())
+        if isinstance(self.op, BlockDot):
+            return sum(c.nbytes for c in keep if isinstance(c, BlockCodes)), 0
+        return 0, sum(t.nbytes for t in keep if isinstance(t, torch.Tensor) and t.dim() == 2)
+
+
 def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
     """Whether ``codes`` rebuild ``w`` (the model's parameter): its shape, and its first, middle and
     last rows value for value. A model whose weights changed after loading keeps its fp32 path."""

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, layer_inputs, softcap
-from kvviz.fast.blockdot import BlockCodes, BlockDot, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockCodes, BlockDot, CodedCall, Group, block_dot, matching_codes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
 
@@ -43,7 +43,7 @@ MAX_ROWS = 8  # the most rows (batch x tokens) a forward sends through the kerne
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(CodedCall):
     """One fused call of a layer: ``epilogue(RMSNorm(x) @ W^T) (+ res)``. On block codes the C call
     does it all (``BlockDot``); on the fp32 row kernel (``RowDot``: the input norm only) the GeGLU
     and the output norm follow in PyTorch."""
@@ -52,18 +52,6 @@ class Call:
     geglu: bool = False  # gate | up -> gelu_tanh(gate) * up
     post: torch.Tensor | None = None  # (n_out,) 1 + w of the output norm, or None
     eps: float = 0.0
-
-    @property
-    def rotates(self) -> bool:
-        """Whether the call norms and rotates the q and k heads itself (q|k|v on block codes)."""
-        return isinstance(self.op, BlockDot) and self.op.spec.head_dim > 0
-
-    @property
-    def nbytes(self) -> tuple[int, int]:
-        """(bytes of block codes, bytes of fp32 weights) the call streams."""
-        if isinstance(self.op, BlockDot):
-            return sum(c.nbytes for c in self.op.keep if isinstance(c, BlockCodes)), 0
-        return 0, sum(t.nbytes for t in self.op.keep if t.dim() == 2)
 
     def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

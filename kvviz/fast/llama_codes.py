@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from kvviz.engine.models.llama import Llama, apply_rope, forward_mask
-from kvviz.fast.blockdot import BlockCodes, BlockDot, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockCodes, BlockDot, CodedCall, Group, block_dot, matching_codes
 from kvviz.fast.common import PlanCache, opt
 from kvviz.fast.rowops import RowDot, row_dot
 
@@ -44,23 +44,11 @@ MAX_ROWS = 8  # the most rows (batch x tokens) a forward sends through the kerne
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(CodedCall):
     """One fused call of a layer, ``epilogue(RMSNorm(x) @ W^T + b) (+ res)``: on block codes
     (``BlockDot``, RoPE too for q|k|v) or on the fp32 row kernel (``RowDot``, SwiGLU fused too)."""
 
     op: BlockDot | RowDot
-
-    @property
-    def rotates(self) -> bool:
-        """Whether the call norms (Qwen3) and rotates the q and k heads itself (q|k|v on codes)."""
-        return isinstance(self.op, BlockDot) and self.op.spec.head_dim > 0
-
-    @property
-    def nbytes(self) -> tuple[int, int]:
-        """(bytes of block codes, bytes of fp32 weights) the call streams."""
-        if isinstance(self.op, BlockDot):
-            return sum(c.nbytes for c in self.op.keep if isinstance(c, BlockCodes)), 0
-        return 0, sum(t.nbytes for t in self.op.keep if isinstance(t, torch.Tensor) and t.dim() == 2)
 
     def __call__(self, x: torch.Tensor, res: torch.Tensor | None = None,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
