@@ -346,7 +346,7 @@ def _too_long_rows(spec: ModelSpec, s: VLLMSettings, err: tuple[int, float, floa
         block = vllm_sizing(spec, replace(s, kv_memory_bytes=0)).bytes_per_block
         lo, hi = lo + block, hi + block
     a, b = sizes(spec, s, lo, hi)
-    ok = f"{need_gib:.2f}" == format_gib(a.needed_bytes)
+    ok = round(need_gib, 2) == round(a.needed_bytes / GIB, 2)  # either format: "62.00" (older) or "2.0"
     rows = [Row(f"KV needed for one {L:,}-token request", f"{need_gib:.2f} GiB", f"{format_gib(a.needed_bytes)} GiB "
                 f"({a.needed_bytes:,} B)", ok, "exact: it does not depend on the available memory" if ok
                 else explain_needed(spec, s, need_gib))]

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvviz.memory.engine_vllm import VLLMSettings, VLLMSizing, format_gib, vllm_sizing
+from kvviz.memory.engine_vllm import VLLMSettings, VLLMSizing, vllm_sizing
 from kvviz.memory.spec import CalcError, ModelSpec
+from kvviz.units import GIB
 
 
 def sizes(spec: ModelSpec, s: VLLMSettings, lo: int, hi: int) -> tuple[VLLMSizing, VLLMSizing]:
@@ -88,7 +89,7 @@ def explain_needed(spec: ModelSpec, s: VLLMSettings, need_gib: float) -> str:
             trials.append((f"a block size of {bs}: pass --block-size {bs}", replace(s, block_size=bs)))
     for why, alt in trials:
         try:
-            if format_gib(vllm_sizing(spec, replace(alt, kv_memory_bytes=0)).needed_bytes) == f"{need_gib:.2f}":
+            if round(vllm_sizing(spec, replace(alt, kv_memory_bytes=0)).needed_bytes / GIB, 2) == round(need_gib, 2):
                 return f"reproduced with {why}"
         except CalcError:
             continue

@@ -10,9 +10,11 @@ from kvviz.units import GIB
 DOCS_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
 
 
-def format_gib(n: int) -> str:
-    """vLLM's GiB in its messages: two decimals."""
-    return f"{n / GIB:.2f}"
+def format_gib(n: int, older: bool = False) -> str:
+    """vLLM's GiB in its messages: ``f"{round(b / GiB_bytes, 2)}"`` (vllm/utils/mem_utils.py:30-31), so
+    2 GiB reads "2.0" and 1.234 GiB "1.23" (vLLM 0.32's own too-long error on this machine); the older
+    vLLM of the "models's" error printed two decimals ("62.00 GiB" in the issue logs kvviz keeps)."""
+    return f"{n / GIB:.2f}" if older else f"{round(n / GIB, 2)}"
 
 
 def too_long_text(L: int, needed: int, check: int, estimate: int | None, older: bool = False) -> str:
@@ -20,8 +22,8 @@ def too_long_text(L: int, needed: int, check: int, estimate: int | None, older: 
     est = (f"Based on the available memory, the estimated maximum model length is {estimate}. " if estimate else "")
     if older:
         return (f"ValueError: To serve at least one request with the models's max seq len ({L}), "
-                f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-                f"memory ({format_gib(check)} GiB). {est}Try increasing `gpu_memory_utilization` or "
+                f"({format_gib(needed, True)} GiB KV cache is needed, which is larger than the available KV cache "
+                f"memory ({format_gib(check, True)} GiB). {est}Try increasing `gpu_memory_utilization` or "
                 "decreasing `max_model_len` when initializing the engine.")
     return (f"ValueError: To serve at least one request with the model's max seq len ({L}), "
             f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "

@@ -130,8 +130,8 @@ def test_vllm_too_long_error_and_estimate(presets):
     assert vllm_sizing(spec, VLLMSettings(GIB + 2 * 1024**2, 8192)).fits
     v = vllm_sizing(spec, VLLMSettings(GIB, 8192))
     assert not v.fits and v.needed_bytes == 32 * 512 * 65_536 and v.estimated_max_model_len == 8176
-    assert v.lines[1] == ("ValueError: To serve at least one request with the model's max seq len (8192), (1.00 GiB "
-                          "KV cache is needed, which is larger than the available KV cache memory (1.00 GiB). Based on "
+    assert v.lines[1] == ("ValueError: To serve at least one request with the model's max seq len (8192), (1.0 GiB "
+                          "KV cache is needed, which is larger than the available KV cache memory (1.0 GiB). Based on "
                           "the available memory, the estimated maximum model length is 8176. Try increasing "
                           "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
                           "`max_model_len` when initializing the engine. See "

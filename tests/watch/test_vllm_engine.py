@@ -108,9 +108,12 @@ def complete(url: str, prompt: str, max_tokens: int = 16) -> str:
 
 
 def test_watch_once_json_equals_metrics_read_directly(smollm2_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    shared = "You are a helpful assistant. " * 20  # > one 128-token block: the later requests hit the prefix cache
-    with cf.ThreadPoolExecutor(4) as ex:
-        list(ex.map(lambda i: complete(smollm2_server.url, shared + f"Question {i}:"), range(4)))
+    # Two full 128-token blocks of shared prefix (vLLM caches and hits whole blocks only); the first
+    # request computes them, the three after it find them.
+    shared = "You are a helpful assistant. " * 60
+    complete(smollm2_server.url, shared + "Question 0:")
+    with cf.ThreadPoolExecutor(3) as ex:
+        list(ex.map(lambda i: complete(smollm2_server.url, shared + f"Question {i}:"), range(1, 4)))
     assert main(["watch", smollm2_server.url, "--once", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     with urllib.request.urlopen(smollm2_server.url + "/metrics") as r:
