@@ -296,7 +296,12 @@ def train(tc: TrainConfig, resume: bool = False, progress: bool = True) -> dict:
                             "elapsed_s": round(elapsed, 1)})
             # stderr: with --json, stdout carries exactly one JSON object.
             bar.write(f"step {step}: train {loss.item():.4f}  val {val:.4f}  ({elapsed / 60:.1f} min)", file=sys.stderr)
-            _save_state(state_dir, model, opt, step, gen, history, elapsed, tokens, commands)
+            try:
+                _save_state(state_dir, model, opt, step, gen, history, elapsed, tokens, commands)
+            except OSError as e:  # a full disk mid-run: one line naming what was saved last, no traceback
+                last = f"; the checkpoint of step {history[-2]['step']} stays in {state_dir}" if len(history) > 1 else ""
+                raise KVVizError(f"cannot save the step-{step} checkpoint to {state_dir}: {e.strerror or e}{last} "
+                                 "(free space, then rerun with --resume)") from None
             t_last = time.perf_counter()  # checkpoint I/O is not training time
     bar.close()
 

@@ -180,3 +180,30 @@ def test_a_model_that_cannot_be_saved_names_the_checkpoint(tmp_path: Path, monke
     assert (f"cannot save the trained model to {tmp_path / 'm'}: No space left on device; the checkpoint of step 2 "
             f"is in {tmp_path / 'm' / 'train_state'} (rerun with --resume)") in err
     assert (tmp_path / "m" / "train_state" / "state.safetensors").is_file()
+
+
+def test_a_checkpoint_that_cannot_be_saved_mid_run_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The disk fills at the second checkpoint: one error line naming the first one, no traceback."""
+    import errno as _errno
+
+    import kvviz.train as train_module
+
+    save_state, calls = train_module._save_state, []
+
+    def fills_up(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+        save_state(*args, **kwargs)
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world, the sea is calm tonight\n" * 40)
+    monkeypatch.setattr(train_module, "_save_state", fills_up)
+    code, _, err = cli(capsys, "train", "--corpus", str(corpus), "--out", str(tmp_path / "m"), "--device", "cpu",
+                       "--n-layer", "1", "--n-head", "1", "--n-embd", "8", "--block-size", "8", "--batch-size", "2",
+                       "--steps", "4", "--eval-every", "2", "--eval-batches", "1", "--no-final-eval", "--no-progress")
+    state = tmp_path / "m" / "train_state"
+    assert code == 2 and "Traceback" not in err, err
+    assert (f"cannot save the step-4 checkpoint to {state}: No space left on device; the checkpoint of step 2 stays "
+            f"in {state} (free space, then rerun with --resume)") in err
