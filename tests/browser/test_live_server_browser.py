@@ -54,7 +54,7 @@ def test_live_page_reads_a_server_and_keeps_its_data_when_it_goes(browser, app_u
             pg.wait_for_selector("text=the pool holds")
             body = pg.locator("[data-testid='stMain']").inner_text()
             assert "46,592 tokens" in body and "22.75" in body, body[:2000]
-            assert "vllm serving HuggingFaceTB/SmolLM2-135M-Instruct" in body
+            assert "vLLM serving HuggingFaceTB/SmolLM2-135M-Instruct" in body
             pg.wait_for_selector(".js-plotly-plot .main-svg")
             _shot(pg, f"live-{size[0]}x{size[1]}.png")
         # The server is gone: one warning line, the readings stay on screen.

@@ -21,6 +21,7 @@ from kvviz.watch.watch import Snapshot, read_server
 
 MAX_READINGS = 900  # 30 minutes at 2 s: bounded memory per browser session
 INTERVALS = (1.0, 2.0, 5.0, 10.0)
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama.cpp": "llama.cpp"}  # as the projects write them
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _metrics(w: Watch) -> None:
         conc = "" if c.max_concurrency is None else (f" One request of the served maximum length "
                                                      f"({r.max_model_len:,} tokens) takes its share of that, so at most "
                                                      f"**{c.max_concurrency:.2f}** such requests fit at once.")
-        st.markdown(f"**kvviz's calculator** ({c.model}, {r.engine}'s own rules): the pool holds "
+        st.markdown(f"**kvviz's calculator** ({c.model}, {ENGINE_NAMES[r.engine]}'s own rules): the pool holds "
                     f"**{c.kv_cache_tokens:,} tokens**.{used}{conc}")
         if c.formula:
             with st.expander("How kvviz computed it"):
@@ -120,7 +121,7 @@ def _panel(url: str, header: str, device: str) -> None:
     if not w.snaps:
         return
     snap = w.snaps[-1]
-    st.caption(f"{snap.reading.engine} serving {snap.reading.model or '(model not named)'}: "
+    st.caption(f"{ENGINE_NAMES[snap.reading.engine]} serving {snap.reading.model or '(model not named)'}: "
                f"{len(w.snaps)} reading(s)" + (f"; {'; '.join(snap.notes)}" if snap.notes else ""))
     _metrics(w)
     _charts(w)
