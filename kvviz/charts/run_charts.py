@@ -375,9 +375,9 @@ def attention_bars(run: Run, layer: int = 0, head: int = 0) -> go.Figure:
     top = sorted(int(p) for p in np.argsort(w)[::-1][:3])  # left to right, labels staggered upwards
     set_layout(fig, annotations=[
         dict(x=p, y=float(w[p]), text=f"“{short_label(labels[p])}” {w[p]:.2f}", showarrow=True, arrowhead=0,
-             # Fan the three labels out left, up, right; near the right edge, lean them all left.
-             ax=50 * (i - 1) - (70 if p > 0.8 * X else 0), ay=-30 - 18 * (i % 2), font=dict(size=14, color="#212529"),
-             bgcolor="rgba(255,255,255,0.85)")
+             # Fan the three labels out left, up, right; near an edge, lean them inwards (off the y ticks).
+             ax=50 * (i - 1) - (70 if p > 0.8 * X else 0) + (90 if p < 0.2 * X else 0), ay=-30 - 18 * (i % 2),
+             font=dict(size=14, color="#212529"), bgcolor="rgba(255,255,255,0.85)")
         for i, p in enumerate(top)])
     axis = token_axis(labels, X, "key position (token)")
     set_layout(fig, xaxis=axis, yaxis=dict(title=dict(text="attention weight"), rangemode="tozero",
