@@ -46,6 +46,8 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
     "kvviz.engine.loading.gguf_codes": 1,
     "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check  # a quantized tensor's blocks as the block kernel's codes: bytes only
+    "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
+    "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
     # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
     # (5); their records are plain dataclasses (1).
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
@@ -63,7 +65,7 @@ FLOORS: dict[str, int] = {
     "kvviz.cli": 8, "kvviz.__main__": 8, "app": 8,  # the command line (its table, the subcommands' glue) and the app
 }
 # Package __init__ files that only mark a folder: importing them costs nothing and says nothing.
-EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
+EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.core", "kvviz.engine.serving", "kvviz.engine.models", "kvviz.engine.loading", "kvviz.engine.tokenize",
                   "kvviz.engine.kvcache", "kvviz.engine.generation", "kvviz.engine.strategy", "kvviz.engine.sessions",
                   "kvviz.cli", "kvviz.measure", "kvviz.watch", "kvviz.charts", "kvviz.ui", "kvviz.ui.state", "kvviz.ui.common",
                   "kvviz.ui.pages",

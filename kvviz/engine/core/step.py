@@ -1,0 +1,62 @@
+"""The step driver: the ONE routine that runs a forward over a KV cache.
+
+Every path that generates (the plain loop, beam search, speculative decoding, a conversation's
+turns, parallel samples, the KV comparison, the calculator's live check and the serving
+scheduler) calls ``run_step``; none calls a model's forward itself (tests/project test this).
+
+A step is three moves, in this order, as in vLLM and nano-vllm:
+1. **plan**: the cache claims the blocks every token of every sequence in the step will occupy
+   (``cache.plan_step``), before any layer runs; a full pool fails here, with nothing written;
+2. **forward**: the backend chosen in one place (``backend_forward``): the accelerator (kvviz.fast,
+   same maths, flat) or the readable nn.Module; each layer writes its K/V through ``cache.update``;
+3. **commit**: ``cache.advance`` moves the cache position (or ``abort_step`` undoes the plan when
+   the forward raised), so a failed step leaves the cache as it was.
+
+Sampling stays with the caller: each strategy samples its own way (greedy/top-p, beams, a draft's
+verification), from the logits this returns.
+
+The batch is (B, T) ids at positions (T,): B rows in lock-step (one sequence, or B copies of it),
+or, for a ragged cache (the serving scheduler's), one row of N tokens whose per-sequence layout
+the cache was told before the step (its ``plan_step`` reads it).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from kvviz.engine.kvcache.dense import KVCache
+    from kvviz.engine.loading.loader import LoadedModel
+
+Backend = Literal["fast", "readable"]
+
+
+def backend_of(model: "LoadedModel", fast: bool = True) -> Backend:
+    """"fast" when the accelerator runs the step (asked for and built for this model), else "readable"."""
+    return "fast" if fast and model.fast is not None else "readable"
+
+
+def backend_forward(model: "LoadedModel", backend: Backend) -> Any:
+    """The forward that runs: the accelerator (same signature, same maths) or the readable model."""
+    return model.fast.forward if backend == "fast" and model.fast is not None else model.model
+
+
+def run_step(model: "LoadedModel", cache: "KVCache | None", ids: torch.Tensor, positions: torch.Tensor, *,
+             backend: Backend = "fast", capture: Any = None, last_only: bool = True,
+             commit: bool = True) -> torch.Tensor:
+    """Plan, forward, commit: logits (B, T|1, V) for ``ids`` (B, T) at ``positions`` (T,).
+
+    ``commit=False`` leaves the planned step uncommitted: the caller advances (or aborts) itself,
+    e.g. to look at the logits first."""
+    if cache is not None:
+        cache.plan_step(ids)  # blocks claimed before the forward; no layer allocates
+    try:
+        logits = backend_forward(model, backend)(ids, positions, cache, capture, last_only=last_only)
+    except BaseException:
+        if cache is not None:
+            cache.abort_step()
+        raise
+    if cache is not None and commit:
+        cache.advance(ids.shape[-1])
+    return logits
