@@ -43,10 +43,13 @@ def backend_forward(model: "LoadedModel", backend: Backend) -> Any:
 
 
 def run_step(model: "LoadedModel", cache: "KVCache | None", ids: torch.Tensor, positions: torch.Tensor, *,
-             backend: Backend = "fast", capture: Any = None, last_only: bool = True,
+             backend: Backend = "fast", capture: Any = None, last_only: bool | torch.Tensor = True,
              commit: bool = True) -> torch.Tensor:
     """Plan, forward, commit: logits (B, T|1, V) for ``ids`` (B, T) at ``positions`` (T,).
 
+    ``last_only``: True for the last position's logits, False for every position's, or a (K,) long
+    tensor of the positions (indices into T) whose logits to compute: a ragged step needs each
+    sequence's last token only (the serving scheduler), never N x V logits.
     ``commit=False`` leaves the planned step uncommitted: the caller advances (or aborts) itself,
     e.g. to look at the logits first."""
     if cache is not None:
