@@ -1,6 +1,6 @@
 """Plotly figures for the KV memory calculator: plain numbers in, go.Figure out.
 
-No streamlit and no torch: the page computes bytes with kvviz.memory and hands them here, so the
+No streamlit and no torch: the page computes bytes with kvviz.calculator and hands them here, so the
 same figures can be rebuilt in a notebook or a test. Byte counts arrive as exact ints and are
 converted to GiB (float32, as every chart in kvviz sends) only for plotting; hover text shows GB too.
 """

@@ -172,7 +172,7 @@ def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:
 def test_smollm2_live_cache_bytes_equal_the_calculator_at_every_step(smollm2: LoadedModel) -> None:
     """The calculator's SmolLM2-135M preset (from its published config.json) and the live cache
     agree to the byte: used bytes at every step, allocated bytes for the whole context."""
-    from kvviz.memory import MemoryRequest, calculate, find_preset, load_presets
+    from kvviz.calculator import MemoryRequest, calculate, find_preset, load_presets
 
     spec = find_preset("smollm2-135m", load_presets())
     run = generate(smollm2, prompt="Hi", max_new_tokens=6, greedy=True)

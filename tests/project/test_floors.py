@@ -24,7 +24,7 @@ FLOORS: dict[str, int] = {
     "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
     "kvviz.paths": 0,  # where the assets, the app script and its config are: a checkout's or an installed wheel's
     "kvviz.model_packages": 0,  # the model packages' pins, sizes and install command: the loaders' messages name it
-    "kvviz.memory": 1,  # the calculator: pure Python
+    "kvviz.calculator": 1,  # the calculator: pure Python
     "kvviz.watch": 1,  # a running server's /metrics read and sized with the calculator: pure Python, no torch
     # engine/models: the readable families (2) over their config and attention mask (1).
     "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
@@ -72,7 +72,7 @@ EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.core", "kvviz.engine.serving", "
                   *(f"kvviz.ui.pages.{page}" for page in ("generate", "race", "prefill", "batching", "chat", "decoding",
                                                           "compress", "calculator", "live")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.watch", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors",
+NO_TORCH = ("kvviz.calculator", "kvviz.watch", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors",
             "kvviz.safeio", "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")
 
 
@@ -215,9 +215,9 @@ def test_no_engine_folder_holds_more_than_twelve_modules() -> None:
 
 
 def test_the_calculator_imports_without_torch() -> None:
-    """`import kvviz.memory` is the plain import (no file-path trick), and torch stays out."""
+    """`import kvviz.calculator` is the plain import (no file-path trick), and torch stays out."""
     charts = [f"kvviz.charts.{p.stem}" for p in (ROOT / "kvviz/charts").glob("*.py") if p.stem != "__init__"]
-    code = (f"import sys, kvviz.memory, kvviz.units, {', '.join(charts)}\n"
+    code = (f"import sys, kvviz.calculator, kvviz.units, {', '.join(charts)}\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

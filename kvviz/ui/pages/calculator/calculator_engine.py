@@ -1,4 +1,4 @@
-"""The calculator page's only contact with the engine (which imports torch; kvviz.memory may not):
+"""The calculator page's only contact with the engine (which imports torch; kvviz.calculator may not):
 kvviz's own model shapes for the presets, and the bytes its live caches really allocate, so the
 page can put the calculator's figure next to a measurement.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvviz.memory import BUILTIN_PREFIX
+from kvviz.calculator import BUILTIN_PREFIX
 
 SHAPES_SOURCE = "kvviz/engine/loading/loader.py RANDOM_SHAPES"
 

@@ -1,7 +1,7 @@
 """The calculator page's Engine section: vLLM, llama.cpp and SGLang side by side for the model and
 GPU in the sidebar, each in its own log's words, and the vLLM startup-log reconciler.
 
-All arithmetic is kvviz.memory's (engines.py, engine_*.py); this module reads widgets and writes
+All arithmetic is kvviz.calculator's (servers.py, server_*.py); this module reads widgets and writes
 text. Pasted log text is shown only as table cells and code blocks, never as Markdown.
 """
 from __future__ import annotations
@@ -10,15 +10,15 @@ import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from kvviz.memory import DEFAULT_BLOCK_SIZE, GIB, CalcError, MemoryRequest, ModelSpec, load_gpus, parse_config_text
-from kvviz.memory.config_file import MAX_CONFIG_BYTES
-from kvviz.memory.engine_llamacpp import CACHE_TYPES
-from kvviz.memory.engine_mix import lengths_from_percentiles, parse_percentiles
-from kvviz.memory.engine_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, settings_from_log
-from kvviz.memory.engine_vllm import VLLMSettings
-from kvviz.memory.engine_vllm_defaults import DEVICES, default_batched_tokens, default_block_size
-from kvviz.memory.engines import EngineRequest, engine_report, estimate_parts
-from kvviz.memory.formulas import weight_bytes
+from kvviz.calculator import DEFAULT_BLOCK_SIZE, GIB, CalcError, MemoryRequest, ModelSpec, load_gpus, parse_config_text
+from kvviz.calculator.config_file import MAX_CONFIG_BYTES
+from kvviz.calculator.server_llamacpp import CACHE_TYPES
+from kvviz.calculator.server_mix import lengths_from_percentiles, parse_percentiles
+from kvviz.calculator.server_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, settings_from_log
+from kvviz.calculator.server_vllm import VLLMSettings
+from kvviz.calculator.server_vllm_defaults import DEVICES, default_batched_tokens, default_block_size
+from kvviz.calculator.servers import EngineRequest, engine_report, estimate_parts
+from kvviz.calculator.formulas import weight_bytes
 from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.state import session
