@@ -57,7 +57,7 @@ def test_memory_package_files_stay_small() -> None:
 
 
 def test_memory_charts_import_no_framework() -> None:
-    names = {n.split(".")[0] for n in _imports(ROOT / "kvviz" / "charts" / "memory.py")}
+    names = {n.split(".")[0] for n in _imports(ROOT / "kvviz" / "charts" / "calculator_charts.py")}
     assert not names & {"torch", "streamlit"}
 
 
@@ -529,7 +529,7 @@ def test_live_panel_measures_smollm2_from_its_own_gguf_file(dtype: str) -> None:
     x 2 (K and V) x 4 bytes = 46,080 bytes per token in fp32)."""
     from kvviz.engine.loading.llama_loader import smollm2_path
     from kvviz.errors import KVVizError
-    from kvviz.ui.pages.calculator.calculator_engine import measure_caches
+    from kvviz.ui.pages.calculator.calculator_measured import measure_caches
 
     try:
         smollm2_path()

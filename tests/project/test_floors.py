@@ -27,7 +27,7 @@ FLOORS: dict[str, int] = {
     "kvviz.calculator": 1,  # the calculator: pure Python
     "kvviz.watch": 1,  # a running server's /metrics read and sized with the calculator: pure Python, no torch
     # engine/models: the readable families (2) over their config and attention mask (1).
-    "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
+    "kvviz.engine.models": 2, "kvviz.engine.models.gpt2_config": 1, "kvviz.engine.models.attention": 1,
     "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
     # engine/kvcache: the caches (2) over plain bookkeeping, tensor quantizers and the request (1).
     "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.block_pool": 1, "kvviz.engine.kvcache.kv_quant": 1,
@@ -178,7 +178,7 @@ def test_the_package_keeps_its_floors() -> None:
 
 
 @pytest.mark.parametrize("file,line,needle", [
-    ("kvviz/engine/models/config.py", "from kvviz.ui.state import run_store\n", "upward"),
+    ("kvviz/engine/models/gpt2_config.py", "from kvviz.ui.state import run_store\n", "upward"),
     ("kvviz/engine/kvcache/dense.py", "from kvviz.engine.generation.loop import generate\n", "upward"),
     ("kvviz/charts/run_charts.py", "import streamlit as st\n", "imports streamlit"),
     ("kvviz/units.py", "import torch\n", "imports torch"),

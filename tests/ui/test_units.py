@@ -123,7 +123,7 @@ def test_a_preset_gpu_is_never_called_as_entered(monkeypatch) -> None:  # type: 
     is on file (H100) and saying there is none where not (RTX 4090); "as entered" only for a typed size."""
     from types import SimpleNamespace
 
-    from kvviz.ui.pages.calculator import calculator_engines as ce
+    from kvviz.ui.pages.calculator import calculator_servers as ce
 
     def pick(kind: str) -> None:
         monkeypatch.setattr(ce.session, "get", lambda key, default=None: kind if key == "mem_gpu_kind" else default)

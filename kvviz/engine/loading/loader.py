@@ -22,7 +22,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from kvviz.engine.models.config import GPTConfig, show
+from kvviz.engine.models.gpt2_config import GPTConfig, show
 from kvviz.engine.loading.safetensors_header import match_header, safetensors_header
 from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.loading.gemma3_package import gemma3_path
