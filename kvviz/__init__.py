@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _API: dict[str, str] = {
-    "load_model": "kvviz.engine.loading.loader",
+    "load_model": "kvviz.engine.loaded",
     "LoadedModel": "kvviz.engine.loading.loader",
     "KVVizError": "kvviz.errors",
     "Run": "kvviz.engine.generation.events",

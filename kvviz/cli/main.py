@@ -106,7 +106,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
     from kvviz.engine.generation.loop import iter_generate
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.fast.heap import freeze_long_lived
     from kvviz.cli.kv_cli import asked, cache_report, cache_text, kv_options
 
@@ -172,7 +172,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, load_model
+    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS
+    from kvviz.engine.loaded import load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
     from kvviz.cli.kv_cli import asked, eval_text

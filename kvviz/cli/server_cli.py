@@ -43,7 +43,7 @@ def _export_folder_problem(out: Path, overwrite: bool) -> str | None:
 
 
 def run_export(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.engine.loading.save import export_hf
 
     out = Path(args.out)

@@ -43,7 +43,8 @@ import torch
 
 import kvviz.cli.argtypes as types
 from kvviz.engine.generation.loop import generate
-from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
+from kvviz.engine.loading.loader import LoadedModel, resolve_device
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import export_hf_gpt2
 from kvviz.engine.loading.gemma3_package import INSTALL as GEMMA3_INSTALL, part_paths as gemma3_parts
 from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL, smollm2_path

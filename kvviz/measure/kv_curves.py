@@ -80,7 +80,7 @@ def add_curves_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
 
     if args.out is not None:
         prepare_out(args.out)

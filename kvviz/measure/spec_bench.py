@@ -24,7 +24,8 @@ from typing import Any
 
 from kvviz.engine.generation.events import Run
 from kvviz.engine.generation.loop import generate
-from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import load_model
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name

@@ -22,7 +22,8 @@ import kvviz
 from kvviz import KVVizError, LoadedModel
 from kvviz.engine.models.gpt2_config import BOUNDS, MAX_PARAMS, GPTConfig
 from kvviz.engine.generation.diagnose import NonFiniteLogits
-from kvviz.engine.loading.loader import config_from_json, load_model, read_config
+from kvviz.engine.loading.loader import config_from_json, read_config
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import save_model
 from kvviz.engine.generation.sampling import SamplingParams, sample
 from kvviz.safeio import MAX_JSON_DEPTH, json_depth, parse_json, read_bounded
@@ -265,7 +266,7 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
     gpt.load_state_dict(m.model.state_dict())
     with torch.no_grad():
         gpt.transformer.h[1].ln_2.weight.fill_(3e38)  # its MLP input overflows to inf
-    from kvviz.engine.loading.loader import wrap_model
+    from kvviz.engine.loaded import wrap_model
 
     return wrap_model(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
 

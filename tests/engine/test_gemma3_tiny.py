@@ -9,7 +9,7 @@ import torch
 
 import kvviz
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.loading.loader import wrap_model
+from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.attention import sliding_mask
 from kvviz.engine.models.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config, param_shapes
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer

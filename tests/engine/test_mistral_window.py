@@ -20,7 +20,7 @@ from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCac
 from kvviz.engine.kvcache.dense import layer_windows
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
-from kvviz.engine.loading.loader import wrap_model
+from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.errors import KVVizError

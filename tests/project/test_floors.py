@@ -37,15 +37,15 @@ FLOORS: dict[str, int] = {
     # diagnosis, FLOPs.
     "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
     "kvviz.engine.generation.stream_base": 5,
-    # engine/loading: the loaders (4) sit above the accelerator they attach (kvviz.fast, 3); the file
-    # readers below them fill a model family (2) or check bytes alone (1).
-    "kvviz.engine.loading": 4, "kvviz.engine.loading.gguf_llama": 2, "kvviz.engine.loading.safetensors_header": 2,
+    # engine/loading: checkpoints -> the readable model (2), beside the families they fill; the file
+    # readers that check bytes alone sit below (1). The accelerator (kvviz.fast, 3) is above them and
+    # engine/loaded.py (4) above both builds it: no loader imports kvviz.fast.
+    "kvviz.engine.loading": 2, "kvviz.engine.loaded": 4,
     "kvviz.engine.loading.gguf_checks": 1,
     "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
-    "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
-    "kvviz.engine.loading.gguf_codes": 1,
-    "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check  # a quantized tensor's blocks as the block kernel's codes: bytes only
+    "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as BlockCodes, the block kernel's input: file data
+    "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check
     "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
     "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
     # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
@@ -53,7 +53,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
     # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
     "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
-    # The accelerator: built from a model (2), below the loader that attaches it (4); its kernels import no model.
+    # The accelerator: built from a model (2) by engine/loaded.py (4); its kernels import no model.
     "kvviz.fast": 3, "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.fast.blockdot": 1,
     "kvviz.charts": 2,  # pure Plotly
@@ -184,6 +184,7 @@ def test_the_package_keeps_its_floors() -> None:
     ("kvviz/units.py", "import torch\n", "imports torch"),
     ("kvviz/engine/generation/sampling.py", "from kvviz.engine.tokenize.tokenizer import Tokenizer\n", "import cycle"),
     ("kvviz/engine/brand_new.py", "x = 1\n", "no floor assigned"),
+    ("kvviz/engine/loading/loader.py", "from kvviz.fast import build\n", "upward"),  # loaders return the readable model
 ])
 def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle: str) -> None:
     """The checker is not vacuous: each kind of violation, planted in a copy, is reported."""
