@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS: dict[str, int] = {
     # Floor 0: facts, bounds and this machine's name; pure Python, importable from anywhere.
     "kvviz.errors": 0, "kvviz.units": 0, "kvviz.limits": 0,
-    "kvviz.cli.argtypes": 0,  # argparse value types: the measurement modules declare their subcommands with them
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
     "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
     "kvviz.paths": 0,  # where the assets, the app script and its config are: a checkout's or an installed wheel's
@@ -185,6 +184,7 @@ def test_the_package_keeps_its_floors() -> None:
     ("kvviz/engine/generation/sampling.py", "from kvviz.engine.tokenize.tokenizer import Tokenizer\n", "import cycle"),
     ("kvviz/engine/brand_new.py", "x = 1\n", "no floor assigned"),
     ("kvviz/engine/loading/loader.py", "from kvviz.fast import build\n", "upward"),  # loaders return the readable model
+    ("kvviz/measure/bench.py", "import kvviz.cli.argtypes as types\n", "upward"),  # measure/ is a library below cli/
 ])
 def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle: str) -> None:
     """The checker is not vacuous: each kind of violation, planted in a copy, is reported."""
@@ -197,6 +197,13 @@ def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle:
     target.write_text(line + (target.read_text() if target.exists() else ""))
     found = violations(tmp_path)
     assert any(needle in p for p in found), found
+
+
+def test_measure_is_a_library_the_command_line_wires() -> None:
+    """measure/ parses no arguments (issue 38): every subcommand's argparse wiring lives in cli/."""
+    wiring = sorted(name for name, path in modules(ROOT).items() if _within(name, ("kvviz.measure",))
+                    for target, _ in imports_of(name, path, set()) if target.split(".")[0] == "argparse")
+    assert wiring == []
 
 
 def test_no_two_modules_share_a_file_name() -> None:
