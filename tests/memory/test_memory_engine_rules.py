@@ -167,12 +167,7 @@ def test_draft_config_cli_and_other_pages(capsys, tmp_path):
                                               "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))
 
 
-def test_draft_with_mixed_pages_on_a_hybrid_model_is_refused(presets):
-    """Several attention kinds with different page sizes are packed or rescaled by vLLM
-    (kv_cache_planning.py:914-1043): kvviz says so in one sentence instead of a number."""
-    draft = parse_config({**EAGLE_LLAMA31_8B, "num_key_value_heads": 2})  # 256 values a token, gpt-oss 512
-    with pytest.raises(CalcError, match="does not model yet"):
-        vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 8192, draft=draft))
+# rules 4 and 5 (mixed pages on a hybrid model, bytes per block): tests/memory/test_memory_vllm_groups.py
 
 
 # ----------------------------------------------------------------------------- rule 11: -ub
