@@ -208,7 +208,7 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
         if r.draft is not None:  # the draft worker's own pool of the target's #tokens
             dk, dv, dline = sglang_draft_pool(r.draft, sg.tokens, r.tp, r.kv_dtype, r.page_size)
             d["draft"] = {"k_bytes": dk, "v_bytes": dv, "log_line": dline, "layers": r.draft.kv_layers}
-            lines.append(dline)
+            lines += [f"the draft worker's pool ({r.draft.kv_layers} layer(s), the target's #tokens):", dline]
         return d, "\n".join(["SGLang:", *sg.formula, *lines, *(f"note: {n}" for n in sg.notes)])
     raise CalcError([f"unknown engine {r.engine!r}; choose one of {', '.join(ENGINES)}"])
 
