@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from kvviz.memory.spec import CalcError
 
@@ -132,7 +133,7 @@ def group_layers(layers: list[LayerSpec]) -> Grouping:
     return Grouping(group_size, tuple(out), tuple(rescaled))
 
 
-def stride_alignment(block_size: int, kernel_sizes: tuple[int, ...], page_of: "callable[[int], int]") -> int:
+def stride_alignment(block_size: int, kernel_sizes: tuple[int, ...], page_of: Callable[[int], int]) -> int:
     """KVCacheSpec.get_block_stride_alignment (kv_cache_interface.py:224-235) after customize_attention_spec
     (v1/worker/utils.py:476-486): a backend whose kernel block sizes are all fixed sets MultipleOf(the
     largest); the alignment is then 1 when gcd(that, block) is the block, else one kernel block's page
