@@ -23,8 +23,11 @@ python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool / MLATokenToKVPool):
   "KV Cache is allocated" line (mem_cache/memory_pool.py:686-704); that memory is not subtracted before
   the target's pool is profiled, so it must fit in the 1 - mem_fraction_static left over.
 Unlike vLLM, SGLang sizes the pool before any profiling run: the activations must fit in the
-1 - mem_fraction_static left over. Newer SGLang (0.5.23, not on PyPI) also subtracts a fixed overhead before
-dividing and prints the dtype in the line; kvviz follows 0.5.10.post1, which does neither.
+1 - mem_fraction_static left over. Newer SGLang (0.5.23, not on PyPI: issue 41 cites its
+kv_cache_configurator.py and pool_configurator.py) also takes a multimodal reserve from the rest, subtracts a
+fixed overhead before dividing and prints the dtype in the line ("KV Cache is allocated. dtype: torch.bfloat16,
+#tokens: ...", as sglang#18263's log shows); kvviz follows 0.5.10.post1, the newest sdist on PyPI, which does
+none of these, so a 0.5.23 pool is a little smaller than kvviz's figure.
 """
 from __future__ import annotations
 
