@@ -27,7 +27,7 @@ Unlike vLLM, SGLang sizes the pool before any profiling run: the activations mus
 kv_cache_configurator.py and pool_configurator.py) also takes a multimodal reserve from the rest, subtracts a
 fixed overhead before dividing and prints the dtype in the line ("KV Cache is allocated. dtype: torch.bfloat16,
 #tokens: ...", as sglang#18263's log shows); kvviz follows 0.5.10.post1, the newest sdist on PyPI, which does
-none of these, so a 0.5.23 pool is a little smaller than kvviz's figure.
+none of these, so a 0.5.23 pool holds fewer tokens than kvviz says (by an amount kvviz cannot state).
 """
 from __future__ import annotations
 
