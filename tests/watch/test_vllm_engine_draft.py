@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
-from kvviz.memory.hf_config import parse_config
+from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
+from kvviz.calculator.hf_config import parse_config
 from kvviz.watch.vllm_harness import missing_reason, vllm_server
 
 from vllm_layouts import LAYOUTS
