@@ -54,7 +54,8 @@ def _default_page_at_its_own_path(path: str) -> None:
 _default_page_at_its_own_path(GENERATE_PATH)
 # Material icons ship with Streamlit; emoji need a font that Debian's Chromium lacks.
 pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR, LIVE_SERVER]})
-tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR)
+tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR,
+                    serving=GENERATION_PAGES[7])
 present.apply()  # the presentation layout's fonts, on every page
 text_guard.install()  # a lone surrogate typed or pasted is replaced before the browser sends it
 if pg.url_path not in (CALCULATOR.url_path, LIVE_SERVER.url_path):

@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 
 # The timeline's colours, by ``serving_data`` state code (waiting, prefill, decode, idle running, preempted).
 STATE_COLOURS = ("#ced4da", "#1c7ed6", "#2f9e44", "#94d82d", "#e03131")
-FREE, CACHED, SHARED = "#f1f3f5", "#adb5bd", "#7048e8"
+FREE, CACHED, SHARED = "#dee2e6", "#868e96", "#7048e8"
 OWNERS = ("#1c7ed6", "#f08c00", "#2f9e44", "#e8590c", "#0c8599", "#d6336c", "#5c940d", "#9c36b5",
           "#1864ab", "#a61e4d")
 LEGEND_BELOW = dict(orientation="h", yref="container", y=0.0, yanchor="bottom", x=0)
+LEGEND_NAMES = ("waiting", "prefill chunk", "decode", "running, idle", "preempted")
 HEIGHT = 340
 
 
@@ -56,8 +57,9 @@ def timeline(steps: Sequence[StepRecord], request_ids: Sequence[str], upto: int 
         customdata=np.array([[sd.STATE_NAMES[int(v)] if np.isfinite(v) else "" for v in row] for row in z],
                             dtype=object),
         hovertemplate="%{y} · step %{x}: %{customdata}<extra></extra>"))
-    # A legend for the heatmap's colours: one invisible point per state.
-    for name, colour in zip(sd.STATE_NAMES, STATE_COLOURS):
+    # A legend for the heatmap's colours: one invisible point per state (short names: a half-width
+    # chart holds them on two rows; the hover says each in full).
+    for name, colour in zip(LEGEND_NAMES, STATE_COLOURS):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, showlegend=True,
                                  marker=dict(symbol="square", size=12, color=colour)))
     done = sd.finish_points(steps)
@@ -74,7 +76,7 @@ def timeline(steps: Sequence[StepRecord], request_ids: Sequence[str], upto: int 
         xaxis=dict(title="scheduler step", showgrid=False, ticklabeloverflow="allow"),
         yaxis=dict(autorange="reversed", type="category", showgrid=False, ticklabeloverflow="allow",
                    showticklabels=rows <= 40),
-        height=min(760, 190 + 14 * rows), margin=dict(l=70, r=10, t=70, b=110), plot_bgcolor="white",
+        height=min(760, max(360, 250 + 16 * rows)), margin=dict(l=70, r=10, t=70, b=130), plot_bgcolor="white",
         legend=LEGEND_BELOW)
     return fig
 
@@ -114,8 +116,8 @@ def pool_grid(step: StepRecord, request_ids: Sequence[str], block_size: int) -> 
         z=z, zmin=-0.5, zmax=len(colours) - 0.5, colorscale=_discrete_scale(colours), showscale=False,
         xgap=2 if n <= 128 else 1, ygap=2 if n <= 128 else 1, customdata=hover,
         hovertemplate="%{customdata}<extra></extra>"))
-    for name, colour in (("free", FREE), ("cached (evictable)", CACHED), ("shared", SHARED),
-                         ("held by a request (its colour)", OWNERS[0])):
+    for name, colour in (("free", FREE), ("cached", CACHED), ("shared", SHARED),
+                         ("held (a colour per request)", OWNERS[0])):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=12, color=colour,
                                              line=dict(width=1, color="#868e96"))))
@@ -125,7 +127,7 @@ def pool_grid(step: StepRecord, request_ids: Sequence[str], block_size: int) -> 
                                       f"{step.blocks_cached} cached, {step.blocks_free} free")),
         xaxis=dict(visible=False, range=[-0.5, cols - 0.5]),
         yaxis=dict(visible=False, autorange="reversed"),
-        height=150 + max(8, min(22, 360 // rows)) * rows, margin=dict(l=10, r=10, t=70, b=60),
+        height=max(300, 180 + max(10, min(26, 400 // rows)) * rows), margin=dict(l=10, r=10, t=70, b=90),
         plot_bgcolor="white", legend=LEGEND_BELOW)
     return fig
 
@@ -213,6 +215,8 @@ def latency_percentiles(requests: Mapping[str, RequestRecord] | Sequence[Request
     rows = [(name, *sd.percentiles(getattr(r, attr) for r in reqs))
             for name, attr in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("end to end", "e2e_ms"))]
     fig = latency_bars(rows)  # type: ignore[arg-type]
+    # Whole milliseconds, small: three bars a group in a half-width chart (one decimal ran together).
+    fig.update_traces(text=None, texttemplate="%{y:,.0f}", textfont_size=11)
     fig.update_layout(title=dict(text="Latency percentiles"), margin=dict(l=70, r=10, t=80, b=40),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
     return fig

@@ -124,7 +124,7 @@ def test_timeline_figure_carries_the_states() -> None:
     assert heat.customdata[1][2] == "preempted (waiting to recompute)"
     done = next(t for t in fig.data if t.name == "finished")
     assert done.x.tolist() == [2, 3, 4] and list(done.y) == ["A", "B", "C"]
-    assert [t.name for t in fig.data[1:6]] == list(sd.STATE_NAMES)
+    assert [t.name for t in fig.data[1:6]] == list(sc.LEGEND_NAMES)
     assert fig.layout.shapes[0].x0 == 2
     fig.to_json()
 

@@ -122,7 +122,7 @@ def results(job: ServeJob, result: ServeResult, model: Any) -> None:
         st.metric("TTFT p50", _ms(summary.ttft_ms[0]))
         st.metric("TPOT p50", _ms(summary.tpot_ms[0]))
         st.metric("Peak running", f"{summary.peak_running}")
-        st.metric("Maximum concurrency (calculator)", f"{conc:.2f}x",
+        st.metric("Max concurrency (calculator)", f"{conc:.2f}x",
                   help=f"vLLM's rule: {cfg.num_blocks} blocks / ceil({longest} tokens / {cfg.block_size}) blocks "
                        "per request at the longest request's length")
         st.metric("Preemptions", f"{summary.preemptions}")
@@ -136,16 +136,17 @@ def results(job: ServeJob, result: ServeResult, model: Any) -> None:
     st.caption(f"The peak running count ({summary.peak_running}) beside the calculator's maximum concurrency "
                f"({conc:.2f}x for {longest}-token requests): the calculator assumes every request grows to its "
                "longest; the scheduler admits by what each request holds now, and preempts when that runs out.")
-    a, b = st.columns([2, 3])
+    a, b = st.columns([1, 1])
     show(a, sc.latency_percentiles(result.requests), key=f"serve_lat_{job.id}")
     b.dataframe(safe_frame(sd.request_rows(result.requests)), hide_index=True, key="serve_table",
-                height=360)
+                height=min(360, 38 + 35 * len(result.requests)))  # no empty rows under a short table
     _replay(job, result)
     with st.container(horizontal=True):
         st.download_button("Events (JSON Lines)", sd.events_jsonl(result.steps, result.requests),
-                           file_name=f"kvviz-serve-{job.id}.jsonl", mime="application/x-ndjson", key="serve_dl_events")
+                           file_name=f"kvviz-serve-{job.id}.jsonl", mime="application/x-ndjson", key="serve_dl_events",
+                           on_click="ignore")  # a download needs no rerun
         st.download_button("Requests (CSV)", sd.requests_csv(result.requests), file_name=f"kvviz-serve-{job.id}.csv",
-                           mime="text/csv", key="serve_dl_csv")
+                           mime="text/csv", key="serve_dl_csv", on_click="ignore")
 
 
 def _ms(v: float | None) -> str:
