@@ -141,7 +141,8 @@ def _lines_layout(fig: go.Figure, title: str, subtitle: str, y_title: str, **yax
     fig.update_layout(title=dict(text=title, subtitle=dict(text=subtitle)), height=HEIGHT,
                       xaxis=dict(title="scheduler step", ticklabeloverflow="allow"),
                       yaxis=dict(title=y_title, rangemode="tozero", ticklabeloverflow="allow", **yaxis),
-                      margin=dict(l=70, r=10, t=70, b=100), legend=LEGEND_BELOW, plot_bgcolor="white")
+                      # t=90: the subtitle clears a "100%" tick at the top of the axis (1366 px, issue 36's check)
+                      margin=dict(l=70, r=10, t=90, b=100), legend=LEGEND_BELOW, plot_bgcolor="white")
     fig.update_xaxes(showgrid=True, gridcolor="#e9ecef")
     fig.update_yaxes(showgrid=True, gridcolor="#e9ecef")
     return fig
