@@ -178,6 +178,8 @@ class _Run:
     def _forward(self, plan: StepPlan) -> tuple[float, dict[str, int], list[str]]:
         layout, ids, pos, rows, at = [], [], [], [], 0
         for lv, s in plan.scheduled:
+            if lv.record.admitted_step is None:
+                lv.record.admitted_step = self.step
             layout.append((lv.rid, s.start, s.num_tokens))
             ids.extend(lv.all_ids[s.start:s.start + s.num_tokens])
             pos.extend(range(s.start, s.start + s.num_tokens))
@@ -248,8 +250,6 @@ class _Run:
     def _record(self, plan: StepPlan, forward_ms: float, new: dict[str, int], finished: list[str]) -> StepRecord:
         for lv in self.sched.running:
             lv.record.state = "running"
-            if lv.record.admitted_step is None:
-                lv.record.admitted_step = self.step
         for lv, _ in plan.preempted:
             lv.record.state = "preempted"
         bp = self.cache.blocks

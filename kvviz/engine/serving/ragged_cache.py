@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from kvviz.engine.kvcache.block_pool import ROOT_HASH, block_hash
 from kvviz.engine.kvcache.paged_pool import PagedPool, blocks_for
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.errors import KVVizError
 
 ATTENTION = "loop"  # "loop": one SDPA per request (measured faster); "mask": one SDPA, block-diagonal mask
@@ -79,6 +79,8 @@ class RaggedPagedCache:
                  device: torch.device | str = "cpu", prefix_caching: bool = True) -> None:
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.pool = PagedPool(config, num_blocks, block_size, self.device, dtype)
+        for t in (*self.pool.k, *self.pool.v):
+            t.zero_()  # a block's unwritten tail is gathered too: finite, so a masked-out row adds 0, never NaN
         self.blocks = self.pool.blocks
         self.groups = self.pool.groups
         self.prefix_caching = prefix_caching
@@ -251,8 +253,7 @@ class RaggedPagedCache:
         N = sum(n for _, n, _, _ in self._spans)
         mask = torch.zeros(N, S, dtype=torch.bool, device=self.device)
         for q0, n, k0, start in self._spans:
-            m = _causal(n, start, window, self.device)
-            mask[q0:q0 + n, k0:k0 + start + n] = True if m is None else m
+            mask[q0:q0 + n, k0:k0 + start + n] = _causal(n, start, window, self.device, explicit=True)
         return mask
 
     def advance(self, n: int) -> None:
@@ -290,7 +291,8 @@ class RaggedPagedCache:
                     fill[b] = max(fill.get(b, 0), max(0, min(bs, c - j * bs)))
         return sum(fill.values())
 
-    def owners(self, names: dict[str, str] | None = None) -> list[list[str]]:
+    def owners(self) -> list[list[str]]:
+        """Per block: the requests whose tables hold it."""
         out: list[list[str]] = [[] for _ in range(self.blocks.num_blocks)]
         for rid, seq in self.seqs.items():
             for table in seq.tables:
@@ -318,12 +320,14 @@ class RaggedPagedCache:
             raise AssertionError("a step is left planned")
 
 
-def _causal(n: int, start: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """The mask of n queries at start.. over keys 0..start+n-1 (None when SDPA needs none or is_causal does)."""
+def _causal(n: int, start: int, window: int | None, device: torch.device,
+            explicit: bool = False) -> torch.Tensor | None:
+    """The mask of n queries at start.. over keys 0..start+n-1 (None, unless ``explicit``, when SDPA
+    needs none or its is_causal does: the solo run's paths, so the loop's sums are the solo run's)."""
     S = start + n
-    if n == 1 and (window is None or S <= window):
+    if not explicit and n == 1 and (window is None or S <= window):
         return None  # one query sees every key
-    if start == 0 and (window is None or S <= window):
+    if not explicit and start == 0 and (window is None or S <= window):
         return None  # a plain causal prefill: is_causal
     keys = torch.arange(S, device=device)
     p = torch.arange(start, S, device=device)[:, None]
