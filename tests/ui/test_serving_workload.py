@@ -33,7 +33,7 @@ def test_build_fixed_lengths_and_an_even_shared_spread() -> None:
     reqs = wl.build(spec, TEXTS, SYSTEM)
     assert [r["id"] for r in reqs] == ["r000", "r001", "r002", "r003"]
     # half of 4, spread: the count of shared ones steps up at requests 1 and 3
-    assert [r["shared_prefix"] for r in reqs] == [0, 5, 0, 5]
+    assert [r["shared"] for r in reqs] == [False, True, False, True]
     assert reqs[0]["prompt_ids"] == [1, 2, 3, 4]
     assert reqs[1]["prompt_ids"] == [100, 101, 102, 100, 101] + [10, 11, 12, 10]  # the system prompt cycled to 5
     # round two reads each text from offset 7: text 0 (5 ids) from 7 % 5 = 2
@@ -55,6 +55,13 @@ def test_real_prompts_are_taken_in_turn() -> None:
     spec = wl.WorkloadSpec(requests=3, prompt="real", shared_fraction=0.0, output="fixed", output_len=1)
     reqs = wl.build(spec, TEXTS, SYSTEM, real=[[7, 8], [9]])
     assert [r["prompt_ids"] for r in reqs] == [[7, 8], [9], [7, 8]]
+    # shared ones take the prompt with the system message laid out in it, not a prefix
+    spec = wl.WorkloadSpec(requests=2, prompt="real", shared_fraction=0.5, shared_len=3, output="fixed", output_len=1)
+    reqs = wl.build(spec, TEXTS, SYSTEM, real=[[7, 8]], real_shared=[[1, 100, 7, 8]])
+    assert [r["prompt_ids"] for r in reqs] == [[7, 8], [1, 100, 7, 8]] and [r["shared"] for r in reqs] == [False, True]
+    # without a template, a shared real prompt gets the system prompt's ids in front
+    reqs = wl.build(spec, TEXTS, SYSTEM, real=[[7, 8]])
+    assert [r["prompt_ids"] for r in reqs] == [[7, 8], [100, 101, 102, 7, 8]]
 
 
 def test_problems_each_in_one_sentence() -> None:

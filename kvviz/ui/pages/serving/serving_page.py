@@ -6,8 +6,8 @@ from __future__ import annotations
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel
-from kvviz.engine.generation.request import resolve_chat
 from kvviz.engine.serving.engine import ServeConfig
+from kvviz.engine.serving.workloads import encode, shipped_prompts
 from kvviz.measure.sweeps import DIFFERENT_TEXTS, DOCUMENT
 from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, page_model, where
 from kvviz.ui.common.plain_text import md_plain
@@ -15,7 +15,6 @@ from kvviz.ui.pages.serving import serving_views as views
 from kvviz.ui.pages.serving import workload as wl
 from kvviz.ui.pages.serving.serving_run import COMPARE_ORDER, ServeJob, check, start
 from kvviz.ui.settings import Settings
-from kvviz.ui.sidebar import CHAT_EXAMPLES, EXAMPLES
 from kvviz.ui.state import session
 from kvviz.units import dtype_bytes, fmt_bytes, kv_bytes_per_token
 
@@ -28,7 +27,7 @@ INTRO = (
     "Blocks whose tokens another request already computed (a shared system prompt) are reused: the **prefix "
     "cache**. Build a workload, run it, and watch the scheduler (vLLM V1's rules, on this model's real weights)."
 )
-SYSTEM_PROMPT = "You are a careful assistant. Answer briefly and truthfully. " + DOCUMENT
+SYSTEM_PROMPT = shipped_prompts()[0] + " " + DOCUMENT  # serve-bench's system prompt, cycled to its tokens
 BLOCK_SIZES = (4, 8, 16, 32, 64)
 
 
@@ -107,13 +106,19 @@ def _workload(s: Settings, model: LoadedModel, spec: wl.WorkloadSpec) -> list[di
     texts = [tok.encode(t + DOCUMENT) for t in DIFFERENT_TEXTS] if tok else [[i % 50 + 1 for i in range(64)]]
     system = tok.encode(SYSTEM_PROMPT) if tok else list(range(1, 65))
     real: list[list[int]] = []
+    real_shared: list[list[int]] = []
     if spec.prompt == "real" and tok:
-        for text in (CHAT_EXAMPLES if s.chat else EXAMPLES).values():
+        # serve-bench's shipped prompts (assets/serve_prompts.json), through the chat template when
+        # Chat is on: there the shared system prompt is the template's system message.
+        sys_text, prompts = shipped_prompts()
+        for text in prompts:
             try:
-                real.append(list(resolve_chat(model, text, None, None)[0][0]) if s.chat else tok.encode(text))
+                real.append(list(encode(model, text, s.chat)))
+                if s.chat:
+                    real_shared.append(list(encode(model, text, True, sys_text)))
             except KVVizError:
                 real.append(tok.encode(text))
-    return wl.build(spec, texts, system, real)
+    return wl.build(spec, texts, system, real, real_shared)
 
 
 def _run(model: LoadedModel, config: ServeConfig, workload: list[dict[str, object]], bad: bool) -> None:

@@ -64,12 +64,14 @@ def _cut(ids: Sequence[int], length: int, offset: int) -> list[int]:
 
 
 def build(spec: WorkloadSpec, texts: Sequence[Sequence[int]], system: Sequence[int],
-          real: Sequence[Sequence[int]] = ()) -> list[dict[str, object]]:
+          real: Sequence[Sequence[int]] = (), real_shared: Sequence[Sequence[int]] = ()) -> list[dict[str, object]]:
     """The requests. ``texts``: token ids of distinct texts; request i's own part is text i mod k,
     read from a different offset each round, so two requests share no prefix by accident.
     ``system``: the shared system prompt's ids (cut or cycled to ``shared_len``), put in front of
     every request whose place falls in the shared fraction (spread evenly, not the first ones).
-    ``real``: whole prompts (LENGTHS "real"), taken in turn."""
+    ``real``: whole prompts (LENGTHS "real"), taken in turn; ``real_shared``: the same prompts with
+    the system prompt already laid out in them (a chat template's system message), used for the
+    shared ones instead of a prefix."""
     rng = random.Random(spec.seed)
     n = spec.requests
     arrive = arrivals(spec, rng)
@@ -80,14 +82,17 @@ def build(spec: WorkloadSpec, texts: Sequence[Sequence[int]], system: Sequence[i
     for i in range(n):
         # Request i is shared when the running count of shared ones steps up at i (an even spread).
         shared = math.floor((i + 1) * spec.shared_fraction) > math.floor(i * spec.shared_fraction)
+        prefix = shared_ids if shared and spec.shared_len > 0 else []
         if spec.prompt == "real" and real:
-            body = list(real[i % len(real)])
+            if shared and real_shared:
+                body, prefix = list(real_shared[i % len(real_shared)]), []
+            else:
+                body = list(real[i % len(real)])
         else:
             k = len(texts) or 1
             body = _cut(texts[i % k] if texts else [], own[i], 7 * (i // k))
-        ids = (shared_ids if shared else []) + body
-        out.append({"id": f"r{i:03d}", "prompt_ids": ids, "max_tokens": out_len[i], "ignore_eos": True,
-                    "arrival": arrive[i], "shared_prefix": len(shared_ids) if shared else 0})
+        out.append({"id": f"r{i:03d}", "prompt_ids": prefix + body, "max_tokens": out_len[i], "ignore_eos": True,
+                    "arrival": arrive[i], "shared": shared and (bool(prefix) or bool(real_shared))})
     return out
 
 
@@ -122,5 +127,5 @@ def pool_blocks_from_mib(mib: float, bytes_per_token: float, block_size: int) ->
 def max_concurrency(num_blocks: int, block_size: int, max_len: int) -> float:
     """vLLM's "Maximum concurrency for L tokens per request": the pool's blocks over one request's
     blocks at L tokens, ceil(L / block size) for full attention (kv_cache_utils.py, as
-    ``memory/engine_vllm.py`` applies it)."""
+    ``calculator/server_vllm.py`` applies it)."""
     return num_blocks / math.ceil(max_len / block_size) if max_len > 0 else 0.0
