@@ -103,9 +103,10 @@ def paragraph(summary: sd.RunSummary, result: ServeResult, block_size: int, budg
         f"slots here (step {mid}: {ser['usage_blocks_pct'][mid]:.1f}% by blocks, "
         f"{ser['usage_tokens_pct'][mid]:.1f}% by tokens). **Prefix-cache hits**: {hit} were found already computed "
         "(a shared system prompt counts only in whole blocks, and never the prompt's last token). "
-        f"**Preemption**: {s.preemptions} preemption{'s' if s.preemptions != 1 else ''} threw away "
-        f"{s.lost_tokens:,} computed tokens, which were computed again. "
-        f"In all {s.output_tokens:,} tokens in {s.duration_ms / 1000:.2f} s"
+        + (f"**Preemption**: {s.preemptions} preemption{'s' if s.preemptions != 1 else ''} threw away "
+           f"{s.lost_tokens:,} computed tokens, which were computed again. " if s.preemptions else
+           "**Preemption**: none; the pool held every running request. ")
+        + f"In all {s.output_tokens:,} tokens in {s.duration_ms / 1000:.2f} s"
         + (f" ({s.throughput_tok_s:,.1f} tokens/s); the median request waited {ttft:,.0f} ms for its first token."
            if s.throughput_tok_s is not None and ttft is not None else ".")
     )
