@@ -1,12 +1,20 @@
-"""Matmuls over weights kept as a GGUF file keeps them: int8 codes with a scale per block.
+"""Matmuls over weights kept as a GGUF file keeps them: integer codes with a scale per block.
 
 ``BlockCodes`` is one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
 - minv[r, i // block]``, each value exactly what gguf's dequantizer gives for it
 (``engine/loading/gguf_codes.py`` builds them from the file's blocks). ``BlockDot`` multiplies a
 few fp32 rows by one or more of them side by side, through ``csrc/blockdot.c``: a decode step of a
-quantized model then streams about a quarter of the bytes of its fp32 weights (Gemma 3 270M:
-the Q8_0 head is 180 MiB of codes and scales where its fp32 copy is 640 MiB). The activations
-stay fp32; only the order of additions differs from ``F.linear`` on the dequantized weights.
+quantized model then streams a fraction of the bytes of its fp32 weights (Gemma 3 270M: the Q8_0
+head is 170 MiB of codes and fp16 scales where its fp32 copy is 640 MiB). The activations stay
+fp32; only the order of additions differs from ``F.linear`` on the dequantized weights.
+
+The codes are one int8 a weight (``bits`` 8: Q8_0, Q6_K), or packed as the file packs them
+(issue 42): ``bits`` 4, two codes a byte, 16 bytes a block of 32 (Q4_0, Q4_1, Q4_K); ``bits`` 5,
+those nibbles after a 4-byte plane of fifth bits, 20 bytes a block (Q5_0, Q5_1, Q5_K); the kernel
+unpacks them in registers and subtracts ``zero`` (Q4_0's 8, Q5_0's 16). The legacy types' scales
+and offsets are the file's fp16 values (``scale.dtype`` float16, exact); the K types' products of a
+super-block scale and a 6-bit one need fp32. SmolLM2's Q4_1 layers then stream 0.625 bytes a
+weight, as llama.cpp reads them.
 
 ``BlockCodes.weight()`` rebuilds the fp32 matrix (tests hold it equal to the model's parameter);
 ``BlockCodes.rows(x)`` is the same product through PyTorch, for a machine without the kernel.
@@ -14,7 +22,7 @@ stay fp32; only the order of additions differs from ``F.linear`` on the dequanti
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import torch
@@ -23,32 +31,50 @@ from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
 BLOCKS = (16, 32)  # the block sizes the kernel reads: Q6_K's scales cover 16 weights, the rest 32
+PACKED_BLOCK_BYTES = {4: 16, 5: 20}  # bytes of one packed block of 32 codes, by bits
 
 
 @dataclass(frozen=True)
 class BlockCodes:
-    """One (out, in) weight as int8 codes with an fp32 scale, and optionally an offset, per block."""
+    """One (out, in) weight as integer codes with a scale, and optionally an offset, per block."""
 
-    codes: torch.Tensor  # (out, in) int8
-    scale: torch.Tensor  # (out, in // block) fp32
-    minv: torch.Tensor | None  # (out, in // block) fp32, or None: no offsets
+    codes: torch.Tensor  # bits 8: (out, in) int8; bits 4|5: (out, in // 32 * 16|20) uint8, packed
+    scale: torch.Tensor  # (out, in // block) fp32, or fp16 (the legacy types' own d: exact)
+    minv: torch.Tensor | None  # (out, in // block), scale's dtype, or None: no offsets
     block: int
+    bits: int = 8  # 8: one int8 code a weight; 4 or 5: packed (the module's docstring)
+    zero: int = 0  # subtracted from each unpacked 4/5-bit code
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+        n = int(self.codes.shape[1])
+        return (int(self.codes.shape[0]), n if self.bits == 8 else n // PACKED_BLOCK_BYTES[self.bits] * 32)
 
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale.nbytes + (self.minv.nbytes if self.minv is not None else 0)
 
+    def unpacked(self) -> torch.Tensor:
+        """The (out, in) int8 codes, unpacked and centred (``zero`` subtracted)."""
+        if self.bits == 8:
+            return self.codes
+        out, n_in = self.shape
+        c = self.codes.view(out, n_in // 32, PACKED_BLOCK_BYTES[self.bits])  # (out, nb, 16|20) uint8
+        nib = c[..., -16:]
+        q = torch.cat([nib & 0x0F, nib >> 4], dim=-1)  # (out, nb, 32): codes 0-15 low, 16-31 high
+        if self.bits == 5:  # bit k of the little-endian uint32 in bytes 0-3: code k's fifth bit
+            shifts = torch.arange(8, dtype=torch.uint8)
+            hi = (c[..., :4].unsqueeze(-1) >> shifts) & 1  # (out, nb, 4, 8): byte k // 8, bit k % 8
+            q = q | (hi.reshape(out, n_in // 32, 32) << 4)
+        return (q.to(torch.int16) - self.zero).to(torch.int8).reshape(out, n_in)
+
     def weight(self) -> torch.Tensor:
         """The fp32 (out, in) matrix, each value computed as gguf's dequantizer computes it:
         scale * code rounded, then the offset subtracted and rounded."""
         out, n_in = self.shape
-        w = self.codes.view(out, -1, self.block).float() * self.scale.unsqueeze(-1)  # (out, nb, block)
+        w = self.unpacked().view(out, -1, self.block).float() * self.scale.float().unsqueeze(-1)  # (out, nb, block)
         if self.minv is not None:
-            w = w - self.minv.unsqueeze(-1)
+            w = w - self.minv.float().unsqueeze(-1)
         return w.reshape(out, n_in)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +88,9 @@ class _Spec(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p * MAX_SEGMENTS), ("scale", ctypes.c_void_p * MAX_SEGMENTS),
                 ("minv", ctypes.c_void_p * MAX_SEGMENTS), ("bias", ctypes.c_void_p * MAX_SEGMENTS),
                 ("n_out", ctypes.c_int * MAX_SEGMENTS),
-                ("block", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
+                ("block", ctypes.c_int * MAX_SEGMENTS), ("bits", ctypes.c_int * MAX_SEGMENTS),
+                ("zero", ctypes.c_int * MAX_SEGMENTS), ("half", ctypes.c_int * MAX_SEGMENTS),
+                ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
                 ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("glu", ctypes.c_int),
                 ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("n_q", ctypes.c_int), ("n_k", ctypes.c_int),
@@ -122,10 +150,15 @@ class BlockDot:
 def _fits(w: BlockCodes) -> bool:
     out, n_in = w.shape
     nb = n_in // w.block if w.block else 0
-    ok = w.block in BLOCKS and n_in % w.block == 0 and w.codes.dtype == torch.int8 and w.codes.is_contiguous()
+    if w.bits == 8:
+        ok = w.block in BLOCKS and w.codes.dtype == torch.int8 and w.zero == 0
+    else:  # packed: blocks of 32, whole blocks a row
+        ok = (w.bits in PACKED_BLOCK_BYTES and w.block == 32 and w.codes.dtype == torch.uint8 and 0 <= w.zero < 32
+              and w.codes.shape[1] % PACKED_BLOCK_BYTES[w.bits] == 0)
+    ok = ok and n_in % w.block == 0 and w.codes.is_contiguous() and w.scale.dtype in (torch.float32, torch.float16)
     for t in (w.scale, w.minv):
         if t is not None:
-            ok = ok and t.dtype == torch.float32 and t.is_contiguous() and tuple(t.shape) == (out, nb)
+            ok = ok and t.dtype == w.scale.dtype and t.is_contiguous() and tuple(t.shape) == (out, nb)
     return ok and all(t.device.type == "cpu" for t in (w.codes, w.scale))
 
 
@@ -174,7 +207,10 @@ def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, 
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if w.minv is None else w.minv.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if b is None else b.data_ptr() for b in bs], *pad),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.shape[0] for w in ws], *ints),
-                 (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints), len(ws), n_in,
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.bits for w in ws], *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.zero for w in ws], *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[int(w.scale.dtype == torch.float16) for w in ws], *ints), len(ws), n_in,
                  None if norm_w is None else norm_w.data_ptr(), float(eps), glu,
                  None if post_w is None else post_w.data_ptr(), float(post_eps),
                  None if q_w is None else q_w.data_ptr(), None if k_w is None else k_w.data_ptr(), n_q, n_k, hd,
@@ -212,8 +248,8 @@ def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
     if tuple(codes.shape) != tuple(w.shape) or w.dtype != torch.float32:
         return False
     rows = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
-    part = BlockCodes(codes.codes[rows], codes.scale[rows], None if codes.minv is None else codes.minv[rows],
-                      codes.block)
+    part = replace(codes, codes=codes.codes[rows], scale=codes.scale[rows],
+                   minv=None if codes.minv is None else codes.minv[rows])
     return torch.equal(part.weight(), w.detach()[rows])
 
 

@@ -1,4 +1,4 @@
-"""A GGUF tensor's blocks as int8 codes with an fp32 scale (and offset) per block: ``BlockCodes``.
+"""A GGUF tensor's blocks as integer codes with a scale (and offset) per block: ``BlockCodes``.
 
 What ``kvviz.fast.blockdot`` multiplies. Each function below unpacks one ggml type the way
 gguf's own dequantizer (``gguf.quants``) does, stopping before the last multiply: the block's
@@ -7,6 +7,11 @@ to fp32 as gguf rounds it), its offset, and the integer codes. ``scale * code - 
 then gives every weight exactly as ``gguf.quants.dequantize`` does (``tests/engine/
 test_gguf_codes.py`` checks each type value for value). Types whose block the kernel does not
 read (other sizes, the IQ and ternary types, floats) give None: those weights stay fp32.
+
+The 4- and 5-bit types stay packed (issue 42; the layouts in ``fast/blockdot.py``): Q4_0, Q4_1,
+Q5_0 and Q5_1 blocks are the file's own bytes less their fp16 scale and offset, which stay fp16;
+Q4_K's and Q5_K's codes are repacked into those blocks of 32. Q8_0 keeps its int8 codes and fp16
+scale; Q6_K (int8 codes, fp32 scales per 16) is not packed.
 """
 from __future__ import annotations
 
@@ -37,6 +42,27 @@ def _high_bits(qh: np.ndarray, n: int) -> np.ndarray:
     return (v & np.uint32(1)).astype(np.uint8)
 
 
+def _pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """(n, 32) unsigned codes -> (n, 16 | 20) packed blocks: [fifth bits as a little-endian uint32]
+    then byte k = code k | code k + 16 << 4 (ggml's Q4_0 / Q5_0 order)."""
+    nib = (q[:, :16] & np.uint8(0x0F)) | ((q[:, 16:] & np.uint8(0x0F)) << np.uint8(4))
+    if bits == 4:
+        return nib
+    hi = ((q >> np.uint8(4)) & np.uint8(1)).astype(np.uint32) << np.arange(32, dtype=np.uint32)  # (n, 32)
+    return np.concatenate([hi.sum(axis=1, dtype=np.uint32).astype("<u4").reshape(-1, 1).view(np.uint8), nib], axis=1)
+
+
+def _legacy_packed(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int]:
+    """Q4_0, Q4_1, Q5_0, Q5_1 as the file holds them: (packed blocks (n, 16|20), d (n, 1) fp16,
+    -m or None, bits, zero). The bytes after d (and m) are already the kernel's layout."""
+    d = np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+    m = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16) if qtype in (Q.Q4_1, Q.Q5_1) else None
+    packed = blocks[:, 4:] if m is not None else blocks[:, 2:]
+    bits = 4 if qtype in (Q.Q4_0, Q.Q4_1) else 5
+    zero = 0 if m is not None else (8 if bits == 4 else 16)
+    return packed, d, None if m is None else -m, bits, zero  # w = d * code + m = d * code - (-m): negation is exact
+
+
 def _legacy(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: one block of 32 -> (codes (n, 32), scale (n, 1), offset or None)."""
     d = _f16(blocks[:, :2])
@@ -62,8 +88,9 @@ def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _k4(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K, Q5_K: super-blocks of 256 -> 8 sub-blocks of 32, w = (d sc) q - (dmin m)."""
+def _k4(blocks: np.ndarray, qtype: Q, packed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K, Q5_K: super-blocks of 256 -> 8 sub-blocks of 32, w = (d sc) q - (dmin m); with
+    ``packed``, the codes (unsigned) packed as ``_pack`` packs them."""
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
     sc, mn = _scale_min_k4(blocks[:, 4:16])
@@ -75,6 +102,8 @@ def _k4(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarra
         qh, qs = blocks[:, 16:48], blocks[:, 48:]
         hi = (qh.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)  # (n, 8, 32)
         q = _nibbles(qs, 32).reshape(n, 8, 32) | (hi << np.uint8(4))
+    if packed:
+        return _pack(q.reshape(n * 8, 32), 4 if qtype == Q.Q4_K else 5), scale, offset
     return q.reshape(n * 8, 32).astype(np.int8), scale, offset
 
 
@@ -94,21 +123,30 @@ _LEGACY = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 PACKED_TYPES = (*_LEGACY, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
-def block_codes(t: LiteTensor) -> BlockCodes | None:
-    """A 2-D tensor of a type the block kernel reads, as BlockCodes; None for any other."""
+def block_codes(t: LiteTensor, packed: bool = True) -> BlockCodes | None:
+    """A 2-D tensor of a type the block kernel reads, as BlockCodes; None for any other. With
+    ``packed`` (the default) the 4- and 5-bit types stay packed and the legacy types' scales fp16;
+    without, every type is one int8 code a weight with fp32 scales (the layout before issue 42:
+    the same weights, more bytes)."""
     if t.tensor_type not in PACKED_TYPES or len(t.shape) != 2:
         return None
     out, n_in = t.shape
     block, type_size = GGML_QUANT_SIZES[t.tensor_type]
     blocks = np.asarray(t.data).reshape(-1, type_size)  # (out * n_in / block, type_size) uint8
-    if t.tensor_type in _LEGACY:
+    nb = n_in // (16 if t.tensor_type == Q.Q6_K else 32)  # blocks a row as the kernel reads them
+    bits, zero = 8, 0
+    if packed and t.tensor_type in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
+        codes, scale, offset, bits, zero = _legacy_packed(blocks, t.tensor_type)
+    elif packed and t.tensor_type == Q.Q8_0:
+        codes, scale, offset = blocks[:, 2:].view(np.int8), np.ascontiguousarray(blocks[:, :2]).view(np.float16), None
+    elif t.tensor_type in _LEGACY:
         codes, scale, offset = _legacy(blocks, t.tensor_type)
     elif t.tensor_type == Q.Q6_K:
         codes, scale, offset = _q6_k(blocks)
     else:
-        codes, scale, offset = _k4(blocks, t.tensor_type)
-    sub = codes.shape[1]  # the block the kernel reads: 32, or Q6_K's 16
-    return BlockCodes(torch.from_numpy(np.ascontiguousarray(codes).reshape(out, n_in)),
-                      torch.from_numpy(np.ascontiguousarray(scale).reshape(out, n_in // sub)),
-                      None if offset is None else torch.from_numpy(np.ascontiguousarray(offset).reshape(out, n_in // sub)),
-                      sub)
+        codes, scale, offset = _k4(blocks, t.tensor_type, packed)
+        bits = (4 if t.tensor_type == Q.Q4_K else 5) if packed else 8
+    return BlockCodes(torch.from_numpy(np.ascontiguousarray(codes).reshape(out, -1)),
+                      torch.from_numpy(np.ascontiguousarray(scale).reshape(out, nb)),
+                      None if offset is None else torch.from_numpy(np.ascontiguousarray(offset).reshape(out, nb)),
+                      n_in // nb, bits, zero)
