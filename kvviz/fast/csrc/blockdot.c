@@ -118,56 +118,67 @@ static inline __m256 block16(const int8_t *c, const float *x) {
     return _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
 }
 
-/* 32 int8 codes (in order) in a register, times x: the same four products as block32. */
-static inline __m256 block32_reg(__m256i q, const float *x) {
-    const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
-    __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), _mm256_loadu_ps(x));
-    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), _mm256_loadu_ps(x + 8), p);
-    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(x + 16), p);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), _mm256_loadu_ps(x + 24), p);
+/* Eight bytes widened to eight int32 lanes (zero-extended): one shuffle-port op a byte's two codes. */
+static inline __m256i zx8(const uint8_t *c) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c)); }
+
+/* A 4-bit block (16 bytes; byte k = code k | code k + 16 << 4) times x: bytes 0-7 and 8-15 widened
+ * once each; the low nibbles are codes 0-15 and the high ones 16-31, split with an AND and a shift
+ * in the int32 lanes (not the shuffle port, which the int8 path's widening keeps busy). hi: each
+ * lane's fifth bit (0 or 16) for codes 0-7, 8-15, 16-23, 24-31 (5-bit blocks), or zeros. */
+static inline __attribute__((always_inline)) __m256 packed32(const uint8_t *c, const float *x, __m256i zero,
+                                                             const __m256i hi[4], const int fifth, const int zf) {
+    const __m256i m = _mm256_set1_epi32(0x0F), v0 = zx8(c), v1 = zx8(c + 8);
+    __m256i q[4] = {_mm256_and_si256(v0, m), _mm256_and_si256(v1, m), _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+    for (int g = 0; g < 4; g++) { /* constant flags: the loop and the branches fold away */
+        if (fifth) q[g] = _mm256_or_si256(q[g], hi[g]);
+        if (zf) q[g] = _mm256_sub_epi32(q[g], zero);
+    }
+    __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), _mm256_loadu_ps(x));
+    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), _mm256_loadu_ps(x + 8), p);
+    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[2]), _mm256_loadu_ps(x + 16), p);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[3]), _mm256_loadu_ps(x + 24), p);
 }
 
-/* A 4-bit block's 16 bytes as its 32 codes 0..15, in order: low nibbles are codes 0-15, high 16-31. */
-static inline __m256i nibbles32(const uint8_t *c) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)c), m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-
-/* A 5-bit block's uint32 of fifth bits as 32 bytes of 0 or 16 (llama.cpp's bytes_from_bits_32):
- * byte k takes byte k / 8 of the word, keeps bit k % 8, and becomes 16 where it is set. */
-static inline __m256i fifth_bits(const uint8_t *c) {
+/* A 5-bit block's little-endian uint32 of fifth bits as four vectors of 0 or 16: lane j of vector
+ * g holds code 8 g + j's bit, shifted down by 8 g + j (variable shifts), masked and moved to bit 4. */
+static inline void fifth_bits(const uint8_t *c, __m256i hi[4]) {
     uint32_t h;
     memcpy(&h, c, 4);
-    const __m256i pick = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit), _mm256_set1_epi8(0x10));
+    const __m256i hv = _mm256_set1_epi32((int)h), one = _mm256_set1_epi32(1);
+    const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int g = 0; g < 4; g++)
+        hi[g] = _mm256_slli_epi32(
+            _mm256_and_si256(_mm256_srlv_epi32(hv, _mm256_add_epi32(sh, _mm256_set1_epi32(8 * g))), one), 4);
 }
 
+/* One block's products, summed lane by lane; zf: the codes have a zero to subtract (Q4_0, Q5_0),
+ * a constant, so the types without one (SmolLM2's Q4_1) pay nothing for it. */
 static inline __attribute__((always_inline)) __m256 block_of(const uint8_t *c, const float *x, const int kind,
-                                                             __m256i zero) {
+                                                             __m256i zero, const int zf) {
     if (kind == K8_32) return block32((const int8_t *)c, x);
     if (kind == K8_16) return block16((const int8_t *)c, x);
-    if (kind == K4) return block32_reg(_mm256_sub_epi8(nibbles32(c), zero), x);
-    return block32_reg(_mm256_sub_epi8(_mm256_or_si256(nibbles32(c + 4), fifth_bits(c)), zero), x);
+    __m256i hi[4];
+    if (kind == K4) return packed32(c, x, zero, hi, 0, zf);
+    fifth_bits(c, hi);
+    return packed32(c + 4, x, zero, hi, 1, zf);
 }
 
 /* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks: each block's products
  * summed in lanes, then scaled into one of two accumulators (even and odd blocks), so consecutive
  * blocks do not wait on one another. Called with a constant kind, so each layout gets its own loop. */
 static inline __attribute__((always_inline)) float row_blocks(const uint8_t *c, const float *s, const float *x, int nb,
-                                                              const int kind, int zero) {
+                                                              const int kind, int zero, const int zf) {
     const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
-    const __m256i z = _mm256_set1_epi8((char)zero);
+    const __m256i z = _mm256_set1_epi32(zero);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *cb = c + (size_t)b * stride;
         const float *xb = x + (size_t)b * width;
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(cb, xb, kind, z), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block_of(cb + stride, xb + width, kind, z), a1);
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(cb, xb, kind, z, zf), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block_of(cb + stride, xb + width, kind, z, zf), a1);
     }
-    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + (size_t)b * stride, x + (size_t)b * width, kind, z), a0);
+    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + (size_t)b * stride, x + (size_t)b * width, kind, z, zf), a0);
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
@@ -185,7 +196,8 @@ static inline int packed_code(const uint8_t *c, int i, int kind, int zero) {
     return v - zero;
 }
 
-static inline float row_blocks(const uint8_t *c, const float *s, const float *x, int nb, int kind, int zero) {
+static inline float row_blocks(const uint8_t *c, const float *s, const float *x, int nb, int kind, int zero, int zf) {
+    (void)zf; /* the plain loop subtracts zero (0 or not) from every code */
     const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
     float acc = 0.0f;
     for (int b = 0; b < nb; b++) {
@@ -204,10 +216,12 @@ static inline float row_blocks(const uint8_t *c, const float *s, const float *x,
 }
 #endif
 
-static float row_k8_32(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_32, z); }
-static float row_k8_16(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_16, z); }
-static float row_k4(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z); }
-static float row_k5(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z); }
+static float row_k8_32(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_32, z, 0); }
+static float row_k8_16(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_16, z, 0); }
+static float row_k4(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z, 0); }
+static float row_k4z(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z, 1); }
+static float row_k5(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z, 0); }
+static float row_k5z(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z, 1); }
 
 /* One row's nb scales (or offsets) as fp32: the row itself, or its fp16 values widened into buf. */
 static inline const float *row_floats(const void *t, int half, int r, int nb, float *buf) {
@@ -226,7 +240,7 @@ static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const fl
     const size_t rb = row_bytes(bits, n_in);
     const float *bias = p->bias[s];
     float (*const row)(const uint8_t *, const float *, const float *, int, int) =
-        bits == 4 ? row_k4 : (bits == 5 ? row_k5 : (block == 32 ? row_k8_32 : row_k8_16));
+        bits == 4 ? (zero ? row_k4z : row_k4) : (bits == 5 ? (zero ? row_k5z : row_k5) : (block == 32 ? row_k8_32 : row_k8_16));
     float sbuf[half ? nb : 1], mbuf[half && p->minv[s] ? nb : 1];
     for (int r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
