@@ -1,20 +1,15 @@
 """Matmuls over weights kept as a GGUF file keeps them: integer codes with a scale per block.
 
-``BlockCodes`` is one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
+``BlockCodes`` (file data: it lives with the GGUF code reader, ``engine/loading/gguf_codes.py``) is
+one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
 - minv[r, i // block]``, each value exactly what gguf's dequantizer gives for it
 (``engine/loading/gguf_codes.py`` builds them from the file's blocks). ``BlockDot`` multiplies a
 few fp32 rows by one or more of them side by side, through ``csrc/blockdot.c``: a decode step of a
 quantized model then streams a fraction of the bytes of its fp32 weights (Gemma 3 270M: the Q8_0
 head is 170 MiB of codes and fp16 scales where its fp32 copy is 640 MiB). The activations stay
-fp32; only the order of additions differs from ``F.linear`` on the dequantized weights.
-
-The codes are one int8 a weight (``bits`` 8: Q8_0, Q6_K), or packed as the file packs them
-(issue 42): ``bits`` 4, two codes a byte, 16 bytes a block of 32 (Q4_0, Q4_1, Q4_K); ``bits`` 5,
-those nibbles after a 4-byte plane of fifth bits, 20 bytes a block (Q5_0, Q5_1, Q5_K); the kernel
-unpacks them in registers and subtracts ``zero`` (Q4_0's 8, Q5_0's 16). The legacy types' scales
-and offsets are the file's fp16 values (``scale.dtype`` float16, exact); the K types' products of a
-super-block scale and a 6-bit one need fp32. SmolLM2's Q4_1 layers then stream 0.625 bytes a
-weight, as llama.cpp reads them.
+fp32; only the order of additions differs from ``F.linear`` on the dequantized weights. The 4- and
+5-bit types stream packed as the file packs them, unpacked in registers (issue 42; the layouts in
+``BlockCodes``): SmolLM2's Q4_1 layers read 0.625 bytes a weight, as llama.cpp reads them.
 
 ``BlockCodes.weight()`` rebuilds the fp32 matrix (tests hold it equal to the model's parameter);
 ``BlockCodes.rows(x)`` is the same product through PyTorch, for a machine without the kernel.
@@ -27,59 +22,11 @@ from typing import Mapping, Sequence
 
 import torch
 
+from kvviz.engine.loading.gguf_codes import PACKED_BLOCK_BYTES, BlockCodes
 from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
 BLOCKS = (16, 32)  # the block sizes the kernel reads: Q6_K's scales cover 16 weights, the rest 32
-PACKED_BLOCK_BYTES = {4: 16, 5: 20}  # bytes of one packed block of 32 codes, by bits
-
-
-@dataclass(frozen=True)
-class BlockCodes:
-    """One (out, in) weight as integer codes with a scale, and optionally an offset, per block."""
-
-    codes: torch.Tensor  # bits 8: (out, in) int8; bits 4|5: (out, in // 32 * 16|20) uint8, packed
-    scale: torch.Tensor  # (out, in // block) fp32, or fp16 (the legacy types' own d: exact)
-    minv: torch.Tensor | None  # (out, in // block), scale's dtype, or None: no offsets
-    block: int
-    bits: int = 8  # 8: one int8 code a weight; 4 or 5: packed (the module's docstring)
-    zero: int = 0  # subtracted from each unpacked 4/5-bit code
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        n = int(self.codes.shape[1])
-        return (int(self.codes.shape[0]), n if self.bits == 8 else n // PACKED_BLOCK_BYTES[self.bits] * 32)
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes + self.scale.nbytes + (self.minv.nbytes if self.minv is not None else 0)
-
-    def unpacked(self) -> torch.Tensor:
-        """The (out, in) int8 codes, unpacked and centred (``zero`` subtracted)."""
-        if self.bits == 8:
-            return self.codes
-        out, n_in = self.shape
-        c = self.codes.view(out, n_in // 32, PACKED_BLOCK_BYTES[self.bits])  # (out, nb, 16|20) uint8
-        nib = c[..., -16:]
-        q = torch.cat([nib & 0x0F, nib >> 4], dim=-1)  # (out, nb, 32): codes 0-15 low, 16-31 high
-        if self.bits == 5:  # bit k of the little-endian uint32 in bytes 0-3: code k's fifth bit
-            shifts = torch.arange(8, dtype=torch.uint8)
-            hi = (c[..., :4].unsqueeze(-1) >> shifts) & 1  # (out, nb, 4, 8): byte k // 8, bit k % 8
-            q = q | (hi.reshape(out, n_in // 32, 32) << 4)
-        return (q.to(torch.int16) - self.zero).to(torch.int8).reshape(out, n_in)
-
-    def weight(self) -> torch.Tensor:
-        """The fp32 (out, in) matrix, each value computed as gguf's dequantizer computes it:
-        scale * code rounded, then the offset subtracted and rounded."""
-        out, n_in = self.shape
-        w = self.unpacked().view(out, -1, self.block).float() * self.scale.float().unsqueeze(-1)  # (out, nb, block)
-        if self.minv is not None:
-            w = w - self.minv.float().unsqueeze(-1)
-        return w.reshape(out, n_in)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) @ W^T through PyTorch on the rebuilt weight: the kernel's maths, slowly."""
-        return torch.nn.functional.linear(x, self.weight())
 
 
 class _Spec(ctypes.Structure):

@@ -20,10 +20,10 @@ from pathlib import Path  # noqa: E402
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
-from kvviz.engine.loading.gguf_codes import PACKED_TYPES, block_codes  # noqa: E402
+from kvviz.engine.loading.gguf_codes import BlockCodes, block_codes, packed_types  # noqa: E402
 from kvviz.engine.loading.gguf_lite import LiteTensor  # noqa: E402
 from kvviz.fast import rowops  # noqa: E402
-from kvviz.fast.blockdot import BlockCodes, block_dot  # noqa: E402
+from kvviz.fast.blockdot import block_dot  # noqa: E402
 
 # Where each type keeps its fp16 fields (byte offsets in a block): overwritten with finite scales.
 F16_AT = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
@@ -40,7 +40,7 @@ def random_tensor(qtype: Q, out: int, n_in: int, seed: int = 0) -> LiteTensor:
     return LiteTensor("w", qtype, (out, n_in), blocks.reshape(out, -1))
 
 
-@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
 def test_codes_rebuild_every_weight_as_gguf_dequantizes_it(qtype: Q) -> None:
     t = random_tensor(qtype, 24, 512)
     codes = block_codes(t)
@@ -65,7 +65,7 @@ BYTES_PER_WEIGHT = {Q.Q4_0: 18 / 32, Q.Q4_1: 20 / 32, Q.Q5_0: 22 / 32, Q.Q5_1: 2
                     Q.Q4_K: 24 / 32, Q.Q5_K: 28 / 32, Q.Q6_K: 20 / 16}
 
 
-@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
 def test_packed_codes_stream_the_bytes_llama_cpp_reads(qtype: Q) -> None:
     t = random_tensor(qtype, 8, 512)
     codes = block_codes(t)
@@ -115,7 +115,7 @@ def test_the_kernel_multiplies_as_f_linear_on_the_dequantized_weights(threads: i
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
 def test_every_type_through_the_kernel_as_f_linear(qtype: Q, threads: int) -> None:
     # 288 inputs: nine blocks of 32 (an odd tail for the two-accumulator loop; Q6_K: 18 of 16), a
     # K type's super-block is 256 so those get 512; 3 rows; packed and one int8 a weight alike.
@@ -137,12 +137,12 @@ import torch
 from kvviz.fast import rowops
 rowops.FLAG_SETS = rowops.FLAG_SETS[1:]  # the flags of a compiler without -march=native, before any load()
 sys.path.insert(0, {tests!r})
-from test_gguf_codes import PACKED_TYPES, random_tensor
-from kvviz.engine.loading.gguf_codes import block_codes
+from test_gguf_codes import random_tensor
+from kvviz.engine.loading.gguf_codes import block_codes, packed_types
 from kvviz.fast.blockdot import block_dot
 assert rowops.load() is not None, rowops.status()
 worst = 0.0
-for qtype in PACKED_TYPES:
+for qtype in packed_types():
     w = block_codes(random_tensor(qtype, 9, 512, 10))
     x = torch.randn(2, 512, generator=torch.Generator().manual_seed(11))
     w64 = w.weight().double()
