@@ -35,6 +35,7 @@ from kvviz.fast.rowops import RowDot
 
 from accel_checks import assert_concurrent_runs_match_sequential
 from gguf_writers import Q, write_llama_gguf
+from test_gguf_codes import BITS, BYTES_PER_WEIGHT
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(rowops.load() is None, reason=f"no C kernel: {rowops.status()}")
@@ -132,6 +133,9 @@ def test_each_block_type_steps_like_the_readable_model(tmp_path: Path, qtype: An
     calls = coded_calls(m)
     assert all(isinstance(x.op, BlockDot) for x in calls) and calls[0].rotates  # RoPE in the q|k|v call
     assert m.fast.plan().fp32_bytes == 0 and m.fast.plan().coded_bytes == m.info["codes_bytes"]
+    codes = m.fast.codes.values()  # packed where the type packs (issue 42): the bytes llama.cpp reads
+    assert {c.bits for c in codes} == {BITS[qtype]}
+    assert m.info["codes_bytes"] == BYTES_PER_WEIGHT[qtype] * sum(c.shape[0] * c.shape[1] for c in codes)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     for kind in ("static", "paged"):
         assert_logits_close(decode_steps(m, "fast", kind, ids), decode_steps(m, "readable", kind, ids))
