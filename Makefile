@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 PORT ?= 8501
 
-.PHONY: run test test-fast bench browser screenshots clean-venv vllm test-vllm
+.PHONY: run test test-fast bench browser screenshots clean-venv vllm test-vllm bench-llamacpp
 
 # The first run installs about 1.8 GB (torch, transformers, streamlit, the models): minutes, not
 # seconds (175 s on a busy 2-core machine, issue 36). Each step says what it installs, and pip shows
@@ -108,3 +108,20 @@ vllm: $(VLLM_STAMP)
 # lines, `watch` and the Live server page against a server under load. Minutes: each starts vLLM.
 test-vllm: $(DEV_STAMP) $(VLLM_STAMP) browser
 	$(PY) -m pytest tests -q -m vllm -n 0
+
+# llama.cpp beside kvviz for `python -m kvviz bench` (issue 42): llama-cpp-python compiled for this
+# machine's CPU (GGML_NATIVE: the same -march=native kvviz's C kernels get) into its own venv. The
+# bench finds .venv-llamacpp and runs llama.cpp there as a subprocess on the same GGUF, with the
+# same threads, interleaved with kvviz's runs. Not part of `make run` or `make test`; niced, since
+# the compile takes minutes of both cores. The stamp makes a second run a no-op.
+LLAMACPP_VENV  := .venv-llamacpp
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed
+$(LLAMACPP_STAMP): requirements-llamacpp.txt
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
+	@echo "Compiling llama-cpp-python into $(LLAMACPP_VENV) (niced; several minutes on 2 cores)..."
+	CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 10 \
+		$(LLAMACPP_VENV)/bin/python -m pip install --progress-bar on -r requirements-llamacpp.txt
+	touch $@
+
+bench-llamacpp: $(LLAMACPP_STAMP)

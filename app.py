@@ -12,6 +12,7 @@ from kvviz.ui.pages.generate import live
 from kvviz.ui.pages.live import live_server
 from kvviz.ui.pages.prefill import prefill
 from kvviz.ui.pages.race import race
+from kvviz.ui.pages.serving import serving_page
 from kvviz.ui.sidebar import render_sidebar
 from kvviz.ui.common import text_guard
 from kvviz.ui.state import session
@@ -31,6 +32,7 @@ GENERATION_PAGES = [
     st.Page(chat_page.page, title="Chat: cache across turns", icon=":material/forum:", url_path="chat"),
     st.Page(decoding.page, title="Decoding strategies", icon=":material/account_tree:", url_path="decoding"),
     st.Page(compress.page, title="Compression lab", icon=":material/compress:", url_path="compress"),
+    st.Page(serving_page.page, title="Serving: many requests at once", icon=":material/dns:", url_path="serving"),
 ]
 CALCULATOR = st.Page(calculator.page, title="KV memory calculator", icon=":material/calculate:", url_path="calculator")
 LIVE_SERVER = st.Page(live_server.page, title="Live server", icon=":material/monitor_heart:", url_path="live")
@@ -52,7 +54,8 @@ def _default_page_at_its_own_path(path: str) -> None:
 _default_page_at_its_own_path(GENERATE_PATH)
 # Material icons ship with Streamlit; emoji need a font that Debian's Chromium lacks.
 pg = st.navigation({"Watch it generate": GENERATION_PAGES, "Size it": [CALCULATOR, LIVE_SERVER]})
-tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR)
+tour.register_pages(generate=GENERATION_PAGES[0], race=GENERATION_PAGES[1], calculator=CALCULATOR,
+                    serving=GENERATION_PAGES[7])
 present.apply()  # the presentation layout's fonts, on every page
 text_guard.install()  # a lone surrogate typed or pasted is replaced before the browser sends it
 if pg.url_path not in (CALCULATOR.url_path, LIVE_SERVER.url_path):

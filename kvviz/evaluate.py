@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kvviz.engine.core.step import run_step
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.safeio import read_maybe_gzip
@@ -81,7 +82,10 @@ def bits_per_byte(model: LoadedModel, text: str, batch_windows: int = 8) -> Eval
             chunk = windows[i:i + batch_windows]
             for s, first in chunk:
                 seq = torch.tensor(ids[s:s + block], device=dev)[None]  # (1, T)
-                logits = model.model(seq[:, :-1] if seq.shape[1] > 1 else seq)  # (1, T-1, V)
+                inp = seq[:, :-1] if seq.shape[1] > 1 else seq
+                # The readable model, no cache: every position's logits under a causal mask.
+                logits = run_step(model, None, inp, torch.arange(inp.shape[1], device=dev), backend="readable",
+                                  last_only=False)  # (1, T-1, V)
                 targets = seq[:, 1:]  # (1, T-1)
                 # logits[j] predicts token j+1; score targets from index `first` on.
                 lp = F.log_softmax(logits[0, first - 1:].float(), dim=-1)  # (n, V)

@@ -1,13 +1,15 @@
-"""Matmuls over weights kept as a GGUF file keeps them: int8 codes with a scale per block.
+"""Matmuls over weights kept as a GGUF file keeps them: integer codes with a scale per block.
 
 ``BlockCodes`` (file data: it lives with the GGUF code reader, ``engine/loading/gguf_codes.py``) is
 one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
 - minv[r, i // block]``, each value exactly what gguf's dequantizer gives for it
 (``engine/loading/gguf_codes.py`` builds them from the file's blocks). ``BlockDot`` multiplies a
 few fp32 rows by one or more of them side by side, through ``csrc/blockdot.c``: a decode step of a
-quantized model then streams about a quarter of the bytes of its fp32 weights (Gemma 3 270M:
-the Q8_0 head is 180 MiB of codes and scales where its fp32 copy is 640 MiB). The activations
-stay fp32; only the order of additions differs from ``F.linear`` on the dequantized weights.
+quantized model then streams a fraction of the bytes of its fp32 weights (Gemma 3 270M: the Q8_0
+head is 170 MiB of codes and fp16 scales where its fp32 copy is 640 MiB). The activations stay
+fp32; only the order of additions differs from ``F.linear`` on the dequantized weights. The 4- and
+5-bit types stream packed as the file packs them, unpacked in registers (issue 42; the layouts in
+``BlockCodes``): SmolLM2's Q4_1 layers read 0.625 bytes a weight, as llama.cpp reads them.
 
 ``BlockCodes.weight()`` rebuilds the fp32 matrix (tests hold it equal to the model's parameter);
 ``BlockCodes.rows(x)`` is the same product through PyTorch, for a machine without the kernel.
@@ -15,12 +17,12 @@ stay fp32; only the order of additions differs from ``F.linear`` on the dequanti
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import torch
 
-from kvviz.engine.loading.gguf_codes import BlockCodes
+from kvviz.engine.loading.gguf_codes import PACKED_BLOCK_BYTES, BlockCodes
 from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
@@ -33,7 +35,9 @@ class _Spec(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p * MAX_SEGMENTS), ("scale", ctypes.c_void_p * MAX_SEGMENTS),
                 ("minv", ctypes.c_void_p * MAX_SEGMENTS), ("bias", ctypes.c_void_p * MAX_SEGMENTS),
                 ("n_out", ctypes.c_int * MAX_SEGMENTS),
-                ("block", ctypes.c_int * MAX_SEGMENTS), ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
+                ("block", ctypes.c_int * MAX_SEGMENTS), ("bits", ctypes.c_int * MAX_SEGMENTS),
+                ("zero", ctypes.c_int * MAX_SEGMENTS), ("half", ctypes.c_int * MAX_SEGMENTS),
+                ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
                 ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("glu", ctypes.c_int),
                 ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("n_q", ctypes.c_int), ("n_k", ctypes.c_int),
@@ -93,10 +97,15 @@ class BlockDot:
 def _fits(w: BlockCodes) -> bool:
     out, n_in = w.shape
     nb = n_in // w.block if w.block else 0
-    ok = w.block in BLOCKS and n_in % w.block == 0 and w.codes.dtype == torch.int8 and w.codes.is_contiguous()
+    if w.bits == 8:
+        ok = w.block in BLOCKS and w.codes.dtype == torch.int8 and w.zero == 0
+    else:  # packed: blocks of 32, whole blocks a row
+        ok = (w.bits in PACKED_BLOCK_BYTES and w.block == 32 and w.codes.dtype == torch.uint8 and 0 <= w.zero < 32
+              and w.codes.shape[1] % PACKED_BLOCK_BYTES[w.bits] == 0)
+    ok = ok and n_in % w.block == 0 and w.codes.is_contiguous() and w.scale.dtype in (torch.float32, torch.float16)
     for t in (w.scale, w.minv):
         if t is not None:
-            ok = ok and t.dtype == torch.float32 and t.is_contiguous() and tuple(t.shape) == (out, nb)
+            ok = ok and t.dtype == w.scale.dtype and t.is_contiguous() and tuple(t.shape) == (out, nb)
     return ok and all(t.device.type == "cpu" for t in (w.codes, w.scale))
 
 
@@ -145,7 +154,10 @@ def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, 
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if w.minv is None else w.minv.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if b is None else b.data_ptr() for b in bs], *pad),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.shape[0] for w in ws], *ints),
-                 (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints), len(ws), n_in,
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.bits for w in ws], *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[w.zero for w in ws], *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[int(w.scale.dtype == torch.float16) for w in ws], *ints), len(ws), n_in,
                  None if norm_w is None else norm_w.data_ptr(), float(eps), glu,
                  None if post_w is None else post_w.data_ptr(), float(post_eps),
                  None if q_w is None else q_w.data_ptr(), None if k_w is None else k_w.data_ptr(), n_q, n_k, hd,
@@ -183,8 +195,8 @@ def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
     if tuple(codes.shape) != tuple(w.shape) or w.dtype != torch.float32:
         return False
     rows = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
-    part = BlockCodes(codes.codes[rows], codes.scale[rows], None if codes.minv is None else codes.minv[rows],
-                      codes.block)
+    part = replace(codes, codes=codes.codes[rows], scale=codes.scale[rows],
+                   minv=None if codes.minv is None else codes.minv[rows])
     return torch.equal(part.weight(), w.detach()[rows])
 
 

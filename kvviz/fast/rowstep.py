@@ -2,9 +2,12 @@
 
 ``fast/llama_flat.py``'s one-row step makes four calls into C per layer and, between them, splits
 q|k|v, writes the cache and runs SDPA in PyTorch: tens of microseconds of Python and dispatch per
-layer, 30 times a SmolLM2 token, which the weight-streaming floor does not pay. ``LlamaStep`` chains the same four calls (the plan's own ``RowDot`` specs, so the same weights
-and fusions) with the cache write and attention inside C, once per token: SmolLM2 decoded 1.20x faster at 2
+layer, 30 times a SmolLM2 token, which the weight-streaming floor does not pay. ``LlamaStep``
+chains the same four calls (the plan's own ``RowDot`` specs, so the same weights and fusions)
+with the cache write and attention inside C, once per token: SmolLM2 decoded 1.20x faster at 2
 threads and 1.07x at 1 in fp32, 1.14x with bf16 weights (docs/performance.md, "The whole step in C").
+C writes the cache only where the cache itself says: into the buffers ``cache.step_buffers()``
+hands out, at the slot ``cache.step_slots(1)`` names, which also counts the bytes as ``update`` does.
 
 It serves the common case only, and says so by returning None from ``step_for``: a
 ``StaticKVCache`` (exactly that class) of batch 1 on the CPU, in fp32 with fp32 weights or in
@@ -38,9 +41,11 @@ class LlamaStep:
         assert lib is not None and c.head_dim is not None and len(ops) == 4 * c.n_layer
         nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
         addrs = [op.spec_addr for op in ops]
-        self.buffers = _buffers(cache)
+        buffers = cache.step_buffers()
+        assert buffers is not None  # step_for builds a step only for buffers a direct writer may write
+        self.buffers = buffers  # the cache's own K/V buffers, K0, V0, K1, V1, ...: the order rowstep.c reads
         self.q = torch.empty(c.n_layer, nh * hs, dtype=torch.float32)  # (n_layer, nh hs)
-        max_len = cache.k[0].shape[2]
+        max_len = buffers[0].shape[2]
         # Made on the first request (a live run's captures), not per cache: SmolLM2's weights buffer
         # is 8.8 MB at its 8,192 positions, which a run without captures should neither hold nor fill.
         self._probs_shape, self._norms_shape = (c.n_layer, nh, max_len), (c.n_layer, 2, nkv)
@@ -55,16 +60,17 @@ class LlamaStep:
         self._addr = ctypes.addressof(self.spec)
         self.ops = ops  # keeps the specs the addresses point at alive
         self.threads = ops[0].threads
-        self.write_bytes = 2 * c.n_layer * nkv * hs * cache.dtype.itemsize  # one position's K and V, every layer
         self._fn = lib.kv_llama_step
 
     def matches(self, ops: tuple[RowDot, ...], cache: StaticKVCache) -> bool:
         """Still the plan and the buffers it was built for (a reorder to a new batch replaces them)."""
-        return ops is self.ops and all(a is b for a, b in zip(self.buffers, _buffers(cache)))
+        bufs = cache.step_buffers()
+        return ops is self.ops and bufs is not None and all(a is b for a, b in zip(self.buffers, bufs))
 
     def __call__(self, x: torch.Tensor, pos: int, slot: int, probs: bool = False, norms: bool = False) -> None:
         """x: the embedded token, (C,) contiguous fp32, replaced in place by the last layer's
-        residual stream. RoPE rotates at ``pos``; K and V are written at cache position ``slot``.
+        residual stream. RoPE rotates at ``pos``; K and V are written at ``slot`` of the cache's
+        ``step_buffers``, the slot its ``step_slots`` named (which counted those bytes).
 
         ``probs``: leave every layer's attention weights in ``self.probs[:, :, :slot + 1]``;
         ``norms``: the L2 norms of the K and V written at ``slot`` in ``self.norms`` (as stored:
@@ -78,11 +84,6 @@ class LlamaStep:
         self.spec.norm_out = self.norms.data_ptr() if norms and self.norms is not None else None
         if self._fn(self._addr, x.data_ptr(), pos, slot, self.threads):
             raise MemoryError("rowstep: no memory for the attention scores or a fused call's normalized rows")
-
-
-def _buffers(cache: StaticKVCache) -> tuple[torch.Tensor, ...]:
-    """K0, V0, K1, V1, ...: the order rowstep.c reads them in."""
-    return tuple(t for pair in zip(cache.k, cache.v) for t in pair)
 
 
 _steps: "weakref.WeakKeyDictionary[StaticKVCache, LlamaStep]" = weakref.WeakKeyDictionary()
@@ -101,7 +102,8 @@ def step_for(ops: tuple[RowDot, ...], cache: object, c: "LlamaConfig") -> LlamaS
     step = _steps.get(cache)
     if step is None or not step.matches(ops, cache):
         # checked once per cache buffers, not per token: the same tensors stay contiguous
-        if not all(t.is_contiguous() for t in (*cache.k, *cache.v)):
+        bufs = cache.step_buffers()
+        if bufs is None or not all(t.is_contiguous() for t in bufs):
             return None
         with _lock:
             step = _steps[cache] = LlamaStep(ops, cache, c)

@@ -16,7 +16,8 @@ generation through the readable model alone (``fast=False``), so both engines ar
 Variants ending in ``_bf16`` run the model loaded again with bf16 weights (SmolLM2: the
 accelerator widens them to fp32 as it reads), against llama.cpp on the same GGUF file (its Q4_1
 weights): measured in the same run (``llama_cpp_q4_1``) when ``llama-cpp-python`` is installed
-(``pip install llama-cpp-python`` compiles llama.cpp, minutes; never a kvviz dependency), else
+here or in its own venv (``make bench-llamacpp`` compiles it for this CPU into ``.venv-llamacpp``;
+the bench runs it there as a subprocess, ``measure/llamacpp.py``; never a kvviz dependency), else
 issue 17's quoted figures, said to be quoted.
 
 The ``floor`` variant runs only a decode step's weight matmuls (every layer's, then the LM head,
@@ -27,7 +28,6 @@ transformers here.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import tempfile
@@ -49,6 +49,7 @@ from kvviz.fast import rowops
 from kvviz.fast.gpt2_flat import Matmul
 from kvviz.fast.heap import freeze_long_lived
 from kvviz.fast.llama_flat import Linear
+from kvviz.measure import llamacpp
 from kvviz.measure.bench_gemma3 import coded_matmuls, hf_gemma3, is_gemma3, on_codes
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
@@ -87,28 +88,14 @@ LLAMA_CPP = "llama_cpp_q4_1"  # the measured variant's name
 
 
 def have_llama_cpp() -> bool:
-    """llama-cpp-python importable: a benchmark-only extra, never a kvviz dependency."""
-    return importlib.util.find_spec("llama_cpp") is not None
+    """llama.cpp at hand: llama-cpp-python importable, or its own venv (``make bench-llamacpp``)."""
+    return llamacpp.available()
 
 
 def _llama_cpp_runner(model: LoadedModel, prompt: list[int], n: int) -> Callable[[], list[int]]:
     """llama.cpp on the GGUF file ``model`` was loaded from (its own quantized weights), greedy,
-    at torch's thread count, prompt ids as given: n tokens, no stop at the end token (as kvviz's
-    variants on the bench's story, which never reaches one)."""
-    from llama_cpp import Llama as LlamaCpp  # type: ignore[import-not-found]
-
-    llm = LlamaCpp(model_path=str(model.source), n_threads=torch.get_num_threads(), n_ctx=len(prompt) + n + 8,
-                   verbose=False)
-
-    def run_llama_cpp() -> list[int]:
-        llm.reset()
-        out: list[int] = []
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
-            out.append(int(tok))
-            if len(out) == n:
-                break
-        return out
-    return run_llama_cpp
+    at torch's thread count, prompt ids as given, n tokens (``measure/llamacpp.py``)."""
+    return llamacpp.runner(str(model.source), prompt, n, torch.get_num_threads())
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:

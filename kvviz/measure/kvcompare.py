@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from kvviz.engine.core.step import backend_of, run_step
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.kvcache.factory import make_cache
@@ -94,7 +95,7 @@ def compare(model: LoadedModel, ids: Sequence[int], kv: KVSpec, chunk: int = 64,
     """
     ids = check_ids(model, ids)
     cfg, dev = model.config, model.device
-    forward = model.fast.forward if fast and model.fast is not None else model.model
+    backend = backend_of(model, fast)
     a = make_cache("static", cfg, 1, dev, model.dtype, kv=ref)
     b = make_cache("static", cfg, 1, dev, model.dtype, kv=kv)
     out = Comparison(kv.label())
@@ -109,10 +110,8 @@ def compare(model: LoadedModel, ids: Sequence[int], kv: KVSpec, chunk: int = 64,
             inp, pos = seq[:, p:p + n], torch.arange(p, p + n, device=dev)
             fa = ForwardCapture(layers) if want_attn and n == 1 else None
             fb = ForwardCapture(layers) if want_attn and n == 1 else None
-            la = forward(inp, pos, a, fa)[0].float()  # (n, V)
-            lb = forward(inp, pos, b, fb)[0].float()
-            a.advance(n)
-            b.advance(n)
+            la = run_step(model, a, inp, pos, backend=backend, capture=fa, last_only=False)[0].float()  # (n, V)
+            lb = run_step(model, b, inp, pos, backend=backend, capture=fb, last_only=False)[0].float()
             _score(out, la, lb, seq[0, p + 1:p + n + 1])
             if fa is not None and fb is not None:
                 ra, rb = _rows(fa, cfg.n_head), _rows(fb, cfg.n_head)
@@ -139,7 +138,7 @@ def nll_through_cache(model: LoadedModel, ids: Sequence[int], kv: KVSpec | None,
     """The NLL of every next token (len(ids) - 1 values), teacher-forced through one cache."""
     ids = check_ids(model, ids)
     cfg, dev = model.config, model.device
-    forward = model.fast.forward if fast and model.fast is not None else model.model
+    backend = backend_of(model, fast)
     cache = make_cache("static", cfg, 1, dev, model.dtype, kv=kv)
     seq = torch.tensor(ids, device=dev)[None]
     nll: list[float] = []
@@ -147,8 +146,8 @@ def nll_through_cache(model: LoadedModel, ids: Sequence[int], kv: KVSpec | None,
     with torch.inference_mode():
         while p < n_total:
             n = min(chunk, n_total - p, cache.max_feed())
-            logits = forward(seq[:, p:p + n], torch.arange(p, p + n, device=dev), cache, None)[0].float()
-            cache.advance(n)
+            logits = run_step(model, cache, seq[:, p:p + n], torch.arange(p, p + n, device=dev), backend=backend,
+                              last_only=False)[0].float()  # (n, V)
             lp = F.log_softmax(logits, -1)
             nll += (-lp.gather(-1, seq[0, p + 1:p + n + 1, None])[:, 0]).tolist()
             p += n
@@ -159,8 +158,10 @@ def plain_nll(model: LoadedModel, ids: Sequence[int]) -> list[float]:
     """The same NLLs from one forward over the whole sequence, with no cache."""
     ids = check_ids(model, ids)
     seq = torch.tensor(ids, device=model.device)[None]
-    with torch.inference_mode():
-        lp = F.log_softmax(model.model(seq[:, :-1])[0].float(), -1)  # (N-1, V)
+    with torch.inference_mode():  # the readable model, no cache: positions 0..N-2 under a causal mask
+        logits = run_step(model, None, seq[:, :-1], torch.arange(len(ids) - 1, device=model.device),
+                          backend="readable", last_only=False)
+        lp = F.log_softmax(logits[0].float(), -1)  # (N-1, V)
     return (-lp.gather(-1, seq[0, 1:, None])[:, 0]).tolist()
 
 

@@ -1,4 +1,4 @@
-"""The guided tour: eight steps on the Generate page (nine on a model with sliding and global layers),
+"""The guided tour: nine steps on the Generate page (ten on a model with sliding and global layers),
 each a short text and the live view it points at.
 
 For someone who has never heard of a KV cache. The picture it builds: the model is a typewriter
@@ -39,7 +39,7 @@ class TourStep:
     points_at: tuple[str, ...]  # keys of the containers to outline
     action: str | None = None  # "generate" | "step" | "no_cache" | "cache"
     action_label: str = ""
-    link: str | None = None  # "race" | "calculator": a page to open next
+    link: str | None = None  # "race" | "calculator" | "serving": a page to open next
     scroll_to: str | None = None  # the container a step calls "the chart below": scrolled into view
 
 
@@ -60,7 +60,7 @@ def _big_model_line() -> str:
             "limits how many users it serves at once.")
 
 
-MAX_STEPS = 9  # eight for every model, and a ninth on a model with sliding and global layers
+MAX_STEPS = 10  # nine for every model, and a tenth on a model with sliding and global layers
 
 
 def hybrid_step(model: LoadedModel | None, dtype: str = "fp32") -> TourStep | None:
@@ -94,7 +94,7 @@ def hybrid_step(model: LoadedModel | None, dtype: str = "fp32") -> TourStep | No
 
 
 def steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep]:
-    """The eight steps (nine on a hybrid-attention model), with this model's own numbers where a
+    """The nine steps (ten on a hybrid-attention model), with this model's own numbers where a
     step quotes them."""
     hybrid = hybrid_step(model, dtype)
     return _base_steps(model, dtype) + ([hybrid] if hybrid else [])
@@ -180,6 +180,18 @@ def _base_steps(model: LoadedModel | None, dtype: str = "fp32") -> list[TourStep
             "machine. Here, the numbers give this run's TTFT and TPOT, and the time-per-step chart (under the "
             "attention map) every step's.",
             ("view_metrics", "view_latency"), link="race"),
+        TourStep(
+            "Many requests at once: serving",
+            "A server does not run one conversation: it holds many at once, and their caches share one pool of "
+            "memory cut into **blocks** of a few tokens each (**paged attention**). Each step a **scheduler** "
+            "decides what runs: one decode token for every running request, then pieces of new prompts (**chunked "
+            "prefill**), all through the weights in one forward, so the weights read once serve every request "
+            "(**continuous batching**). When the pool is full the newest request is **preempted**: its blocks are "
+            "freed and its tokens computed again later. Requests that start with the same text (a system prompt) "
+            "share its blocks: the **prefix cache**. The serving page runs a workload of requests on this model "
+            "and shows each request's life, the block pool and every step, live, then the three ways of "
+            "scheduling side by side.",
+            (), link="serving"),
     ]
 
 
@@ -236,8 +248,8 @@ def scroll_js(key: str, arrival: int = 0) -> str:
 
 def highlight_css(keys: tuple[str, ...]) -> str:
     sel = ",".join(f".st-key-{k}" for k in keys)
-    return (f"<style>{sel}{{outline:4px solid #f08c00;outline-offset:6px;border-radius:.6rem}}"
-            ".st-key-tour_card{background:#fff9db;border-radius:.6rem}</style>")
+    outline = f"{sel}{{outline:4px solid #f08c00;outline-offset:6px;border-radius:.6rem}}" if keys else ""
+    return f"<style>{outline}.st-key-tour_card{{background:#fff9db;border-radius:.6rem}}</style>"
 
 
 # --- the card on the Generate page, the banner on the others ----------------------------------------
@@ -251,6 +263,8 @@ BANNERS = {
                "which memory-bound, on this machine.",
     "batching": "One decode step can serve many requests: throughput climbs with the batch while each request "
                 "waits a little longer, and the cache grows with every request.",
+    "serving": "Press Run: watch requests wait, prefill, decode and get preempted, and the pool's blocks fill; "
+               "then compare the three scheduling policies on the same workload.",
     "calculator": f"Set to step 7's example: Llama-2-70B, {BIG_CONTEXT:,} tokens, an fp16 cache. Read the KV cache "
                   "per token and per conversation, and whether it fits on a GPU; then pick any other preset or "
                   "context length.",
@@ -302,6 +316,8 @@ def card(model: LoadedModel | None, dtype: str = "fp32") -> str | None:
                 _link("calculator", "Open the calculator", ":material/calculate:")
             elif s.link == "race":
                 _link("race", "Open the race", ":material/speed:")
+            elif s.link == "serving":
+                _link("serving", "Open the serving page", ":material/dns:")
             st.button("Back", key="tour_back", on_click=go, args=(n - 1,), disabled=n == 1, width="content",
                       shortcut="B")
             st.button("Next" if n < len(all_steps) else "Finish", key="tour_next", type="primary", width="content",
@@ -333,6 +349,6 @@ def banner(page: str) -> None:
 def start_button() -> None:
     """The way in, on the Generate page while the tour is off."""
     st.button("Start the tour", key="tour_start", icon=":material/school:", on_click=go, args=(1,),
-              help="Eight short steps through a real run: tokens, Q/K/V, prefill, decode, no cache, attention, "
+              help="Nine short steps through a real run: tokens, Q/K/V, prefill, decode, no cache, attention, "
                    "memory and speed (and hybrid attention on Gemma 3), each pointing at the view it explains. "
                    "Or open the app with ?tour=1.")

@@ -2,7 +2,8 @@
 
 The app as `make run` starts it (SmolLM2 where installed, so the sidebar's model box shows its real
 label). One browser, one context per screen size; every page is opened, what is cheap to run is run
-(a 6-token answer on Generate, an 8-token race, the Compression lab's 8-token comparison, a made-up
+(a 6-token answer on Generate, an 8-token race, the Compression lab's 8-token comparison, three short
+requests served, a made-up
 vLLM log in the calculator's reconciler), every step of the tour is walked, and the presentation
 layout (``?present=1``) is opened after a short run, where the cache and attention charts must start
 on the first screen. On each, ``cut_labels`` (cut_labels.py) must find nothing: no button, tab,
@@ -85,9 +86,17 @@ def _calculator(page) -> None:  # type: ignore[no-untyped-def]
                            ".some(t => t.textContent.includes('GPU KV cache size'))")
 
 
+def _serving(page) -> None:  # type: ignore[no-untyped-def]
+    for key, value in (("serve_requests", 3), ("serve_prompt_max", 12), ("serve_output_max", 4),
+                       ("serve_shared_len", 8)):
+        _set_number(page, key, value)
+    _click_until(page, "serve_run", ".st-key-serve_numbers [data-testid=stMetric]")
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=RUN_MS)
+
+
 # (path, what to run first): each page once per size.
 PAGES = [("", _generate), ("race", _race), ("prefill", None), ("batching", None), ("chat", None),
-         ("decoding", None), ("compress", _compress), ("calculator", _calculator)]
+         ("decoding", None), ("compress", _compress), ("serving", _serving), ("calculator", _calculator)]
 SIZES = [(1366, 768), (1920, 1080)]
 CHART_ON_SCREEN = 200  # px of the presentation layout's charts on the first screen, at least (the title and a plot)
 

@@ -84,7 +84,7 @@ def key(page, k: str) -> None:  # type: ignore[no-untyped-def]
 def next_step(page, n: int, title: str) -> None:  # type: ignore[no-untyped-def]
     idle(page)
     key(page, "n")
-    card_says(page, f"step {n} of 8: {title}")
+    card_says(page, f"step {n} of 9: {title}")
     idle(page)
 
 
@@ -173,7 +173,7 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         assert "present=1" in page.url
 
         click(page, "tour_start")
-        card_says(page, "step 1 of 8: What a token is")
+        card_says(page, "step 1 of 9: What a token is")
         idle(page)
         assert "tour=1" in page.url
         shot(page, "tour-1-start.png")
@@ -220,7 +220,7 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
         shot(page, "present-calculator.png")
         shot(page, "present-calculator-full.png", full=True)
         page.get_by_role("link", name=re.compile("Back to the tour")).click()
-        card_says(page, "step 7 of 8")
+        card_says(page, "step 7 of 9")
         next_step(page, 8, "Speed")
         shot(page, "tour-8-speed.png")
         # Step 8 links to the race; running it is the timing lessons' test (at its defaults, on the
@@ -252,7 +252,7 @@ def test_tour_every_step_and_page_in_the_presentation_layout(browser, make_run_u
             set_prompt_and_length(page, VERSE)
             fold_sidebar(page)
             click(page, "tour_start")
-            card_says(page, "step 1 of 8")
+            card_says(page, "step 1 of 9")
             for n, title in enumerate(("Q, K and V", "Prefill", "Decode", "The same without", "Attention"), 2):
                 next_step(page, n, title)
             click(page, "tour_action")

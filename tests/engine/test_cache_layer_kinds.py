@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kvviz
+from kvviz.engine.core.step import run_step
 from kvviz.engine.generation.request import kv_spec
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache
 from kvviz.engine.kvcache.factory import make_cache
@@ -88,8 +89,7 @@ def test_pool_free_blocks_rise_as_blocks_slide_out() -> None:
     free = []
     with torch.inference_mode():
         for t in range(24):
-            m.model(ids[:, t:t + 1], cache=cache)
-            cache.advance(1)
+            run_step(m, cache, ids[:, t:t + 1], torch.tensor([t]), backend="readable", hash_ids=False)
             full, sliding = _hand_blocks(t + 1, 2)
             st = cache.stats()
             assert st.blocks_used == full + 2 * sliding and st.blocks_free == 40 - full - 2 * sliding, t
@@ -110,9 +110,7 @@ def test_generate_lets_hashed_blocks_go_to_the_cache_and_a_later_request_reuses_
     pool = PagedPool(m.config, 60, 4)
     a = PagedKVCache(m.config, 1, pool=pool)
     with torch.inference_mode():
-        a.plan_step(ids[:, :20])
-        m.model(ids[:, :20], cache=a)
-        a.advance(20)
+        run_step(m, a, ids[:, :20], torch.arange(20), backend="readable")  # the ids told: hashed
     st = a.stats()
     # 20 positions, block 4: 5 global blocks; the sliding layers keep blocks 4 (16..19) only
     assert st.blocks_used == 5 + 2 * 1 and st.blocks_cached == 2 * 4 and st.blocks_free == 60 - 7 - 8
@@ -124,10 +122,10 @@ def test_generate_lets_hashed_blocks_go_to_the_cache_and_a_later_request_reuses_
     assert b.pos == 20 and b.freed == [0, 4, 4] and pool.blocks.hits == 5 + 2
     ref = make_cache("static", m.config, 1, "cpu", torch.float32)
     with torch.inference_mode():
-        m.model(ids[:, :20], cache=ref)
-        ref.advance(20)
-        torch.testing.assert_close(m.model(ids[:, 20:], cache=b), m.model(ids[:, 20:], cache=ref),
-                                   atol=1e-5, rtol=1e-5)
+        run_step(m, ref, ids[:, :20], torch.arange(20), backend="readable")
+        last = [run_step(m, c, ids[:, 20:], torch.tensor([20]), backend="readable", last_only=False, hash_ids=False)
+                for c in (b, ref)]
+        torch.testing.assert_close(last[0], last[1], atol=1e-5, rtol=1e-5)
     pool.blocks.check()
 
 
@@ -144,14 +142,16 @@ def test_paged_truncate_refused_past_let_go_blocks_and_restore_exact() -> None:
         with pytest.raises(ValueError, match="cannot roll back to 11"):
             cache.truncate(11)
         cache.truncate(12)
-        before = m.model(ids[:, 12:13], cache=cache)
+        # position 12's step, left uncommitted (the checkpoint drops its plan)
+        before = run_step(m, cache, ids[:, 12:13], torch.tensor([12]), backend="readable", commit=False, hash_ids=False)
         cp = cache.checkpoint(12)
         _feed(m, cache, ids, (13,))  # on to 16: more blocks let go
         assert cache.freed == [0, 6, 6]
         cache.restore(cp)
         cache.commit(cp)
         assert cache.freed == [0, 4, 4] and cache.pos == 12
-        torch.testing.assert_close(m.model(ids[:, 12:13], cache=cache), before, atol=0, rtol=0)
+        again = run_step(m, cache, ids[:, 12:13], torch.tensor([12]), backend="readable", commit=False, hash_ids=False)
+        torch.testing.assert_close(again, before, atol=0, rtol=0)
         ref = make_cache("static", m.config, 1, "cpu", torch.float32)
         torch.testing.assert_close(before, _feed(m, ref, ids[:, :13], (13,))[:, 12:], atol=1e-5, rtol=1e-5)
     cache.pool.blocks.check()

@@ -129,7 +129,7 @@ def test_the_no_reuse_prefill_computes_what_the_turn_computed(model_a: LoadedMod
     import torch
 
     from kvviz.engine.kvcache.paged_cache import PagedKVCache
-    from kvviz.engine.sessions.conversation_checks import feed, forward_fn
+    from kvviz.engine.sessions.conversation_checks import feed
 
     conv = Conversation(model_a, cache_kind="paged", kv_block_size=8, max_new_tokens=4)
     conv.send("Tell me about the sea.")
@@ -137,5 +137,5 @@ def test_the_no_reuse_prefill_computes_what_the_turn_computed(model_a: LoadedMod
     m, ids = model_a, list(t.prompt_ids)
     with torch.inference_mode():
         cache = PagedKVCache(m.config, 1, m.device, m.dtype, 8, conv.cache.pool.blocks_for_sequence(len(ids) + 1))
-        logits = feed(cache, forward_fn(m, True), torch.tensor([ids]), torch.arange(m.config.block_size))
+        logits = feed(m, cache, "fast", torch.tensor([ids]), torch.arange(m.config.block_size))
     assert int(logits[0, -1].argmax()) == t.generated_ids[0] and cache.pos == len(ids)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kvviz
+from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.attention import sliding_mask
@@ -79,11 +80,9 @@ def test_cached_decode_equals_one_forward_past_the_window(kind: str) -> None:
     with torch.inference_mode():
         whole = m.model(ids)  # (1, 20, V)
         cache = make_cache(kind, m.config, 1, "cpu", torch.float32)
-        steps = [m.model(ids[:, :6], cache=cache)]
-        cache.advance(6)
+        steps = [run_step(m, cache, ids[:, :6], torch.arange(6), backend="readable", last_only=False, hash_ids=False)]
         for t in range(6, 20):
-            steps.append(m.model(ids[:, t:t + 1], cache=cache))
-            cache.advance(1)
+            steps.append(run_step(m, cache, ids[:, t:t + 1], torch.tensor([t]), backend="readable", hash_ids=False))
     torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-5, rtol=1e-5)
 
 
@@ -129,11 +128,12 @@ def test_accelerator_without_codes_and_quantized_kv_run_a_window_past_the_contex
 
 # ----------------------------------------------------------------------------- per-layer cache kinds
 def _feed(m: kvviz.LoadedModel, cache, ids: torch.Tensor, cuts: tuple[int, ...]) -> torch.Tensor:
-    """Logits of ``ids`` fed through ``cache`` in chunks ending at each cut (then one token at a time)."""
+    """Logits of ``ids`` fed through ``cache`` in chunks ending at each cut (then one token at a time),
+    each chunk a step of the readable model through the step driver (no ids told: nothing hashed)."""
     out, a = [], cache.pos
     for b in (*cuts, *range(cuts[-1] + 1, ids.shape[1] + 1)) if cuts else range(a + 1, ids.shape[1] + 1):
-        out.append(m.model(ids[:, a:b], cache=cache))
-        cache.advance(b - a)
+        out.append(run_step(m, cache, ids[:, a:b], torch.arange(a, b), backend="readable", last_only=False,
+                            hash_ids=False))
         a = b
     return torch.cat(out, 1)
 

@@ -1,9 +1,10 @@
 """Block codes (engine/loading/gguf_codes.py) and the block kernel (fast/blockdot.py).
 
 The codes must rebuild every weight exactly as gguf's own dequantizer gives it, for every type the
-kernel reads; the kernel must multiply them as F.linear multiplies those fp32 weights (allclose:
-only the order of the additions differs). Types whose blocks are random bytes cover every bit of
-the unpacking; the fp16 scale fields are set to finite values so the comparison is of numbers.
+kernel reads, packed (issue 42) or one int8 a weight; the kernel must multiply them as F.linear
+multiplies those fp32 weights (allclose: only the order of the additions differs), with AVX2 and
+in its portable C. Types whose blocks are random bytes cover every bit of the unpacking; the fp16
+scale fields are set to finite values so the comparison is of numbers.
 """
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
 from kvviz.engine.loading.gguf_codes import BlockCodes, block_codes, packed_types  # noqa: E402
@@ -42,8 +48,31 @@ def test_codes_rebuild_every_weight_as_gguf_dequantizes_it(qtype: Q) -> None:
     want = gguf.quants.dequantize(np.asarray(t.data), qtype).reshape(24, 512)
     got = codes.weight().numpy()
     assert np.array_equal(got, want), f"{qtype.name}: {np.sum(got != want)} weights differ"
-    assert codes.codes.dtype == torch.int8 and codes.block == (16 if qtype == Q.Q6_K else 32)
+    assert codes.block == (16 if qtype == Q.Q6_K else 32)
     assert (codes.minv is None) == (qtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q6_K))
+    assert codes.bits == BITS[qtype] and codes.codes.dtype == (torch.int8 if codes.bits == 8 else torch.uint8)
+    flat = block_codes(t, packed=False)  # one int8 a weight, fp32 scales: the same weights
+    assert flat is not None and flat.bits == 8 and flat.scale.dtype == torch.float32
+    assert torch.equal(flat.weight(), codes.weight()) and torch.equal(flat.codes, codes.unpacked())
+
+
+# The bits a code streams in, by type: the 4- and 5-bit types packed, Q8_0 and Q6_K one int8 a weight.
+BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q5_K: 5, Q.Q6_K: 8}
+# Bytes a weight the kernel streams, codes, scales and offsets (hand-computed per block of 32, or
+# Q6_K's 16): the legacy types exactly their file size, as llama.cpp reads them (Q4_1: 16 bytes of
+# nibbles + fp16 d + fp16 m = 20 / 32 = 0.625); the K types 16 | 20 bytes + fp32 scale and offset.
+BYTES_PER_WEIGHT = {Q.Q4_0: 18 / 32, Q.Q4_1: 20 / 32, Q.Q5_0: 22 / 32, Q.Q5_1: 24 / 32, Q.Q8_0: 34 / 32,
+                    Q.Q4_K: 24 / 32, Q.Q5_K: 28 / 32, Q.Q6_K: 20 / 16}
+
+
+@pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
+def test_packed_codes_stream_the_bytes_llama_cpp_reads(qtype: Q) -> None:
+    t = random_tensor(qtype, 8, 512)
+    codes = block_codes(t)
+    assert codes is not None
+    assert codes.nbytes == BYTES_PER_WEIGHT[qtype] * 8 * 512
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):  # the file's own bytes, not one more
+        assert codes.nbytes == np.asarray(t.data).nbytes
 
 
 def test_types_the_kernel_does_not_read_stay_fp32() -> None:
@@ -82,6 +111,59 @@ def test_the_kernel_multiplies_as_f_linear_on_the_dequantized_weights(threads: i
     want = x.double() @ w64.T
     assert got.shape == (m, 62)
     assert_within_rounding(got, want, x.double().abs() @ w64.abs().T)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
+def test_every_type_through_the_kernel_as_f_linear(qtype: Q, threads: int) -> None:
+    # 288 inputs: nine blocks of 32 (an odd tail for the two-accumulator loop; Q6_K: 18 of 16), a
+    # K type's super-block is 256 so those get 512; 3 rows; packed and one int8 a weight alike.
+    n_in = 512 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 288
+    t = random_tensor(qtype, 11, n_in, 8)
+    x = torch.randn(3, n_in, generator=torch.Generator().manual_seed(9))
+    for packed in (True, False):
+        w = block_codes(t, packed=packed)
+        assert w is not None
+        op = block_dot([w], threads)
+        assert op is not None, f"{qtype.name} packed={packed}: the kernel refused it"
+        w64 = w.weight().double()
+        assert_within_rounding(op(x), x.double() @ w64.T, x.double().abs() @ w64.abs().T)
+
+
+PORTABLE = """
+import sys
+import torch
+from kvviz.fast import rowops
+rowops.FLAG_SETS = rowops.FLAG_SETS[1:]  # the flags of a compiler without -march=native, before any load()
+sys.path.insert(0, {tests!r})
+from test_gguf_codes import random_tensor
+from kvviz.engine.loading.gguf_codes import block_codes, packed_types
+from kvviz.fast.blockdot import block_dot
+assert rowops.load() is not None, rowops.status()
+worst = 0.0
+for qtype in packed_types():
+    w = block_codes(random_tensor(qtype, 9, 512, 10))
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(11))
+    w64 = w.weight().double()
+    err = (block_dot([w], 2)(x).double() - x.double() @ w64.T).abs() / (x.double().abs() @ w64.abs().T)
+    worst = max(worst, float(err.max()))
+print(rowops.load().kv_dot_simd(), worst)
+"""
+
+
+@needs_kernel
+def test_the_portable_build_without_avx2_unpacks_every_type(tmp_path: Path) -> None:
+    """Built without -march=native, blockdot.c takes its plain-C loops (the packed codes unpacked
+    one by one): the same products, within the same rounding bound as the AVX2 build."""
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "KVVIZ_CACHE_DIR": str(tmp_path)}
+    # the timeout is a hang detector, not a speed: a cold build of the C files at load 20 took minutes
+    p = subprocess.run([sys.executable, "-c", PORTABLE.format(tests=str(Path(__file__).parent))], env=env,
+                       capture_output=True, text=True, timeout=900, cwd=root)
+    assert p.returncode == 0, p.stderr
+    simd, worst = p.stdout.split()
+    assert simd == "0" and float(worst) <= 32 * torch.finfo(torch.float32).eps, worst
 
 
 @needs_kernel

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.gguf_llama import load_gguf
@@ -179,8 +180,8 @@ def test_mistral_window_in_chunks_and_in_every_cache_kind(tmp_path: Path) -> Non
                 got = []
                 for at in range(0, len(ids), chunk):
                     piece = torch.tensor([ids[at:at + chunk]])
-                    got.append(m.model(piece, cache=cache)[0])
-                    cache.advance(piece.shape[1])
+                    got.append(run_step(m, cache, piece, torch.arange(at, at + piece.shape[1]), backend="readable",
+                                        last_only=False, hash_ids=False)[0])
                 torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4, msg=f"{kind} {chunk}")
     greedy = hf_greedy(hf, ids, STEPS)
     for kind in ("static", "concat", "paged"):

@@ -6,6 +6,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.block_pool import ROOT_HASH, BlockPool, PoolFull, block_hash
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.loading.loader import LoadedModel
@@ -139,11 +140,37 @@ def test_blocks_a_failed_step_claimed_go_back_to_the_pool(make_llama: Callable[.
     free_before = len(cache.pool.blocks.free)
     k = torch.randn(1, cfg.kv_heads, 9, cfg.head_dim)
     with torch.inference_mode():
-        cache.update(0, k, k)  # layer 0 claims blocks for 3 + 9 = 12 positions, then the forward "fails"
+        cache.plan_step(torch.tensor([list(range(9))]))  # blocks for 3 + 9 = 12 positions
+        cache.update(0, k, k)  # layer 0 writes, then the forward "fails" and nobody aborts
     assert len(cache.tables[0]) == 3 and len(cache.pool.blocks.free) == free_before - 2
     _fill(cache, [8])  # the next step needs the one block it had
     assert cache.tables[0] == cache.tables[0][:1] and cache.stats().blocks_used == 1
     assert len(cache.pool.blocks.free) == free_before  # both claimed blocks are free again
+    cache.pool.blocks.check()
+
+
+def test_a_write_whose_step_was_not_planned_is_refused(make_llama: Callable[..., LoadedModel]) -> None:
+    """The plan is mandatory (as vLLM's scheduler allocates before the model runs): a layer that
+    writes with no plan, or more positions than the plan claimed, raises and claims no block. The
+    cache used to plan at layer 0 itself, so a forward run around the step driver went through."""
+    m = make_llama()
+    cfg = m.config
+    cache = PagedKVCache(cfg, block_size=4, num_blocks=8)
+    _fill(cache, [5, 6, 7])  # one partial block, committed
+    tables, refs = [list(t) for t in cache.tables], list(cache.pool.blocks.ref_count)
+    k = torch.randn(1, cfg.kv_heads, 2, cfg.head_dim)
+    with torch.inference_mode():
+        for layer in (0, cfg.n_layer - 1):
+            with pytest.raises(RuntimeError, match=r"layer \d+ writes 2 positions at 3, but the step planned nothing"):
+                cache.update(layer, k, k)
+        with pytest.raises(RuntimeError, match="planned nothing"):  # the readable model run directly
+            m.model(torch.tensor([[1, 2]]), torch.tensor([3, 4]), cache)
+        assert cache.tables == tables and cache.pool.blocks.ref_count == refs and cache.pos == 3
+        cache.plan_step(torch.tensor([[1]]))  # one position planned, two written
+        with pytest.raises(RuntimeError, match=r"planned \(3, 1\)"):
+            cache.update(0, k, k)
+        cache.abort_step()
+    assert cache.tables == tables and cache.pool.blocks.ref_count == refs
     cache.pool.blocks.check()
 
 
@@ -189,10 +216,8 @@ def test_paged_batch_and_chunked_prefill_equal_static(make_llama: Callable[..., 
 
             cache = make_cache(kind, c, 1, "cpu", torch.float32, block_size=3)
             pos = torch.arange(c.block_size)
-            m.model(ids[:, :7], pos[:7], cache, None)
-            cache.advance(7)
-            out[kind] = m.model(ids[:, 7:], pos[7:12], cache, None)
-            cache.advance(5)
+            run_step(m, cache, ids[:, :7], pos[:7], backend="readable", hash_ids=False)
+            out[kind] = run_step(m, cache, ids[:, 7:], pos[7:12], backend="readable", last_only=False, hash_ids=False)
             kv[kind] = cache.layer(1)
     assert torch.equal(out["static"], out["paged"])
     assert torch.equal(kv["static"][0], kv["paged"][0]) and torch.equal(kv["static"][1], kv["paged"][1])

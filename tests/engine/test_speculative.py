@@ -7,6 +7,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.generation.loop import generate, iter_generate
 from kvviz.engine.loading.loader import LoadedModel
@@ -52,8 +53,7 @@ def test_rollback_leaves_the_cache_of_a_never_speculated_run(model: LoadedModel,
     seq = torch.tensor([PROMPT + ids[:-1]])  # the last token is sampled, not yet fed
     with torch.inference_mode():
         for t in range(seq.shape[1]):  # one token at a time: no speculation at all
-            model.model(seq[:, t: t + 1], torch.tensor([t]), ref)
-            ref.advance(1)
+            run_step(model, ref, seq[:, t: t + 1], torch.tensor([t]), backend="readable", hash_ids=False)
     assert got.pos == ref.pos == len(PROMPT) + 29
     assert got.bytes_used == ref.bytes_used
     if kind != "paged":  # a paged pool's size is the run's choice (room for the drafts), not the tokens'

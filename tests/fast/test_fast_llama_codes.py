@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import kvviz
+from kvviz.engine.core.step import run_step
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.loading.loader import LoadedModel
@@ -34,6 +35,7 @@ from kvviz.fast.rowops import RowDot
 
 from accel_checks import assert_concurrent_runs_match_sequential
 from gguf_writers import Q, write_llama_gguf
+from test_gguf_codes import BITS, BYTES_PER_WEIGHT
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(rowops.load() is None, reason=f"no C kernel: {rowops.status()}")
@@ -102,16 +104,15 @@ def coded_calls(m: LoadedModel) -> list[Any]:
     return [x for lay in p.layers for x in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [p.head]
 
 
-def decode_steps(m: LoadedModel, forward: Any, kind: str, ids: torch.Tensor) -> torch.Tensor:
-    """A prefill of 4 tokens per row (8 rows: through the kernels), then one token per row per step."""
+def decode_steps(m: LoadedModel, backend: str, kind: str, ids: torch.Tensor) -> torch.Tensor:
+    """A prefill of 4 tokens per row (8 rows: through the kernels), then one token per row per step,
+    each through the step driver on ``backend`` ("fast" or "readable")."""
     cache = make_cache(kind, m.config, ids.shape[0], "cpu", torch.float32)
     steps = []
     with torch.inference_mode():
-        steps.append(forward(ids[:, :4], torch.arange(4), cache, None, True))
-        cache.advance(4)
+        steps.append(run_step(m, cache, ids[:, :4], torch.arange(4), backend=backend))  # type: ignore[arg-type]
         for t in range(4, ids.shape[1]):
-            steps.append(forward(ids[:, t:t + 1], torch.tensor([t]), cache, None, True))
-            cache.advance(1)
+            steps.append(run_step(m, cache, ids[:, t:t + 1], torch.tensor([t]), backend=backend))  # type: ignore[arg-type]
     return torch.cat(steps, dim=1)
 
 
@@ -132,9 +133,12 @@ def test_each_block_type_steps_like_the_readable_model(tmp_path: Path, qtype: An
     calls = coded_calls(m)
     assert all(isinstance(x.op, BlockDot) for x in calls) and calls[0].rotates  # RoPE in the q|k|v call
     assert m.fast.plan().fp32_bytes == 0 and m.fast.plan().coded_bytes == m.info["codes_bytes"]
+    codes = m.fast.codes.values()  # packed where the type packs (issue 42): the bytes llama.cpp reads
+    assert {c.bits for c in codes} == {BITS[qtype]}
+    assert m.info["codes_bytes"] == BYTES_PER_WEIGHT[qtype] * sum(c.shape[0] * c.shape[1] for c in codes)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
     for kind in ("static", "paged"):
-        assert_logits_close(decode_steps(m, m.fast.forward, kind, ids), decode_steps(m, m.model, kind, ids))
+        assert_logits_close(decode_steps(m, "fast", kind, ids), decode_steps(m, "readable", kind, ids))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -196,7 +200,7 @@ def test_codes_that_no_longer_match_fall_back_to_fp32(mixed: tuple[LoadedModel, 
     assert p.fp32_bytes == sum(w.nbytes for w in changed) + net.layers[0].mlp.gate_proj.weight.nbytes + \
         attn.q_proj.weight.nbytes + attn.v_proj.weight.nbytes
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(6))
-    assert_logits_close(decode_steps(m, m.fast.forward, "static", ids), decode_steps(m, m.model, "static", ids))
+    assert_logits_close(decode_steps(m, "fast", "static", ids), decode_steps(m, "readable", "static", ids))
 
 
 def test_bf16_keeps_no_codes(mixed: tuple[LoadedModel, Path]) -> None:

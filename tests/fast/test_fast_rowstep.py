@@ -191,3 +191,33 @@ def test_a_reorder_to_a_new_batch_rebuilds_the_step() -> None:
     cache.reorder(torch.tensor([1]))  # back to one row, in new buffers again
     again = step_for(ops, cache, c)
     assert again is not None and again is not first and again.buffers[0] is cache.k[0]
+
+
+def test_the_step_writes_where_the_cache_says_and_the_cache_counts_it(calls: list[int]) -> None:
+    """C writes only into the buffers the cache hands out (``step_buffers``) at the slot it names
+    (``step_slots``, which counts the bytes as update does and notes the write for a restore): a
+    step taken through run_step and never committed is undone by a restore like any update, and a
+    cache whose layer keeps a ring hands out no buffers, so C never writes it."""
+    from kvviz.engine.core.step import run_step
+
+    m = make_llama("gqa", seed=31)
+    c = m.config
+    idx = tokens(1, 6, seed=32)
+    cache = StaticKVCache(c)
+    bufs = cache.step_buffers()
+    assert bufs is not None and all(a is b for a, b in zip(bufs, (t for kv in zip(cache.k, cache.v) for t in kv)))
+    with torch.inference_mode():
+        run_step(m, cache, idx[:, :5], torch.arange(5))  # the prefill: per-layer updates
+        before, k4 = cache.bytes_copied, cache.k[0][:, :, 4].clone()
+        cp = cache.checkpoint(5)
+        run_step(m, cache, idx[:, 5:], torch.tensor([5]), commit=False)  # C writes slot 5, not committed
+    assert calls == [5] and cache.pos == 5
+    # one position's K and V of every layer, as n_layer updates of (1, nkv, 1, hs) count them
+    assert cache.bytes_copied - before == 2 * c.n_layer * c.kv_heads * c.head_dim * 4
+    assert bool(cache.k[0][:, :, 5].ne(0).any())  # C wrote it
+    cache.restore(cp)
+    assert bool((cache.k[0][:, :, 5] == 0).all()) and bool((cache.v[-1][:, :, 5] == 0).all())  # as never written
+    assert torch.equal(cache.k[0][:, :, 4], k4) and cache.bytes_copied == before
+    ringed = StaticKVCache(c)
+    ringed.windows = (4,) + ringed.windows[1:]  # a sliding first layer: slot != position there
+    assert ringed.step_buffers() is None and step_for(m.fast.plan().rows.step_ops, ringed, c) is None

@@ -65,7 +65,7 @@ EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.core", "kvviz.engine.serving", "
                   "kvviz.cli", "kvviz.measure", "kvviz.watch", "kvviz.charts", "kvviz.ui", "kvviz.ui.state", "kvviz.ui.common",
                   "kvviz.ui.pages",
                   *(f"kvviz.ui.pages.{page}" for page in ("generate", "race", "prefill", "batching", "chat", "decoding",
-                                                          "compress", "calculator", "live")))
+                                                          "compress", "calculator", "live", "serving")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
 NO_TORCH = ("kvviz.calculator", "kvviz.watch", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors",
             "kvviz.safeio", "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")

@@ -23,14 +23,14 @@ TERMS = {
 
 def test_eight_steps_define_every_term_where_it_first_appears() -> None:
     steps = tour.steps(None)  # no model: the tour must not depend on any one (SmolLM2 or other)
-    assert len(steps) == 8
+    assert len(steps) == 9
     text = [s.text for s in steps]
     for term, definition in TERMS.items():
         first = next(i for i, t in enumerate(text) if term in t)
         assert definition in text[first], (term, first)
     assert "GQA" in text[5] and "SmolLM2" in text[5]  # step 6: what GQA is, on SmolLM2, by name only
     assert [s.action for s in steps[:5]] == ["generate", None, "step", "step", "no_cache"]
-    assert steps[6].link == "calculator" and steps[7].link == "race"
+    assert steps[6].link == "calculator" and steps[7].link == "race" and steps[8].link == "serving"
     assert re.search(r"Llama-2-70B.*per token", text[6])  # the calculator's answer for a 70B model
 
 
@@ -74,7 +74,7 @@ def test_tour_from_the_url_walks_and_acts(app: AppTest) -> None:
     app.run()
     assert not app.exception
     md = " ".join(m.value for m in app.markdown)
-    assert "Tour, step 1 of 8: What a token is" in md
+    assert "Tour, step 1 of 9: What a token is" in md
     app.number_input(key="max_new_tokens").set_value(6).run()
     app.button(key="tour_action").click().run()  # step 1's action: Generate
     assert not app.exception and any("finished: 6 tokens" in m.value for m in app.markdown)
@@ -140,7 +140,7 @@ def test_a_hybrid_model_gets_a_ninth_step_with_the_calculators_numbers() -> None
 
     model = SimpleNamespace(config=Gemma3Config(), tokenizer=SimpleNamespace(vocab_size=262144))
     steps = tour.steps(model)  # type: ignore[arg-type]
-    assert len(steps) == tour.MAX_STEPS == 9 and len(tour.steps(None)) == 8
+    assert len(steps) == tour.MAX_STEPS == 10 and len(tour.steps(None)) == 9
     last = steps[-1]
     hybrid, every = 2048 * (3 * 32768 + 15 * 512), 2048 * 18 * 32768
     assert hybrid == calculate(find_preset("gemma-3-270m", load_presets()),

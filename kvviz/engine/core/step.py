@@ -44,16 +44,22 @@ def backend_forward(model: "LoadedModel", backend: Backend) -> Any:
 
 def run_step(model: "LoadedModel", cache: "KVCache | None", ids: torch.Tensor, positions: torch.Tensor, *,
              backend: Backend = "fast", capture: Any = None, last_only: bool | torch.Tensor = True,
-             commit: bool = True) -> torch.Tensor:
+             commit: bool = True, hash_ids: bool = True) -> torch.Tensor:
     """Plan, forward, commit: logits (B, T|1, V) for ``ids`` (B, T) at ``positions`` (T,).
 
     ``last_only``: True for the last position's logits, False for every position's, or a (K,) long
     tensor of the positions (indices into T) whose logits to compute: a ragged step needs each
     sequence's last token only (the serving scheduler), never N x V logits.
     ``commit=False`` leaves the planned step uncommitted: the caller advances (or aborts) itself,
-    e.g. to look at the logits first."""
-    if cache is not None:
-        cache.plan_step(ids)  # blocks claimed before the forward; no layer allocates
+    e.g. to look at the logits first.
+    ``hash_ids=False`` claims the step's blocks without telling the cache its ids, so a paged cache
+    never offers them for prefix reuse: a speculative verify (its drafts are rolled back after the
+    commit) and beam search (its rows are reordered after it)."""
+    if cache is not None:  # blocks claimed before the forward; no layer allocates
+        if hash_ids:
+            cache.plan_step(ids)
+        else:
+            cache.plan_step(ids, hash_ids=False)
     try:
         logits = backend_forward(model, backend)(ids, positions, cache, capture, last_only=last_only)
     except BaseException:
@@ -63,3 +69,17 @@ def run_step(model: "LoadedModel", cache: "KVCache | None", ids: torch.Tensor, p
     if cache is not None and commit:
         cache.advance(ids.shape[-1])
     return logits
+
+
+def run_pieces(model: "LoadedModel", cache: "KVCache | None", ids: torch.Tensor, positions: torch.Tensor, *,
+               backend: Backend = "fast", capture: Any = None, last_only: bool | torch.Tensor = True) -> torch.Tensor:
+    """``run_step`` over ``ids`` (B, T) at ``positions`` (T,), in as many committed steps as the cache
+    takes (a full window cache takes one token per forward, ``max_feed``): the earlier pieces'
+    logits are never read, the last piece's (with ``capture``) are returned."""
+    fed, T = 0, ids.shape[-1]
+    while cache is not None and T - fed > (n := cache.max_feed()) >= 1:
+        run_step(model, cache, ids.narrow(1, fed, n), positions.narrow(0, fed, n), backend=backend)
+        fed += n
+    if fed:
+        ids, positions = ids.narrow(1, fed, T - fed), positions.narrow(0, fed, T - fed)
+    return run_step(model, cache, ids, positions, backend=backend, capture=capture, last_only=last_only)

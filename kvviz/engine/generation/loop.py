@@ -4,8 +4,9 @@ Cached: step 0 feeds the whole prompt (prefill), each later step feeds one token
 cache. Uncached: every step re-runs the full sequence, as the naive seed code did. Same loop,
 same event type, same sampler, so the two modes can be compared token for token.
 
-The loop owns the cache position (``cache.advance``); the clock covers the forward pass and
-sampling only, synchronized on CUDA, and stops before any capture or event work.
+Each step runs through the step driver (``engine/core/step.py``: plan, forward, commit); the loop
+never calls a forward itself. The clock covers that step and sampling only, synchronized on CUDA,
+and stops before any capture or event work.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Iterator, Mapping, Sequence
 
 import torch
 
+from kvviz.engine.core.step import run_pieces
 from kvviz.engine.generation.capture import Capture, ForwardCapture, record
 from kvviz.engine.generation.events import Run, StepEvent
 from kvviz.engine.generation.request import GenerateRequest
@@ -44,7 +46,7 @@ class GenerationStream(StreamBase):
     def _loop(self) -> Iterator[StepEvent]:
         m, r = self.model, self.req
         cfg, tok, dev = m.config, m.tokenizer, m.device
-        forward = self.forward  # the accelerator (same signature, same maths, flat) or the readable model
+        backend = self.engine  # the accelerator (same signature, same maths, flat) or the readable model
         B, N, n_new = r.batch_size, len(r.rows[0]), r.max_new_tokens
         on_cuda = dev.type == "cuda"
         ref_layers = self.capture.ref_layers(cfg.n_layer)
@@ -72,21 +74,14 @@ class GenerationStream(StreamBase):
                 inp = nxt.view(B, 1) if start else tokens.narrow(1, 0, t)  # (B, T_in), views
                 fc = ForwardCapture(ref_layers, want_attn=want_attn, want_norms=self.capture.kv_norms) \
                     if ref_layers else None
-                if cache is not None:
-                    cache.plan_step(inp)  # the paged cache claims the step's blocks (and keeps the ids for its hashes)
-
                 if on_cuda:
                     torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()
-                fed = start
-                # A full window cache takes one token per forward: a long prompt is fed in pieces.
-                while cache is not None and t - fed > (n := cache.max_feed()):
-                    forward(tokens.narrow(1, fed, n), positions.narrow(0, fed, n), cache, None, last_only=True)
-                    cache.advance(n)
-                    fed += n
-                if fed != start:
-                    inp = tokens.narrow(1, fed, t - fed)
-                logits = forward(inp, positions.narrow(0, fed, t - fed), cache, fc, last_only=True)
+                # Plan (the paged cache claims the step's blocks and keeps the ids for its hashes),
+                # forward, commit; a full window cache takes one token per forward, so a long
+                # prompt goes in committed pieces.
+                logits = run_pieces(m, cache, inp, positions.narrow(0, start, t - start), backend=backend,
+                                    capture=fc, last_only=True)
                 logits = logits.select(1, -1)  # (B, V)
                 if not r.params.greedy:  # multinomial raises (CPU) or asserts (CUDA) on NaN
                     self._check_finite(logits, step)
@@ -98,8 +93,6 @@ class GenerationStream(StreamBase):
                 if r.params.greedy:  # outside the clock: argmax of NaN is a silent token 0
                     self._check_finite(logits, step)
 
-                if cache is not None:
-                    cache.advance(t - fed)
                 ev = self._plain_event(step, t, start, ids, logits, latency_ms, fc)
                 del fc, logits  # drop the references before handing control to the consumer
             new_chars = self._emit(ev)

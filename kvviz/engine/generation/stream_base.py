@@ -3,7 +3,8 @@ only in their ``_loop``.
 
 One place decodes the text token by token, ends a run at EOS or a stop string, builds each
 StepEvent's common fields and the Run. A stream is iterated for StepEvents; ``run`` is the Run so
-far (partial if iteration stopped), ``text`` the text so far, ``engine`` which forward runs.
+far (partial if iteration stopped), ``text`` the text so far, ``engine`` which backend runs
+the steps (the step driver, engine/core/step.py, runs them).
 
 The Run grows with the stream: events go into one list that every Run shares (an EventLog view),
 and the text is decoded token by token, so asking for the Run after every token costs the same at
@@ -18,6 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
+from kvviz.engine.core.step import Backend, backend_of
 from kvviz.engine.generation.diagnose import nonfinite_error
 from kvviz.engine.generation.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.generation.flops import forward_flops
@@ -106,14 +108,9 @@ class StreamBase:
         return self.req.cache_kind
 
     @property
-    def engine(self) -> str:
-        """"fast" when the accelerator runs the steps, else "readable"."""
-        return "fast" if self.req.fast and self.model.fast is not None else "readable"
-
-    @property
-    def forward(self) -> Any:
-        """The step that runs: the accelerator (same signature, same maths, flat) or the readable model."""
-        return self.model.fast.forward if self.engine == "fast" else self.model.model  # type: ignore[union-attr]
+    def engine(self) -> Backend:
+        """"fast" when the accelerator runs the steps, else "readable" (``run_step``'s backend)."""
+        return backend_of(self.model, self.req.fast)
 
     @property
     def cache_label(self) -> str:

@@ -75,6 +75,9 @@ def ring_rows(windows: tuple[int | None, ...], context: int, start: int, window:
 class KVCache(ABC):
     kind: str = ""
     copies_on_reorder = True  # reorder copies every filled position (the paged cache shares instead)
+    # A ragged cache (the serving scheduler's, engine/serving/ragged_cache.py) holds many requests, each at
+    # its own position: the models then skip their own mask and let ``cache.attend`` attend per request.
+    ragged = False
 
     def __init__(self, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> None:
         self.config = config
@@ -141,10 +144,12 @@ class KVCache(ABC):
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, nkv, T, hs) at positions pos..pos+T; return all K, V up to pos+T."""
 
-    def plan_step(self, idx: torch.Tensor) -> None:
+    def plan_step(self, idx: torch.Tensor, *, hash_ids: bool = True) -> None:
         """Before a forward: the ids (B, T) of the positions it writes. The paged cache claims
-        the step's blocks here (copy-on-write first) and keeps the ids for its prefix hashes;
-        the others need no plan. ``advance`` commits the step, ``abort_step`` drops it."""
+        the step's blocks here (copy-on-write first) and keeps the ids for its prefix hashes
+        (unless ``hash_ids`` is False). The dense kinds need no plan: every slot a step can write
+        exists from the start (static, quantized, window) or is made by the write (concat), and
+        nothing is hashed. ``advance`` commits the step, ``abort_step`` drops it."""
 
     def abort_step(self) -> None:
         """Drop the planned step (its forward raised): ``pos`` never moved, and the rows the forward
@@ -284,6 +289,29 @@ class StaticKVCache(KVCache):
         self.bytes_copied += 2 * k.nbytes
         return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
+    # ------------------------------------------------------------------ a writer in C
+    def step_buffers(self) -> tuple[torch.Tensor, ...] | None:
+        """K0, V0, K1, V1, ...: every layer's whole buffer (B, nkv, block_size, hs), for a writer
+        that stores a step's K/V rows itself (the accelerator's one-call decode step in C,
+        fast/rowstep.py) at the slots ``step_slots`` names, and reads rows 0..pos+T-1 back. None
+        when a layer keeps a ring: its slot is not the position, so only ``update`` may write it."""
+        if any(w is not None for w in self.windows):
+            return None
+        return tuple(t for pair in zip(self.k, self.v) for t in pair)
+
+    def step_slots(self, T: int) -> int:
+        """A direct writer's ``update``: positions pos..pos+T-1 of every layer go to slots
+        pos..pos+T-1 of ``step_buffers``, which the caller writes. Counted here exactly as ``update``
+        counts them (K and V of every layer: ``bytes_copied``) and noted for a restore before the
+        write, as ``update`` does; returns the first slot."""
+        start = self.pos
+        if start + T > self.config.block_size:
+            raise ValueError(f"cache overflow: {start} + {T} > block_size {self.config.block_size}")
+        if start + T > self._hi:
+            self._hi = start + T
+        self.bytes_copied += T * self._row_bytes * self.config.n_layer
+        return start
+
     def _ring_update(self, kc: torch.Tensor, vc: torch.Tensor, start: int, w: int, k: torch.Tensor,
                      v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A sliding layer past its window: position p goes to slot p % W."""
@@ -313,8 +341,8 @@ class StaticKVCache(KVCache):
                 for t, w in zip((*self.k, *self.v), self.windows * 2)]
 
     def _load(self, cp: Checkpoint) -> None:
-        # The accelerator's one-row step writes slot pos in C (no update call): pos + 1 covers it.
-        hi = min(max(self._hi, self.pos + 1), self.config.block_size)
+        # Every write was noted in _hi first: update's, and the C step's through step_slots.
+        hi = min(max(self._hi, self.pos), self.config.block_size)
         for t, old, w in zip((*self.k, *self.v), cp.state, self.windows * 2):
             if w is not None:
                 t.copy_(old)

@@ -101,11 +101,12 @@ class PagedKVCache(KVCache):
         return h if g == 0 else block_hash(h, [-1 - g])
 
     # ------------------------------------------------------------------ writing
-    def plan_step(self, idx: torch.Tensor) -> None:
-        """The step plan, before the forward: keep the ids (B, T) for the prefix hashes and claim
-        the blocks positions pos..pos+T need, so no layer allocates."""
+    def plan_step(self, idx: torch.Tensor, *, hash_ids: bool = True) -> None:
+        """The step plan, before the forward: claim the blocks positions pos..pos+T need, so no
+        layer allocates, and keep the ids (B, T) for the prefix hashes (``hash_ids=False``: not
+        told, so this row's blocks are hashed no more: drafts a rollback drops, reordered beams)."""
         self._plan(idx.shape[-1])
-        self._pending = idx
+        self._pending = idx if hash_ids else None
 
     def _plan(self, T: int) -> None:
         """Claim the blocks positions pos..pos+T need (copy-on-write first) and index their slots.
@@ -176,11 +177,11 @@ class PagedKVCache(KVCache):
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, nkv, T, hs = k.shape
-        if self._planned != (self.pos, T):
-            if layer_idx != 0:  # two forwards on one cache at once, or a layer writing twice
-                raise RuntimeError(f"layer {layer_idx} writes {T} positions at {self.pos}, but the step "
-                                   f"planned {self._planned}: one forward at a time per cache")
-            self._plan(T)  # a caller that drives the forward itself (tests, beam search) plans here
+        if self._planned != (self.pos, T):  # no plan (a forward run around run_step), or another one
+            raise RuntimeError(f"layer {layer_idx} writes {T} positions at {self.pos}, but the step planned "
+                               f"{'nothing' if self._planned is None else self._planned}: a paged cache's "
+                               "blocks are claimed by plan_step before the forward (run_step), one forward "
+                               "at a time per cache")
         assert self._slot_off is not None
         g, s = self.groups.group_of[layer_idx], self.groups.slot_of[layer_idx]
         bs = self.block_size

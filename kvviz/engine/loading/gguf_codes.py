@@ -1,4 +1,4 @@
-"""A GGUF tensor's blocks as int8 codes with an fp32 scale (and offset) per block: ``BlockCodes``.
+"""A GGUF tensor's blocks as integer codes with a scale (and offset) per block: ``BlockCodes``.
 
 What ``kvviz.fast.blockdot`` multiplies. Each function below unpacks one ggml type the way
 gguf's own dequantizer (``gguf.quants``) does, stopping before the last multiply: the block's
@@ -7,6 +7,11 @@ to fp32 as gguf rounds it), its offset, and the integer codes. ``scale * code - 
 then gives every weight exactly as ``gguf.quants.dequantize`` does (``tests/engine/
 test_gguf_codes.py`` checks each type value for value). Types whose block the kernel does not
 read (other sizes, the IQ and ternary types, floats) give None: those weights stay fp32.
+
+The 4- and 5-bit types stay packed (issue 42; the layouts in ``BlockCodes``): Q4_0, Q4_1, Q5_0 and
+Q5_1 blocks are the file's own bytes less their fp16 scale and offset, which stay fp16; Q4_K's and
+Q5_K's codes are repacked into those blocks of 32. Q8_0 keeps its int8 codes and fp16 scale; Q6_K
+(int8 codes, fp32 scales per 16) is not packed.
 """
 from __future__ import annotations
 
@@ -23,32 +28,58 @@ if TYPE_CHECKING:  # gguf is imported where a file's blocks are unpacked: kvviz.
     from kvviz.engine.loading.gguf_lite import LiteTensor
 
 QK_K = 256
+PACKED_BLOCK_BYTES = {4: 16, 5: 20}  # bytes of one packed block of 32 codes, by bits
 
 
 @dataclass(frozen=True)
 class BlockCodes:
-    """One (out, in) weight as int8 codes with an fp32 scale, and optionally an offset, per block."""
+    """One (out, in) weight as integer codes with a scale, and optionally an offset, per block.
 
-    codes: torch.Tensor  # (out, in) int8
-    scale: torch.Tensor  # (out, in // block) fp32
-    minv: torch.Tensor | None  # (out, in // block) fp32, or None: no offsets
+    The codes are one int8 a weight (``bits`` 8: Q8_0, Q6_K), or packed as the file packs them
+    (issue 42): ``bits`` 4, two codes a byte, 16 bytes a block of 32, byte k holding code k (low
+    nibble) and code k + 16 (high) (Q4_0, Q4_1, Q4_K); ``bits`` 5, those nibbles after a
+    little-endian uint32 whose bit k is code k's fifth bit, 20 bytes a block (Q5_0, Q5_1, Q5_K).
+    ``zero`` is subtracted from each unpacked code (Q4_0's 8, Q5_0's 16). The legacy types' scales
+    and offsets are the file's fp16 values (exact); the K types' products of a super-block scale
+    and a 6-bit one need fp32."""
+
+    codes: torch.Tensor  # bits 8: (out, in) int8; bits 4|5: (out, in // 32 * 16|20) uint8, packed
+    scale: torch.Tensor  # (out, in // block) fp32, or fp16 (the legacy types' own d: exact)
+    minv: torch.Tensor | None  # (out, in // block), scale's dtype, or None: no offsets
     block: int
+    bits: int = 8  # 8: one int8 code a weight; 4 or 5: packed (the module's docstring)
+    zero: int = 0  # subtracted from each unpacked 4/5-bit code
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+        n = int(self.codes.shape[1])
+        return (int(self.codes.shape[0]), n if self.bits == 8 else n // PACKED_BLOCK_BYTES[self.bits] * 32)
 
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale.nbytes + (self.minv.nbytes if self.minv is not None else 0)
 
+    def unpacked(self) -> torch.Tensor:
+        """The (out, in) int8 codes, unpacked and centred (``zero`` subtracted)."""
+        if self.bits == 8:
+            return self.codes
+        out, n_in = self.shape
+        c = self.codes.view(out, n_in // 32, PACKED_BLOCK_BYTES[self.bits])  # (out, nb, 16|20) uint8
+        nib = c[..., -16:]
+        q = torch.cat([nib & 0x0F, nib >> 4], dim=-1)  # (out, nb, 32): codes 0-15 low, 16-31 high
+        if self.bits == 5:  # bit k of the little-endian uint32 in bytes 0-3: code k's fifth bit
+            shifts = torch.arange(8, dtype=torch.uint8)
+            hi = (c[..., :4].unsqueeze(-1) >> shifts) & 1  # (out, nb, 4, 8): byte k // 8, bit k % 8
+            q = q | (hi.reshape(out, n_in // 32, 32) << 4)
+        return (q.to(torch.int16) - self.zero).to(torch.int8).reshape(out, n_in)
+
     def weight(self) -> torch.Tensor:
         """The fp32 (out, in) matrix, each value computed as gguf's dequantizer computes it:
         scale * code rounded, then the offset subtracted and rounded."""
         out, n_in = self.shape
-        w = self.codes.view(out, -1, self.block).float() * self.scale.unsqueeze(-1)  # (out, nb, block)
+        w = self.unpacked().view(out, -1, self.block).float() * self.scale.float().unsqueeze(-1)  # (out, nb, block)
         if self.minv is not None:
-            w = w - self.minv.unsqueeze(-1)
+            w = w - self.minv.float().unsqueeze(-1)
         return w.reshape(out, n_in)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,6 +102,29 @@ def _high_bits(qh: np.ndarray, n: int) -> np.ndarray:
     """Bit j of each block's little-endian uint32 ``qh``, for j < n: (blocks, n) uint8."""
     v = np.ascontiguousarray(qh).view(np.uint32).reshape(-1, 1) >> np.arange(n, dtype=np.uint32).reshape(1, n)
     return (v & np.uint32(1)).astype(np.uint8)
+
+
+def _pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """(n, 32) unsigned codes -> (n, 16 | 20) packed blocks: [fifth bits as a little-endian uint32]
+    then byte k = code k | code k + 16 << 4 (ggml's Q4_0 / Q5_0 order)."""
+    nib = (q[:, :16] & np.uint8(0x0F)) | ((q[:, 16:] & np.uint8(0x0F)) << np.uint8(4))
+    if bits == 4:
+        return nib
+    hi = ((q >> np.uint8(4)) & np.uint8(1)).astype(np.uint32) << np.arange(32, dtype=np.uint32)  # (n, 32)
+    return np.concatenate([hi.sum(axis=1, dtype=np.uint32).astype("<u4").reshape(-1, 1).view(np.uint8), nib], axis=1)
+
+
+def _legacy_packed(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, int]:
+    """Q4_0, Q4_1, Q5_0, Q5_1 as the file holds them: (packed blocks (n, 16|20), d (n, 1) fp16,
+    -m or None, bits, zero). The bytes after d (and m) are already the kernel's layout."""
+    from gguf.constants import GGMLQuantizationType as Q
+
+    d = np.ascontiguousarray(blocks[:, :2]).view(np.float16)
+    m = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16) if qtype in (Q.Q4_1, Q.Q5_1) else None
+    packed = blocks[:, 4:] if m is not None else blocks[:, 2:]
+    bits = 4 if qtype in (Q.Q4_0, Q.Q4_1) else 5
+    zero = 0 if m is not None else (8 if bits == 4 else 16)
+    return packed, d, None if m is None else -m, bits, zero  # w = d * code + m = d * code - (-m): negation is exact
 
 
 def _legacy(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -99,8 +153,9 @@ def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _k4(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K, Q5_K: super-blocks of 256 -> 8 sub-blocks of 32, w = (d sc) q - (dmin m)."""
+def _k4(blocks: np.ndarray, qtype: Q, packed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K, Q5_K: super-blocks of 256 -> 8 sub-blocks of 32, w = (d sc) q - (dmin m); with
+    ``packed``, the codes (unsigned) packed as ``_pack`` packs them."""
     from gguf.constants import GGMLQuantizationType as Q
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
@@ -113,6 +168,8 @@ def _k4(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarra
         qh, qs = blocks[:, 16:48], blocks[:, 48:]
         hi = (qh.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & np.uint8(1)  # (n, 8, 32)
         q = _nibbles(qs, 32).reshape(n, 8, 32) | (hi << np.uint8(4))
+    if packed:
+        return _pack(q.reshape(n * 8, 32), 4 if qtype == Q.Q4_K else 5), scale, offset
     return q.reshape(n * 8, 32).astype(np.int8), scale, offset
 
 
@@ -142,8 +199,11 @@ def packed_types() -> tuple[Q, ...]:
     return (*legacy_types(), Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
-def block_codes(t: LiteTensor) -> BlockCodes | None:
-    """A 2-D tensor of a type the block kernel reads, as BlockCodes; None for any other."""
+def block_codes(t: LiteTensor, packed: bool = True) -> BlockCodes | None:
+    """A 2-D tensor of a type the block kernel reads, as BlockCodes; None for any other. With
+    ``packed`` (the default) the 4- and 5-bit types stay packed and the legacy types' scales fp16;
+    without, every type is one int8 code a weight with fp32 scales (the layout before issue 42:
+    the same weights, more bytes)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
     legacy = legacy_types()
@@ -152,14 +212,20 @@ def block_codes(t: LiteTensor) -> BlockCodes | None:
     out, n_in = t.shape
     block, type_size = GGML_QUANT_SIZES[t.tensor_type]
     blocks = np.asarray(t.data).reshape(-1, type_size)  # (out * n_in / block, type_size) uint8
-    if t.tensor_type in legacy:
+    nb = n_in // (16 if t.tensor_type == Q.Q6_K else 32)  # blocks a row as the kernel reads them
+    bits, zero = 8, 0
+    if packed and t.tensor_type in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
+        codes, scale, offset, bits, zero = _legacy_packed(blocks, t.tensor_type)
+    elif packed and t.tensor_type == Q.Q8_0:
+        codes, scale, offset = blocks[:, 2:].view(np.int8), np.ascontiguousarray(blocks[:, :2]).view(np.float16), None
+    elif t.tensor_type in legacy:
         codes, scale, offset = _legacy(blocks, t.tensor_type)
     elif t.tensor_type == Q.Q6_K:
         codes, scale, offset = _q6_k(blocks)
     else:
-        codes, scale, offset = _k4(blocks, t.tensor_type)
-    sub = codes.shape[1]  # the block the kernel reads: 32, or Q6_K's 16
-    return BlockCodes(torch.from_numpy(np.ascontiguousarray(codes).reshape(out, n_in)),
-                      torch.from_numpy(np.ascontiguousarray(scale).reshape(out, n_in // sub)),
-                      None if offset is None else torch.from_numpy(np.ascontiguousarray(offset).reshape(out, n_in // sub)),
-                      sub)
+        codes, scale, offset = _k4(blocks, t.tensor_type, packed)
+        bits = (4 if t.tensor_type == Q.Q4_K else 5) if packed else 8
+    return BlockCodes(torch.from_numpy(np.ascontiguousarray(codes).reshape(out, -1)),
+                      torch.from_numpy(np.ascontiguousarray(scale).reshape(out, nb)),
+                      None if offset is None else torch.from_numpy(np.ascontiguousarray(offset).reshape(out, nb)),
+                      n_in // nb, bits, zero)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -258,8 +258,8 @@ def dequantize_tensor(t: LiteTensor, codes: BlockCodes | None = None) -> torch.T
 def unpermute_codes(c: BlockCodes, n_head: int) -> BlockCodes:
     """``unpermute_rope_rows`` on codes: a block never spans rows, so the codes, scales and offsets
     move with their rows and still rebuild the unpermuted weight value for value."""
-    return BlockCodes(unpermute_rope_rows(c.codes, n_head), unpermute_rope_rows(c.scale, n_head),
-                      None if c.minv is None else unpermute_rope_rows(c.minv, n_head), c.block)
+    return replace(c, codes=unpermute_rope_rows(c.codes, n_head), scale=unpermute_rope_rows(c.scale, n_head),
+                   minv=None if c.minv is None else unpermute_rope_rows(c.minv, n_head))
 
 
 def load_gguf(source: str | Path | LiteGGUF, dtype: torch.dtype = torch.float32,

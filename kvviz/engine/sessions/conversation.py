@@ -38,6 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
+from kvviz.engine.core.step import backend_of, run_step
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.tokenize.chat_template import chat_prompt
@@ -47,12 +48,12 @@ from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
-from kvviz.engine.sessions.conversation_checks import ConversationChecks, feed, forward_fn
+from kvviz.engine.sessions.conversation_checks import ConversationChecks, feed
 from kvviz.engine.sessions.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
 
 __all__ = ["Conversation", "InterruptedTurn", "TurnInterrupted", "TurnRecord", "common_prefix",
-           "with_chat_template", "forward_fn", "MAX_MESSAGE_CHARS", "CHATML"]
+           "with_chat_template", "MAX_MESSAGE_CHARS", "CHATML"]
 
 MAX_MESSAGE_CHARS = 20_000
 
@@ -132,7 +133,7 @@ class Conversation(ConversationChecks):
         """The model and cache that compute this conversation's turns, in words (plain text)."""
         c = self.cache
         kind = f"paged cache, blocks of {c.block_size}" if isinstance(c, PagedKVCache) else f"{self.cache_kind} cache"
-        engine = "fast" if self.fast and self.model.fast is not None else "readable"
+        engine = backend_of(self.model, self.fast)
         return f"{self.model.name} ({self.model.dtype_name}, {engine} engine) · {kind}"
 
     def configure(self, *, max_new_tokens: int, timestamp: bool = False, greedy: bool | None = None,
@@ -315,7 +316,7 @@ class Conversation(ConversationChecks):
                     self._abort(tx, "the model or cache changed before it began")
                     raise TurnInterrupted("the model or cache changed before this turn began")
                 m, cache, dev = self.model, self.cache, self.model.device  # read under the lock: rebuild swaps them
-                forward = forward_fn(m, self.fast)
+                backend = backend_of(m, self.fast)
                 paged = isinstance(cache, PagedKVCache)
                 self._supersede()
                 self._active, tx.held, tx.params = tx, self.held, self.params
@@ -338,7 +339,7 @@ class Conversation(ConversationChecks):
                     self._check(tx)
                     with torch.inference_mode():
                         t0 = time.perf_counter()
-                        logits = feed(cache, forward, inp, positions)
+                        logits = feed(m, cache, backend, inp, positions)
                         nxt = sample(logits.select(1, -1).float(), run_params, gen)  # (1,)
                         tok = int(nxt[0])
                         dt = (time.perf_counter() - t0) * 1000.0
@@ -391,14 +392,13 @@ class Conversation(ConversationChecks):
         """One throwaway prefill and decode step on a scratch cache, so turn 1's TTFT times the
         model and not first-call costs (kernel build, allocator growth, thread start)."""
         m = self.model
-        forward = forward_fn(m, self.fast)
+        backend = backend_of(m, self.fast)
         ids = self.render([{"role": "user", "content": "Hi"}])
         with torch.inference_mode():
             cache = make_cache("static", m.config, 1, m.device, m.dtype)
             inp = torch.tensor([ids], dtype=torch.long, device=m.device)  # (1, N)
-            forward(inp, torch.arange(len(ids), device=m.device), cache, None, last_only=True)
-            cache.advance(len(ids))
-            forward(inp[:, -1:], torch.arange(len(ids), len(ids) + 1, device=m.device), cache, None, last_only=True)
+            run_step(m, cache, inp, torch.arange(len(ids), device=m.device), backend=backend)
+            run_step(m, cache, inp[:, -1:], torch.arange(len(ids), len(ids) + 1, device=m.device), backend=backend)
 
 
 def _new_cache(model: LoadedModel, kind: str, block_size: int, blocks: int | None, pool: PagedPool | None,

@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvviz.engine.core.step import Backend, backend_of, run_pieces
 from kvviz.engine.generation.loop import generate
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.kvcache.dense import KVCache
@@ -26,25 +27,11 @@ from kvviz.engine.sessions.turn import TurnRecord
 from kvviz.errors import KVVizError
 
 
-def forward_fn(model: LoadedModel, fast: bool) -> Callable[..., torch.Tensor]:
-    """The step the generation loop would run: the accelerator or the readable model."""
-    return model.fast.forward if fast and model.fast is not None else model.model
-
-
-def feed(cache: KVCache, forward: Callable[..., torch.Tensor], inp: torch.Tensor,
+def feed(model: LoadedModel, cache: KVCache, backend: Backend, inp: torch.Tensor,
          positions: torch.Tensor) -> torch.Tensor:
-    """Plan, forward, commit the new positions (1, T): in pieces where a full window takes one
-    token per forward. The last piece's logits (1, 1, V)."""
-    fed, T = 0, inp.shape[1]
-    while True:
-        n = min(T - fed, cache.max_feed())
-        piece = inp.narrow(1, fed, n)
-        cache.plan_step(piece)
-        logits = forward(piece, positions.narrow(0, cache.pos, n), cache, None, last_only=True)
-        cache.advance(n)
-        fed += n
-        if fed == T:
-            return logits
+    """Plan, forward, commit the new positions (1, T) at ``cache.pos`` through the step driver:
+    in pieces where a full window takes one token per forward. The last piece's logits (1, 1, V)."""
+    return run_pieces(model, cache, inp, positions.narrow(0, cache.pos, inp.shape[1]), backend=backend)
 
 
 class ConversationChecks:
@@ -91,7 +78,7 @@ class ConversationChecks:
         the conversation's kind, timed as the turn's own TTFT is (plan, forward, commit, sample)."""
         t, m = self._own(turn), self.model
         ids, p = list(t.prompt_ids), t.params or self.params
-        forward = forward_fn(m, self.fast)
+        backend = backend_of(m, self.fast)
         with torch.inference_mode():
             if isinstance(self.cache, PagedKVCache):  # a pool just big enough for this prompt
                 bs = self.cache.block_size
@@ -102,7 +89,7 @@ class ConversationChecks:
             inp = torch.tensor([ids], dtype=torch.long, device=m.device)  # (1, N)
             gen = None if p.greedy else make_generator(p, m.device)
             t0 = time.perf_counter()
-            logits = feed(cache, forward, inp, torch.arange(m.config.block_size, device=m.device))
+            logits = feed(m, cache, backend, inp, torch.arange(m.config.block_size, device=m.device))
             sample(logits.select(1, -1).float(), p, gen)
             return (time.perf_counter() - t0) * 1000.0
 

@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 import torch
 
+from kvviz.engine.core.step import backend_of, run_step
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.sessions.conversation import forward_fn
 from kvviz.engine.generation.request import check_budget, check_pool, sampling_params
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool
@@ -58,7 +58,7 @@ class ParallelSamples:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         m, dev, n = self.model, self.model.device, self.n
-        forward = forward_fn(m, self.fast)
+        backend = backend_of(m, self.fast)
         with torch.inference_mode():
             if self.cache_kind == "paged":
                 cache: KVCache = PagedKVCache(m.config, 1, dev, m.dtype, self.kv_block_size,
@@ -76,9 +76,7 @@ class ParallelSamples:
             for step in range(self.max_new_tokens):
                 start = cache.pos
                 with torch.inference_mode():
-                    cache.plan_step(inp)
-                    logits = forward(inp, positions.narrow(0, start, inp.shape[1]), cache, None, last_only=True)
-                    cache.advance(inp.shape[1])
+                    logits = run_step(m, cache, inp, positions.narrow(0, start, inp.shape[1]), backend=backend)
                     last = logits.select(1, -1).float()  # (B, V)
                     if step == 0:  # one prompt row fans out to n: the rows share it from here
                         self.reorder_bytes = cache.reorder(torch.zeros(n, dtype=torch.long))

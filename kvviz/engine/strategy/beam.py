@@ -25,6 +25,7 @@ from typing import Iterator
 
 import torch
 
+from kvviz.engine.core.step import run_step
 from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
 from kvviz.engine.generation.valid_request import BeamOptions
@@ -187,10 +188,10 @@ class BeamStream(StrategyStream):
                     inp, start = running[0, :, cur - 1: cur], cur - 1  # (k, 1): each beam's newest token
                 else:
                     inp, start = running[0, :, :cur], 0  # (k, cur): recomputed, nothing cached
-                logits = self.forward(inp, positions[start: start + inp.shape[1]], cache, None, last_only=True)
+                # Plan, forward, commit; the ids are not kept for prefix hashes (the rows are reordered next).
+                logits = run_step(m, cache, inp, positions[start: start + inp.shape[1]], backend=self.engine,
+                                  hash_ids=False)
                 logits = logits[:, -1, :].float().expand(k, -1)  # (k, V); the prefill's one row is every row
-                if cache is not None:
-                    cache.advance(inp.shape[1])
                 V = logits.shape[-1]
                 log_probs = torch.log_softmax(logits, dim=-1).view(1, k, V) + run_scores[:, :, None]
                 log_probs = log_probs.reshape(1, k * V)

@@ -9,8 +9,9 @@ chunked prefill at ``cache.pos``), giving the model's distribution after each of
 keeps the longest prefix of drafts equal to the model's argmax, plus the model's own next token,
 so the text is token-identical to plain greedy decoding (up to the float rounding of a batched
 forward against a one-row one, which can only matter on an exact near-tie). The positions of
-rejected drafts are then dropped with ``cache.truncate``: the rollback. The ids fed are not told to
-the cache (no ``plan_step``: the paged cache plans the verify forward itself): a paged cache would hash the blocks that drafts filled before the
+rejected drafts are then dropped with ``cache.truncate``: the rollback. Each verify runs through
+the step driver (``run_step``: plan, forward, commit) with ``hash_ids=False``: the ids fed are not
+told to the cache, since a paged cache would hash the blocks that drafts filled before the
 rollback drops them, so a speculative run's blocks are not offered for prefix reuse.
 
 Sampling uses the standard rejection rule (Leviathan et al. 2023, Chen et al. 2023) with a point-
@@ -28,6 +29,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
@@ -147,10 +149,11 @@ class SpeculativeStream(StrategyStream):
                     fed = [ids[-1], *draft]
                 p0, T = cache.pos, len(fed)
                 inp = torch.tensor([fed], dtype=torch.long, device=dev)  # (1, T)
-                logits = self.forward(inp, positions[p0: p0 + T], cache, None, last_only=step == 0)
+                # Plan, forward, commit (the rollback below truncates what the drafts wrote).
+                logits = run_step(m, cache, inp, positions[p0: p0 + T], backend=self.engine, last_only=step == 0,
+                                  hash_ids=False)
                 rows = logits[0, -1:] if step == 0 else logits[0]  # (T', V): row i predicts after fed[i]
                 rows = rows.float()
-                cache.advance(T)
                 self._check_finite(rows, step)
                 if params.greedy:
                     a, nxt = verify_greedy(rows, draft)

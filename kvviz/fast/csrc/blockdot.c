@@ -1,4 +1,4 @@
-/* A few fp32 rows through weights kept as a GGUF file keeps them: int8 codes in blocks, each block
+/* A few fp32 rows through weights kept as a GGUF file keeps them: integer codes in blocks, each block
  * with its own scale (and, for the "_1" and K types, its own offset):
  *   w[r, i] = scale[r, b] * codes[r, i] - minv[r, b],   b = i / block
  *   y[row, r] = sum_i w[r, i] x[row, i]
@@ -12,8 +12,13 @@
  * tests check it value for value); only the order of the additions differs from an fp32 matmul,
  * as it does between any two matmul kernels. The activations stay fp32: nothing is quantized.
  *
+ * Packed codes (issue 42): the 4- and 5-bit types stream as the file packs them, two codes a byte
+ * (plus a bit plane of fifth bits), unpacked in registers, and the legacy types' fp16 scales stay
+ * fp16 (widened a row at a time): SmolLM2's Q4_1 layers read 0.625 bytes a weight, as llama.cpp
+ * reads them, where one int8 code a weight and fp32 scale and offset read 1.25.
+ *
  * Segments sit side by side in the output (q|k|v; gate|up), each with its own block size (16 or
- * 32) and types. A thread owns one contiguous stretch of output rows, read front to back.
+ * 32), packing and types. A thread owns one contiguous stretch of output rows, read front to back.
  * kvviz/fast/rowops.py builds this file with the others; kvviz/fast/blockdot.py calls it.
  */
 #include <math.h>
@@ -21,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rowcommon.h"
 
@@ -28,12 +34,18 @@
 #define MAX_BLOCKS_STACK 4096 /* per-block input sums up to this many stay on the stack */
 
 typedef struct {
-    const int8_t *codes[MAX_BSEG]; /* segment s: (n_out[s], n_in) row-major */
-    const float *scale[MAX_BSEG];  /* (n_out[s], n_in / block[s]) */
-    const float *minv[MAX_BSEG];   /* the same shape, or NULL: no offsets */
-    const float *bias[MAX_BSEG];   /* (n_out[s],) added to each output, or NULL (Qwen2's q/k/v) */
+    const void *codes[MAX_BSEG];  /* segment s: n_out[s] rows of row_bytes(bits[s], n_in) bytes */
+    const void *scale[MAX_BSEG];  /* (n_out[s], n_in / block[s]) fp32, or fp16 when half[s] */
+    const void *minv[MAX_BSEG];   /* the same shape and type, or NULL: no offsets */
+    const float *bias[MAX_BSEG];  /* (n_out[s],) added to each output, or NULL (Qwen2's q/k/v) */
     int n_out[MAX_BSEG];
-    int block[MAX_BSEG]; /* 16 or 32 */
+    int block[MAX_BSEG]; /* 16 or 32 (packed codes: 32) */
+    int bits[MAX_BSEG];  /* 8: one int8 code a weight. 4: 16 bytes a block of 32, byte k holding code k
+                          * (low nibble) and code k + 16 (high), as ggml's Q4_0 packs them. 5: 20 bytes a
+                          * block, a little-endian uint32 whose bit k is code k's fifth bit, then the
+                          * nibbles as for 4 (ggml's Q5_0 without its scale). */
+    int zero[MAX_BSEG];  /* subtracted from each unpacked 4/5-bit code: Q4_0's 8, Q5_0's 16, else 0 */
+    int half[MAX_BSEG];  /* scale and minv are fp16 (the legacy types' own d and m: exact) */
     int n_seg;
     int n_in;
     /* What a Gemma or Llama layer does around its matmuls, fused so a step is a few calls, not dozens of ops: */
@@ -52,8 +64,35 @@ typedef struct {
     float qk_eps;
 } kv_blocks;
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__F16C__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+
+/* An IEEE half as fp32 (exact: every half is an fp32). */
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    union { uint32_t u; float f; } v;
+    if (ex == 0) { /* zero or subnormal: man * 2^-24, exact */
+        const float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    v.u = sign | (ex == 31 ? 0x7F800000u | (man << 13) : ((ex + 112u) << 23) | (man << 13));
+    return v.f;
+#endif
+}
+
+/* Bytes one row of segment s takes. */
+static inline size_t row_bytes(int bits, int n_in) {
+    return bits == 8 ? (size_t)n_in : (size_t)(n_in / 32) * (bits == 4 ? 16 : 20);
+}
+
+/* How a row's codes are laid out, a constant to each row loop: int8 in blocks of 32 or 16, or packed. */
+enum { K8_32, K8_16, K4, K5 };
+
+#if defined(__AVX2__) && defined(__FMA__)
 
 /* Eight codes widened to fp32. */
 static inline __m256 cvt8(const int8_t *c) {
@@ -79,59 +118,139 @@ static inline __m256 block16(const int8_t *c, const float *x) {
     return _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
 }
 
-static inline __attribute__((always_inline)) __m256 block_of(const int8_t *c, const float *x, const int block) {
-    return block == 32 ? block32(c, x) : block16(c, x);
+/* Eight bytes widened to eight int32 lanes (zero-extended): one shuffle-port op a byte's two codes. */
+static inline __m256i zx8(const uint8_t *c) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c)); }
+
+/* A 4-bit block (16 bytes; byte k = code k | code k + 16 << 4) times x: bytes 0-7 and 8-15 widened
+ * once each; the low nibbles are codes 0-15 and the high ones 16-31, split with an AND and a shift
+ * in the int32 lanes (not the shuffle port, which the int8 path's widening keeps busy). hi: each
+ * lane's fifth bit (0 or 16) for codes 0-7, 8-15, 16-23, 24-31 (5-bit blocks), or zeros. */
+static inline __attribute__((always_inline)) __m256 packed32(const uint8_t *c, const float *x, __m256i zero,
+                                                             const __m256i hi[4], const int fifth, const int zf) {
+    const __m256i m = _mm256_set1_epi32(0x0F), v0 = zx8(c), v1 = zx8(c + 8);
+    __m256i q[4] = {_mm256_and_si256(v0, m), _mm256_and_si256(v1, m), _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+    for (int g = 0; g < 4; g++) { /* constant flags: the loop and the branches fold away */
+        if (fifth) q[g] = _mm256_or_si256(q[g], hi[g]);
+        if (zf) q[g] = _mm256_sub_epi32(q[g], zero);
+    }
+    __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), _mm256_loadu_ps(x));
+    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), _mm256_loadu_ps(x + 8), p);
+    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[2]), _mm256_loadu_ps(x + 16), p);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[3]), _mm256_loadu_ps(x + 24), p);
+}
+
+/* A 5-bit block's little-endian uint32 of fifth bits as four vectors of 0 or 16: lane j of vector
+ * g holds code 8 g + j's bit, shifted down by 8 g + j (variable shifts), masked and moved to bit 4. */
+static inline void fifth_bits(const uint8_t *c, __m256i hi[4]) {
+    uint32_t h;
+    memcpy(&h, c, 4);
+    const __m256i hv = _mm256_set1_epi32((int)h), one = _mm256_set1_epi32(1);
+    const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int g = 0; g < 4; g++)
+        hi[g] = _mm256_slli_epi32(
+            _mm256_and_si256(_mm256_srlv_epi32(hv, _mm256_add_epi32(sh, _mm256_set1_epi32(8 * g))), one), 4);
+}
+
+/* One block's products, summed lane by lane; zf: the codes have a zero to subtract (Q4_0, Q5_0),
+ * a constant, so the types without one (SmolLM2's Q4_1) pay nothing for it. */
+static inline __attribute__((always_inline)) __m256 block_of(const uint8_t *c, const float *x, const int kind,
+                                                             __m256i zero, const int zf) {
+    if (kind == K8_32) return block32((const int8_t *)c, x);
+    if (kind == K8_16) return block16((const int8_t *)c, x);
+    __m256i hi[4];
+    if (kind == K4) return packed32(c, x, zero, hi, 0, zf);
+    fifth_bits(c, hi);
+    return packed32(c + 4, x, zero, hi, 1, zf);
 }
 
 /* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks: each block's products
  * summed in lanes, then scaled into one of two accumulators (even and odd blocks), so consecutive
- * blocks do not wait on one another. Called with a constant block, so each size gets its own loop. */
-static inline __attribute__((always_inline)) float row_blocks(const int8_t *c, const float *s, const float *x, int nb,
-                                                              const int block) {
+ * blocks do not wait on one another. Called with a constant kind, so each layout gets its own loop. */
+static inline __attribute__((always_inline)) float row_blocks(const uint8_t *c, const float *s, const float *x, int nb,
+                                                              const int kind, int zero, const int zf) {
+    const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
+    const __m256i z = _mm256_set1_epi32(zero);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-        const size_t at = (size_t)b * block;
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + at, x + at, block), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block_of(c + at + block, x + at + block, block), a1);
+        const uint8_t *cb = c + (size_t)b * stride;
+        const float *xb = x + (size_t)b * width;
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(cb, xb, kind, z, zf), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block_of(cb + stride, xb + width, kind, z, zf), a1);
     }
-    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + (size_t)b * block, x + (size_t)b * block, block), a0);
+    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + (size_t)b * stride, x + (size_t)b * width, kind, z, zf), a0);
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
 #else /* portable C */
 
-static inline float row_blocks(const int8_t *c, const float *s, const float *x, int nb, int block) {
+/* Code i (0..31) of a packed block, unpacked and centred. */
+static inline int packed_code(const uint8_t *c, int i, int kind, int zero) {
+    const uint8_t *q = kind == K5 ? c + 4 : c;
+    int v = i < 16 ? (q[i] & 0x0F) : (q[i - 16] >> 4);
+    if (kind == K5) {
+        uint32_t h;
+        memcpy(&h, c, 4);
+        v |= (int)((h >> i) & 1u) << 4;
+    }
+    return v - zero;
+}
+
+static inline float row_blocks(const uint8_t *c, const float *s, const float *x, int nb, int kind, int zero, int zf) {
+    (void)zf; /* the plain loop subtracts zero (0 or not) from every code */
+    const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
     float acc = 0.0f;
     for (int b = 0; b < nb; b++) {
         float d = 0.0f;
-        const int8_t *cb = c + (size_t)b * block;
-        const float *xb = x + (size_t)b * block;
+        const uint8_t *cb = c + (size_t)b * stride;
+        const float *xb = x + (size_t)b * width;
+        if (kind == K8_32 || kind == K8_16) {
 #pragma omp simd reduction(+ : d)
-        for (int i = 0; i < block; i++) d += (float)cb[i] * xb[i];
+            for (int i = 0; i < width; i++) d += (float)((const int8_t *)cb)[i] * xb[i];
+        } else {
+            for (int i = 0; i < 32; i++) d += (float)packed_code(cb, i, kind, zero) * xb[i];
+        }
         acc += s[b] * d;
     }
     return acc;
 }
 #endif
 
-static float row_b32(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 32); }
-static float row_b16(const int8_t *c, const float *s, const float *x, int nb) { return row_blocks(c, s, x, nb, 16); }
+static float row_k8_32(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_32, z, 0); }
+static float row_k8_16(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_16, z, 0); }
+static float row_k4(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z, 0); }
+static float row_k4z(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z, 1); }
+static float row_k5(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z, 0); }
+static float row_k5z(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z, 1); }
+
+/* One row's nb scales (or offsets) as fp32: the row itself, or its fp16 values widened into buf. */
+static inline const float *row_floats(const void *t, int half, int r, int nb, float *buf) {
+    if (!half) return (const float *)t + (size_t)r * nb;
+    const uint16_t *h = (const uint16_t *)t + (size_t)r * nb;
+    for (int b = 0; b < nb; b++) buf[b] = half_to_float(h[b]);
+    return buf;
+}
 
 /* Rows r0..r1 of segment s for every input row; outputs at column col + r of each row of y.
  * sx: each input row's per-block sums of x at this segment's block size (when it has offsets). */
 static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const float *x, int m, const float *sx,
                     int ld, float *y) {
-    const int n_in = p->n_in, block = p->block[s], nb = n_in / block;
-    const float *mv = p->minv[s], *bias = p->bias[s];
+    const int n_in = p->n_in, block = p->block[s], nb = n_in / block, bits = p->bits[s], half = p->half[s];
+    const int zero = p->zero[s];
+    const size_t rb = row_bytes(bits, n_in);
+    const float *bias = p->bias[s];
+    float (*const row)(const uint8_t *, const float *, const float *, int, int) =
+        bits == 4 ? (zero ? row_k4z : row_k4) : (bits == 5 ? (zero ? row_k5z : row_k5) : (block == 32 ? row_k8_32 : row_k8_16));
+    float sbuf[half ? nb : 1], mbuf[half && p->minv[s] ? nb : 1];
     for (int r = r0; r < r1; r++) {
-        const int8_t *c = p->codes[s] + (size_t)r * n_in;
-        const float *sc = p->scale[s] + (size_t)r * nb;
+        const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
+        const float *sc = row_floats(p->scale[s], half, r, nb, sbuf);
+        const float *mr = p->minv[s] ? row_floats(p->minv[s], half, r, nb, mbuf) : NULL;
         for (int i = 0; i < m; i++) { /* the row's codes stay in L1 for the next input row */
             const float *xi = x + (size_t)i * n_in;
-            float v = block == 32 ? row_b32(c, sc, xi, nb) : row_b16(c, sc, xi, nb);
-            if (mv) {
-                const float *mr = mv + (size_t)r * nb, *si = sx + (size_t)i * nb;
+            float v = row(c, sc, xi, nb, zero);
+            if (mr) {
+                const float *si = sx + (size_t)i * nb;
                 float o = 0.0f;
                 for (int b = 0; b < nb; b++) o += mr[b] * si[b];
                 v -= o;
@@ -157,7 +276,8 @@ static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_thr
  * by side (each with its bias), then GeGLU or SwiGLU or the output norm plus the residual, or the
  * q/k heads' norms and RoPE.
  * x (m, n_in), res (m, outputs) or NULL; cos and sin (period, head_dim): row i at row i % period,
- * or NULL for no RoPE. Returns 0, or -1 when a block size is not 16 or 32 or a buffer cannot be had. */
+ * or NULL for no RoPE. Returns 0, or -1 when a block size is not 16 or 32 (or packed codes not in
+ * blocks of 32), or a buffer cannot be had. */
 int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const float *res, const float *cos,
                   const float *sin, int period, int n_threads) {
     int width = 0;
@@ -213,6 +333,7 @@ static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_thr
     int ld = 0, need_sums = 0, min_block = 32;
     for (int s = 0; s < p->n_seg; s++) {
         if ((p->block[s] != 16 && p->block[s] != 32) || n_in % p->block[s]) return -1;
+        if (p->bits[s] != 8 && (p->block[s] != 32 || (p->bits[s] != 4 && p->bits[s] != 5))) return -1;
         ld += p->n_out[s];
         if (p->minv[s]) need_sums = 1;
         if (p->block[s] < min_block) min_block = p->block[s];

@@ -53,6 +53,9 @@ CHAT_ERROR = "chat_error"  # a message for the next run
 CHAT_SCENARIO = "chat_scn"  # the one-click scenario's stages
 # calculator
 CALC_LINK_READ = "mem_qp_loaded"  # the URL's settings were read once this session
+# Serving page
+SERVE_JOB = "_kvviz_serve_job"  # the last Run: a ServeJob (pages/serving/serving_run.py), live or finished
+SERVE_COMPARE = "_kvviz_serve_compare"  # the last policy comparison, a ServeJob of three runs
 # Live server page
 LIVE_WATCH = "_kvviz_live_watch"  # the readings of the server being watched (pages/live/live_server.py)
 

@@ -55,7 +55,10 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
     for kind, cls in CACHE_KINDS.items():
         cache = cls(cfg, batch=batch, device="meta", dtype=dtype)
         if kind != "static":  # a growing cache holds what was written: write t tokens into every layer
+            # No model runs here (meta tensors, no weights): the K/V a forward would write, written
+            # through the cache's step contract (plan, every layer's update, commit) as a step's layers write them.
             kv = torch.empty((batch, cfg.kv_heads, t, cfg.head_dim), device="meta", dtype=dtype)
+            cache.plan_step(torch.zeros((batch, t), dtype=torch.long, device="meta"))
             for i in range(cfg.n_layer):
                 cache.update(i, kv, kv)
             cache.advance(t)

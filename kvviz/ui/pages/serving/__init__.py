@@ -1,0 +1,1 @@
+"""The Serving page: many requests at once."""
