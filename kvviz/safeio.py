@@ -77,42 +77,77 @@ def describe_path(path: Path | str, label: str = "") -> tuple[int | None, str]:
         return None, f"{str(path)!r} is not a valid path"
 
 
-def read_bounded(path: Path | str, limit: int, label: str = "") -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; KVVizError with a precise reason.
+class Refused(Exception):
+    """Why ``read_regular`` or ``json_value`` gave nothing, for the caller to put in its own words.
 
-    ``label`` names the file in messages ("text file notes.txt"); the path itself by default.
+    ``why``: "path" (a NUL byte in it), "open" and "read" (``error``, the OSError), "kind" (``mode``:
+    not a regular file), "size" (over the limit: ``size`` bytes, or None when it grew past it while
+    read), "utf8" (``error``, the UnicodeDecodeError), "depth" and "digits" (``size``: the nesting or
+    the integer's length past the bound asked for), "nested" (Python's parser recursed too deep),
+    "int-limit" (an integer past ``sys.get_int_max_str_digits()``), "json" (``error``: malformed)."""
+
+    def __init__(self, why: str, error: BaseException | None = None, mode: int | None = None,
+                 size: int | None = None) -> None:
+        super().__init__(why)
+        self.why, self.error, self.mode, self.size = why, error, mode, size
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """The one bounded reader: at most ``limit`` bytes of a regular file, else ``Refused``.
 
     The open never blocks (a FIFO opened O_NONBLOCK returns at once) and the file's type is checked
-    on the open descriptor, so a path swapped for a FIFO or a device between a check and the open
-    is still refused. At most ``limit + 1`` bytes are ever read.
+    on the open descriptor (fstat), so a path swapped for a FIFO or a device between a check and
+    the open is still refused. At most ``limit + 1`` bytes are ever read, whatever ``st_size`` says
+    (devices and /proc files report 0).
     """
-    if str(path) == "":
-        raise KVVizError(f"the path of the {label or 'file'} is empty")
-    label = label or str(path)
+    flags = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_BINARY", 0))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except OSError as e:
-        raise KVVizError(os_problem(path, e, label)) from None
-    except ValueError:
-        raise KVVizError(f"{str(path)!r} is not a valid path") from None
+        raise Refused("open", error=e) from None
+    except ValueError:  # a NUL byte in the path: the OS cannot even be asked
+        raise Refused("path") from None
+    chunks: list[bytes] = []
+    total = 0
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise KVVizError(f"{label} is {kind_of(mode)}, not a regular file")
-        chunks, total = [], 0
-        while total <= limit:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Refused("kind", mode=info.st_mode)
+        if info.st_size > limit:
+            raise Refused("size", size=info.st_size)
+        while total <= limit:  # reads may return short; stop one byte past the cap
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))
             if not chunk:
                 break
             chunks.append(chunk)
             total += len(chunk)
     except OSError as e:
-        raise KVVizError(os_problem(path, e, label)) from None
+        raise Refused("read", error=e) from None
     finally:
         os.close(fd)
     if total > limit:
-        raise KVVizError(f"{label} is over {limit:,} bytes; that is too large here")
+        raise Refused("size")  # it grew, or its size lied
     return b"".join(chunks)
+
+
+def read_bounded(path: Path | str, limit: int, label: str = "") -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (``read_regular``); KVVizError with a
+    precise reason. ``label`` names the file in messages ("text file notes.txt"); the path itself by default."""
+    if str(path) == "":
+        raise KVVizError(f"the path of the {label or 'file'} is empty")
+    label = label or str(path)
+    try:
+        return read_regular(path, limit)
+    except Refused as r:
+        if r.why == "path":
+            raise KVVizError(f"{str(path)!r} is not a valid path") from None
+        if r.why == "kind":
+            raise KVVizError(f"{label} is {kind_of(r.mode or 0)}, not a regular file") from None
+        if r.why == "size":
+            raise KVVizError(f"{label} is over {limit:,} bytes; that is too large here") from None
+        assert isinstance(r.error, OSError)
+        raise KVVizError(os_problem(path, r.error, label)) from None
 
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -125,30 +160,50 @@ def json_depth(text: str) -> int:
     return max(accumulate(1 if m in "[{" else -1 for m in marks), default=0)
 
 
-def _bounded_int(s: str) -> int:
-    if len(s.lstrip("-")) > MAX_JSON_INT_DIGITS:
-        raise KVVizError(f"holds a {len(s.lstrip('-')):,}-digit integer; numbers here have at most "
-                         f"{MAX_JSON_INT_DIGITS} digits")
-    return int(s)
+def json_value(data: bytes | str, max_depth: int | None = None, max_digits: int | None = None) -> Any:
+    """The one JSON decoder for what users give: UTF-8, then (when bounds are asked for) the nesting
+    checked before Python's parser recurses and each integer's length before ``int()`` converts it;
+    ``Refused`` (see its ``why``) for anything else, for the caller to word."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as e:
+        raise Refused("utf8", error=e) from None
+    if max_depth is not None and (depth := json_depth(text)) > max_depth:
+        raise Refused("depth", size=depth)
+
+    def bounded_int(s: str) -> int:
+        digits = len(s.lstrip("-"))
+        if max_digits is not None and digits > max_digits:
+            raise Refused("digits", size=digits)
+        return int(s)  # past sys.get_int_max_str_digits() a ValueError (CVE-2020-10735), worded below
+
+    try:
+        return json.loads(text, parse_int=bounded_int)
+    except json.JSONDecodeError as e:
+        raise Refused("json", error=e) from None
+    except RecursionError:
+        raise Refused("nested") from None
+    except ValueError as e:
+        raise Refused("int-limit" if "digits" in str(e) else "json", error=e) from None
 
 
 def parse_json(data: bytes | str, where: str) -> Any:
     """JSON from a user, bounded in depth and integer length; KVVizError('<where> ...') on any failure."""
     try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-    except UnicodeDecodeError as e:
-        raise KVVizError(f"{where} is not valid JSON: it is not UTF-8 text (byte {e.start})") from None
-    depth = json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        raise KVVizError(f"{where} is nested {depth:,} levels deep; a config is at most {MAX_JSON_DEPTH}")
-    try:
-        return json.loads(text, parse_int=_bounded_int)
-    except KVVizError as e:
-        raise KVVizError(f"{where} {e}") from None
-    except json.JSONDecodeError as e:
-        raise KVVizError(f"{where} is not valid JSON: {e}") from None
-    except (ValueError, RecursionError) as e:  # belt and braces: the checks above should catch these
-        raise KVVizError(f"{where} cannot be parsed: {e}") from None
+        return json_value(data, MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS)
+    except Refused as r:
+        if r.why == "utf8":
+            assert isinstance(r.error, UnicodeDecodeError)
+            raise KVVizError(f"{where} is not valid JSON: it is not UTF-8 text (byte {r.error.start})") from None
+        if r.why == "depth":
+            raise KVVizError(f"{where} is nested {r.size:,} levels deep; a config is at most {MAX_JSON_DEPTH}") from None
+        if r.why == "digits":
+            raise KVVizError(f"{where} holds a {r.size:,}-digit integer; numbers here have at most "
+                             f"{MAX_JSON_INT_DIGITS} digits") from None
+        if r.why == "json" and isinstance(r.error, json.JSONDecodeError):
+            raise KVVizError(f"{where} is not valid JSON: {r.error}") from None
+        # belt and braces: the bounds above should keep Python's own limits from being reached
+        raise KVVizError(f"{where} cannot be parsed: {r.error or 'nested too deeply'}") from None
 
 
 def read_maybe_gzip(path: Path | str, limit: int, label: str = "") -> bytes:

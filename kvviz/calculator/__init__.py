@@ -11,8 +11,8 @@ Modules:
 - ``formulas``: the arithmetic (bytes per token, layer and GPU, the cache, the state, weights);
 - ``cost``: the decode bandwidth roofline and the GPU presets;
 - ``calculate``: one request in, one result out;
-- ``config_file``: reading a config.json safely (bounded, regular files only);
-- ``hf_fields``, ``hf_config``, ``layouts``, ``hf_params``: config.json -> ModelSpec per family;
+- ``hf_fields``, ``hf_config``, ``layouts``, ``hf_params``: config.json -> ModelSpec per family (read
+  through ``kvviz.safeio``, the one bounded reader, every failure a ConfigError);
 - ``presets``: the shipped presets and kvviz's own models;
 - ``report``: the formula text and the human-readable summary;
 - ``compressed``: the bytes of kvviz's own quantized and windowed caches, step by step;
@@ -24,14 +24,15 @@ Modules:
 """
 from kvviz.calculator.cache_window import MAX_SINKS, cache_window_problems, with_cache_window
 from kvviz.calculator.calculate import calculate, layer_groups
-from kvviz.calculator.config_file import MAX_CONFIG_BYTES, parse_json_text, read_config_bytes
 from kvviz.calculator.cost import GPUPreset, batch_steps, cost_curve, decode_cost, load_gpus, request_cost
 from kvviz.calculator.formulas import (
     attention_variants, cache_saturates, context_curve, kv_bytes, kv_heads_per_gpu, kv_replication,
     layer_token_bytes, max_seq_len_for, mha_layer_token_bytes, state_bytes, state_layer_bytes, stored_tokens,
     token_slots, tokens_held, tp_problems, weight_bytes, weights_per_gpu,
 )
-from kvviz.calculator.hf_config import load_config_file, parse_config, parse_config_text
+from kvviz.calculator.hf_config import (
+    MAX_CONFIG_BYTES, load_config_file, parse_config, parse_config_text, parse_json_text, read_config_bytes,
+)
 from kvviz.calculator.hf_fields import KVVIZ_MODEL_TYPE, SUPPORTED_MODEL_TYPES
 from kvviz.calculator.layouts import LAYER_TYPES
 from kvviz.calculator.presets import (

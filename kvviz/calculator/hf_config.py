@@ -2,14 +2,22 @@
 transformers implementation (and its config class's defaults for keys a file leaves out).
 
 Every problem is collected and reported together, as sentences, in one ConfigError.
+
+A config.json is a few KB. Anything a user can point the calculator at (a path on the command
+line, an uploaded or pasted file) is read by ``kvviz.safeio`` (the one bounded reader and JSON
+decoder), so a device (``/dev/zero`` reports size 0 and never ends), a FIFO (blocks forever on
+open), a folder, a huge file, non-UTF-8 bytes, a 5,000-digit integer or JSON nested 100,000 deep
+each become one ConfigError sentence, worded here.
 """
 from __future__ import annotations
 
+import json
+import stat
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvviz.calculator.config_file import parse_json_text, read_config_bytes
 from kvviz.calculator.hf_fields import (
     HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, LAYER_KEYS, NESTED_DEFAULTS, NESTED_TYPES, POS_KEYS, SUPPORTED_MODEL_TYPES, Reader,
     Shape, short,
@@ -18,6 +26,68 @@ from kvviz.calculator.hf_params import count_params
 from kvviz.calculator.hf_provenance import provenance
 from kvviz.calculator.layouts import read_layout
 from kvviz.calculator.spec import MAX_LAYERS, MAX_SEQ_LEN, MLA, ConfigError, ModelSpec
+from kvviz.safeio import Refused, json_value, read_regular
+
+MAX_CONFIG_BYTES = 1_000_000  # a real config.json is a few KB; refuse anything bigger unparsed
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _too_big(n: int | str) -> str:
+    size = f"{n:,} bytes" if isinstance(n, int) else n
+    return f"is {size}; a config.json is at most {MAX_CONFIG_BYTES:,} bytes"
+
+
+def read_config_bytes(path: str | Path) -> bytes:
+    """At most MAX_CONFIG_BYTES from a regular file (``safeio.read_regular``); ConfigError for anything else."""
+    p = Path(path)
+    try:
+        return read_regular(p, MAX_CONFIG_BYTES)
+    except Refused as r:
+        if r.why == "path":
+            raise ConfigError(["is not a valid path (it holds a NUL character)"], repr(str(p))[:80]) from None
+        if r.why == "size":
+            raise ConfigError([_too_big(r.size if r.size is not None else f"more than {MAX_CONFIG_BYTES:,} bytes")],
+                              str(p)) from None
+        if r.why == "kind":
+            kind = next((name for test, name in _FILE_KINDS if test(r.mode or 0)), "")
+            raise ConfigError(["is a folder, not a config.json file" if kind == "a folder" else
+                               f"is {kind}, not a regular file" if kind else "is not a regular file"], str(p)) from None
+        e = r.error
+        if isinstance(e, FileNotFoundError):
+            raise ConfigError(["no such file"], str(p)) from None
+        if isinstance(e, IsADirectoryError):
+            raise ConfigError(["is a folder, not a config.json file"], str(p)) from None
+        if isinstance(e, PermissionError):
+            raise ConfigError(["cannot be read (permission denied)"], str(p)) from None
+        verb = "opened" if r.why == "open" else "read"
+        raise ConfigError([f"cannot be {verb} ({getattr(e, 'strerror', None) or e})"], str(p)) from None
+
+
+def parse_json_text(text: str | bytes, where: str = "config.json") -> Any:
+    """JSON from config text (``safeio.json_value``), bounded in size; every failure is a ConfigError
+    naming the problem."""
+    if len(text) > MAX_CONFIG_BYTES:  # a str is measured in characters: close enough for a bound
+        raise ConfigError([_too_big(len(text))], where)
+    try:
+        return json_value(text)
+    except Refused as r:
+        e = r.error
+        if r.why == "utf8" and isinstance(e, UnicodeDecodeError):
+            raise ConfigError([f"is not UTF-8 text (byte {e.start:,} is 0x{e.object[e.start]:02x})"], where) from None
+        if r.why == "nested":
+            raise ConfigError(["is nested too deeply to be a config (JSON arrays or objects hundreds of levels deep)"],
+                              where) from None
+        if r.why == "int-limit":  # Python refuses integers past sys.get_int_max_str_digits() (CVE-2020-10735)
+            limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+            raise ConfigError([f"holds an integer with more than {limit:,} digits; no config value is that long"],
+                              where) from None
+        if not (text.decode("utf-8") if isinstance(text, bytes) else text).strip():  # decoded above: UTF-8
+            raise ConfigError(["is empty"], where) from None
+        if isinstance(e, json.JSONDecodeError):
+            raise ConfigError([f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"], where) from None
+        raise ConfigError([f"is not valid JSON ({e})"], where) from None
 
 def parse_config(raw: Any, where: str = "config.json", name: str | None = None, source: str = "",
                  key: str = "") -> ModelSpec:

@@ -31,7 +31,8 @@ MEMORY_DIR = ROOT / "kvviz" / "calculator"
 MEMORY_FILES = sorted(p.name for p in MEMORY_DIR.glob("*.py"))
 # kvviz.limits is the bounds every entry point shares: standard library only, like the other two.
 # kvviz.paths (floor 0, standard library only) finds the shipped presets in a checkout or a wheel.
-ALLOWED_KVVIZ = {"kvviz.errors", "kvviz.units", "kvviz.limits", "kvviz.paths"}
+# kvviz.safeio (floor 0, standard library only) is the one bounded file reader and JSON decoder.
+ALLOWED_KVVIZ = {"kvviz.errors", "kvviz.units", "kvviz.limits", "kvviz.paths", "kvviz.safeio"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -349,4 +349,4 @@ def test_a_shared_build_folder_is_refused(tmp_path: Path) -> None:
     assert "writable by other users" in status and not list(shared.iterdir()), status
 
 
-# A tampered build (one byte changed) is rebuilt: tests/engine/test_rowops.py walks a build folder's life.
+# A tampered build (one byte changed) is rebuilt: tests/fast/test_rowops.py walks a build folder's life.

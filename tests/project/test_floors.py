@@ -25,26 +25,24 @@ FLOORS: dict[str, int] = {
     "kvviz.model_packages": 0,  # the model packages' pins, sizes and install command: the loaders' messages name it
     "kvviz.calculator": 1,  # the calculator: pure Python
     "kvviz.watch": 1,  # a running server's /metrics read and sized with the calculator: pure Python, no torch
-    # engine/models: the readable families (2) over their config and attention mask (1).
-    "kvviz.engine.models": 2, "kvviz.engine.models.gpt2_config": 1, "kvviz.engine.models.attention": 1,
+    # engine/models: the readable families, their configs and the attention mask (2).
+    "kvviz.engine.models": 2,
     "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
-    # engine/kvcache: the caches (2) over plain bookkeeping, tensor quantizers and the request (1).
-    "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.block_pool": 1, "kvviz.engine.kvcache.kv_quant": 1,
-    "kvviz.engine.kvcache.kv_spec": 1,
+    # engine/kvcache: the caches, their bookkeeping and quantizers (2); the cache request (1), which the
+    # checked generation request (engine/generation, 1) holds.
+    "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.kv_spec": 1,
     # engine/generation: the loop, the stream base every strategy shares and the request with its checks (5)
     # over what they run on (1): the checked request, sampling, stops, events, captures, the non-finite
     # diagnosis, FLOPs.
     "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
     "kvviz.engine.generation.stream_base": 5,
-    # engine/loading: checkpoints -> the readable model (2), beside the families they fill; the file
-    # readers that check bytes alone sit below (1). The accelerator (kvviz.fast, 3) is above them and
+    # engine/loading: checkpoints -> the readable model (2), beside the families they fill; the GGUF
+    # readers sit below (1): the tokenizers (1) read GGUF metadata, the block kernel (1) its codes. The accelerator (kvviz.fast, 3) is above them and
     # engine/loaded.py (4) above both builds it: no loader imports kvviz.fast.
     "kvviz.engine.loading": 2, "kvviz.engine.loaded": 4,
     "kvviz.engine.loading.gguf_checks": 1,
-    "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
     "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as BlockCodes, the block kernel's input: file data
-    "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check
     "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
     "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
     # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
@@ -52,13 +50,11 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
     # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
     "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
-    # The accelerator: built from a model (2) by engine/loaded.py (4); its kernels import no model.
-    "kvviz.fast": 3, "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
-    "kvviz.fast.blockdot": 1,
+    # The accelerator and its kernels: built from a model (2) by engine/loaded.py (4).
+    "kvviz.fast": 3,
     "kvviz.charts": 2,  # pure Plotly
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
-    "kvviz.measure": 7, "kvviz.measure.cpu_load": 1, "kvviz.measure.threads": 1, "kvviz.measure.stats": 2,
-    "kvviz.measure.doubts": 2,
+    "kvviz.measure": 7, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2,  # stats: the perf charts (2) read it
     "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
     "kvviz.notebook": 7, "kvviz.notebook_live": 7,  # the app's figures in Jupyter, beside the pages
     "kvviz.cli": 8, "kvviz.__main__": 8, "app": 8,  # the command line (its table, the subcommands' glue) and the app

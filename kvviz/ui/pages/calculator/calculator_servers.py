@@ -11,7 +11,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from kvviz.calculator import DEFAULT_BLOCK_SIZE, GIB, CalcError, MemoryRequest, ModelSpec, load_gpus, parse_config_text
-from kvviz.calculator.config_file import MAX_CONFIG_BYTES
+from kvviz.calculator.hf_config import MAX_CONFIG_BYTES
 from kvviz.calculator.server_llamacpp import CACHE_TYPES
 from kvviz.calculator.server_mix import lengths_from_percentiles, parse_percentiles
 from kvviz.calculator.server_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, settings_from_log
