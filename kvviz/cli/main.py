@@ -283,6 +283,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "kvviz.cli.server_cli:add_export_arguments", "kvviz.cli.server_cli:run_export"),
     Subcommand("watch", "a running vLLM / SGLang / llama.cpp server's KV cache and queues, from its /metrics",
                "kvviz.cli.server_cli:add_watch_arguments", "kvviz.cli.server_cli:run_watch"),
+    Subcommand("serve-bench", "many requests at once: the serving engine's scheduler over one paged pool",
+               "kvviz.cli.serve_cli:add_serve_arguments", "kvviz.cli.serve_cli:run_serve"),
 )
 
 

@@ -195,4 +195,4 @@ def test_the_subcommand_table_is_the_parser() -> None:
     choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert list(choices) == [c.name for c in SUBCOMMANDS] == [
         "app", "models", "generate", "chat", "bench", "bench-spec", "memory", "eval", "train", "kv-curves", "export",
-        "watch"]
+        "watch", "serve-bench"]

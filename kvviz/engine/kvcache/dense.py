@@ -75,6 +75,9 @@ def ring_rows(windows: tuple[int | None, ...], context: int, start: int, window:
 class KVCache(ABC):
     kind: str = ""
     copies_on_reorder = True  # reorder copies every filled position (the paged cache shares instead)
+    # A ragged cache (the serving scheduler's, engine/serving/ragged_cache.py) holds many requests, each at
+    # its own position: the models then skip their own mask and let ``cache.attend`` attend per request.
+    ragged = False
 
     def __init__(self, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype) -> None:
         self.config = config

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 from kvviz.engine.models.attention import attention_mask, keys_by_position, window_mask
 from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
-from kvviz.engine.models.llama import MAX_BLOCK, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, rotate_half
+from kvviz.engine.models.llama import (MAX_BLOCK, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, last_rows,
+                                       rotate_half)
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
@@ -212,8 +213,11 @@ class Gemma3Attention(nn.Module):
                     capture.key_from[self.layer_idx] = S - self.window  # the newest query's window
             capture.k[self.layer_idx] = kk
             capture.v[self.layer_idx] = vv
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
-                                           enable_gqa=nkv != nh)  # (B, nh, T, hs)
+        if cache is not None and cache.ragged:  # each request over its own blocks, by its layer's window
+            y = cache.attend(self.layer_idx, q, k, v, self.scale)  # (1, nh, N, hs)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                                               enable_gqa=nkv != nh)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
 
 
@@ -299,14 +303,14 @@ class Gemma3(nn.Module):
         input_pos: torch.Tensor | None = None,
         cache: "KVCache | None" = None,
         capture: "ForwardCapture | None" = None,
-        last_only: bool = False,
+        last_only: bool | torch.Tensor = False,
     ) -> torch.Tensor:
         """Logits for ``idx`` (B, T); the same arguments and cache contract as ``Llama.forward``."""
         c = self.config
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         end = start + T
-        if end > c.block_size:
+        if end > c.block_size and not (cache is not None and cache.ragged):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {c.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
@@ -315,8 +319,7 @@ class Gemma3(nn.Module):
         for layer in self.model.layers:
             mask, is_causal, cos, sin = local if layer.self_attn.sliding else full
             x = layer(x, cos, sin, cache, mask, is_causal, capture)
-        if last_only:
-            x = x[:, -1:, :]  # (B, 1, C)
+        x = last_rows(x, last_only)  # (B, 1|K|T, C)
         return softcap(c, self.lm_head(self.model.norm(x)))  # (B, T|1, V)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
@@ -335,8 +338,10 @@ def layer_inputs(c: Gemma3Config, T: int, start: int, input_pos: torch.Tensor, c
     frequencies are recomputed (64 numbers each) rather than kept as buffers: .to(bf16) would
     round them, and transformers keeps them fp32."""
     dev = input_pos.device
-    full = (*attention_mask(T, start, input_pos), *rope(inv_freq(c.rope_theta, c.head_dim).to(dev), input_pos, dtype))
-    local = (*window_mask(T, start, input_pos, c.sliding_window, cache),
+    ragged = cache is not None and cache.ragged  # the ragged cache masks each request by its layer's window
+    full = (*((None, False) if ragged else attention_mask(T, start, input_pos)),
+            *rope(inv_freq(c.rope_theta, c.head_dim).to(dev), input_pos, dtype))
+    local = (*((None, False) if ragged else window_mask(T, start, input_pos, c.sliding_window, cache)),
              *rope(inv_freq(c.rope_local_theta, c.head_dim).to(dev), input_pos, dtype))
     return full, local  # type: ignore[return-value]
 

@@ -79,9 +79,12 @@ class CausalSelfAttention(nn.Module):
             capture.q_last[self.layer_idx] = q[:, :, -1:, :]
             capture.k[self.layer_idx] = k
             capture.v[self.layer_idx] = v
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
-        )  # (B, nh, T, hs)
+        if cache is not None and cache.ragged:  # each request over its own blocks (the serving step)
+            y = cache.attend(self.layer_idx, q, k, v, None)  # (1, nh, N, hs)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head
+            )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, nh, hs) -> (B, T, C): heads side by side
         y = self.c_proj(y)
         return F.dropout(y, self.dropout, self.training)
@@ -158,7 +161,7 @@ class GPT(nn.Module):
         input_pos: torch.Tensor | None = None,
         cache: "KVCache | None" = None,
         capture: ForwardCapture | None = None,
-        last_only: bool = False,
+        last_only: bool | torch.Tensor = False,
     ) -> torch.Tensor:
         """Logits for ``idx`` (B, T).
 
@@ -166,23 +169,27 @@ class GPT(nn.Module):
         cache: with one, K/V of the new positions are written at ``cache.pos`` and attention
             covers every cached position (prefill, decode, or chunked prefill). Without one the
             whole sequence is processed under a causal mask.
-        last_only: compute logits for the last position only (all generation needs).
-        Returns (B, T, V), or (B, 1, V) with last_only.
+        last_only: compute logits for the last position only (all generation needs), or, a (K,)
+            long tensor, for those positions (a ragged step's last token per request).
+        Returns (B, T, V), (B, 1, V) with last_only, or (B, K, V).
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         end = start + T
-        if end > self.config.block_size:
+        ragged = cache is not None and cache.ragged  # many requests: the cache checks each one's positions
+        if end > self.config.block_size and not ragged:
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
         # Built once per forward, not per layer; a chunked prefill needs it explicit (engine/models/attention.py).
-        mask, is_causal = attention_mask(T, start, input_pos)
+        mask, is_causal = (None, False) if ragged else attention_mask(T, start, input_pos)
         x = self.transformer.wte(idx) + self.transformer.wpe(input_pos)  # (B, T, C)
         x = F.dropout(x, self.config.dropout, self.training)
         for block in self.transformer.h:
             x = block(x, cache, mask, is_causal, capture)
-        if last_only:
+        if isinstance(last_only, torch.Tensor):
+            x = x.index_select(1, last_only.to(x.device))  # (B, K, C): the rows asked for
+        elif last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         x = self.transformer.ln_f(x)
         return self.lm_head(x)  # (B, T|1, V)

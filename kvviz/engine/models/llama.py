@@ -258,8 +258,11 @@ class LlamaAttention(nn.Module):
             capture.v[self.layer_idx] = vv
         # enable_gqa lets SDPA share each K/V head across n_head / n_kv_head query heads
         # without materialising repeated K/V.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=nkv != nh)  # (B, nh, T, hs)
+        if cache is not None and cache.ragged:  # each request over its own blocks (the serving step)
+            y = cache.attend(self.layer_idx, q, k, v, None)  # (1, nh, N, hs)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                               enable_gqa=nkv != nh)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh*hs)
 
 
@@ -289,6 +292,14 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def last_rows(x: torch.Tensor, last_only: bool | torch.Tensor) -> torch.Tensor:
+    """The rows whose logits a forward returns: x (B, T, C) -> (B, 1, C) for the last, (B, K, C) for
+    a (K,) tensor of positions, x itself for every one. Every family and accelerator shares it."""
+    if isinstance(last_only, torch.Tensor):
+        return x.index_select(1, last_only.to(x.device))  # (B, K, C)
+    return x[:, -1:, :] if last_only else x
+
+
 def forward_mask(c: LlamaConfig, T: int, start: int, input_pos: torch.Tensor,
                  cache: "KVCache | None") -> tuple[torch.Tensor | None, bool]:
     """The attention mask of a forward over T new tokens after ``start`` cached ones, built once per
@@ -296,6 +307,8 @@ def forward_mask(c: LlamaConfig, T: int, start: int, input_pos: torch.Tensor,
     chunked prefill needs it explicit, and so does a sliding window once the keys outgrow it, over
     the rows a windowed cache still holds (engine/models/attention.py)."""
     window = c.sliding_window
+    if cache is not None and cache.ragged:
+        return None, False  # a ragged step: the cache masks each request itself (cache.attend)
     if window is None:
         return attention_mask(T, start, input_pos)
     if cache is not None and cache.kind == "window":
@@ -383,7 +396,7 @@ class Llama(nn.Module):
         input_pos: torch.Tensor | None = None,
         cache: "KVCache | None" = None,
         capture: "ForwardCapture | None" = None,
-        last_only: bool = False,
+        last_only: bool | torch.Tensor = False,
     ) -> torch.Tensor:
         """Logits for ``idx`` (B, T).
 
@@ -393,13 +406,15 @@ class Llama(nn.Module):
             covers every cached position (prefill, decode, or chunked prefill); with a
             ``sliding_window``, the window of each query among the rows the cache holds. Without
             one the whole sequence is processed under a causal (or sliding) mask.
-        last_only: compute logits for the last position only (all generation needs).
-        Returns (B, T, V), or (B, 1, V) with last_only.
+        last_only: compute logits for the last position only (all generation needs), or, a (K,)
+            long tensor, for those positions (indices into T: a ragged step's last token per request).
+        Returns (B, T, V), (B, 1, V) with last_only, or (B, K, V).
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         end = start + T
-        if end > self.config.block_size:
+        # A ragged step's T tokens belong to many requests: the cache checks each one's positions.
+        if end > self.config.block_size and not (cache is not None and cache.ragged):
             raise ValueError(f"sequence of {end} tokens exceeds block_size {self.config.block_size}")
         if input_pos is None:
             input_pos = torch.arange(start, end, device=idx.device)
@@ -409,7 +424,6 @@ class Llama(nn.Module):
         x = self.model.embed_tokens(idx)  # (B, T, C)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache, mask, is_causal, capture)
-        if last_only:
-            x = x[:, -1:, :]  # (B, 1, C)
+        x = last_rows(x, last_only)  # (B, 1|K|T, C)
         x = self.model.norm(x)
         return self.lm_head(x)  # (B, T|1, V)
