@@ -51,12 +51,36 @@ def target_requests(requests: Iterable[Any]) -> list[TargetRequest]:
     return out
 
 
-def run_against_target(args: argparse.Namespace, requests: Iterable[Any]) -> dict[str, Any]:
+def run_against_target(args: argparse.Namespace, requests: Iterable[Any],
+                       probe_ids: list[int] | None = None) -> dict[str, Any]:
     """The ``serve-bench --target`` JSON object; a TargetError (one line) when the server cannot run it."""
-    refuse_steps(getattr(args, "arrival", "seconds"))
+    refuse_steps(getattr(args, "arrival", None) or "seconds")
     target = parse_target(args.target, args.header)
     return run_target(target, target_requests(requests), served=args.served_model, poll_s=args.poll,
-                      timeout_s=args.request_timeout)
+                      timeout_s=args.request_timeout, probe_ids=probe_ids)
+
+
+def run_serve_target(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``serve-bench --target URL``: the workload read and tokenized by ``--model`` as for kvviz's engine,
+    then sent to the server. The engine's own options (policy, pool, budget) are the server's there."""
+    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.serving.workloads import BUILTIN, builtin, load_workload
+    from kvviz.errors import KVVizError
+    from kvviz.watch.target_bench import PROBE_TEXT
+
+    refuse_steps(args.arrival or "seconds")  # before a model loads
+    if args.events is not None:
+        raise KVVizError("--events records kvviz's scheduler steps; a server's are not visible: drop --events "
+                         "with --target")
+    model = load_model(args.model, device="cpu")  # its tokenizer and chat template make the prompt ids
+    if args.workload in BUILTIN:
+        requests = builtin(args.workload, model, args.num_requests, args.seed)
+    else:
+        requests = load_workload(args.workload, model)
+    probe = model.tokenizer.encode(PROBE_TEXT) if getattr(model, "has_tokenizer", True) else None
+    obj = run_against_target(args, requests, probe)
+    obj["settings"].update(model=model.name, workload=args.workload)
+    return obj, target_report(obj)
 
 
 def target_report(obj: dict[str, Any]) -> str:

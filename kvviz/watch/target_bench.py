@@ -107,6 +107,33 @@ def check_lengths(requests: Sequence[TargetRequest], model: ServedModel) -> None
                               f"server's context ({model.max_model_len} tokens, --max-model-len)")
 
 
+PROBE_TEXT = "The KV cache holds each token's keys and values."
+
+
+def check_tokenizer(target: Target, model: str, ids: Sequence[int], timeout_s: float) -> str | None:
+    """Whether the server's tokenizer gives ``ids`` for PROBE_TEXT (vLLM's and SGLang's ``POST /tokenize``):
+    prompts travel as ids, so a server running another model would answer nonsense without an error.
+    A TargetError when they differ; a note (the check was not possible) when the server has no /tokenize."""
+    conn, prefix = _connection(target, timeout_s)
+    body = json.dumps({"model": model, "prompt": PROBE_TEXT, "add_special_tokens": False}).encode()
+    try:
+        conn.request("POST", prefix + "/tokenize", body=body, headers={"Content-Type": "application/json",
+                                                                        **dict(target.headers)})
+        resp = conn.getresponse()
+        raw = resp.read(1 << 20)
+        theirs = json.loads(raw).get("tokens") if resp.status == 200 else None
+    except (http.client.HTTPException, OSError, ValueError, AttributeError):
+        theirs = None
+    finally:
+        conn.close()
+    if not isinstance(theirs, list):
+        return "the server has no /tokenize: that it runs the same model as kvviz's tokenizer was not checked"
+    if [int(t) for t in theirs if isinstance(t, int)] != list(ids):
+        raise TargetError(f"the server's {model!r} tokenizes {PROBE_TEXT!r} as {theirs[:12]}, kvviz's model as "
+                          f"{list(ids)[:12]}: it serves another model (prompts are sent as token ids)")
+    return None
+
+
 def body_of(r: TargetRequest, model: str) -> dict[str, Any]:
     """The JSON of one request's POST /v1/completions."""
     body: dict[str, Any] = {"model": model, "prompt": list(r.prompt_ids), "max_tokens": r.max_tokens,
@@ -271,12 +298,14 @@ def _pair(before: Reading | None, after: Reading | None, name: str) -> tuple[flo
 
 def run_target(target: Target, requests: Sequence[TargetRequest], *, served: str | None = None,
                poll_s: float = 0.5, timeout_s: float = REQUEST_TIMEOUT_S, scrape_timeout_s: float = 10.0,
-               clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+               probe_ids: Sequence[int] | None = None, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Run the workload against the server; the ``serve-bench --json`` object (``requests``, ``summary``,
-    ``settings``, ``not_measured``, ``notes``). A failed request stops sending and raises its TargetError
+    ``settings``, ``not_measured``, ``notes``). ``probe_ids``: kvviz's ids for PROBE_TEXT, checked against
+    the server's tokenizer first. A failed request stops sending and raises its TargetError
     once the requests in flight have ended."""
     model = served_model(target, served, scrape_timeout_s)
     check_lengths(requests, model)
+    probe_note = check_tokenizer(target, model.name, probe_ids, scrape_timeout_s) if probe_ids is not None else None
     before, before_x = _metrics(target, scrape_timeout_s)
     traces: dict[str, StreamTrace] = {}
     errors: list[TargetError] = []
@@ -317,6 +346,8 @@ def run_target(target: Target, requests: Sequence[TargetRequest], *, served: str
     notes = [f"request {t.id} ended at the end-of-text token after {t.output_len()} of {t.max_tokens} tokens "
              "although ignore_eos was sent: this server ignores it"
              for t in ordered if t.ignore_eos and t.finish_reason == "stop" and t.output_len() < t.max_tokens]
+    if probe_note:
+        notes.append(probe_note)
     if before is None:
         notes.append("the server has no /metrics: prefix hits, preemptions and peaks are null")
     if any(t.output_ids is None for t in ordered):

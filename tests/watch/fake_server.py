@@ -95,6 +95,12 @@ class Completions:
     block_size: int = 16
     num_blocks: int = 101
     usage_blocks_per_request: int = 2
+    tokenize: bool = False  # answer POST /tokenize with fake_tokenize's ids
+
+
+def fake_tokenize(text: str) -> list[int]:
+    """The fake server's tokenizer: one id per character."""
+    return [ord(c) % 1000 for c in text]
 
 
 @contextmanager
@@ -151,6 +157,12 @@ def serve_completions(script: Completions, clock: HandClock | None = None) -> It
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            if self.path == "/tokenize":
+                if script.tokenize:
+                    self._send(200, json.dumps({"tokens": fake_tokenize(body["prompt"]), "count": 1}).encode())
+                else:
+                    self._send(404, b'{"detail": "Not Found"}')
+                return
             state["bodies"].append(body)
             if self.path != "/v1/completions" or script.status != 200:
                 self._send(script.status if script.status != 200 else 404, script.error_body)

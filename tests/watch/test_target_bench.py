@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from kvviz.watch.scrape import parse_target
-from kvviz.watch.target_bench import TargetError, TargetRequest, body_of, refuse_steps, run_target
+from kvviz.watch.target_bench import PROBE_TEXT, TargetError, TargetRequest, body_of, refuse_steps, run_target
 from kvviz.watch.target_stats import NOT_MEASURED, ServerCounts, StreamTrace, percentile, request_row, summarize
 from kvviz.watch.vllm_harness import free_port
 
-from fake_server import Completions, HandClock, fake_token, serve_completions
+from fake_server import Completions, HandClock, fake_token, fake_tokenize, serve_completions
 
 
 def _req(i: int, n: int = 4, plen: int = 5, **kw: object) -> TargetRequest:
@@ -164,3 +164,16 @@ def test_steps_mode_is_refused() -> None:
     refuse_steps("seconds")
     with pytest.raises(TargetError, match="--arrival steps cannot be used with --target"):
         refuse_steps("steps")
+
+
+def test_the_servers_tokenizer_is_checked_against_kvvizs() -> None:
+    ids = fake_tokenize(PROBE_TEXT)
+    with serve_completions(Completions(tokenize=True)) as (url, _):
+        out = run_target(parse_target(url), [_req(0)], probe_ids=ids)
+        assert out["notes"] == []  # the same ids: the same model
+        with pytest.raises(TargetError, match=r"the server's 'fake/model' tokenizes .* it serves another model"):
+            run_target(parse_target(url), [_req(0)], probe_ids=ids[:-1] + [ids[-1] + 1])
+    with serve_completions(Completions()) as (url, _):  # no /tokenize (llama.cpp's takes another body)
+        out = run_target(parse_target(url), [_req(0)], probe_ids=ids)
+    assert out["notes"] == ["the server has no /tokenize: that it runs the same model as kvviz's tokenizer was "
+                            "not checked"]

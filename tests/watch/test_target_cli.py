@@ -3,7 +3,9 @@ client's, its options are bounded, steps mode is refused, and the text report na
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,54 @@ def test_steps_and_bad_options_are_refused() -> None:
         _args("--poll", "0")  # an argparse error line and exit 2, before anything is sent
     with pytest.raises(KVVizError, match="header 'nocolon' is not 'Name: value'"):
         run_against_target(_args("--target", "127.0.0.1:9", "--header", "nocolon"), [Req("a", (1,))])
+
+
+REQUEST_KEYS = {"id", "output_ids", "output_text", "ttft_ms", "tpot_ms", "e2e_ms", "preemptions", "lost_tokens",
+                "prefix_hit_tokens"}  # serve-bench --json's, as issue 39 lists them (tests/cli/test_serve_cli.py)
+SUMMARY_KEYS = {"throughput_tok_s", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90",
+                "tpot_ms_p99", "preemptions", "prefix_query_tokens", "prefix_hit_tokens", "peak_running",
+                "peak_blocks_used", "blocks_leaked", "steps"}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from kvviz.cli.main import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_serve_bench_target_prints_serve_benchs_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wl = tmp_path / "w.jsonl"
+    wl.write_text(json.dumps({"id": "a", "prompt": "To be, or not", "max_tokens": 3, "ignore_eos": True}) + "\n"
+                  + json.dumps({"id": "b", "prompt_ids": [5, 6, 7], "max_tokens": 2, "arrival": 0.05}) + "\n")
+    with serve_completions(Completions()) as (url, state):
+        code, out, err = cli(capsys, "serve-bench", "--model", "random:tiny", "--workload", str(wl), "--target", url,
+                             "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert REQUEST_KEYS <= set(obj["requests"][0]) and SUMMARY_KEYS <= set(obj["summary"])
+    ids = list("To be, or not".encode())  # random:tiny's byte tokenizer
+    assert [b["prompt"] for b in state["bodies"]] == [ids, [5, 6, 7]]
+    assert obj["requests"][0]["output_ids"] == [fake_token(ids, k) for k in range(3)]
+    assert obj["settings"]["model"] == "random:tiny" and obj["settings"]["arrival"] == "seconds"
+    # The fake has no /tokenize: the run says the model check was not possible.
+    assert any("/tokenize" in n for n in obj["notes"])
+    code, out, err = cli(capsys, "serve-bench", "--model", "random:tiny", "--workload", str(wl), "--target",
+                         "http://127.0.0.1:9")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == [
+        "kvviz serve-bench: error: cannot list the server's models: http://127.0.0.1:9/v1/models: connection refused "
+        "(is the server running on that port?)"]
+
+
+def test_serve_bench_target_refuses_steps_and_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "serve-bench", "--model", "random:tiny", "--workload", "mixed", "--target",
+                         "127.0.0.1:9", "--arrival", "steps")
+    assert code == 2 and "kvviz serve-bench: error: --arrival steps cannot be used with --target" in err
+    code, out, err = cli(capsys, "serve-bench", "--model", "random:tiny", "--workload", "mixed", "--target",
+                         "127.0.0.1:9", "--events", str(tmp_path / "e.jsonl"))
+    assert code == 2 and "drop --events with --target" in err
