@@ -48,6 +48,11 @@ def _ms(seconds: float) -> float:
     return seconds * 1000.0
 
 
+def _r(x: float | None) -> float | None:
+    """Three decimals, as serve-bench rounds kvviz's own figures (engine/serving/summary.py)."""
+    return None if x is None else round(x, 3)
+
+
 def request_row(t: StreamTrace) -> dict[str, Any]:
     """One request as ``serve-bench --json`` writes it. Preemptions, lost tokens and prefix hits are a
     scheduler's per-request facts that no server's API returns: null (the summary has the totals)."""
@@ -58,9 +63,9 @@ def request_row(t: StreamTrace) -> dict[str, Any]:
         "id": t.id,
         "output_ids": t.output_ids,
         "output_text": t.output_text,
-        "ttft_ms": None if first is None else _ms(first - t.sent_s),
-        "tpot_ms": None if first is None or last is None or n < 2 else _ms(last - first) / (n - 1),
-        "e2e_ms": None if last is None else _ms(last - t.sent_s),
+        "ttft_ms": None if first is None else _r(_ms(first - t.sent_s)),
+        "tpot_ms": None if first is None or last is None or n < 2 else _r(_ms(last - first) / (n - 1)),
+        "e2e_ms": None if last is None else _r(_ms(last - t.sent_s)),
         "preemptions": None,
         "lost_tokens": None,
         "prefix_hit_tokens": None,
@@ -127,9 +132,9 @@ def summarize(traces: Sequence[StreamTrace], start_s: float, counts: ServerCount
     ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
     tpot = [r["tpot_ms"] for r in rows if r["tpot_ms"] is not None]
     out: dict[str, Any] = {
-        "throughput_tok_s": tokens / wall if wall else None,
-        **{f"ttft_ms_p{q}": percentile(ttft, q) for q in (50, 90, 99)},
-        **{f"tpot_ms_p{q}": percentile(tpot, q) for q in (50, 90, 99)},
+        "throughput_tok_s": _r(tokens / wall) if wall else None,
+        **{f"ttft_ms_p{q}": _r(percentile(ttft, q)) for q in (50, 90, 99)},
+        **{f"tpot_ms_p{q}": _r(percentile(tpot, q)) for q in (50, 90, 99)},
         "preemptions": _delta(*reversed(counts.preemptions)),
         "prefix_query_tokens": _delta(*reversed(counts.prefix_queries)),
         "prefix_hit_tokens": _delta(*reversed(counts.prefix_hits)),
@@ -138,7 +143,8 @@ def summarize(traces: Sequence[StreamTrace], start_s: float, counts: ServerCount
         "blocks_leaked": _blocks(counts.final_usage, counts.used_block_total),
         "steps": None,
         "output_tokens": tokens,
-        "wall_s": wall,
+        "wall_s": _r(wall),
+        "stopped": False,  # a run against a server ends with every request, or raises
         "server_busy_steps": _delta(*reversed(counts.busy_steps)),
         "peak_kv_usage": counts.peak_usage,
         "metrics_polls": counts.polls,
