@@ -203,3 +203,32 @@ def test_bad_input_is_named(model: LoadedModel) -> None:
     with pytest.raises(KVVizError, match="empty prompt"):
         ServeRequest("x", (), max_tokens=1)
     engine.cache.audit()
+
+
+def test_arrival_in_seconds(model: LoadedModel) -> None:
+    reqs = [ServeRequest("A", ids(6, 1), max_tokens=2, ignore_eos=True),
+            ServeRequest("B", ids(6, 2), max_tokens=2, ignore_eos=True, arrival=0.2)]
+    _, res = run(model, reqs, num_blocks=16, block_size=4, max_num_batched_tokens=16, max_num_seqs=2,
+                 arrival="seconds")
+    a, b = res.requests
+    assert a.arrival_ms == 0.0 and b.arrival_ms == 200.0
+    assert b.admitted_step is not None and res.steps[b.admitted_step].t_ms >= 200.0
+    assert any(not st.scheduled for st in res.steps)  # the engine idled until B arrived
+    assert b.ttft_ms is not None and b.ttft_ms > 0 and b.e2e_ms is not None and b.e2e_ms >= b.ttft_ms
+
+
+def test_a_stop_string_ends_a_request(model: LoadedModel) -> None:
+    import kvviz
+
+    prompt = ids(6, 5)
+    solo = kvviz.generate(model, prompt_ids=list(prompt), max_new_tokens=12, greedy=True, ignore_eos=True, fast=False)
+    text = model.tokenizer.decode(list(solo.generated_ids))
+    stop = text[3:5]
+    cut = text.find(stop)
+    reqs = [ServeRequest("A", prompt, max_tokens=12, ignore_eos=True, stop=(stop,)),
+            ServeRequest("B", ids(6, 6), max_tokens=12, ignore_eos=True)]
+    _, res = run(model, reqs, num_blocks=16, block_size=4, max_num_batched_tokens=16, max_num_seqs=2)
+    a = res.requests[0]
+    assert a.finish_reason == "stop" and a.output_text == text[:cut]
+    assert a.output_ids == list(solo.generated_ids)[:len(a.output_ids)] and len(a.output_ids) < 12
+    assert res.requests[1].finish_reason == "length"

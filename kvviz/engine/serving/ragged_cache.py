@@ -291,7 +291,8 @@ class RaggedPagedCache:
                     fill[b] = max(fill.get(b, 0), max(0, min(bs, c - j * bs)))
         return sum(fill.values())
 
-    def owners(self, names: dict[str, str] | None = None) -> list[list[str]]:
+    def owners(self) -> list[list[str]]:
+        """Per block: the requests whose tables hold it."""
         out: list[list[str]] = [[] for _ in range(self.blocks.num_blocks)]
         for rid, seq in self.seqs.items():
             for table in seq.tables:
