@@ -43,7 +43,7 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
     from kvviz.engine.sessions.conversation import Conversation
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
 
     if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
         parser.error("--top-k and --top-p need --temperature")

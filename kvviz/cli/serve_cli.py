@@ -67,7 +67,7 @@ def pool_blocks(model: Any, args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     import torch
 
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.engine.serving.engine import ServeConfig, ServeEngine
     from kvviz.engine.serving.summary import events_jsonl, request_rows, summary
     from kvviz.engine.serving.workloads import BUILTIN, builtin, load_workload

@@ -63,7 +63,7 @@ def run_against_target(args: argparse.Namespace, requests: Iterable[Any],
 def run_serve_target(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """``serve-bench --target URL``: the workload read and tokenized by ``--model`` as for kvviz's engine,
     then sent to the server. The engine's own options (policy, pool, budget) are the server's there."""
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.engine.serving.workloads import BUILTIN, builtin, load_workload
     from kvviz.errors import KVVizError
     from kvviz.watch.target_bench import PROBE_TEXT

@@ -10,7 +10,7 @@ import pytest
 
 from kvviz import LoadedModel
 from kvviz.cli.main import main
-from kvviz.engine.loading.loader import load_model
+from kvviz.engine.loaded import load_model
 from kvviz.engine.serving.workloads import builtin
 
 REQUEST_KEYS = {"id", "output_ids", "output_text", "ttft_ms", "tpot_ms", "e2e_ms", "preemptions", "lost_tokens",

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kvviz
-from kvviz.engine.loading.loader import LoadedModel, wrap_model
+from kvviz.engine.loaded import wrap_model
+from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.models.gemma3 import Gemma3, Gemma3Config
 from kvviz.engine.serving import ragged_cache
 from kvviz.engine.serving.engine import ServeConfig, ServeEngine, ServeResult

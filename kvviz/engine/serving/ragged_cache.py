@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from kvviz.engine.kvcache.block_pool import ROOT_HASH, block_hash
 from kvviz.engine.kvcache.paged_pool import PagedPool, blocks_for
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.errors import KVVizError
 
 ATTENTION = "loop"  # "loop": one SDPA per request (measured faster); "mask": one SDPA, block-diagonal mask
