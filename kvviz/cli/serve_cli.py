@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 import kvviz.cli.argtypes as types
+from kvviz.cli.target_cli import add_target_arguments, run_serve_target
 
 DEFAULT_BLOCKS = 1024
 
@@ -24,8 +25,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=types.int_in(1, 10_000), default=64,
                    help="requests of a built-in workload (default 64)")
     p.add_argument("--seed", type=types.seed, default=0, help="a built-in workload's seed (default 0)")
-    p.add_argument("--arrival", choices=["steps", "seconds"], default="steps",
-                   help="what a request's arrival counts: scheduler steps (deterministic) or seconds")
+    p.add_argument("--arrival", choices=["steps", "seconds"], default=None,
+                   help="what a request's arrival counts: scheduler steps (deterministic; the default) or "
+                        "seconds (the default, and the only choice, with --target)")
     p.add_argument("--policy", choices=["continuous", "static", "sequential"], default="continuous")
     pool = p.add_mutually_exclusive_group()
     pool.add_argument("--num-blocks", type=types.kv_blocks, default=None,
@@ -41,6 +43,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=types.threads_or_default, default=0)
     p.add_argument("--events", type=types.out_file, default=None, help="write every step's record here (JSON Lines)")
     p.add_argument("--json", action="store_true")
+    add_target_arguments(p)
 
 
 def pool_blocks(model: Any, args: argparse.Namespace) -> int:
@@ -71,6 +74,9 @@ def run_serve(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from kvviz.hostinfo import cpu_name
     from kvviz.safeio import save_results
 
+    if args.target is not None:
+        return run_serve_target(args)  # a running server instead of kvviz's engine (kvviz/cli/target_cli.py)
+    args.arrival = args.arrival or "steps"
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, device="cpu", dtype=args.dtype)
