@@ -223,3 +223,14 @@ def test_the_calculator_imports_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_generation_never_imports_strategy() -> None:
+    """strategy/ (beam search, speculative decoding) builds on generation/ (the stream base, the
+    request); the API that opens either stream (engine/api.py) sits above both, so the two folders
+    form no circle (issue 38)."""
+    mods = modules(ROOT)
+    back = [f"{name}:{line} imports {target}" for name, path in mods.items()
+            if name.startswith("kvviz.engine.generation.")
+            for target, line in imports_of(name, path, set(mods)) if target.startswith("kvviz.engine.strategy")]
+    assert back == []
