@@ -1,6 +1,6 @@
 """kvviz: see how an LLM generates text, and why the KV cache matters.
 
-The public API is resolved on first use, so ``import kvviz.memory`` (the calculator, pure
+The public API is resolved on first use, so ``import kvviz.calculator`` (the calculator, pure
 Python) never imports torch. That is safe because no submodule shares an API name: the
 generation API lives in ``kvviz.engine.api``, so ``kvviz.generate`` is always the function
 (tests/engine/test_generate.py holds that).
@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _API: dict[str, str] = {
-    "load_model": "kvviz.engine.loading.loader",
+    "load_model": "kvviz.engine.loaded",
     "LoadedModel": "kvviz.engine.loading.loader",
     "KVVizError": "kvviz.errors",
     "Run": "kvviz.engine.generation.events",

@@ -125,7 +125,7 @@ def calculator_table(models: Iterable[str], seq_lens: Iterable[int], kv_dtype: s
     import pandas as pd
 
     from kvviz.engine.loading.loader import builtin_shapes
-    from kvviz.memory import CalcError, MemoryRequest, builtin_specs, calculate, find_preset, with_builtins
+    from kvviz.calculator import CalcError, MemoryRequest, builtin_specs, calculate, find_preset, with_builtins
     from kvviz.units import fmt_bytes
 
     shapes, shipped = builtin_shapes()

@@ -26,7 +26,7 @@ from kvviz.engine.loading.save import save_model
 from kvviz.errors import KVVizError
 from kvviz.evaluate import bits_per_byte
 from kvviz.hostinfo import available_memory_bytes, cpu_name
-from kvviz.engine.models.config import GPTConfig, show
+from kvviz.engine.models.gpt2_config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.safeio import describe_path, kind_of, pseudo_fs, read_maybe_gzip, save_results, write_atomic
 from kvviz.units import fmt_bytes

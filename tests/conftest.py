@@ -14,9 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from kvviz.engine.loading.loader import LoadedModel, load_model, wrap_model  # noqa: E402
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import load_model, wrap_model  # noqa: E402
 from suite_markers import starts_a_process  # noqa: E402
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT  # noqa: E402
 from kvviz.engine.models.llama import Llama, LlamaConfig  # noqa: E402
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer  # noqa: E402

@@ -39,7 +39,7 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
     from kvviz.engine.generation.specs import CacheSpec
     from kvviz.engine.sessions.conversation import Conversation
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
 
     sampling = sampling_from_args(args, parser)
     empty = [i + 1 for i, t in enumerate(args.turn) if not t.strip()]

@@ -73,3 +73,33 @@ def eval_text(s: dict[str, Any]) -> str:
             f"top-1 agreement {s['top1_agreement']:.1%}"
             + ("" if first is None else f" (first disagreement at token {first})")
             + f"; cache {fmt_bytes(s['cache_bytes'])} vs {fmt_bytes(s['full_cache_bytes'])}")
+
+
+def add_curves_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--tokens", type=types.token_count, default=1024, help="held-out tokens to score")
+    p.add_argument("--window", type=types.token_count, default=128)
+    p.add_argument("--sinks", type=types.sinks, default=4)
+    p.add_argument("--bins", type=types.bins, default=16)
+    p.add_argument("--out", type=types.out_file, default=None, help="also write the JSON here")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--json", action="store_true")
+
+
+def run_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    import json
+
+    from kvviz.engine.loaded import load_model
+    from kvviz.measure.kv_curves import measure  # imported when run: the measurement needs torch
+    from kvviz.safeio import prepare_out, save_results
+
+    if args.out is not None:
+        prepare_out(args.out)
+    model = load_model(args.model, device=args.device)
+    res = measure(model, args.tokens, args.window, args.sinks, args.bins)
+    if args.out is not None:
+        save_results(args.out, json.dumps(res, indent=1) + "\n")
+    lines = [f"{k}: perplexity {v:.3f}" for k, v in res["perplexity"].items()]
+    lines += [f"{k} KV: perplexity {v['perplexity']:.3f}, top-1 agreement {v['top1_agreement']:.1%}"
+              for k, v in res["kv_dtypes"].items()]
+    return res, "\n".join(lines)

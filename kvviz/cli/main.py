@@ -102,7 +102,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
     from kvviz.engine.api import iter_generate
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.fast.heap import freeze_long_lived
     from kvviz.cli.kv_cli import asked, cache_report, cache_text
 
@@ -161,7 +161,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, load_model
+    from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS
+    from kvviz.engine.loaded import load_model
     from kvviz.evaluate import bits_per_byte, read_eval_text
 
     from kvviz.cli.kv_cli import asked, eval_text
@@ -257,9 +258,9 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "kvviz.cli.chat_cli:add_chat_arguments", "kvviz.cli.chat_cli:run_chat", with_parser=True,
                partial_error=True),
     Subcommand("bench", "tokens/s: kvviz cached vs uncached vs transformers",
-               "kvviz.measure.bench:add_bench_arguments", "kvviz.measure.bench:run_bench"),
+               "kvviz.cli.bench_cli:add_bench_arguments", "kvviz.cli.bench_cli:run_bench"),
     Subcommand("bench-spec", "wall-clock: speculative decoding (prompt lookup) vs plain greedy",
-               "kvviz.measure.spec_bench:add_spec_bench_arguments", "kvviz.measure.spec_bench:run_spec_bench"),
+               "kvviz.cli.bench_cli:add_spec_bench_arguments", "kvviz.cli.bench_cli:run_spec_bench"),
     Subcommand("memory", "KV-cache memory for a model config",
                "kvviz.cli.memory_cli:add_memory_arguments", "kvviz.cli.memory_cli:run_memory"),
     Subcommand("eval", "bits per byte of a model on a text file",
@@ -267,7 +268,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("train", "train the byte-level GPT on a corpus",
                "kvviz.cli.main:add_train_arguments", "kvviz.cli.main:run_train"),
     Subcommand("kv-curves", "perplexity by position: full vs window vs sinks + window; per KV dtype",
-               "kvviz.measure.kv_curves:add_curves_arguments", "kvviz.measure.kv_curves:run_curves"),
+               "kvviz.cli.kv_cli:add_curves_arguments", "kvviz.cli.kv_cli:run_curves"),
     Subcommand("export", "write a model as a folder transformers and vLLM load (--format hf)",
                "kvviz.cli.server_cli:add_export_arguments", "kvviz.cli.server_cli:run_export"),
     Subcommand("watch", "a running vLLM / SGLang / llama.cpp server's KV cache and queues, from its /metrics",

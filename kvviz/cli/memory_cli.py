@@ -1,7 +1,7 @@
-"""``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.memory.
+"""``python -m kvviz memory``: argparse glue around the torch-free calculator in kvviz.calculator.
 
-This layer may import the engine; kvviz.memory may not. So kvviz's own model shapes are read
-here (``engine.loading.loader.builtin_shapes``) and handed to ``kvviz.memory.builtin_specs``; the page does the same.
+This layer may import the engine; kvviz.calculator may not. So kvviz's own model shapes are read
+here (``engine.loading.loader.builtin_shapes``) and handed to ``kvviz.calculator.builtin_specs``; the page does the same.
 """
 from __future__ import annotations
 
@@ -12,23 +12,23 @@ from typing import Any
 import kvviz.cli.argtypes as types
 from kvviz.cli.argtypes import int_in
 from kvviz.errors import KVVizError
-from kvviz.memory.engine_llamacpp import CACHE_TYPES
-from kvviz.memory.engine_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
-from kvviz.memory.engine_log import (
+from kvviz.calculator.server_llamacpp import CACHE_TYPES
+from kvviz.calculator.server_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
+from kvviz.calculator.server_log import (
     MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, reconcile_text, settings_from_log,
 )
-from kvviz.memory.formulas import weight_bytes
-from kvviz.memory.engine_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
-from kvviz.memory.engine_vllm_defaults import DEVICES, default_block_size
-from kvviz.memory.engine_vllm_kv import KV_DTYPES as VLLM_KV_DTYPES
-from kvviz.memory.engines import ENGINES, EngineRequest, engine_report, estimate_parts
-from kvviz.memory import (
+from kvviz.calculator.formulas import weight_bytes
+from kvviz.calculator.server_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
+from kvviz.calculator.server_vllm_defaults import DEVICES, default_block_size
+from kvviz.calculator.server_vllm_kv import KV_DTYPES as VLLM_KV_DTYPES
+from kvviz.calculator.servers import ENGINES, EngineRequest, engine_report, estimate_parts
+from kvviz.calculator import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DEFAULT_RESERVE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH,
     MAX_SEQ_LEN, MAX_TP, SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError, MemoryRequest, ModelSpec, builtin_specs,
     cache_window_problems, calculate, find_preset, load_config_file, load_gpus, summary_text, with_builtins,
     with_cache_window,
 )
-from kvviz.memory.spec import MAX_BEAMS, MAX_BLOCK_SIZE, MAX_GROUP_SIZE
+from kvviz.calculator.spec import MAX_BEAMS, MAX_BLOCK_SIZE, MAX_GROUP_SIZE
 
 def all_presets() -> dict[str, ModelSpec]:
     """Published presets first, then kvviz's own models."""
@@ -110,7 +110,7 @@ def _gib_list(text: str) -> tuple[float, ...]:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """--engine and the serve flags that decide each engine's sizing (see kvviz.memory.engines)."""
+    """--engine and the serve flags that decide each engine's sizing (see kvviz.calculator.servers)."""
     g = p.add_argument_group("engine sizing (vLLM, llama.cpp, SGLang)")
     g.add_argument("--engine", choices=ENGINES, help="size the KV cache as this engine allocates it")
     g.add_argument("--kv-cache-dtype", choices=tuple(dict.fromkeys((*DTYPES, *VLLM_KV_DTYPES))), metavar="DTYPE",

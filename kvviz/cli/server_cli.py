@@ -43,7 +43,7 @@ def _export_folder_problem(out: Path, overwrite: bool) -> str | None:
 
 
 def run_export(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.engine.loading.save import export_hf
 
     out = Path(args.out)
@@ -84,9 +84,9 @@ def add_watch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from kvviz.memory.hf_config import load_config_file
-    from kvviz.memory.presets import find_preset, load_presets
-    from kvviz.memory.spec import CalcError
+    from kvviz.calculator.hf_config import load_config_file
+    from kvviz.calculator.presets import find_preset, load_presets
+    from kvviz.calculator.spec import CalcError
 
     try:
         if args.config:
@@ -137,7 +137,7 @@ def describe(snap: Any, rates: Any = None) -> str:
 
 
 def run_watch(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.memory.presets import load_presets
+    from kvviz.calculator.presets import load_presets
     from kvviz.watch.scrape import parse_target
     from kvviz.watch.server_metrics import rates
     from kvviz.watch.watch import read_server

@@ -1,7 +1,7 @@
 """The accelerator: the same maths as the readable models, run faster, held beside them.
 
 ``build(net)`` returns an accelerator for a loaded (frozen) model, or None for a family it does
-not know. ``engine.loading.loader`` builds one when a model is loaded; the loop uses it only
+not know. ``engine.loaded`` builds one when a model is loaded; the loop uses it only
 when asked (``fast=True``, the default), so switching it off runs the readable model alone.
 Nothing here is required: without a C compiler the accelerator keeps its PyTorch-op path.
 """
@@ -14,7 +14,7 @@ import torch.nn as nn
 from kvviz.engine.models.gemma3 import Gemma3
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama
-from kvviz.fast.blockdot import BlockCodes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.gemma3_flat import FastGemma3
 from kvviz.fast.gpt2_flat import FastGPT2
 from kvviz.fast.llama_codes import FastLlamaCodes

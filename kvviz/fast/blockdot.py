@@ -1,6 +1,7 @@
 """Matmuls over weights kept as a GGUF file keeps them: int8 codes with a scale per block.
 
-``BlockCodes`` is one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
+``BlockCodes`` (file data: it lives with the GGUF code reader, ``engine/loading/gguf_codes.py``) is
+one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
 - minv[r, i // block]``, each value exactly what gguf's dequantizer gives for it
 (``engine/loading/gguf_codes.py`` builds them from the file's blocks). ``BlockDot`` multiplies a
 few fp32 rows by one or more of them side by side, through ``csrc/blockdot.c``: a decode step of a
@@ -19,41 +20,11 @@ from typing import Mapping, Sequence
 
 import torch
 
+from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
 BLOCKS = (16, 32)  # the block sizes the kernel reads: Q6_K's scales cover 16 weights, the rest 32
-
-
-@dataclass(frozen=True)
-class BlockCodes:
-    """One (out, in) weight as int8 codes with an fp32 scale, and optionally an offset, per block."""
-
-    codes: torch.Tensor  # (out, in) int8
-    scale: torch.Tensor  # (out, in // block) fp32
-    minv: torch.Tensor | None  # (out, in // block) fp32, or None: no offsets
-    block: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes + self.scale.nbytes + (self.minv.nbytes if self.minv is not None else 0)
-
-    def weight(self) -> torch.Tensor:
-        """The fp32 (out, in) matrix, each value computed as gguf's dequantizer computes it:
-        scale * code rounded, then the offset subtracted and rounded."""
-        out, n_in = self.shape
-        w = self.codes.view(out, -1, self.block).float() * self.scale.unsqueeze(-1)  # (out, nb, block)
-        if self.minv is not None:
-            w = w - self.minv.unsqueeze(-1)
-        return w.reshape(out, n_in)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) @ W^T through PyTorch on the rebuilt weight: the kernel's maths, slowly."""
-        return torch.nn.functional.linear(x, self.weight())
 
 
 class _Spec(ctypes.Structure):

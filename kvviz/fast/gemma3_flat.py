@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, layer_inputs, softcap
-from kvviz.fast.blockdot import BlockCodes, BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
 

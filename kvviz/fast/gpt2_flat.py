@@ -31,7 +31,7 @@ from kvviz.fast.rowops import RowLinear, row_linear
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
     from kvviz.engine.generation.capture import ForwardCapture
-    from kvviz.engine.models.config import GPTConfig
+    from kvviz.engine.models.gpt2_config import GPTConfig
     from kvviz.engine.models.gpt2 import GPT, Conv1D
 
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from kvviz.engine.models.llama import Llama, apply_rope, forward_mask
-from kvviz.fast.blockdot import BlockCodes, BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache, opt
 from kvviz.fast.rowops import RowDot, row_dot
 

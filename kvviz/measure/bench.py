@@ -27,9 +27,7 @@ transformers here.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import platform
 import tempfile
@@ -41,14 +39,12 @@ from typing import Any, Callable
 
 import torch
 
-import kvviz.cli.argtypes as types
 from kvviz.engine.api import generate
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.engine.generation.specs import CacheSpec
-from kvviz.engine.loading.loader import LoadedModel, load_model, resolve_device
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import export_hf_gpt2
-from kvviz.engine.loading.gemma3_package import INSTALL as GEMMA3_INSTALL, part_paths as gemma3_parts
-from kvviz.engine.loading.llama_loader import SMOLLM2_INSTALL, smollm2_path
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 from kvviz.fast import rowops
@@ -58,11 +54,6 @@ from kvviz.fast.llama_flat import Linear
 from kvviz.measure.bench_gemma3 import coded_matmuls, hf_gemma3, is_gemma3, on_codes
 from kvviz.measure.cpu_load import others_busy_cores, read_cpu
 from kvviz.hostinfo import cpu_name
-from kvviz.measure.sweeps import DOCUMENT
-from kvviz.safeio import prepare_out, save_results
-from kvviz.units import fmt_bytes
-
-DEFAULT_OUT = Path("bench-results") / "bench.json"
 
 
 @dataclass(frozen=True)
@@ -90,8 +81,6 @@ CASES = (
     Case("gemma3", 64, ("kvviz_static", "readable_static", "hf", "floor", "floor_fp32"), model="gemma3",
          prompt_text=STORY),
 )
-# The named models a plain `bench` skips, with a line saying how to install them, when absent.
-INSTALLS = {"smollm2": SMOLLM2_INSTALL, "gemma3": GEMMA3_INSTALL}
 # llama.cpp on SmolLM2's Q4_1 file (93.8 MiB streamed per token), on a 2-core CPU, by thread count,
 # as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
@@ -122,20 +111,6 @@ def _llama_cpp_runner(model: LoadedModel, prompt: list[int], n: int) -> Callable
                 break
         return out
     return run_llama_cpp
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=["tiny", "gpt2-small", "smollm2", "gemma3"],
-                   help="run only the cases of this model (smollm2 and gemma3 need their packages installed)")
-    p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs per variant (after one warm-up)")
-    p.add_argument("--prompt-len", type=types.token_count, default=16)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--quick", action="store_true", help="short runs (for smoke tests): 16 new tokens, 2 repeats")
-    p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    p.add_argument("--out", type=types.out_file, default=DEFAULT_OUT, help="where to write the JSON results")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--cache-sweep", metavar="NS", help="instead: cache vs no cache total time at these new-token "
-                   "counts (e.g. 16,64,256) on --model, against the seeds' claimed speedups")
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
@@ -365,86 +340,3 @@ RATIOS = (
     (None, "kvviz_static_bf16", LLAMA_CPP),  # measured; the quoted figure otherwise
     (None, "kvviz_static", LLAMA_CPP),
 )
-
-
-def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    prepare_out(args.out, DEFAULT_OUT)  # before minutes of measuring, not after
-    if args.cache_sweep:
-        return _run_cache_sweep(args)
-    cases = [c for c in CASES if args.model in (None, c.shape)]
-    skipped = []
-    for name, how in INSTALLS.items():
-        if args.model is None and not _installed(name):  # asked for by name, it fails loudly instead
-            cases = [c for c in cases if c.model != name]
-            skipped.append(f"{name} (not installed: {how})")
-    repeats = 2 if args.quick else args.repeats
-    results = [bench_case(c, repeats, args.prompt_len, args.device, not args.no_hf,
-                          16 if args.quick else None) for c in cases]
-    dev = resolve_device(args.device)
-    obj = {"machine": machine_info(dev), "repeats": repeats, "results": results, "skipped": skipped,
-           "method": "wall-clock tokens/s, median of interleaved runs after one warm-up; greedy, batch 1"}
-    save_results(args.out, json.dumps(obj, indent=2) + "\n")
-    obj["out"] = str(args.out)
-    return obj, format_table(obj)
-
-
-def _run_cache_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.measure.cache_sweep import cache_sweep, format_sweep, parse_ns
-
-    ns = parse_ns(args.cache_sweep)
-    case = next(c for c in CASES if c.shape == (args.model or "smollm2"))
-    model = load_model(case.model or f"random:{case.shape}", device=args.device)
-    res = cache_sweep(model, DOCUMENT, ns, 2 if args.quick else args.repeats)
-    obj = {"machine": machine_info(resolve_device(args.device)), "cache_sweep": res}
-    save_results(args.out, json.dumps(obj, indent=2) + "\n")
-    obj["out"] = str(args.out)
-    m = obj["machine"]
-    head = f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)\n"
-    return obj, head + format_sweep(res)
-
-
-def _installed(model: str) -> bool:
-    """Whether a named model's packages are there (found, not joined or loaded)."""
-    try:
-        gemma3_parts() if model == "gemma3" else smollm2_path()
-    except KVVizError:
-        return False
-    return True
-
-
-def format_table(obj: dict[str, Any]) -> str:
-    m = obj["machine"]
-    lines = [f"machine: {m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)"
-             f" · device {m['device']}{' · ' + m['gpu'] if 'gpu' in m else ''}",
-             f"one-row kernel: {m.get('row_kernel', 'n/a')}",
-             f"median of {obj['repeats']} interleaved runs (min-max), greedy, batch 1", ""]
-    lines.append(f"{'shape':<11} {'new':>4}  {'variant':<15} {'tok/s':>9}  {'min-max':>17}  same tokens")
-    for r in obj["results"]:
-        for v, d in r["variants"].items():
-            same = {True: "yes", False: "NO", None: "-"}[d["tokens_match"]]
-            lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<15} {d['tok_s_median']:>9.1f}  "
-                         f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {same}")
-        if not r.get("accelerator", True):
-            lines.append(f"{'':<11} {'':>4}  kvviz_static = the readable model: kvviz.fast has no {r['shape']} step")
-        for v, d in r["variants"].items():
-            if "weight_bytes" in d:
-                lines.append(f"{'':<11} {'':>4}  {v} = weight matmuls only: {fmt_bytes(d['weight_bytes'])} per "
-                             f"token at {d['GB_s_median']:.1f} GB/s")
-            if "same_tokens_before_divergence" in d:
-                lines.append(f"{'':<11} {'':>4}  {v}: other weights ({d['dtype']}); the first "
-                             f"{d['same_tokens_before_divergence']} tokens equal kvviz_static's")
-        if "quoted" in r:
-            q = r["quoted"]
-            lines.append(f"{'':<11} {'':>4}  quoted, not measured: llama.cpp Q4_1 at {q['threads']} thread(s) "
-                         f"{q['llama_cpp_q4_1_tok_s']:.0f} tok/s (issue 17)")
-        if "others_busy_cores" in r:
-            lines.append(f"{'':<11} {'':>4}  other processes kept {r['others_busy_cores']:.2f} cores busy meanwhile")
-        for k, val in r["ratios"].items():
-            spread = r["ratio_spread"][k]
-            lines.append(f"{'':<11} {'':>4}  ratio {k}: {val:.2f}x "
-                         f"(repeat by repeat {spread['min']:.2f}-{spread['max']:.2f}x)")
-        lines.append("")
-    for s in obj.get("skipped", []):
-        lines.append(f"skipped: {s}")
-    lines.append(f"JSON written to {obj.get('out', '')}")
-    return "\n".join(lines)

@@ -15,7 +15,8 @@ from typing import Any
 
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.models.gemma3 import SLIDING, Gemma3
-from kvviz.fast.blockdot import BlockCodes, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import Group, block_dot, matching_codes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.gemma3_flat import groups
 from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_codes import groups as llama_groups

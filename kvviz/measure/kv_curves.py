@@ -6,8 +6,6 @@ short version on demand. Held-out text: the tail of the shipped Tiny Shakespeare
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from typing import Any, Callable
@@ -17,7 +15,7 @@ from kvviz.engine.kvcache.kv_spec import rotates_keys
 from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import by_position, compare, nll_through_cache
-from kvviz.safeio import prepare_out, read_maybe_gzip, save_results
+from kvviz.safeio import read_maybe_gzip
 
 TAIL_BYTES = 40_000  # the corpus tail the text is taken from (the model never trained on it: SmolLM2)
 MAX_CURVE_TOKENS = 4096
@@ -64,31 +62,3 @@ def measure(model: LoadedModel, tokens: int = 1024, window: int = 128, sinks: in
         say(f"{dt}: teacher-forcing {tokens} tokens beside full precision")
         out["kv_dtypes"][dt] = compare(model, ids, kv_spec(model, dt, track_errors=True), chunk=chunk).summary()
     return out
-
-
-def add_curves_arguments(p: argparse.ArgumentParser) -> None:
-    import kvviz.cli.argtypes as types
-
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--tokens", type=types.token_count, default=1024, help="held-out tokens to score")
-    p.add_argument("--window", type=types.token_count, default=128)
-    p.add_argument("--sinks", type=types.sinks, default=4)
-    p.add_argument("--bins", type=types.bins, default=16)
-    p.add_argument("--out", type=types.out_file, default=None, help="also write the JSON here")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--json", action="store_true")
-
-
-def run_curves(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.loading.loader import load_model
-
-    if args.out is not None:
-        prepare_out(args.out)
-    model = load_model(args.model, device=args.device)
-    res = measure(model, args.tokens, args.window, args.sinks, args.bins)
-    if args.out is not None:
-        save_results(args.out, json.dumps(res, indent=1) + "\n")
-    lines = [f"{k}: perplexity {v:.3f}" for k, v in res["perplexity"].items()]
-    lines += [f"{k} KV: perplexity {v['perplexity']:.3f}, top-1 agreement {v['top1_agreement']:.1%}"
-              for k, v in res["kv_dtypes"].items()]
-    return res, "\n".join(lines)

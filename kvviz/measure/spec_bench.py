@@ -13,12 +13,8 @@ wrong, and each verify forward feeds several tokens for one token of output).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -26,13 +22,8 @@ from kvviz.engine.generation.events import Run
 from kvviz.engine.api import generate
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.engine.generation.specs import Speculative
-from kvviz.engine.loading.loader import LoadedModel, load_model
-from kvviz.fast.heap import freeze_long_lived
-from kvviz.measure.cpu_load import others_busy_cores, read_cpu
-from kvviz.hostinfo import cpu_name
-from kvviz.safeio import prepare_out, save_results
+from kvviz.engine.loading.loader import LoadedModel
 
-DEFAULT_OUT = Path("bench-results") / "spec.json"
 
 CODE = '''def summarize(orders):
     total = 0
@@ -120,51 +111,3 @@ def compare_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repe
                          plain.generated_ids == spec.generated_ids, sp.drafted, sp.accepted, sp.forwards,
                          sp.forwards_saved, sum(len(s.drafted) + 1 for s in sp.steps[1:]))
     return got, plain, spec
-
-
-def add_spec_bench_arguments(p: argparse.ArgumentParser) -> None:
-    import kvviz.cli.argtypes as types
-
-    p.add_argument("--model", default="smollm2", help="default | smollm2 | random:NAME | a folder")
-    p.add_argument("--repeats", type=types.repeats, default=5, help="timed runs of each (after one warm-up)")
-    p.add_argument("--max-new-tokens", type=types.token_count, default=64)
-    p.add_argument("--draft-tokens", type=types.draft_tokens, default=10)
-    p.add_argument("--ngram", type=types.ngram, default=2)
-    p.add_argument("--ignore-eos", action="store_true",
-                   help="run both to --max-new-tokens through EOS (every run the same length)")
-    p.add_argument("--threads", type=types.threads, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--out", type=types.out_file, default=DEFAULT_OUT, help="where to write the JSON results")
-    p.add_argument("--json", action="store_true")
-
-
-def run_spec_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    import torch
-
-    prepare_out(args.out, DEFAULT_OUT)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model = load_model(args.model, device="cpu")
-    freeze_long_lived()
-    before = read_cpu()
-    results = {name: compare(model, text, args.max_new_tokens, args.repeats, args.draft_tokens, args.ngram,
-                             ignore_eos=args.ignore_eos)
-               for name, text in PROMPTS.items()}
-    after = read_cpu()
-    busy = None if before is None or after is None else round(others_busy_cores(before, after,
-                                                                                os.sysconf("SC_CLK_TCK")), 2)
-    obj = {"model": model.name, "cpu": cpu_name(), "torch_threads": torch.get_num_threads(),
-           "others_busy_cores": busy, "repeats": args.repeats,
-           "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
-           "draft_tokens": args.draft_tokens, "ngram": args.ngram,
-           "results": {k: v.to_dict() for k, v in results.items()}, "out": str(args.out)}
-    save_results(args.out, json.dumps(obj, indent=1) + "\n")
-    lines = [f"{model.name}: plain greedy vs prompt-lookup speculation ({args.draft_tokens} drafts, n-gram "
-             f"{args.ngram}), medians of {args.repeats}, {obj['torch_threads']} threads; other processes kept "
-             f"{busy} cores busy meanwhile"]
-    for name, r in obj["results"].items():
-        rate = "n/a" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.0%}"
-        lines.append(f"  {name:10s} plain {r['plain_tok_s']:6.1f} tok/s  speculative {r['spec_tok_s']:6.1f} tok/s  "
-                     f"x{r['speedup']:.2f}  accepted {r['accepted']}/{r['drafted']} ({rate})  "
-                     f"forwards {r['forwards']} for {r['tokens']} tokens ({r['fed_per_decode_forward']:.1f} fed per decode "
-                     f"forward)  same tokens: {r['same_tokens']}")
-    return obj, "\n".join(lines)

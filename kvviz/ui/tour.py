@@ -44,9 +44,9 @@ class TourStep:
 
 
 def _big_model_line() -> str:
-    """The calculator's answer for a 70B model at a long context (pure Python, kvviz.memory)."""
+    """The calculator's answer for a 70B model at a long context (pure Python, kvviz.calculator)."""
     try:
-        from kvviz.memory import MemoryRequest, calculate, find_preset, load_presets
+        from kvviz.calculator import MemoryRequest, calculate, find_preset, load_presets
 
         spec = find_preset(BIG_MODEL, load_presets())
         res = calculate(spec, MemoryRequest(seq_len=BIG_CONTEXT, kv_dtype="fp16"))

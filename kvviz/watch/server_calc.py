@@ -1,7 +1,7 @@
 """The calculator beside a live server: what its pool holds in tokens, and what "usage %" means.
 
 vLLM reports its pool in blocks (``cache_config_info``: ``num_gpu_blocks``, ``block_size``). kvviz's
-vLLM rules (``kvviz.memory.engine_vllm``) turn blocks into KV tokens and a maximum concurrency for
+vLLM rules (``kvviz.calculator.server_vllm``) turn blocks into KV tokens and a maximum concurrency for
 the served ``max_model_len`` from the model's config: the memory that gives exactly that many blocks is
 blocks x page x layers per group, so the sizing is the engine's own arithmetic, not an estimate.
 SGLang and llama.cpp report their pool in tokens; the concurrency is then tokens // max_model_len.
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
-from kvviz.memory.spec import CalcError, ModelSpec
+from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
+from kvviz.calculator.spec import CalcError, ModelSpec
 from kvviz.watch.server_metrics import Reading
 
 _SUFFIXES = ("-instruct", "-it", "-chat", "-base", "-hf")

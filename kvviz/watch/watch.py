@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvviz.memory.spec import ModelSpec
+from kvviz.calculator.spec import ModelSpec
 from kvviz.watch.scrape import DEFAULT_TIMEOUT_S, ScrapeError, Target, fetch_json, fetch_text
 from kvviz.watch.server_calc import ServerCalc, match_preset, server_calc
 from kvviz.watch.server_metrics import Reading, read_metrics

@@ -85,7 +85,7 @@ def test_live_page_against_a_real_vllm_under_load(browser, app_url: str, tmp_pat
 
     if missing_reason():
         pytest.skip(missing_reason())
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.engine.loading.save import export_hf
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "watch"))

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from kvviz.engine.api import generate
-from kvviz.engine.loading.loader import LoadedModel, NoTokenizer, load_model
+from kvviz.engine.loading.loader import LoadedModel, NoTokenizer
+from kvviz.engine.loaded import load_model
 from kvviz.errors import KVVizError
 from accel_checks import randomize
 from kvviz import Beam, CacheSpec

@@ -12,7 +12,7 @@ from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.units import kv_bytes_per_token
 from kvviz.engine.loading.loader import LoadedModel
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz import CacheSpec
 
 DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2), "fp16": (torch.float16, 2)}

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 
 import kvviz
 from kvviz.engine.loading import loader as checkpoints
-from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import save_model
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz import SamplingParams
@@ -33,6 +34,18 @@ def test_random_tiny_shape_and_seeded_weights(random_models: dict[str, LoadedMod
     assert isinstance(tiny.tokenizer, ByteTokenizer) and tiny.has_tokenizer
     assert tiny.name == "random:tiny" and tiny.dtype_name == "fp32" and tiny.device.type == "cpu"
     assert not tiny.model.training and not any(p.requires_grad for p in tiny.model.parameters())
+
+
+def test_the_loader_returns_the_readable_model_and_load_model_adds_the_accelerator() -> None:
+    """Loaders return the readable model; engine/loaded.py, above them and kvviz.fast, builds the
+    accelerator (issue 38): the same weights either way, and what loading cost is stamped once."""
+    readable = checkpoints.load_readable("random:tiny")
+    assert readable.fast is None and "load_seconds" not in readable.info
+    loaded = load_model("random:tiny")
+    assert type(loaded.fast).__name__ == "FastGPT2" and loaded.info["load_seconds"] > 0
+    assert loaded.info["weights_bytes"] == sum(p.nbytes for p in loaded.model.parameters())  # tied head counted once
+    assert all(torch.equal(a, b) for a, b in zip(readable.model.state_dict().values(), loaded.model.state_dict().values()))
+    assert kvviz.load_model is load_model
 
 
 def test_gpt2_small_shape_is_gpt2s() -> None:

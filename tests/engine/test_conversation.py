@@ -119,7 +119,7 @@ def test_bad_input_is_named_and_nothing_is_lost(chat_llama: LoadedModel,
 
 def _cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], model: LoadedModel,
          *args: str) -> dict[str, Any]:
-    import kvviz.engine.loading.loader as load
+    import kvviz.engine.loaded as load
 
     cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
 
@@ -147,7 +147,7 @@ def test_cli_json_equalities(chat_llama: LoadedModel, monkeypatch: pytest.Monkey
 
 def test_cli_bad_input(chat_llama: LoadedModel, monkeypatch: pytest.MonkeyPatch,
                        capsys: pytest.CaptureFixture[str]) -> None:
-    import kvviz.engine.loading.loader as load
+    import kvviz.engine.loaded as load
 
     cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
 
@@ -169,7 +169,7 @@ def test_cli_keeps_the_answered_turns_when_a_later_one_fails(chat_llama: LoadedM
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    import kvviz.engine.loading.loader as load
+    import kvviz.engine.loaded as load
 
     cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
 

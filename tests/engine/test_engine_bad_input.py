@@ -20,9 +20,10 @@ import torch
 
 import kvviz
 from kvviz import KVVizError, LoadedModel
-from kvviz.engine.models.config import BOUNDS, MAX_PARAMS, GPTConfig
+from kvviz.engine.models.gpt2_config import BOUNDS, MAX_PARAMS, GPTConfig
 from kvviz.engine.generation.diagnose import NonFiniteLogits
-from kvviz.engine.loading.loader import config_from_json, load_model, read_config
+from kvviz.engine.loading.loader import config_from_json, read_config
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import save_model
 from kvviz.engine.generation.sampling import SamplingParams, sample
 from kvviz.safeio import MAX_JSON_DEPTH, json_depth, parse_json, read_bounded
@@ -83,7 +84,7 @@ def test_every_config_field_is_typed_and_bounded(patch: dict[str, Any], needle: 
 def test_the_bounds_admit_real_models() -> None:
     xl = GPTConfig(vocab_size=50257, block_size=1024, n_layer=48, n_head=25, n_embd=1600)  # GPT-2 XL
     assert xl.n_layer <= BOUNDS["n_layer"]
-    from kvviz.engine.models.config import approx_params
+    from kvviz.engine.models.gpt2_config import approx_params
     assert 1.5e9 < approx_params(xl) < MAX_PARAMS
 
 
@@ -268,7 +269,7 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
     gpt.load_state_dict(m.model.state_dict())
     with torch.no_grad():
         gpt.transformer.h[1].ln_2.weight.fill_(3e38)  # its MLP input overflows to inf
-    from kvviz.engine.loading.loader import wrap_model
+    from kvviz.engine.loaded import wrap_model
 
     return wrap_model(gpt.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
 

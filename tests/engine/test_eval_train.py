@@ -17,10 +17,11 @@ import torch.nn.functional as F
 import kvviz
 
 from kvviz import train as train_mod
-from kvviz.engine.loading.loader import LoadedModel, wrap_model
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import wrap_model
 from kvviz.cli.main import main
 from kvviz.evaluate import bits_per_byte
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.loading.loader import load_model
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import export_hf
 from kvviz.errors import KVVizError
 

@@ -16,7 +16,8 @@ import kvviz
 import kvviz.fast.llama_flat
 from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
 from kvviz.engine.generation.capture import Capture, ForwardCapture
-from kvviz.engine.loading.loader import LoadedModel, wrap_model
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.llama import Llama, LlamaConfig, rope_tables
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops

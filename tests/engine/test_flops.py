@@ -14,7 +14,7 @@ from kvviz.engine.kvcache.dense import StaticKVCache
 from kvviz.units import kv_bytes_per_token
 from kvviz.engine.loading.loader import RANDOM_SHAPES, LoadedModel
 from kvviz.engine.generation.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz import CacheSpec
 

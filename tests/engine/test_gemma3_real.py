@@ -91,9 +91,9 @@ def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str,
     assert sliding <= 33 < full  # at most ceil(511 / 16) + 1 blocks: the window's
     # At every step, each layer's live bytes equal the calculator's preset figure for that layer:
     # 15 sliding layers level off at 512 positions, the 3 global ones hold every position.
-    from kvviz.memory.formulas import layer_token_bytes, tokens_held
-    from kvviz.memory.presets import load_presets
-    from kvviz.memory.spec import MemoryRequest
+    from kvviz.calculator.formulas import layer_token_bytes, tokens_held
+    from kvviz.calculator.presets import load_presets
+    from kvviz.calculator.spec import MemoryRequest
 
     spec = load_presets()["gemma-3-270m"]
     fmt = MemoryRequest(seq_len=1, kv_dtype=gemma3.dtype_name).kv_format

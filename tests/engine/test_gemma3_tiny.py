@@ -9,7 +9,7 @@ import torch
 
 import kvviz
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.loading.loader import wrap_model
+from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.attention import sliding_mask
 from kvviz.engine.models.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config, param_shapes
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
@@ -219,9 +219,9 @@ def test_ring_reorder_moves_rows() -> None:
 def _calculator_layers(cfg: Gemma3Config, length: int, kv_dtype: str) -> list[int]:
     """The memory calculator's bytes per layer for this config at ``length`` tokens, through its
     public functions on the config as a Hugging Face config.json would state it."""
-    from kvviz.memory.formulas import layer_token_bytes, tokens_held
-    from kvviz.memory.hf_config import parse_config
-    from kvviz.memory.spec import MemoryRequest
+    from kvviz.calculator.formulas import layer_token_bytes, tokens_held
+    from kvviz.calculator.hf_config import parse_config
+    from kvviz.calculator.spec import MemoryRequest
 
     spec = parse_config({
         "model_type": "gemma3_text", "hidden_size": cfg.n_embd, "head_dim": cfg.head_dim,
@@ -253,9 +253,9 @@ def test_live_layer_bytes_equal_the_calculator_at_every_step() -> None:
 def test_real_gemma3_layer_bytes_equal_the_calculator(length: int) -> None:
     """The 270M's shapes (no weights): 15 sliding layers level off at 512 positions, 3 global grow.
     The cache is bf16, as the calculator's preset is counted in 16-bit floats."""
-    from kvviz.memory.presets import load_presets
-    from kvviz.memory.formulas import layer_token_bytes, tokens_held
-    from kvviz.memory.spec import MemoryRequest
+    from kvviz.calculator.presets import load_presets
+    from kvviz.calculator.formulas import layer_token_bytes, tokens_held
+    from kvviz.calculator.spec import MemoryRequest
 
     cfg = Gemma3Config(block_size=2048)
     cache = make_cache("static", cfg, 1, "cpu", torch.bfloat16)

@@ -15,7 +15,7 @@ import torch
 from kvviz.engine.loading import llama_loader
 from kvviz.engine.api import generate
 from kvviz.engine.loading.gguf_llama import load_gguf, tokenizer_metadata, unpermute_rope_rows
-from kvviz.engine.loading.loader import load_model
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.llama_loader import load_llama_gguf
 from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError

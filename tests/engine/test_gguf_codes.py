@@ -14,10 +14,10 @@ import torch
 gguf = pytest.importorskip("gguf")
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
-from kvviz.engine.loading.gguf_codes import PACKED_TYPES, block_codes  # noqa: E402
+from kvviz.engine.loading.gguf_codes import BlockCodes, block_codes, packed_types  # noqa: E402
 from kvviz.engine.loading.gguf_lite import LiteTensor  # noqa: E402
 from kvviz.fast import rowops  # noqa: E402
-from kvviz.fast.blockdot import BlockCodes, block_dot  # noqa: E402
+from kvviz.fast.blockdot import block_dot  # noqa: E402
 
 # Where each type keeps its fp16 fields (byte offsets in a block): overwritten with finite scales.
 F16_AT = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
@@ -34,7 +34,7 @@ def random_tensor(qtype: Q, out: int, n_in: int, seed: int = 0) -> LiteTensor:
     return LiteTensor("w", qtype, (out, n_in), blocks.reshape(out, -1))
 
 
-@pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
 def test_codes_rebuild_every_weight_as_gguf_dequantizes_it(qtype: Q) -> None:
     t = random_tensor(qtype, 24, 512)
     codes = block_codes(t)

@@ -18,7 +18,7 @@ from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.api import generate
 from kvviz.engine.loading.gguf_llama import load_gguf
 from kvviz.engine.loading.gguf_checks import SUPPORTED_LIST, model_family
-from kvviz.engine.loading.loader import load_model
+from kvviz.engine.loaded import load_model
 from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 

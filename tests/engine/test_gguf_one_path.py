@@ -121,11 +121,11 @@ def test_every_entry_point_gets_the_header_checks(tmp_path: Path, counts: dict[s
 
     # The app's picker label and the memory calculator's SmolLM2 config read files too.
     from kvviz.engine.loading import llama_loader
-    from kvviz.ui.pages.calculator import calculator_engine
+    from kvviz.ui.pages.calculator import calculator_measured
     from kvviz.ui.state import model_menu
 
     monkeypatch.setenv("KVVIZ_MODELS_DIR", str(tmp_path))
     assert model_menu.gguf_label("gguf:bad.gguf") == f"gguf:bad.gguf (unreadable: {message})"
     monkeypatch.setattr(llama_loader, "smollm2_path", lambda: bad)
-    assert calculator_engine._smollm2_config.__wrapped__() is None  # unreadable: the page shows no SmolLM2 row
+    assert calculator_measured._smollm2_config.__wrapped__() is None  # unreadable: the page shows no SmolLM2 row
     assert counts["scan"] == ["bad.gguf"] * (len(entries) + 2)

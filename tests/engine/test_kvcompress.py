@@ -16,7 +16,7 @@ from kvviz.engine.kvcache.kv_quant import (dequantize_fp8, dequantize_int, fp8_s
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare, nll_through_cache, plain_nll
-from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
+from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes
 from kvviz import CacheSpec
 from keyword_sets import request_kwargs
 

@@ -11,7 +11,7 @@ error, and int4's larger one.
 from __future__ import annotations
 
 from kvviz.engine.api import generate
-from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
+from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes
 from kvviz import CacheSpec
 
 PROMPT = "Once upon a time, there was a little"

@@ -16,7 +16,8 @@ import torch
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.generation.capture import Capture, ForwardCapture
 from kvviz.engine.api import generate
-from kvviz.engine.loading.loader import LoadedModel, load_model
+from kvviz.engine.loading.loader import LoadedModel
+from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.errors import KVVizError

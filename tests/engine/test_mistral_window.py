@@ -20,7 +20,7 @@ from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCac
 from kvviz.engine.kvcache.dense import layer_windows
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
-from kvviz.engine.loading.loader import wrap_model
+from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.errors import KVVizError
@@ -68,7 +68,7 @@ def test_every_layer_gets_the_window(pair: tuple[Any, kvviz.LoadedModel]) -> Non
     assert paged.groups.windows == (W,) and paged.groups.layers == ((0, 1, 2),)
     # Mistral 7B v0.1 in the calculator: 32 layers, each sliding 4096; the engine gives a config of
     # that shape the same windows.
-    from kvviz.memory.presets import load_presets
+    from kvviz.calculator.presets import load_presets
 
     spec = load_presets()["mistral-7b-v0.1"]
     big = LlamaConfig(vocab_size=32000, block_size=32768, n_layer=32, n_head=32, n_kv_head=8, n_embd=4096,
@@ -158,9 +158,9 @@ def test_quantized_rings_equal_the_same_quant_keeping_every_position(pair: tuple
 
 def test_generate_matches_transformers_and_bytes_level_off_as_the_calculator_says(
         pair: tuple[Any, kvviz.LoadedModel]) -> None:
-    from kvviz.memory.formulas import layer_token_bytes, tokens_held
-    from kvviz.memory.hf_config import parse_config
-    from kvviz.memory.spec import MemoryRequest
+    from kvviz.calculator.formulas import layer_token_bytes, tokens_held
+    from kvviz.calculator.hf_config import parse_config
+    from kvviz.calculator.spec import MemoryRequest
 
     hf, m = pair
     prompt = _ids(4, seed=8)[0].tolist()

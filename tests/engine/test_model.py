@@ -13,7 +13,7 @@ import kvviz
 from kvviz.engine.kvcache.dense import ConcatKVCache, StaticKVCache
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.generation.capture import ForwardCapture
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.fast.matmul import row_matmul
 from kvviz import CacheSpec

@@ -12,7 +12,7 @@ from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool
 from kvviz.engine.sessions.parallel_samples import ParallelSamples
 from kvviz.errors import KVVizError
-from kvviz.memory import KVFormat, ModelSpec, kv_bytes
+from kvviz.calculator import KVFormat, ModelSpec, kv_bytes
 from kvviz import CacheSpec, SamplingParams
 from keyword_sets import request_kwargs
 

@@ -108,7 +108,7 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     import json
 
     import kvviz.cli.main as cli
-    import kvviz.engine.loading.loader as load
+    import kvviz.engine.loaded as load
 
     cli.build_parser()  # import every subcommand first: a module imported under the patch keeps it
 
@@ -125,7 +125,7 @@ def test_smollm2_cli_ignore_eos_generates_64_and_text_drops_the_marker(
     """SmolLM2 answers "...Paris.<|im_end|>" in 8 tokens; --ignore-eos runs on to all 64 (the same 8
     first), and the plain-text output shows the answer without the end marker (JSON keeps it)."""
     import kvviz.cli.main as cli
-    import kvviz.engine.loading.loader as load
+    import kvviz.engine.loaded as load
 
     cli.build_parser()
     monkeypatch.setattr(load, "load_model", lambda *a, **k: smollm2)
@@ -174,7 +174,7 @@ def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:
 def test_smollm2_live_cache_bytes_equal_the_calculator_at_every_step(smollm2: LoadedModel) -> None:
     """The calculator's SmolLM2-135M preset (from its published config.json) and the live cache
     agree to the byte: used bytes at every step, allocated bytes for the whole context."""
-    from kvviz.memory import MemoryRequest, calculate, find_preset, load_presets
+    from kvviz.calculator import MemoryRequest, calculate, find_preset, load_presets
 
     spec = find_preset("smollm2-135m", load_presets())
     run = generate(smollm2, prompt="Hi", max_new_tokens=6, sampling=SamplingParams(greedy=True))

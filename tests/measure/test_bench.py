@@ -111,7 +111,7 @@ def test_floor_runs_every_weight_matmul_of_the_step(threads: int, monkeypatch: p
     uses: the C row kernel where it builds, else the split (2 threads) or plain GEMMs."""
     from kvviz.fast import rowops
     from kvviz.measure.bench import _floor_runner, weight_matmuls
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
 
     model = load_model("random:tiny")
     mats = weight_matmuls(model)
@@ -140,7 +140,7 @@ def test_a_llama_case_measures_both_engines_bf16_and_the_floors(tmp_path: Path,
     pytest.importorskip("transformers")
     from kvviz.fast import rowops
     from kvviz.measure.bench import Case, _floor_runner, bench_case
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     save_hf_llama = _engine_test("test_llama").save_hf_llama
 
     folder = tmp_path / "llama"
@@ -228,7 +228,7 @@ def test_cache_sweep_reports_medians_side_by_side(tmp_path: Path, capsys: pytest
         assert r["generated"] == r["new_tokens"]  # random weights never stop early here
     assert res["rows"][1]["seed_claim"] == [2.0, 5.0]  # 12 tokens: the seeds' "2-5x at 10-20"
     assert res["rows"][0]["seed_claim"] is None
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.measure.sweeps import DOCUMENT
 
     assert res["prompt_tokens"] == len(load_model("random:tiny").tokenizer.encode(DOCUMENT)) > 100

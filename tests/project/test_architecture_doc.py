@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 HEADING = re.compile(r"^`((?:kvviz/)[\w/]*/)`")
-PACKAGES = {"engine", "fast", "measure", "memory", "charts", "ui", "cli"}
+PACKAGES = {"engine", "fast", "measure", "calculator", "charts", "ui", "cli"}
 MODULE = re.compile(r"`([\w/]+\.py)`")
 
 

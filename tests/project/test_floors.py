@@ -19,15 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS: dict[str, int] = {
     # Floor 0: facts, bounds and this machine's name; pure Python, importable from anywhere.
     "kvviz.errors": 0, "kvviz.units": 0, "kvviz.limits": 0,
-    "kvviz.cli.argtypes": 0,  # argparse value types: the measurement modules declare their subcommands with them
     "kvviz.safeio": 0,  # bounded reads of user-named files and JSON
     "kvviz.hostinfo": 0,  # the CPU's name and free memory: the C kernels' build key and the benchmarks read it
     "kvviz.paths": 0,  # where the assets, the app script and its config are: a checkout's or an installed wheel's
     "kvviz.model_packages": 0,  # the model packages' pins, sizes and install command: the loaders' messages name it
-    "kvviz.memory": 1,  # the calculator: pure Python
+    "kvviz.calculator": 1,  # the calculator: pure Python
     "kvviz.watch": 1,  # a running server's /metrics read and sized with the calculator: pure Python, no torch
     # engine/models: the readable families (2) over their config and attention mask (1).
-    "kvviz.engine.models": 2, "kvviz.engine.models.config": 1, "kvviz.engine.models.attention": 1,
+    "kvviz.engine.models": 2, "kvviz.engine.models.gpt2_config": 1, "kvviz.engine.models.attention": 1,
     "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
     # engine/kvcache: the caches (2) over plain bookkeeping, tensor quantizers and the request (1).
     "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.block_pool": 1, "kvviz.engine.kvcache.kv_quant": 1,
@@ -37,15 +36,15 @@ FLOORS: dict[str, int] = {
     # diagnosis, FLOPs.
     "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
     "kvviz.engine.generation.stream_base": 5,
-    # engine/loading: the loaders (4) sit above the accelerator they attach (kvviz.fast, 3); the file
-    # readers below them fill a model family (2) or check bytes alone (1).
-    "kvviz.engine.loading": 4, "kvviz.engine.loading.gguf_llama": 2, "kvviz.engine.loading.safetensors_header": 2,
+    # engine/loading: checkpoints -> the readable model (2), beside the families they fill; the file
+    # readers that check bytes alone sit below (1). The accelerator (kvviz.fast, 3) is above them and
+    # engine/loaded.py (4) above both builds it: no loader imports kvviz.fast.
+    "kvviz.engine.loading": 2, "kvviz.engine.loaded": 4,
     "kvviz.engine.loading.gguf_checks": 1,
     "kvviz.engine.loading.gemma3_package": 1,  # Gemma 3's chunk packages joined and verified: files only
-    "kvviz.engine.loading.gemma3_gguf": 2,  # GGUF -> Gemma3Config + state dict: beside the model family
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
-    "kvviz.engine.loading.gguf_codes": 1,
-    "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check  # a quantized tensor's blocks as the block kernel's codes: bytes only
+    "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as BlockCodes, the block kernel's input: file data
+    "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check
     "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
     "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
     # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
@@ -53,7 +52,7 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
     # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
     "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
-    # The accelerator: built from a model (2), below the loader that attaches it (4); its kernels import no model.
+    # The accelerator: built from a model (2) by engine/loaded.py (4); its kernels import no model.
     "kvviz.fast": 3, "kvviz.fast.matmul": 1, "kvviz.fast.rowops": 1, "kvviz.fast.heap": 1, "kvviz.fast.common": 1,
     "kvviz.fast.blockdot": 1,
     "kvviz.charts": 2,  # pure Plotly
@@ -73,7 +72,7 @@ EMPTY_PACKAGES = ("kvviz.engine", "kvviz.engine.core", "kvviz.engine.serving", "
                   *(f"kvviz.ui.pages.{page}" for page in ("generate", "race", "prefill", "batching", "chat", "decoding",
                                                           "compress", "calculator", "live")))
 STREAMLIT_ALLOWED = ("kvviz.ui", "app")
-NO_TORCH = ("kvviz.memory", "kvviz.watch", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors",
+NO_TORCH = ("kvviz.calculator", "kvviz.watch", "kvviz.charts", "kvviz.units", "kvviz.engine.generation.flops", "kvviz.errors",
             "kvviz.safeio", "kvviz.limits", "kvviz.cli.argtypes", "kvviz.hostinfo", "kvviz.paths", "kvviz.model_packages")
 
 
@@ -179,12 +178,14 @@ def test_the_package_keeps_its_floors() -> None:
 
 
 @pytest.mark.parametrize("file,line,needle", [
-    ("kvviz/engine/models/config.py", "from kvviz.ui.state import run_store\n", "upward"),
+    ("kvviz/engine/models/gpt2_config.py", "from kvviz.ui.state import run_store\n", "upward"),
     ("kvviz/engine/kvcache/dense.py", "from kvviz.engine.api import generate\n", "upward"),
     ("kvviz/charts/run_charts.py", "import streamlit as st\n", "imports streamlit"),
     ("kvviz/units.py", "import torch\n", "imports torch"),
     ("kvviz/engine/generation/sampling.py", "from kvviz.engine.tokenize.tokenizer import Tokenizer\n", "import cycle"),
     ("kvviz/engine/brand_new.py", "x = 1\n", "no floor assigned"),
+    ("kvviz/engine/loading/loader.py", "from kvviz.fast import build\n", "upward"),  # loaders return the readable model
+    ("kvviz/measure/bench.py", "import kvviz.cli.argtypes as types\n", "upward"),  # measure/ is a library below cli/
 ])
 def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle: str) -> None:
     """The checker is not vacuous: each kind of violation, planted in a copy, is reported."""
@@ -197,6 +198,13 @@ def test_a_planted_violation_fails(tmp_path: Path, file: str, line: str, needle:
     target.write_text(line + (target.read_text() if target.exists() else ""))
     found = violations(tmp_path)
     assert any(needle in p for p in found), found
+
+
+def test_measure_is_a_library_the_command_line_wires() -> None:
+    """measure/ parses no arguments (issue 38): every subcommand's argparse wiring lives in cli/."""
+    wiring = sorted(name for name, path in modules(ROOT).items() if _within(name, ("kvviz.measure",))
+                    for target, _ in imports_of(name, path, set()) if target.split(".")[0] == "argparse")
+    assert wiring == []
 
 
 def test_no_two_modules_share_a_file_name() -> None:
@@ -216,9 +224,9 @@ def test_no_engine_folder_holds_more_than_twelve_modules() -> None:
 
 
 def test_the_calculator_imports_without_torch() -> None:
-    """`import kvviz.memory` is the plain import (no file-path trick), and torch stays out."""
+    """`import kvviz.calculator` is the plain import (no file-path trick), and torch stays out."""
     charts = [f"kvviz.charts.{p.stem}" for p in (ROOT / "kvviz/charts").glob("*.py") if p.stem != "__init__"]
-    code = (f"import sys, kvviz.memory, kvviz.units, {', '.join(charts)}\n"
+    code = (f"import sys, kvviz.calculator, kvviz.units, {', '.join(charts)}\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

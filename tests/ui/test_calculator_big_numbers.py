@@ -13,7 +13,7 @@ from html import unescape
 import pandas as pd
 import pytest
 
-from kvviz.memory import ConfigError, parse_config_text
+from kvviz.calculator import ConfigError, parse_config_text
 from kvviz.ui.common.frames import safe_frame
 from kvviz.units import GIB, exact_ratio, fmt_bytes, fmt_count
 from test_calculator_page import fresh, metrics

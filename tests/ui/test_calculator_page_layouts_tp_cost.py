@@ -167,7 +167,7 @@ def test_nothing_fits_shows_no_speed_and_no_price_with_the_reason() -> None:
 
 
 def test_money_in_cents_and_log_axes_read_1_10_100() -> None:
-    from kvviz.charts.memory import log_ticks, tick_label
+    from kvviz.charts.calculator_charts import log_ticks, tick_label
     from kvviz.units import fmt_usd
 
     assert [fmt_usd(x) for x in (23.16594, 1234.5, 0.05, 0.0041234, 0.0000123456, 0.009999, 0.0)] == [

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from kvviz import CAPTURE_ALL, LoadedModel, generate
 from kvviz.charts import run_charts as charts
-from kvviz.charts import memory as mcharts
+from kvviz.charts import calculator_charts as mcharts
 from kvviz.charts.style import INK, PROJECTOR_BOTTOM, PROJECTOR_SIZE, PROJECTOR_TICKS, legible, wrap_subtitle
 from kvviz.charts.tokens import MAX_TICKS, token_axis
 

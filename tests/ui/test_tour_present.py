@@ -135,7 +135,7 @@ def test_a_hybrid_model_gets_a_ninth_step_with_the_calculators_numbers() -> None
     from types import SimpleNamespace
 
     from kvviz.engine.models.gemma3 import Gemma3Config
-    from kvviz.memory import MemoryRequest, calculate, find_preset, load_presets
+    from kvviz.calculator import MemoryRequest, calculate, find_preset, load_presets
     from kvviz.units import fmt_bytes
 
     model = SimpleNamespace(config=Gemma3Config(), tokenizer=SimpleNamespace(vocab_size=262144))

@@ -19,10 +19,10 @@ ALLOWED = {
     ("kvviz/ui/pages/calculator/calculator.py", "GB"),  # _pair's (binary, decimal) unit names
     ("kvviz/ui/pages/calculator/calculator.py", "MB"),
     ("kvviz/ui/pages/calculator/calculator.py", "KB"),
-    ("kvviz/memory/__init__.py", "GB"),  # the constant's name in __all__
+    ("kvviz/calculator/__init__.py", "GB"),  # the constant's name in __all__
     # SGLang's own log lines, in its words (its GB is 2**30 bytes: sglang's memory_pool GB = 1024**3)
-    ("kvviz/memory/engine_sglang.py", "KV Cache is allocated. #tokens: {}, KV size: {} GB"),
-    ("kvviz/memory/engine_sglang.py", "KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB"),
+    ("kvviz/calculator/server_sglang.py", "KV Cache is allocated. #tokens: {}, KV size: {} GB"),
+    ("kvviz/calculator/server_sglang.py", "KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB"),
 }
 
 
@@ -111,7 +111,7 @@ def test_memory_cli_names_the_weight_dtype_it_counts(capsys) -> None:
 
 def test_gpu_menu_names_its_memory_in_the_unit_every_figure_uses() -> None:
     """The menu said "GeForce RTX 4090 (24 GB)" and the line below "GPU 24 GiB (as entered)"."""
-    from kvviz.memory import load_gpus
+    from kvviz.calculator import load_gpus
 
     for g in load_gpus().values():
         assert not decimal_without_binary(g.name), g.name
@@ -123,7 +123,7 @@ def test_a_preset_gpu_is_never_called_as_entered(monkeypatch) -> None:  # type: 
     is on file (H100) and saying there is none where not (RTX 4090); "as entered" only for a typed size."""
     from types import SimpleNamespace
 
-    from kvviz.ui.pages.calculator import calculator_engines as ce
+    from kvviz.ui.pages.calculator import calculator_servers as ce
 
     def pick(kind: str) -> None:
         monkeypatch.setattr(ce.session, "get", lambda key, default=None: kind if key == "mem_gpu_kind" else default)
@@ -140,8 +140,8 @@ def test_a_preset_gpu_is_never_called_as_entered(monkeypatch) -> None:  # type: 
 def test_vllm_formula_shows_how_a_request_counts_its_blocks() -> None:
     """"one request of 32,768 tokens = 2,048 = 2,048 blocks": each group's count is shown worked out,
     and no formula line repeats a figure as its own result."""
-    from kvviz.memory import load_presets
-    from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
+    from kvviz.calculator import load_presets
+    from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
 
     presets = load_presets()
     for key, want in (("llama-3-8b", "one request of 32,768 tokens: full: ceil(32,768 / 16) = 2,048 blocks"),

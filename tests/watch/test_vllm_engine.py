@@ -13,8 +13,8 @@ from typing import Any, Iterator
 import pytest
 
 from kvviz.cli.main import main
-from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
-from kvviz.memory.hf_config import parse_config
+from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
+from kvviz.calculator.hf_config import parse_config
 from kvviz.watch.vllm_harness import missing_reason, vllm_server
 
 from vllm_layouts import LAYOUTS
@@ -90,7 +90,7 @@ def test_the_too_long_error_equals_the_engines(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
     from kvviz.engine.loading.save import export_hf
 
     folder = tmp_path_factory.mktemp("smollm2-hf")
@@ -135,7 +135,7 @@ def test_watch_once_json_equals_metrics_read_directly(smollm2_server: Any, capsy
 
 def test_the_exported_smollm2_greedy_tokens_agree_with_kvviz(smollm2_server: Any) -> None:
     from kvviz.engine.api import generate
-    from kvviz.engine.loading.loader import load_model
+    from kvviz.engine.loaded import load_model
 
     model = load_model("smollm2", device="cpu")
     prompt = "The capital of France is"

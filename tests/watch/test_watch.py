@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvviz.cli.main import main
-from kvviz.memory.presets import find_preset, load_presets
+from kvviz.calculator.presets import find_preset, load_presets
 from kvviz.watch.scrape import ScrapeError, fetch_text, parse_target
 from kvviz.watch.server_calc import match_preset, server_calc
 from kvviz.watch.server_metrics import Histogram, rates, read_metrics
@@ -195,8 +195,8 @@ def test_the_vllm_cpu_lines_seen_on_this_machine(config: str, gib: float, max_le
     _sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vllm_layouts import LAYOUTS
 
-    from kvviz.memory.engine_vllm import VLLMSettings, vllm_sizing
-    from kvviz.memory.hf_config import parse_config
+    from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
+    from kvviz.calculator.hf_config import parse_config
 
     s = vllm_sizing(parse_config(LAYOUTS[config], config),
                     VLLMSettings(kv_memory_bytes=int(gib * (1 << 30)), max_model_len=max_len, block_size=128,

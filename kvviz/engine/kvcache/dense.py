@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.units import kv_bytes_per_token
 
 

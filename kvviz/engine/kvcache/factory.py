@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from kvviz.engine.kvcache.dense import CACHE_KINDS, KVCache
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.kvcache.kv_spec import KVSpec
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache

@@ -33,7 +33,7 @@ from kvviz.engine.kvcache.block_pool import ROOT_HASH, block_hash
 from kvviz.engine.kvcache.dense import Checkpoint, KVCache
 from kvviz.engine.kvcache.paged_pool import (PagedPool, PagedStats, blocks_for, config_groups, first_needed_block,
                                              table_snapshot, table_stats)
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.errors import KVVizError
 from kvviz.limits import DEFAULT_KV_BLOCK_SIZE
 

@@ -24,7 +24,7 @@ import torch
 
 from kvviz.engine.kvcache.block_pool import BlockPool
 from kvviz.engine.kvcache.dense import layer_windows
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.kvcache.kv_quant import (BITS, QTensor, dequantize_fp8, dequantize_int, fp8_scale, quantize_fp8,
                                   quantize_int)
 

@@ -25,7 +25,7 @@ from kvviz.engine.loading.gguf_llama import (SUPPORTED_TYPES, dequantize_tensor,
                                              meta_int, type_counts)
 from kvviz.engine.models.gemma3 import Gemma3Config, param_shapes
 from kvviz.errors import KVVizError
-from kvviz.fast.blockdot import BlockCodes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 
 # kvviz's context for Gemma 3: a static cache preallocates every position of every layer, and the
 # model's own 32k would be 1.2 GiB at fp32 for a 270M model; 8k is 302 MiB (SmolLM2's is 8k too).

@@ -10,14 +10,50 @@ read (other sizes, the IQ and ternary types, floats) give None: those weights st
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from kvviz.engine.loading.gguf_lite import LiteTensor
-from kvviz.fast.blockdot import BlockCodes
+if TYPE_CHECKING:  # gguf is imported where a file's blocks are unpacked: kvviz.fast imports BlockCodes from
+    # here for every model, and only a GGUF load needs the gguf package (engine/loading/loader.py says so)
+    from gguf.constants import GGMLQuantizationType as Q
+
+    from kvviz.engine.loading.gguf_lite import LiteTensor
 
 QK_K = 256
+
+
+@dataclass(frozen=True)
+class BlockCodes:
+    """One (out, in) weight as int8 codes with an fp32 scale, and optionally an offset, per block."""
+
+    codes: torch.Tensor  # (out, in) int8
+    scale: torch.Tensor  # (out, in // block) fp32
+    minv: torch.Tensor | None  # (out, in // block) fp32, or None: no offsets
+    block: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes + (self.minv.nbytes if self.minv is not None else 0)
+
+    def weight(self) -> torch.Tensor:
+        """The fp32 (out, in) matrix, each value computed as gguf's dequantizer computes it:
+        scale * code rounded, then the offset subtracted and rounded."""
+        out, n_in = self.shape
+        w = self.codes.view(out, -1, self.block).float() * self.scale.unsqueeze(-1)  # (out, nb, block)
+        if self.minv is not None:
+            w = w - self.minv.unsqueeze(-1)
+        return w.reshape(out, n_in)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) @ W^T through PyTorch on the rebuilt weight: the kernel's maths, slowly."""
+        return torch.nn.functional.linear(x, self.weight())
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -39,6 +75,7 @@ def _high_bits(qh: np.ndarray, n: int) -> np.ndarray:
 
 def _legacy(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: one block of 32 -> (codes (n, 32), scale (n, 1), offset or None)."""
+    from gguf.constants import GGMLQuantizationType as Q
     d = _f16(blocks[:, :2])
     if qtype == Q.Q8_0:
         return blocks[:, 2:].view(np.int8), d, None
@@ -64,6 +101,7 @@ def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _k4(blocks: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K, Q5_K: super-blocks of 256 -> 8 sub-blocks of 32, w = (d sc) q - (dmin m)."""
+    from gguf.constants import GGMLQuantizationType as Q
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
     sc, mn = _scale_min_k4(blocks[:, 4:16])
@@ -90,18 +128,31 @@ def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
     return q.reshape(n * 16, 16), scale, None
 
 
-_LEGACY = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
-PACKED_TYPES = (*_LEGACY, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+def legacy_types() -> tuple[Q, ...]:
+    """The ggml types of one block of 32 with an fp16 scale (and offset): Q4_0 ... Q8_0."""
+    from gguf.constants import GGMLQuantizationType as Q
+
+    return (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+
+
+def packed_types() -> tuple[Q, ...]:
+    """Every ggml type whose blocks the block kernel reads."""
+    from gguf.constants import GGMLQuantizationType as Q
+
+    return (*legacy_types(), Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def block_codes(t: LiteTensor) -> BlockCodes | None:
     """A 2-D tensor of a type the block kernel reads, as BlockCodes; None for any other."""
-    if t.tensor_type not in PACKED_TYPES or len(t.shape) != 2:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+    legacy = legacy_types()
+    if t.tensor_type not in packed_types() or len(t.shape) != 2:
         return None
     out, n_in = t.shape
     block, type_size = GGML_QUANT_SIZES[t.tensor_type]
     blocks = np.asarray(t.data).reshape(-1, type_size)  # (out * n_in / block, type_size) uint8
-    if t.tensor_type in _LEGACY:
+    if t.tensor_type in legacy:
         codes, scale, offset = _legacy(blocks, t.tensor_type)
     elif t.tensor_type == Q.Q6_K:
         codes, scale, offset = _q6_k(blocks)

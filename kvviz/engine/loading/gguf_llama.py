@@ -46,7 +46,7 @@ from kvviz.engine.loading.gguf_lite import LiteGGUF, LiteTensor, read_gguf
 from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.models.llama import LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
-from kvviz.fast.blockdot import BlockCodes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 
 # What ``dequantize_tensor`` reads, every family (the Gemma 3 reader takes this tuple too): the
 # float types and the block types of llama.cpp's common files (Q4_K_M mixes Q4_K, Q5_0/Q5_1, Q6_K).

@@ -3,7 +3,7 @@ or qwen3 file: ``engine/loading/gguf_llama.py``) or from a Hugging Face folder (
 
 Both paths check every tensor's shape against the config before allocating anything and build
 the model on the meta device (no random init to throw away). What loading cost (seconds, resident
-bytes of the weights) is stamped by ``loader.load_model``, for every family in one place.
+bytes of the weights) is stamped by ``engine.loaded.load_model``, for every family in one place.
 Safetensors only: a pickle file is never opened.
 """
 from __future__ import annotations

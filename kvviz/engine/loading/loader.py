@@ -1,6 +1,8 @@
-"""Load, save and export models. Safetensors only: a pickle file is never opened.
+"""Checkpoints in, the readable model out (a ``LoadedModel`` without its accelerator). Safetensors
+and GGUF only: a pickle file is never opened. ``engine/loaded.py`` (above this package and
+``kvviz.fast``) builds the accelerator and stamps what loading cost: ``kvviz.load_model`` is there.
 
-``load_model`` takes:
+``load_readable`` takes:
 - ``"default"``: the app's default, ``"smollm2"`` when its package is installed, else ``"shakespeare"``;
 - ``"shakespeare"``: the shipped Tiny Shakespeare byte model in ``assets/models/shakespeare``;
 - ``"random:NAME"``: seeded random weights for a named shape (timing demos);
@@ -15,26 +17,24 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 import torch
 
-from kvviz.engine.models.config import GPTConfig, show
+from kvviz.engine.models.gpt2_config import GPTConfig, show
 from kvviz.engine.loading.safetensors_header import match_header, safetensors_header
 from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.loading.gemma3_package import gemma3_path
-from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path, weights_bytes
+from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
 from kvviz.engine.models.gemma3 import Gemma3, Gemma3Config
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from kvviz import paths
 from kvviz.errors import KVVizError
-from kvviz.fast import build as build_fast
-from kvviz.fast.blockdot import BlockCodes
+from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.safeio import describe_path, kind_of, parse_json, read_bounded
 
 ASSETS = paths.ASSETS  # the checkout's assets/, or the installed wheel's kvviz/assets
@@ -101,8 +101,11 @@ class LoadedModel:
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict, compare=False)
     # kvviz.fast's accelerator for this model (same forward signature), or None: held beside
-    # the nn.Module, never on it; generate(fast=False) ignores it.
+    # the nn.Module, never on it; generate(fast=False) ignores it. engine/loaded.py builds it.
     fast: Accelerator | None = field(default=None, compare=False)
+    # A GGUF's quantized matrices as block codes by parameter name (CPU, fp32 loads): file data the
+    # accelerator multiplies by, handed from the loader to engine/loaded.py's build.
+    codes: Mapping[str, BlockCodes] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def config(self) -> GPTConfig | LlamaConfig | Gemma3Config:
@@ -153,10 +156,10 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+def load_readable(name_or_path: str | Path = "default", device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """The named model, readable only (no accelerator yet: ``engine.loaded.load_model`` adds it)."""
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     spec = str(name_or_path)
-    t0 = time.perf_counter()
     if spec.startswith("random:"):
         shape = spec.split(":", 1)[1]
         if shape not in RANDOM_SHAPES:
@@ -165,9 +168,9 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         gpt = GPT(cfg)
         gpt.init_weights(torch.Generator().manual_seed(0))  # same weights every time
         tok: Tokenizer = ByteTokenizer(cfg.vocab_size, cfg.eos_token_id)
-        out = wrap_model(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
+        out = wrap_readable(gpt, tok, spec, dev, dt, True, "seeded random weights (seed 0)")
     elif spec == "default":
-        return load_model(default_model_name(), device, dtype)
+        return load_readable(default_model_name(), device, dtype)
     elif spec == "smollm2":
         out = load_gguf_model(smollm2_path(), dev, dt, name="smollm2")
     elif spec == "gemma3":
@@ -188,21 +191,17 @@ def load_model(name_or_path: str | Path = "default", device: str = "auto", dtype
         if spec == "shakespeare" and not (folder / "model.safetensors").exists():
             raise KVVizError(f"the shakespeare model is missing from {folder}; see assets/models/shakespeare/README.md")
         out = load_folder(folder, dev, dt, name="shakespeare" if spec == "shakespeare" else folder.name)
-    # What loading cost, stamped here alone, for every family: seconds, and the resident bytes of
-    # the weights, each storage once (a tied head shares the embedding's).
-    out.info["load_seconds"] = time.perf_counter() - t0
-    out.info["weights_bytes"] = weights_bytes(out.model)
     return out
 
 
-def wrap_model(net: GPT | Llama | Gemma3, tokenizer: Tokenizer, name: str, device: torch.device = torch.device("cpu"),
-               dtype: torch.dtype = torch.float32, has_tokenizer: bool = True, source: str = "",
-               info: dict[str, Any] | None = None, *, codes: Mapping[str, BlockCodes] | None = None) -> LoadedModel:
+def wrap_readable(net: GPT | Llama | Gemma3, tokenizer: Tokenizer, name: str, device: torch.device = torch.device("cpu"),
+                  dtype: torch.dtype = torch.float32, has_tokenizer: bool = True, source: str = "",
+                  info: dict[str, Any] | None = None, *, codes: Mapping[str, BlockCodes] | None = None) -> LoadedModel:
     """A built model (any family) as a LoadedModel, the way every loader finishes one: moved to the
-    device and dtype, frozen, and given its accelerator. Tests wrap their hand-built models here."""
+    device and dtype and frozen, its block codes kept for the accelerator's build (engine/loaded.py)."""
     net = net.to(device=device, dtype=dtype).freeze()  # shared read-only across app sessions
     return LoadedModel(net, tokenizer, name, device, dtype, has_tokenizer, source, dict(info or {}),
-                       fast=build_fast(net, codes))
+                       codes=dict(codes or {}))
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -319,7 +318,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
             info["training"] = parse_json(read_bounded(tj, MAX_CONFIG_BYTES, "training.json"), "training.json")
         except KVVizError:
             info["training"] = None  # provenance only: a damaged file does not stop the model
-    return wrap_model(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
+    return wrap_readable(gpt, tok, name or folder.name, device, dtype, has_tok, str(folder), info)
 
 
 def _gguf_tokenizer(metadata: dict[str, Any], file_name: str) -> Tokenizer | None:
@@ -379,7 +378,7 @@ def load_gemma3_model(path: Path, device: torch.device, dtype: torch.dtype, name
         if tok.vocab_size > cfg.vocab_size:
             raise KVVizError(f"{path.name}: the tokenizer has {tok.vocab_size:,} tokens but the model's "
                              f"vocabulary is {cfg.vocab_size:,}: they do not belong together")
-    return wrap_model(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)},
+    return wrap_readable(model, tok, name or path.stem, device, dtype, has_tok, str(path), {**g.info, "source": str(path)},
                       codes=g.codes)
 
 
@@ -395,7 +394,7 @@ def _llama_model(out: LlamaLoad, path: Path, name: str, device: torch.device, dt
     has_tok = tok is not None
     if tok is None:
         tok = NoTokenizer(cfg.vocab_size, cfg.eos_token_id)
-    return wrap_model(out.model, tok, name, device, dtype, has_tok, str(path), out.info, codes=out.codes)
+    return wrap_readable(out.model, tok, name, device, dtype, has_tok, str(path), out.info, codes=out.codes)
 
 
 def _map_state_dict(sd: dict[str, torch.Tensor], names: dict[str, str], where: str) -> dict[str, torch.Tensor]:

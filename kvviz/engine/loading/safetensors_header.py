@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.errors import KVVizError
 from kvviz.safeio import describe_path, kind_of

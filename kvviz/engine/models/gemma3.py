@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kvviz.engine.models.attention import attention_mask, keys_by_position, window_mask
-from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
+from kvviz.engine.models.gpt2_config import ConfigDict, bound_problems, positive_int
 from kvviz.engine.models.llama import MAX_BLOCK, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, rotate_half
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from kvviz.engine.models.attention import attention_mask
 from kvviz.engine.generation.capture import ForwardCapture
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache

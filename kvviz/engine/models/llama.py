@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kvviz.engine.models.attention import attention_mask, keys_by_position, window_mask
-from kvviz.engine.models.config import ConfigDict, bound_problems, positive_int
+from kvviz.engine.models.gpt2_config import ConfigDict, bound_problems, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache

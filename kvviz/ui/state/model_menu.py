@@ -17,7 +17,7 @@ from kvviz.engine.loading.loader import (
 from kvviz.engine.generation.flops import weight_bytes
 from kvviz.engine.loading.gemma3_package import part_paths as gemma3_parts
 from kvviz.engine.loading.gguf_checks import model_family
-from kvviz.engine.models.config import GPTConfig
+from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.units import fmt_bytes
 
 FOLDER_PREFIX = "folder:"

@@ -1,7 +1,7 @@
 """The KV memory calculator page: how much memory does model X need at context T and batch B,
 on how many GPUs, and what does a token cost?
 
-All arithmetic is in kvviz.memory (pure Python) and every figure in kvviz.charts.memory; this
+All arithmetic is in kvviz.calculator (pure Python) and every figure in kvviz.charts.calculator_charts; this
 module turns widgets into a MemoryRequest and results into metrics and text, and
 calculator_panels draws the charts, the cost and the gap panels. Settings live in the URL
 (calculator_links). Every user or config value shown inside Markdown goes through ``md_plain``.
@@ -13,15 +13,15 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from kvviz.memory import (
+from kvviz.calculator import (
     DTYPES, GB, GIB, MAX_BATCH, MAX_CONFIG_BYTES, MAX_SEQ_LEN, MAX_TP, SCALE_DTYPE_BYTES, STATE_DTYPES, CalcError,
     MAX_SINKS, ConfigError, MemoryRequest, MemoryResult, ModelSpec, builtin_specs, cache_window_problems, calculate, load_gpus,
     parse_config_text, with_builtins, with_cache_window,
 )
-from kvviz.ui.pages.calculator import calculator_engines as engines
+from kvviz.ui.pages.calculator import calculator_servers as servers
 from kvviz.ui.pages.calculator import calculator_panels as panels
 from kvviz.engine.loading.loader import builtin_shapes
-from kvviz.ui.pages.calculator.calculator_engine import SHAPES_SOURCE
+from kvviz.ui.pages.calculator.calculator_measured import SHAPES_SOURCE
 from kvviz.ui.pages.calculator.calculator_links import (
     CUSTOM_GPU, DEFAULTS, GPU_OPTIONS, MAX_BEAMS, MAX_CUSTOM_GIB, MIN_CUSTOM_GIB, SOURCES, apply_gpu_kind, read_query_params, write_query_params,
 )
@@ -276,7 +276,7 @@ def _table(rows_of: list[tuple[ModelSpec, MemoryResult]]) -> None:
 
 
 def _presets() -> dict[str, ModelSpec]:
-    """Published presets, then kvviz's own models, whose shapes the engine hands in (kvviz.memory may not import it)."""
+    """Published presets, then kvviz's own models, whose shapes the engine hands in (kvviz.calculator may not import it)."""
     shapes, shipped = builtin_shapes()
     return with_builtins(builtin_specs(shapes, shipped, SHAPES_SOURCE))
 
@@ -328,7 +328,7 @@ def page() -> None:
     panels.memory_charts(spec, req, res, side_by_side, presets)
     panels.cost(spec, req, res)
     panels.gap(spec, req, res)
-    engines.section(spec, req, res.params)
+    servers.section(spec, req, res.params)
     _table(side_by_side)
     if session.read("mem_source") == "import":
         st.caption("The link in the address bar carries these settings, not the imported config.json.")

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from kvviz.memory import (
+from kvviz.calculator import (
     DEFAULT_BLOCK_SIZE, DEFAULT_EFFICIENCY, DEFAULT_GROUP_SIZE, DTYPES, GPU_PRESETS_GIB, MAX_BATCH, MAX_SEQ_LEN, MAX_SINKS,
     MAX_TP,
     SCALE_DTYPE_BYTES, STATE_DTYPES, load_gpus,

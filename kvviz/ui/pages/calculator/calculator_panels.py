@@ -1,7 +1,7 @@
 """The calculator page's panels below the headline numbers: the per-layer strip, the memory charts,
 the cost per token from the decode roofline, and the gap between this estimate and a real engine.
 
-Figures come from kvviz.charts.memory and numbers from kvviz.memory; this module lays them out.
+Figures come from kvviz.charts.calculator_charts and numbers from kvviz.calculator; this module lays them out.
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Any
 
 import streamlit as st
 
-from kvviz.charts import memory as charts
-from kvviz.memory import (
+from kvviz.charts import calculator_charts as charts
+from kvviz.calculator import (
     DTYPES, GIB, CalcError, MemoryRequest, MemoryResult, ModelSpec, attention_variants, batch_steps, calculate,
     context_curve,
     cost_curve, kv_bytes, layer_token_bytes, no_cost_reason, state_bytes, state_layer_bytes, tokens_held,
 )
 
-from kvviz.ui.pages.calculator.calculator_engine import measure_caches
+from kvviz.ui.pages.calculator.calculator_measured import measure_caches
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.units import fmt_bytes, fmt_usd
 from kvviz.ui.common.figs import show

@@ -21,7 +21,7 @@ from kvviz.engine.generation.request import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
 from kvviz.engine.kvcache.dense import layer_windows
-from kvviz.memory.compressed import CacheShape, Compression, cache_bytes
+from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes
 from kvviz.ui.pages.compress import compress_window
 from kvviz.ui.common.figs import show
 from kvviz.ui.common.perf_common import acquire_or_warn, page_model, results_key, where
@@ -48,7 +48,7 @@ class QuantResult:
     labels: list[str]
     text: str
     bytes: int
-    calc_bytes: int  # the calculator's figure for the same settings and positions (memory/compressed.py)
+    calc_bytes: int  # the calculator's figure for the same settings and positions (calculator/compressed.py)
     errors: dict[str, float] = field(default_factory=dict)
     k_err: list[list[float]] = field(default_factory=list)  # (n_layer, nkv) max |K error|
     # ("k"|"v", "max"|"mean") -> (n_layer, nkv): each write's max or mean |error|, the worst write

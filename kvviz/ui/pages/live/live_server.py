@@ -13,7 +13,7 @@ import streamlit as st
 
 from kvviz.charts.server import latency_bars, server_timeline
 from kvviz.errors import KVVizError
-from kvviz.memory.presets import load_presets
+from kvviz.calculator.presets import load_presets
 from kvviz.ui.state import session
 from kvviz.watch.scrape import parse_target
 from kvviz.watch.server_metrics import rates
