@@ -21,9 +21,9 @@ _API: dict[str, str] = {
     "generate": "kvviz.engine.api",
     "iter_generate": "kvviz.engine.api",
     "SamplingParams": "kvviz.engine.generation.sampling",
-    "CacheSpec": "kvviz.engine.generation.specs",
-    "Beam": "kvviz.engine.generation.specs",
-    "Speculative": "kvviz.engine.generation.specs",
+    "CacheSpec": "kvviz.engine.generation.valid_request",
+    "Beam": "kvviz.engine.generation.valid_request",
+    "Speculative": "kvviz.engine.generation.valid_request",
 }
 
 __all__ = sorted(_API)

@@ -22,7 +22,7 @@ from kvviz.charts import perf, run_charts
 from kvviz.engine.generation.capture import CAPTURE_ALL, Capture
 from kvviz.engine.api import generate as _generate
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 

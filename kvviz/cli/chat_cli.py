@@ -37,7 +37,7 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.generation.specs import CacheSpec
+    from kvviz.engine.generation.valid_request import CacheSpec
     from kvviz.engine.sessions.conversation import Conversation
     from kvviz.engine.loaded import load_model
 

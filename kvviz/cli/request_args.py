@@ -16,7 +16,7 @@ from kvviz.errors import KVVizError
 
 if TYPE_CHECKING:
     from kvviz.engine.generation.sampling import SamplingParams
-    from kvviz.engine.generation.specs import Beam, CacheSpec, Speculative
+    from kvviz.engine.generation.valid_request import Beam, CacheSpec, Speculative
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def sampling_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 def cache_from_args(args: argparse.Namespace) -> "CacheSpec":
     """``generate``'s cache: --no-cache, --cache-kind, --block-size and the compressed-KV flags."""
-    from kvviz.engine.generation.specs import CacheSpec
+    from kvviz.engine.generation.valid_request import CacheSpec
 
     return CacheSpec(use_cache=not args.no_cache, kind=args.cache_kind, block_size=args.block_size,
                      **kv_options(args))
@@ -51,7 +51,7 @@ def cache_from_args(args: argparse.Namespace) -> "CacheSpec":
 
 def strategy_from_args(args: argparse.Namespace) -> "Beam | Speculative | None":
     """``generate``'s strategy: --speculative, else beam search when --num-beams (or a beam flag) is given."""
-    from kvviz.engine.generation.specs import Beam, Speculative
+    from kvviz.engine.generation.valid_request import Beam, Speculative
 
     if args.speculative is not None and args.num_beams != 1:
         raise KVVizError("choose beam search (num_beams > 1) or speculative decoding, not both")

@@ -19,7 +19,7 @@ from kvviz.engine.generation.events import Run
 from kvviz.engine.generation.loop import GenerationStream
 from kvviz.engine.generation.request import GenerateRequest, Prompt
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.generation.specs import Beam, CacheSpec, Speculative
+from kvviz.engine.generation.valid_request import Beam, CacheSpec, Speculative
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.strategy.beam import BeamStream
 from kvviz.engine.strategy.speculative import SpeculativeStream

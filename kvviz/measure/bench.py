@@ -41,7 +41,7 @@ import torch
 
 from kvviz.engine.api import generate
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import export_hf_gpt2

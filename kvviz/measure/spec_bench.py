@@ -21,7 +21,7 @@ from typing import Any
 from kvviz.engine.generation.events import Run
 from kvviz.engine.api import generate
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.generation.specs import Speculative
+from kvviz.engine.generation.valid_request import Speculative
 from kvviz.engine.loading.loader import LoadedModel
 
 

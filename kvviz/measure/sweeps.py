@@ -22,7 +22,7 @@ from kvviz.engine.generation.flops import forward_bytes, forward_flops
 from kvviz.engine.api import iter_generate
 from kvviz.engine.generation.loop import GenerationStream
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.measure.stats import MODES, Sample
 
 SWEEP_NS = (8, 16, 32, 64, 128, 256, 512)  # new tokens for the total-time sweep

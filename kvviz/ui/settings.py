@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 
 CACHE_MODES: dict[str, str] = {
     "static": "KV cache: static (preallocated)",

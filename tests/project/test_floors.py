@@ -47,9 +47,9 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading.weight_checks": 1,  # no NaN or infinite weight: every loader's last check
     "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
     "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
-    # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
-    # (5); their records are plain dataclasses (1).
-    "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
+    # engine/strategy: beam search and speculative decoding, streams over the loop's stream base (5);
+    # their records are plain dataclasses in engine/generation (strategy_events.py), beside the Run.
+    "kvviz.engine.strategy": 5,
     # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
     "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
     # The accelerator: built from a model (2) by engine/loaded.py (4); its kernels import no model.

@@ -19,9 +19,9 @@ import torch
 
 from kvviz.engine.generation.arg_checks import check_arguments, check_prompt_ids
 from kvviz.engine.generation.capture import Capture
-from kvviz.engine.generation.valid_request import BeamOptions, SpecOptions, ValidRequest
+from kvviz.engine.generation.valid_request import SPECULATIVE_METHODS, Beam, BeamOptions, CacheSpec, Speculative, \
+    SpecOptions, ValidRequest
 from kvviz.engine.kvcache.factory import KINDS as CACHE_KINDS
-from kvviz.engine.generation.specs import SPECULATIVE_METHODS, Beam, CacheSpec, Speculative
 from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.engine.loading.loader import LoadedModel

@@ -17,7 +17,7 @@ import torch
 
 from kvviz.engine.generation.loop import GenerationStream
 from kvviz.engine.generation.request import BACKENDS, GenerateRequest, kv_spec
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache

@@ -27,7 +27,7 @@ import torch
 from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
 from kvviz.engine.generation.valid_request import BeamOptions
-from kvviz.engine.strategy.strategy_events import BeamCandidate, BeamResult, BeamStep
+from kvviz.engine.generation.strategy_events import BeamCandidate, BeamResult, BeamStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream
 
 NEG = -1.0e9  # transformers' "impossible" score: added, never assigned, exactly as there

@@ -33,7 +33,7 @@ from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
 from kvviz.engine.generation.valid_request import SpecOptions
 from kvviz.engine.generation.sampling import SamplingParams, filter_logits, make_generator
-from kvviz.engine.strategy.strategy_events import SpecResult, SpecStep
+from kvviz.engine.generation.strategy_events import SpecResult, SpecStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream
 from kvviz.errors import KVVizError
 

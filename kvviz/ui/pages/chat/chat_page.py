@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import streamlit as st
 
 from kvviz.charts import paged_charts as pc
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.sessions.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
 from kvviz.engine.loading.loader import LoadedModel

@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz.charts import paged_charts as pc
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.sessions.conversation import Conversation
 from kvviz.engine.loading.loader import LoadedModel

@@ -16,7 +16,7 @@ import torch
 from kvviz import LoadedModel
 from kvviz.charts import compress_charts as cc
 from kvviz.engine.api import iter_generate
-from kvviz.engine.generation.specs import CacheSpec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.generation.request import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare

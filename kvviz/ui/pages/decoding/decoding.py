@@ -13,7 +13,7 @@ from kvviz import LoadedModel
 from kvviz.charts import decoding_charts as dc
 from kvviz.engine.generation.events import Run
 from kvviz.engine.api import iter_generate
-from kvviz.engine.generation.specs import Beam
+from kvviz.engine.generation.valid_request import Beam
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.common.figs import show
