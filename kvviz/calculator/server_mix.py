@@ -135,20 +135,21 @@ def length_mix(v: VLLMSizing, lengths: Sequence[int]) -> LengthMix:
     if not lengths:
         raise CalcError(["no lengths"])
     s, bs = v.settings, v.settings.block_size
-    keys = [(g.kind, g.span) for g in v.groups]
-    total_blocks = filled = 0
+    keys = [((g.kind, g.span), g.block_size or bs) for g in v.groups]
+    total_blocks = filled = slots = 0
     too_long = 0
     for t in lengths:
         if t > s.max_model_len:
             too_long += 1
         t = min(t, s.max_model_len)
-        for k in keys:
-            b = _request_blocks(k, s, t)
+        for k, block in keys:
+            b = _request_blocks(k, s, t, block)
             total_blocks += b
+            slots += b * block  # a rescaled group's block holds more tokens
             # tokens resident: all of them in a full group; the window (+ a step's batch) in a sliding one
             kept = (k[1] or 0) - (k[0] == "sliding") + s.max_num_batched_tokens
             filled += t if k[0] in ("full", "mla") else min(t, kept)
     n = len(lengths)
     mean_blocks = total_blocks / n
-    waste = 1 - filled / (total_blocks * bs) if total_blocks else 0.0
+    waste = 1 - filled / slots if slots else 0.0
     return LengthMix(n, sum(lengths) / n, mean_blocks, v.num_blocks / mean_blocks, v.max_concurrency, waste, too_long)

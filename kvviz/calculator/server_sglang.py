@@ -17,8 +17,17 @@ python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool / MLATokenToKVPool):
   each page-aligned (_resolve_hybrid_swa_tokens, :287-378);
 - the pool allocates #tokens + page_size cells (slot 0 is a padding token); "K size" is those cells'
   K buffers in GiB (SGLang's GB is 2^30 bytes).
+- a speculative draft (EAGLE, a draft model; kvviz's --draft-config) has its own pool of the target's
+  #tokens: the draft worker takes the target's resolved MemoryPoolConfig (init_memory_pool,
+  model_runner_kv_cache_mixin.py:893-903) and builds a pool of its own layers, which prints its own
+  "KV Cache is allocated" line (mem_cache/memory_pool.py:686-704); that memory is not subtracted before
+  the target's pool is profiled, so it must fit in the 1 - mem_fraction_static left over.
 Unlike vLLM, SGLang sizes the pool before any profiling run: the activations must fit in the
-1 - mem_fraction_static left over.
+1 - mem_fraction_static left over. Newer SGLang (0.5.23, not on PyPI: issue 41 cites its
+kv_cache_configurator.py and pool_configurator.py) also takes a multimodal reserve from the rest, subtracts a
+fixed overhead before dividing and prints the dtype in the line ("KV Cache is allocated. dtype: torch.bfloat16,
+#tokens: ...", as sglang#18263's log shows); kvviz follows 0.5.10.post1, the newest sdist on PyPI, which does
+none of these, so a 0.5.23 pool holds fewer tokens than kvviz says (by an amount kvviz cannot state).
 """
 from __future__ import annotations
 
@@ -144,3 +153,22 @@ def sglang_rest(gpu_bytes: int, weights_per_gpu: int, mem_fraction_static: float
     how = (f"({gpu_bytes / GIB:,.2f} GiB - {weights_per_gpu / GIB:,.2f} GiB weights) - {gpu_bytes / GIB:,.2f} GiB x "
            f"(1 - {mem_fraction_static:g}) = {rest / GIB:,.2f} GiB (estimate: the CUDA context is not counted)")
     return rest, how
+
+
+def sglang_draft_pool(draft: ModelSpec, tokens: int, tp: int = 1, kv_dtype: str = "bf16",
+                      page_size: int = 1) -> tuple[int, int, str]:
+    """(K bytes, V bytes, the draft worker's line): its pool holds the target's #tokens (+ the page of
+    padding slots, as the target's) for the draft's own layers (MHATokenToKVPool / MLATokenToKVPool with
+    the draft's layer_num; model_runner_kv_cache_mixin.py:893-903, memory_pool.py:686-704)."""
+    if draft.linear_layers:
+        raise CalcError(["the draft has linear / Mamba layers: SGLang keeps their state in a separate pool, not "
+                         "modelled here"])
+    if draft.n_heads % tp:
+        raise CalcError([f"tp {tp} does not divide the draft's {draft.n_heads} attention heads"])
+    b = SGLANG_DTYPE_BYTES[kv_dtype]
+    slots = tokens + page_size
+    if draft.mla is not None:
+        kv = slots * draft.mla.latent_dim * draft.kv_layers * b
+        return kv, 0, f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv / GIB:.2f} GB"
+    k = slots * max(1, draft.n_kv_heads // tp) * draft.head_dim * draft.kv_layers * b
+    return k, k, f"KV Cache is allocated. #tokens: {tokens}, K size: {k / GIB:.2f} GB, V size: {k / GIB:.2f} GB"

@@ -13,8 +13,10 @@ Followed from the vLLM 0.33.0 sdist (line numbers of that version), rule by rule
   (UniformTypeKVCacheSpecs); several kinds with one page size -> groups of equal size: the smallest
   kind's count (the largest when under 1.5x the smallest), each kind split into ceil(n / size)
   groups, layer i::n (_get_kv_cache_groups_uniform_page_size, :416-560). Several kinds with mixed page
-  sizes are packed or rescaled (:914-1043): refused here with a sentence.
-- bytes per block (:574-605): the largest group's pages summed; blocks = available // that
+  sizes are first unified (:346-410): smaller pages take more tokens a block, or are padded
+  (server_vllm_groups, which also says where the block-outermost packing of :914-1043 would apply).
+- bytes per block (:574-605): the largest group's pages, each rounded up to the block-stride alignment,
+  summed; blocks = available // that
   (get_kv_cache_config_from_groups, :642-681); per pipeline stage with the stage's own share of
   each group, then the smallest over the stages (:1461-1590).
 - a request's blocks (kv_cache_interface.py:640-646, 917-955): full ceil(L / block); sliding
@@ -39,6 +41,7 @@ from typing import Any, Callable
 from kvviz.calculator.server_vllm_defaults import (
     DEFAULT_BATCHED_TOKENS, DEVICES, VLLMSettings, default_batched_tokens, device_label,
 )
+from kvviz.calculator.server_vllm_groups import BLOCK_OUTERMOST_NOTE, LayerSpec, bytes_per_block, group_layers
 from kvviz.calculator.server_vllm_kv import kv_dtype_problem, slot_bytes
 from kvviz.calculator.server_vllm_notes import DOCS_URL, format_gib, sizing_notes, too_long_text
 from kvviz.calculator.spec import CalcError, Layer, ModelSpec
@@ -59,10 +62,12 @@ class VLLMGroup:
     layers: tuple[int, ...]  # layer indices (the target's; the draft's numbered from the target's n_layers)
     page_bytes: int  # per layer and block (the largest, when a uniform-type group mixes pages)
     blocks_per_request: int
+    block_size: int = 0  # tokens a block: --block-size, or more where unify rescaled the group's pages
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "span": self.span, "layers": list(self.layers), "n_layers": len(self.layers),
-                "page_size_bytes": self.page_bytes, "blocks_per_request": self.blocks_per_request}
+                "page_size_bytes": self.page_bytes, "blocks_per_request": self.blocks_per_request,
+                "block_size": self.block_size}
 
 
 @dataclass(frozen=True)
@@ -184,16 +189,6 @@ def vllm_problems(spec: ModelSpec, s: VLLMSettings) -> list[str]:
     return out
 
 
-@dataclass(frozen=True)
-class _LayerSpec:
-    """One attention layer as vLLM's KV-cache planner sees it."""
-
-    index: int  # in the whole model: the target's layers, then the draft's
-    kind: str
-    span: int | None
-    page: int
-
-
 def _page(spec: ModelSpec, s: VLLMSettings) -> tuple[int, int | None, str]:
     """(page bytes, KV heads per GPU, how) of one of this model's layers (AttentionSpec.page_size_bytes)."""
     bs = s.block_size
@@ -213,51 +208,30 @@ def _layer_key(spec: ModelSpec, layer: Layer, hybrid: bool) -> tuple[str, int | 
     return layer.kind, layer.span
 
 
-def _layer_specs(spec: ModelSpec, s: VLLMSettings) -> list[_LayerSpec]:
+def _layer_specs(spec: ModelSpec, s: VLLMSettings) -> list[LayerSpec]:
     out = []
     for model, first in ((spec, 0), (s.draft, spec.n_layers)):
         if model is None:
             continue
-        page = _page(model, s)[0]
+        page, _, how = _page(model, s)
+        shape = how.split(" tokens x ", 1)[1]
         for i in range(model.n_layers):
             layer = model.layer(i)
             if model.own_kv(i):  # a layer reading another's cache (kv_sharing_target_layer_name) has no spec
                 kind, span = _layer_key(model, layer, s.hybrid)
-                out.append(_LayerSpec(first + i, kind, span, page))
+                out.append(LayerSpec(first + i, kind, span, page, shape, s.block_size))
     return out
 
 
 Key = tuple[str, "int | None"]
 
 
-def _groups(layers: list[_LayerSpec]) -> tuple[int, list[tuple[Key, tuple[int, ...]]]]:
-    """(group_size, [(spec key, layer indices)]) as get_kv_cache_groups builds them (kv_cache_planning.py:1113-1200)."""
-    by_key: dict[Key, list[int]] = {}
-    for ly in layers:
-        by_key.setdefault((ly.kind, ly.span), []).append(ly.index)
-    if len(by_key) == 1:  # one spec, or one type with several pages (UniformTypeKVCacheSpecs): one group
-        ((k, idx),) = by_key.items()
-        return len(idx), [(k, tuple(idx))]
-    if len({ly.page for ly in layers}) > 1:
-        raise CalcError(["several attention kinds with different page sizes (a draft or layers with other KV heads "
-                         "or head sizes): vLLM packs such pages into one block or rescales their block sizes "
-                         "(kv_cache_planning.py:914-1043), which kvviz does not model yet"])
-    sizes = [len(v) for v in by_key.values()]
-    group_size = min(sizes)
-    if max(sizes) < min(sizes) * 1.5:
-        group_size = max(sizes)
-    out = []
-    for k, idx in by_key.items():
-        n = cdiv(len(idx), group_size)
-        out += [(k, tuple(idx[i::n])) for i in range(n)]
-    return group_size, out
-
-
-def _request_blocks(key: Key, s: VLLMSettings, max_len: int) -> int:
+def _request_blocks(key: Key, s: VLLMSettings, max_len: int, block: int | None = None) -> int:
     """Blocks one request of ``max_len`` tokens can hold in a group of this spec (max_memory_usage_bytes / page;
-    kv_cache_interface.py:640-646 full, 917-955 sliding, the chunked spec alike without the +1)."""
+    kv_cache_interface.py:640-646 full, 917-955 sliding, the chunked spec alike without the +1); ``block``: the
+    group's own block size when unify rescaled it (kv_cache_planning.py:392-395), else --block-size."""
     kind, span = key
-    bs = s.block_size
+    bs = block or s.block_size
     if kind == "sliding":
         return cdiv(min((span or 0) - 1 + s.in_flight, max_len), bs) + 1
     if kind == "chunked":
@@ -265,10 +239,11 @@ def _request_blocks(key: Key, s: VLLMSettings, max_len: int) -> int:
     return cdiv(max_len, bs)
 
 
-def _request_blocks_text(key: tuple[str, int | None], s: VLLMSettings, max_len: int) -> str:
+def _request_blocks_text(key: tuple[str, int | None], s: VLLMSettings, max_len: int, block: int | None = None) -> str:
     """How ``_request_blocks`` counts a group's blocks, in words and numbers (the formula shows it)."""
     kind, span = key
-    bs, n = s.block_size, _request_blocks(key, s, max_len)
+    bs = block or s.block_size
+    n = _request_blocks(key, s, max_len, bs)
     if kind == "sliding":
         return (f"{kind} {span or 0:,}: ceil(min({span or 0:,} - 1 + {s.in_flight:,}, {max_len:,}) / {bs})"
                 f" + 1 = {n:,}")
@@ -309,19 +284,22 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     bs = s.block_size
     page, heads, page_text = _page(spec, s)
     layers = _layer_specs(spec, s)
-    pages = {ly.index: ly.page for ly in layers}
-    group_size, raw = _groups(layers)
+    grouping = group_layers(layers)
+    group_size = grouping.group_size
+    pages = {ly.index: ly.page for g in grouping.groups for ly in g}  # after unify: rescaled or padded
+    raw = [((g[0].kind, g[0].span), tuple(ly.index for ly in g), g[0].block_size) for g in grouping.groups]
     n_target = sum(1 for i in range(spec.n_layers) if spec.own_kv(i))
     stages = _stage_layers(spec.n_layers, spec.n_layers + (s.draft.n_layers if s.draft else 0), s)
     avail, L = s.kv_memory_bytes, s.max_model_len
 
     def stage_block(lo: int, hi: int) -> int:
-        """Bytes per block on this stage: its largest group's pages summed (_get_kv_cache_bytes_per_block)."""
-        return max(sum(pages[i] for i in idx if lo <= i < hi) for _, idx in raw)
+        """Bytes per block on this stage: its largest group's pages, each rounded up to the block-stride
+        alignment (1 on the backends kvviz sizes, see server_vllm_groups), summed (kv_cache_planning.py:574-584)."""
+        return bytes_per_block([[pages[i] for i in idx if lo <= i < hi] for _, idx, _ in raw])
 
     def stage_need(lo: int, hi: int, max_len: int) -> int:
         """Bytes one request of max_len needs on this stage (_max_memory_usage_bytes_from_groups)."""
-        return stage_block(lo, hi) * sum(_request_blocks(k, s, max_len) for k, _ in raw)
+        return stage_block(lo, hi) * sum(_request_blocks(k, s, max_len, b) for k, _, b in raw)
 
     blocks, needed, estimate, fits, bpb_max, check_shown = None, 0, None, True, 0, avail
     for st, (lo, hi) in enumerate(stages):
@@ -338,7 +316,8 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
             b = avail // bpb
             blocks = b if blocks is None else min(blocks, b)
     num_blocks = blocks or 0
-    groups = tuple(VLLMGroup(k[0], k[1], idx, max(pages[i] for i in idx), _request_blocks(k, s, L)) for k, idx in raw)
+    groups = tuple(VLLMGroup(k[0], k[1], idx, max(pages[i] for i in idx), _request_blocks(k, s, L, b), b)
+                   for k, idx, b in raw)
     per_request = sum(g.blocks_per_request for g in groups)
     concurrency = num_blocks / per_request
     tokens = int(concurrency * L)  # get_kv_cache_capacity (kv_cache_utils.py:1120-1128), float as vLLM's
@@ -365,10 +344,14 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     formula += [f"blocks = {s.kv_memory_bytes:,} B{each} // {bpb_max:,} B a block (the largest group's pages) = "
                 f"{num_blocks:,}" if not s.stage_memory else
                 "blocks = min over the stages of (the stage's memory // its bytes a block) = " + f"{num_blocks:,}",
-                f"one request of {L:,} tokens: " + " + ".join(_request_blocks_text((g.kind, g.span), s, L) for g in groups)
+                f"one request of {L:,} tokens: " + " + ".join(_request_blocks_text((g.kind, g.span), s, L, g.block_size)
+                                                              for g in groups)
                 + (f"; {per_request:,} blocks in all" if len(groups) > 1 else " blocks"),
                 f"max concurrency = {num_blocks:,} / {per_request:,} = {concurrency:.4f}",
                 f"{dev} KV cache size = int({concurrency:.4f} x {L:,}) = {tokens:,} tokens"]
-    notes = sizing_notes(spec, s, [k for k, _ in raw], len(groups), group_size, len(layers))
+    notes = list(grouping.rescaled) + sizing_notes(spec, s, [k for k, _, _ in raw], len(groups), group_size,
+                                                   len(layers))
+    if len({ly.page for ly in layers}) > 1 and len(groups) > 1:
+        notes.append(BLOCK_OUTERMOST_NOTE)
     return VLLMSizing(s, heads, page, group_size, groups, tuple(stages), num_blocks, tokens, concurrency, fits, needed,
                       estimate, tuple(lines), tuple(formula), tuple(notes), bpb_max, n_draft)

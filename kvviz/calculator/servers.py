@@ -10,7 +10,7 @@ from typing import Any
 
 from kvviz.calculator.server_llamacpp import llamacpp_sizing
 from kvviz.calculator.server_mix import length_mix
-from kvviz.calculator.server_sglang import sglang_rest, sglang_rest_logged, sglang_sizing
+from kvviz.calculator.server_sglang import sglang_draft_pool, sglang_rest, sglang_rest_logged, sglang_sizing
 from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
 from kvviz.calculator.server_vllm_defaults import default_batched_tokens
 from kvviz.calculator.formulas import weight_bytes
@@ -172,9 +172,9 @@ def engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], st
 def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     if r.engine == "vllm":
         return _vllm(spec, r)
-    if r.engine != "vllm" and r.draft is not None:
-        raise CalcError([f"--draft-config is sized for vLLM only: {r.engine} keeps a draft's cache in a separate "
-                         "context or pool, which kvviz does not model yet"])
+    if r.engine == "llama.cpp" and r.draft is not None:
+        raise CalcError(["--draft-config is sized for vLLM and SGLang only: llama.cpp keeps a draft's cache in a "
+                         "separate context, which kvviz does not model yet"])
     if r.engine == "llama.cpp":
         tk = r.type_k or KV_DTYPE_NAMES.get(r.kv_dtype)
         tv = r.type_v or KV_DTYPE_NAMES.get(r.kv_dtype)
@@ -203,7 +203,13 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
         sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how, r.hybrid)
         d = sg.to_dict()
         d["mem_fraction_static"] = r.mem_fraction_static
-        return d, "\n".join(["SGLang:", *sg.formula, sg.line, *(f"note: {n}" for n in sg.notes)])
+        lines = [sg.line]
+        d["draft"] = None
+        if r.draft is not None:  # the draft worker's own pool of the target's #tokens
+            dk, dv, dline = sglang_draft_pool(r.draft, sg.tokens, r.tp, r.kv_dtype, r.page_size)
+            d["draft"] = {"k_bytes": dk, "v_bytes": dv, "log_line": dline, "layers": r.draft.kv_layers}
+            lines += [f"the draft worker's pool ({r.draft.kv_layers} layer(s), the target's #tokens):", dline]
+        return d, "\n".join(["SGLang:", *sg.formula, *lines, *(f"note: {n}" for n in sg.notes)])
     raise CalcError([f"unknown engine {r.engine!r}; choose one of {', '.join(ENGINES)}"])
 
 

@@ -141,8 +141,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-async-scheduling", action="store_true",
                    help="vLLM --no-async-scheduling: one batch in flight (PP batches under PP) instead of two")
     g.add_argument("--draft-config", type=Path, metavar="FILE",
-                   help="vLLM: a speculative draft model's config.json (EAGLE or a draft model): its layers hold KV "
-                        "beside the target's")
+                   help="vLLM and SGLang: a speculative draft model's config.json (EAGLE or a draft model): its "
+                        "layers hold KV beside the target's (SGLang: a pool of its own, of the target's #tokens)")
     g.add_argument("--reconcile", metavar="LOG",
                    help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "

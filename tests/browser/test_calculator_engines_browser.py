@@ -27,3 +27,28 @@ def test_cpu_backend_line_and_new_controls(page, app_url: str, screenshot) -> No
     page.locator(".st-key-mem_eng_device").scroll_into_view_if_needed()
     path = screenshot(page, "calculator-engines-cpu.png")
     assert path.exists()
+
+
+# A one-layer draft of SmolLM2's attention shape (3 KV heads x 64): SGLang gives it a pool of its own with
+# the target's #tokens. 1 GiB // (3 x 64 x 30 x 2 x 2 = 23,040 B) = 46,603 tokens; the draft's K:
+# (46,603 + 1) x 3 x 64 x 1 x 2 B = 17,895,936 B = 0.0167 GiB ("0.02 GB").
+DRAFT = ('{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3, '
+         '"hidden_size": 576, "max_position_embeddings": 8192, "vocab_size": 49152}')
+DRAFT_LINE = "KV Cache is allocated. #tokens: 46603, K size: 0.02 GB, V size: 0.02 GB"
+
+
+def test_draft_config_upload_gives_sglang_its_draft_pool(page, app_url: str, screenshot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{app_url}/calculator?mem_preset=smollm2-135m&mem_seq_len=2048")
+    _wait_idle(page, 180_000)
+    page.wait_for_selector(".st-key-mem_eng_kv_gib input", timeout=180_000)
+    kv = page.locator(".st-key-mem_eng_kv_gib input")
+    kv.fill("1")
+    kv.press("Enter")
+    _wait_idle(page, 180_000)
+    draft = tmp_path / "draft.json"
+    draft.write_text(DRAFT)
+    page.locator(".st-key-mem_eng_draft input[type=file]").set_input_files(str(draft))
+    page.wait_for_function("t => document.body.innerText.includes(t)", arg=DRAFT_LINE, timeout=180_000)
+    _wait_idle(page, 180_000)
+    page.get_by_text(DRAFT_LINE).first.scroll_into_view_if_needed()
+    assert screenshot(page, "calculator-engines-sglang-draft.png").exists()

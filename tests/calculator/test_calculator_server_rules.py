@@ -163,16 +163,26 @@ def test_draft_config_cli_and_other_pages(capsys, tmp_path):
                  "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))["engine"]
     assert d["bytes_per_block"] == 32 * 65_536 + 2 * 32_768 and d["draft_layers"] == 2
     assert d["num_blocks"] == 10 * GIB // (32 * 65_536 + 2 * 32_768)
-    assert "sized for vLLM only" in run_error(capsys, "--config", str(tmp_path / "t.json"), "--engine", "llama.cpp",
+    assert "sized for vLLM and SGLang only" in run_error(capsys, "--config", str(tmp_path / "t.json"), "--engine", "llama.cpp",
                                               "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))
 
 
-def test_draft_with_mixed_pages_on_a_hybrid_model_is_refused(presets):
-    """Several attention kinds with different page sizes are packed or rescaled by vLLM
-    (kv_cache_planning.py:914-1043): kvviz says so in one sentence instead of a number."""
-    draft = parse_config({**EAGLE_LLAMA31_8B, "num_key_value_heads": 2})  # 256 values a token, gpt-oss 512
-    with pytest.raises(CalcError, match="does not model yet"):
-        vllm_sizing(presets["gpt-oss-20b"], VLLMSettings(10 * GIB, 8192, draft=draft))
+# rules 4 and 5 (mixed pages on a hybrid model, bytes per block): tests/calculator/test_calculator_server_vllm_groups.py
+
+
+def test_sglang_draft_pool_holds_the_targets_tokens(capsys, tmp_path):
+    """SGLang 0.5.10.post1: the draft worker reuses the target's MemoryPoolConfig (init_memory_pool,
+    model_runner_kv_cache_mixin.py:893-903) and allocates a pool of its own layers, logging its own line
+    (mem_cache/memory_pool.py:686-704). Llama-3.1-8B at 10 GiB rest: cell 8 x 128 x 32 x 2 x 2 = 131,072 B,
+    10,737,418,240 // 131,072 = 81,920 tokens; the EAGLE draft's one layer: (81,920 + 1 padding slot) x 8 x
+    128 x 1 x 2 B = 167,774,208 B of K (0.156 GiB -> "0.16 GB"), the same of V."""
+    (tmp_path / "t.json").write_text(json.dumps(LLAMA31_8B))
+    (tmp_path / "d.json").write_text(json.dumps(EAGLE_LLAMA31_8B))
+    d = run_json(capsys, "--config", str(tmp_path / "t.json"), "--engine", "sglang", "--kv-memory-gib", "10",
+                 "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))["engine"]
+    assert d["max_total_num_tokens"] == 81_920
+    assert (d["draft"]["k_bytes"], d["draft"]["v_bytes"], d["draft"]["layers"]) == (167_774_208, 167_774_208, 1)
+    assert d["draft"]["log_line"] == "KV Cache is allocated. #tokens: 81920, K size: 0.16 GB, V size: 0.16 GB"
 
 
 # ----------------------------------------------------------------------------- rule 11: -ub

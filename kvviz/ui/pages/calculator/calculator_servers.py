@@ -59,9 +59,10 @@ def _controls() -> None:
                       help="n_ubatch: the sliding-window cache keeps window + n_ubatch cells (default 512).")
     c[3].selectbox("llama.cpp -fa (--flash-attn)", ("auto", "on", "off"), key="mem_eng_fa",
                    help="Off stores V transposed, padded to the widest layer, and refuses a quantized V cache.")
-    st.file_uploader("vLLM --draft-config: a speculative draft's config.json (EAGLE or a draft model)", type=["json"],
+    st.file_uploader("vLLM/SGLang --draft-config: a speculative draft's config.json (EAGLE or a draft model)", type=["json"],
                      key="mem_eng_draft", max_upload_size=1,
-                     help="Its layers hold KV beside the target's in vLLM's blocks.")
+                     help="Its layers hold KV beside the target's in vLLM's blocks; SGLang gives the draft a pool "
+                          "of its own with the target's #tokens.")
     c = st.columns([1, 3])
     c[0].checkbox("llama.cpp --swa-full", key="mem_eng_swa_full")
     c[1].text_input("Request lengths as percentiles (vLLM), e.g. 50:2000,90:8000,99:16000", key="mem_eng_pcts",
@@ -110,7 +111,7 @@ def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineReque
         hybrid=req.use_windows, n_seq=int(ss["mem_eng_np"]), type_k=ss["mem_eng_ctk"], type_v=ss["mem_eng_ctv"],
         swa_full=bool(ss["mem_eng_swa_full"]), mem_fraction_static=float(ss["mem_eng_frac"]),
         lengths=_lengths() if engine == "vllm" else (), device=device, async_scheduling=bool(ss["mem_eng_async"]),
-        draft=draft_spec() if engine == "vllm" else None, n_ubatch=int(ss["mem_eng_ub"]),
+        draft=draft_spec() if engine in ("vllm", "sglang") else None, n_ubatch=int(ss["mem_eng_ub"]),
         flash_attn=ss["mem_eng_fa"] != "off")
 
 
