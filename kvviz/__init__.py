@@ -2,8 +2,8 @@
 
 The public API is resolved on first use, so ``import kvviz.calculator`` (the calculator, pure
 Python) never imports torch. That is safe because no submodule shares an API name: the
-generation loop lives in ``kvviz.engine.generation.loop``, so ``kvviz.generate`` is always the
-function (tests/engine/test_generate.py holds that).
+generation API lives in ``kvviz.engine.api``, so ``kvviz.generate`` is always the function
+(tests/engine/test_generate.py holds that).
 """
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ _API: dict[str, str] = {
     "StepEvent": "kvviz.engine.generation.events",
     "Capture": "kvviz.engine.generation.capture",
     "CAPTURE_ALL": "kvviz.engine.generation.capture",
-    "generate": "kvviz.engine.generation.loop",
-    "iter_generate": "kvviz.engine.generation.loop",
+    "generate": "kvviz.engine.api",
+    "iter_generate": "kvviz.engine.api",
+    "SamplingParams": "kvviz.engine.generation.sampling",
+    "CacheSpec": "kvviz.engine.generation.valid_request",
+    "Beam": "kvviz.engine.generation.valid_request",
+    "Speculative": "kvviz.engine.generation.valid_request",
 }
 
 __all__ = sorted(_API)

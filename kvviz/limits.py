@@ -11,6 +11,7 @@ MAX_BEAMS = 64  # each beam is a row of the KV cache; beyond this the cache outg
 MAX_DRAFT = 64  # drafted tokens verified per forward (prompt lookup)
 MAX_NGRAM = 16  # the longest n-gram prompt lookup matches
 MAX_KV_BLOCK_SIZE = 4096  # tokens per paged block (vLLM uses 16)
+DEFAULT_KV_BLOCK_SIZE = 16  # vLLM's default; here so the request objects (no torch) and the paged cache share it
 MAX_KV_BLOCKS = 1 << 20  # blocks in a paged pool; the pool's bytes are checked against memory too
 MAX_SINKS = 1024  # StreamingLLM keeps 4
 MAX_TOKENS = 1 << 20  # any token count (new tokens, windows, prompt lengths): past every supported context

@@ -8,7 +8,7 @@ cache filling and the text streaming while ``iter_generate`` runs, with a Stop b
 
     import kvviz, kvviz.notebook as nb
     model = kvviz.load_model("smollm2")
-    run = nb.generate(model, prompt="The KV cache", max_new_tokens=20)
+    run = nb.generate(model, "The KV cache", max_new_tokens=20)
     nb.chips(run); nb.cache_notebook(run); nb.attention(run); nb.step_latencies(run)
     nb.race(model, "Once upon a time", max_new_tokens=40)
     nb.calculator_table(["smollm2-135m", "llama-3-8b"], [1024, 8192, 32768])
@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from kvviz.charts import perf, run_charts
 from kvviz.engine.generation.capture import CAPTURE_ALL, Capture
-from kvviz.engine.generation.loop import generate as _generate
+from kvviz.engine.api import generate as _generate
+from kvviz.engine.generation.sampling import SamplingParams
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 
@@ -39,10 +41,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'kvviz.notebook' has no attribute {name!r}")
 
 
-def generate(model: LoadedModel, prompt: str | None = None, capture: Capture = CAPTURE_ALL, **kwargs: Any) -> "Run":
+def generate(model: LoadedModel, prompt: Any, *, capture: Capture = CAPTURE_ALL, **kwargs: Any) -> "Run":
     """``kvviz.generate`` recording what the figures draw: every layer's attention and K/V norms and
     layer 0's raw K/V (``CAPTURE_ALL``). Keywords are ``iter_generate``'s."""
-    return _generate(model, prompt=prompt, capture=capture, **kwargs)
+    return _generate(model, prompt, capture=capture, **kwargs)
 
 
 class _Chips:
@@ -98,9 +100,9 @@ def race_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64,
     for mode in modes:
         if mode not in perf.MODE_COLORS:
             raise KVVizError(f"unknown mode {mode!r}; choose from {', '.join(perf.MODE_COLORS)}")
-        runs[mode] = _generate(model, prompt=prompt, max_new_tokens=max_new_tokens, greedy=True,
-                               use_cache=mode != "none", cache_kind="static" if mode == "none" else mode,
-                               stop=[], ignore_eos=True)
+        cache = CacheSpec(use_cache=mode != "none", kind="static" if mode == "none" else mode)
+        runs[mode] = _generate(model, prompt, max_new_tokens=max_new_tokens, sampling=SamplingParams(ignore_eos=True),
+                               cache=cache)
     return runs
 
 

@@ -25,7 +25,7 @@ import plotly.io
 from kvviz.charts import run_charts
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.generation.events import Run
-from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.api import iter_generate
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 
@@ -49,10 +49,10 @@ class LiveView:
     starts (a bad one raises ``KVVizError`` and nothing runs). ``start=False`` waits for
     ``start()``; ``start(background=False)`` runs in the calling thread (a script, a test)."""
 
-    def __init__(self, model: LoadedModel, prompt: str | None = None, max_new_tokens: int = 64,
+    def __init__(self, model: LoadedModel, prompt: Any = None, max_new_tokens: int = 64,
                  redraw_s: float = 0.25, start: bool = True, display: bool = True, **kwargs: Any) -> None:
         widgets, go = _widgets()
-        self._stream = iter_generate(model, prompt=prompt, max_new_tokens=max_new_tokens,
+        self._stream = iter_generate(model, prompt, max_new_tokens=max_new_tokens,
                                      capture=Capture(kv_norms=True), **kwargs)
         self.redraw_s = redraw_s
         self.error: str | None = None

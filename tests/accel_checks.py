@@ -37,11 +37,11 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def assert_concurrent_runs_match_sequential(model: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> None:
-    want = [kvviz.generate(model, prompt_ids=p, max_new_tokens=max_new_tokens).generated_ids for p in prompts]
+    want = [kvviz.generate(model, prompt=p, max_new_tokens=max_new_tokens).generated_ids for p in prompts]
     got: list[list[int] | None] = [None] * len(prompts)
 
     def run(i: int) -> None:
-        got[i] = kvviz.generate(model, prompt_ids=prompts[i], max_new_tokens=max_new_tokens).generated_ids
+        got[i] = kvviz.generate(model, prompt=prompts[i], max_new_tokens=max_new_tokens).generated_ids
 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for w in workers:

@@ -45,8 +45,8 @@ def check_against_solo(model: LoadedModel, reqs: list[ServeRequest], res: ServeR
     agree = total = 0
     worst = 0.0
     for r, rec in zip(reqs, res.requests):
-        solo = kvviz.generate(model, prompt_ids=list(r.prompt_ids), max_new_tokens=r.max_tokens, greedy=True,
-                              ignore_eos=True, fast=False)
+        solo = kvviz.generate(model, list(r.prompt_ids), max_new_tokens=r.max_tokens,
+                              sampling=kvviz.SamplingParams(ignore_eos=True), backend="readable")
         assert rec.output_ids == list(solo.generated_ids), r.request_id
         ids = torch.tensor([list(r.prompt_ids) + rec.output_ids[:-1]])
         with torch.inference_mode():

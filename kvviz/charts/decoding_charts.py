@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from kvviz.charts.run_charts import FONT, _layout, _message_figure
 from kvviz.charts.tokens import short_label
-from kvviz.engine.strategy.strategy_events import BeamStep, SpecStep
+from kvviz.engine.generation.strategy_events import BeamStep, SpecStep
 from kvviz.units import fmt_bytes
 
 KEPT = "#1c7ed6"

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 import kvviz.cli.argtypes as types
-from kvviz.cli.argtypes import finite_float
+from kvviz.cli.request_args import add_sampling_arguments, sampling_from_args
 from kvviz.errors import KVVizError
 
 
@@ -27,12 +27,7 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=types.kv_block_size, default=16, help="tokens per block of the paged cache")
     p.add_argument("--blocks", type=types.kv_blocks, default=None,
                    help="blocks in the paged pool (default: two contexts' worth)")
-    samp = p.add_mutually_exclusive_group()
-    samp.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
-    samp.add_argument("--temperature", type=finite_float, help="sample at this temperature")
-    p.add_argument("--top-k", type=types.top_k)
-    p.add_argument("--top-p", type=finite_float)
-    p.add_argument("--seed", type=types.seed, default=0)
+    add_sampling_arguments(p)
     p.add_argument("--max-new-tokens", type=types.token_count, default=64)
     p.add_argument("--check", action="store_true",
                    help="also generate every turn from scratch and measure the TTFT of recomputing it all")
@@ -42,21 +37,20 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
+    from kvviz.engine.generation.valid_request import CacheSpec
     from kvviz.engine.sessions.conversation import Conversation
     from kvviz.engine.loaded import load_model
 
-    if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
-        parser.error("--top-k and --top-p need --temperature")
+    sampling = sampling_from_args(args, parser)
     empty = [i + 1 for i, t in enumerate(args.turn) if not t.strip()]
     if empty:
         raise KVVizError(f"turn {empty[0]} is empty: every --turn needs text")
     if args.cache != "paged" and args.blocks is not None:
         parser.error("--blocks applies to --cache paged")
     model = load_model(args.model, device=args.device)
-    conv = Conversation(model, cache_kind=args.cache, kv_block_size=args.block_size, kv_blocks=args.blocks,
-                        system=args.system, timestamp=args.timestamp, max_new_tokens=args.max_new_tokens,
-                        greedy=None if args.temperature is not None else True, temperature=args.temperature,
-                        top_k=args.top_k, top_p=args.top_p, seed=args.seed, fast=not args.no_fast,
+    conv = Conversation(model, cache=CacheSpec(kind=args.cache, block_size=args.block_size, blocks=args.blocks),
+                        sampling=sampling, system=args.system, timestamp=args.timestamp,
+                        max_new_tokens=args.max_new_tokens, backend="readable" if args.no_fast else "fast",
                         parse_special=args.parse_special)
     conv.warm_up()  # turn 1's TTFT then times the model, not first-call costs
     turns, lines = [], []

@@ -32,10 +32,11 @@ def add_kv_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def kv_options(args: argparse.Namespace) -> dict[str, Any]:
-    """iter_generate's keyword arguments; errors are tracked whenever the rows are quantized."""
-    return dict(kv_dtype=args.kv_dtype, window=args.window, sinks=args.sinks, kv_group_size=args.kv_group_size,
-                kv_zero_point=args.kv_zero_point, kv_fp8_scale=args.fp8_scale, kv_positions=args.kv_positions,
-                track_kv_error=args.kv_dtype is not None)
+    """The compressed-cache fields of a ``CacheSpec`` (and ``KVSpec``); errors are tracked whenever the
+    rows are quantized."""
+    return dict(kv_dtype=args.kv_dtype, window=args.window, sinks=args.sinks, group_size=args.kv_group_size,
+                zero_point=args.kv_zero_point, fp8_scale=args.fp8_scale, positions=args.kv_positions,
+                track_errors=args.kv_dtype is not None)
 
 
 def asked(args: argparse.Namespace) -> bool:

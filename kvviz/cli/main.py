@@ -23,6 +23,7 @@ from kvviz.cli.argtypes import nonneg_int as _nonneg_int
 from kvviz.cli.argtypes import positive_int as _positive_int
 from kvviz.errors import KVVizError, ResultsNotSaved
 from kvviz.cli.kv_cli import add_kv_arguments
+from kvviz.cli.request_args import add_sampling_arguments, cache_from_args, sampling_from_args, strategy_from_args
 
 
 def _id_list(s: str) -> list[int]:
@@ -70,12 +71,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                         "by default it is plain text, so typed text cannot end the turn or forge another")
     p.add_argument("--no-fast", action="store_true",
                    help="run every step through the readable model, without the accelerator (kvviz.fast)")
-    samp = p.add_mutually_exclusive_group()
-    samp.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
-    samp.add_argument("--temperature", type=_float, help="sample at this temperature")
-    p.add_argument("--top-k", type=types.top_k)
-    p.add_argument("--top-p", type=_float)
-    p.add_argument("--seed", type=types.seed, default=0)
+    add_sampling_arguments(p)
     p.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly --max-new-tokens, treating EOS as an ordinary token "
@@ -105,27 +101,20 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], str]:
-    from kvviz.engine.generation.loop import iter_generate
+    from kvviz.engine.api import iter_generate
     from kvviz.engine.loaded import load_model
     from kvviz.fast.heap import freeze_long_lived
-    from kvviz.cli.kv_cli import asked, cache_report, cache_text, kv_options
+    from kvviz.cli.kv_cli import asked, cache_report, cache_text
 
-    if (args.top_k is not None or args.top_p is not None) and args.temperature is None:
-        parser.error("--top-k and --top-p need --temperature")
+    sampling = sampling_from_args(args, parser)
     if args.parse_special and not args.chat:
         parser.error("--parse-special applies to --chat (a plain prompt's special-token text is always parsed)")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     freeze_long_lived()  # no full-heap GC pauses inside the timed steps (kvviz.fast.heap)
     stream = iter_generate(
-        model, prompt=args.prompt, prompt_ids=args.prompt_ids, max_new_tokens=args.max_new_tokens,
-        use_cache=not args.no_cache, cache_kind=args.cache_kind, kv_block_size=args.block_size,
-        greedy=None if args.temperature is not None else True, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop, fast=not args.no_fast, chat=args.chat,
-        parse_special=args.parse_special,
-        num_beams=args.num_beams, length_penalty=args.length_penalty, early_stopping=args.early_stopping,
-        num_return_sequences=args.num_return_sequences, speculative=args.speculative,
-        draft_tokens=args.draft_tokens, ngram=args.ngram, ignore_eos=args.ignore_eos, **kv_options(args),
-    )
+        model, args.prompt if args.prompt_ids is None else args.prompt_ids, max_new_tokens=args.max_new_tokens,
+        sampling=sampling, cache=cache_from_args(args), strategy=strategy_from_args(args), stop=args.stop,
+        chat=args.chat, parse_special=args.parse_special, backend="readable" if args.no_fast else "fast")
     for _ in stream:
         pass
     run = stream.run
@@ -199,8 +188,8 @@ def _eval_kv(args: argparse.Namespace, model: Any, text: str,
     if not model.has_tokenizer:
         raise KVVizError(f"model {model.name!r} has no tokenizer, so it cannot score text")
     o = kv_options(args)
-    spec = kv_spec(model, o["kv_dtype"], o["window"], o["sinks"], o["kv_group_size"], o["kv_zero_point"],
-                   o["kv_fp8_scale"], o["kv_positions"], o["track_kv_error"])
+    spec = kv_spec(model, o["kv_dtype"], o["window"], o["sinks"], o["group_size"], o["zero_point"], o["fp8_scale"],
+                   o["positions"], o["track_errors"])
     ids = model.tokenizer.encode(text)[: min(args.max_tokens, model.config.block_size)]
     summary = compare(model, ids, spec, chunk=args.chunk, attention=args.chunk == 1).summary()
     return summary, describe(summary)

@@ -39,7 +39,9 @@ from typing import Any, Callable
 
 import torch
 
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
+from kvviz.engine.generation.sampling import SamplingParams
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import export_hf_gpt2
@@ -209,12 +211,11 @@ def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int
                 out = hf.generate(ids, max_new_tokens=n, do_sample=False, use_cache=True)
             return out[0, len(prompt):].tolist()
         return run_hf
-    use_cache = not variant.startswith("kvviz_uncached")
-    kind = "concat" if variant.startswith("kvviz_concat") else "static"
-    fast = variant != "readable_static"  # the readable engine: the model's own forward, no kvviz.fast
-    # EOS ignored: exactly n steps, as transformers runs with its eos_token_id unset.
-    return lambda: generate(model, prompt_ids=prompt, max_new_tokens=n, use_cache=use_cache,
-                            cache_kind=kind, fast=fast, ignore_eos=True).generated_ids
+    cache = CacheSpec(use_cache=not variant.startswith("kvviz_uncached"),
+                      kind="concat" if variant.startswith("kvviz_concat") else "static")
+    backend = "readable" if variant == "readable_static" else "fast"  # readable: the model's own forward
+    greedy = SamplingParams(ignore_eos=True)  # exactly n steps, as transformers runs with eos_token_id unset
+    return lambda: generate(model, prompt, max_new_tokens=n, sampling=greedy, cache=cache, backend=backend).generated_ids
 
 
 def _timed(fn: Callable[[], list[int]], device: torch.device) -> tuple[float, list[int]]:

@@ -43,7 +43,7 @@ def cache_sweep(model: LoadedModel, prompt: str, ns: Sequence[int], repeats: int
     """Total time of static-cache and no-cache generation at each N; the ratio of the medians."""
     if max(ns) + len(model.tokenizer.encode(prompt)) > model.config.block_size:
         raise KVVizError(f"--cache-sweep: {max(ns)} new tokens do not fit the {model.config.block_size}-token context")
-    req = request_from_text(model, prompt, max(ns), greedy=True)
+    req = request_from_text(model, prompt, max(ns))  # greedy
     times: dict[tuple[str, int], list[float]] = {}
     made: dict[int, int] = {}
     for s in sweep_total_time(model, req, ns, repeats=repeats, modes=("static", "none")):

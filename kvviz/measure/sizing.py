@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from kvviz.engine.generation.flops import forward_flops, weight_bytes
 from kvviz.engine.loading.loader import LoadedModel
-from kvviz.measure.sweeps import Request, document_ids, prompt_lengths, run_once, warmup
+from kvviz.measure.sweeps import Request, backend_name, document_ids, prompt_lengths, run_once, warmup
 from kvviz.units import kv_bytes_per_token
 
 BUDGET_S = 60.0  # a default measurement finishes within this, on the machine that runs it
@@ -63,7 +63,8 @@ def calibrate(model: LoadedModel, fast: bool = True) -> Calibration:
     c = model.config
     n = max(1, min(CAL_PROMPT, c.block_size - CAL_NEW - 1))
     warmup(model, ("static",))
-    run = run_once(model, Request(prompt_ids=(document_ids(model, n),), max_new_tokens=CAL_NEW, fast=fast), "static")
+    run = run_once(model, Request(prompt_ids=(document_ids(model, n),), max_new_tokens=CAL_NEW,
+                                  backend=backend_name(fast)), "static")
     dec = [e.latency_ms for e in run.events[1:]] or [run.events[0].latency_ms]
     return Calibration(run.events[0].latency_ms, float(median(dec)), n, weight_bytes(c, model.dtype.itemsize),
                        int(kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize)))

@@ -19,7 +19,9 @@ from statistics import median
 from typing import Any
 
 from kvviz.engine.generation.events import Run
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
+from kvviz.engine.generation.sampling import SamplingParams
+from kvviz.engine.generation.valid_request import Speculative
 from kvviz.engine.loading.loader import LoadedModel
 
 
@@ -91,15 +93,15 @@ def compare_runs(model: LoadedModel, prompt: str, max_new_tokens: int = 64, repe
     """
     if chat is None:
         chat = bool(getattr(model.tokenizer, "chat_template", None))
-    kw: dict[str, Any] = dict(prompt=prompt, max_new_tokens=max_new_tokens, chat=chat, greedy=True,
-                              ignore_eos=ignore_eos)
-    spec_kw = dict(kw, speculative="prompt_lookup", draft_tokens=draft_tokens, ngram=ngram)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, chat=chat,
+                              sampling=SamplingParams(greedy=True, ignore_eos=ignore_eos))
+    spec_kw = dict(kw, strategy=Speculative(draft_tokens=draft_tokens, ngram=ngram))
     times: dict[str, list[float]] = {"plain": [], "spec": []}
     runs = {}
     for r in range(repeats + 1):
         for name, args in (("plain", kw), ("spec", spec_kw)):
             t0 = time.perf_counter()
-            runs[name] = generate(model, **args)
+            runs[name] = generate(model, prompt, **args)
             if r:  # the first round warms both up
                 times[name].append(time.perf_counter() - t0)
     plain, spec = runs["plain"], runs["spec"]

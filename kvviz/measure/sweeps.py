@@ -10,7 +10,7 @@ Nothing here knows about Streamlit; the analysis of what is measured lives in ``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
@@ -19,7 +19,10 @@ from kvviz.units import kv_bytes_per_token
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.generation.events import Run, StepEvent
 from kvviz.engine.generation.flops import forward_bytes, forward_flops
-from kvviz.engine.generation.loop import GenerationStream, iter_generate
+from kvviz.engine.api import iter_generate
+from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.generation.sampling import SamplingParams
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.measure.stats import MODES, Sample
 
 SWEEP_NS = (8, 16, 32, 64, 128, 256, 512)  # new tokens for the total-time sweep
@@ -58,17 +61,14 @@ DIFFERENT_TEXTS = (
 
 @dataclass(frozen=True)
 class Request:
-    """What every run of a comparison shares: prompt rows, length and sampling."""
+    """What every run of a comparison shares: prompt rows, length, sampling and backend; each mode
+    ("static", "concat", "none") adds its own ``CacheSpec``."""
 
     prompt_ids: tuple[tuple[int, ...], ...]  # (B, N): equal-length rows, B >= 1
     max_new_tokens: int
-    greedy: bool = True
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
+    sampling: SamplingParams = SamplingParams()  # greedy
     prompt: str | None = None  # the text, when the rows came from one (kept for the Run)
-    fast: bool = True  # every mode through the accelerator, or every mode through the readable model
+    backend: str = "fast"  # every mode through the accelerator ("fast"), or every mode through the readable model
     # Timing generates the length it promises: an instruct model's EOS would end a run after a few
     # tokens (and leave a decode sweep short of its context), so EOS is an ordinary token here.
     ignore_eos: bool = True
@@ -82,34 +82,37 @@ class Request:
         return len(self.prompt_ids)
 
     def with_(self, **changes: object) -> "Request":
-        from dataclasses import replace
-
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def kwargs(self, mode: str) -> dict[str, object]:
-        """iter_generate arguments for one mode: "static", "concat" or "none"."""
+        """iter_generate's arguments after the model for one mode: "static", "concat" or "none"."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-        src: dict[str, object]
+        prompt: object
         if self.prompt is not None and self.batch_size == 1:
-            src = {"prompt": self.prompt}
+            prompt = self.prompt
         else:
             rows = [list(r) for r in self.prompt_ids]
-            src = {"prompt_ids": rows if len(rows) > 1 else rows[0]}
-        sampling: dict[str, object] = {"greedy": True} if self.greedy else {
-            "greedy": False, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-        return {**src, "max_new_tokens": self.max_new_tokens, "use_cache": mode != "none",
-                "cache_kind": "static" if mode == "none" else mode, "seed": self.seed, "fast": self.fast,
-                "ignore_eos": self.ignore_eos, **sampling}
+            prompt = rows if len(rows) > 1 else rows[0]
+        return {"prompt": prompt, "max_new_tokens": self.max_new_tokens,
+                "sampling": replace(self.sampling, ignore_eos=self.ignore_eos),
+                "cache": CacheSpec(use_cache=mode != "none", kind="static" if mode == "none" else mode),
+                "backend": self.backend}
 
 
-def request_from_text(model: LoadedModel, prompt: str, max_new_tokens: int, **sampling: object) -> Request:
+def backend_name(fast: bool) -> str:
+    """The API's name for the sweeps' fast/readable switch."""
+    return "fast" if fast else "readable"
+
+
+def request_from_text(model: LoadedModel, prompt: str, max_new_tokens: int,
+                      sampling: SamplingParams = SamplingParams()) -> Request:
     ids = tuple(model.tokenizer.encode(prompt))
-    return Request(prompt_ids=(ids,), max_new_tokens=max_new_tokens, prompt=prompt, **sampling)  # type: ignore[arg-type]
+    return Request(prompt_ids=(ids,), max_new_tokens=max_new_tokens, sampling=sampling, prompt=prompt)
 
 
 def start(model: LoadedModel, req: Request, mode: str) -> GenerationStream:
-    return iter_generate(model, **req.kwargs(mode))  # type: ignore[arg-type]
+    return iter_generate(model, **req.kwargs(mode))  # type: ignore[arg-type,return-value]
 
 
 def run_once(model: LoadedModel, req: Request, mode: str) -> Run:
@@ -273,7 +276,7 @@ def sweep_ttft(model: LoadedModel, base: Sequence[int], lengths: Sequence[int], 
     # sweep still has the whole curve.
     for rep in range(repeats):
         for length in lengths:
-            req = Request(prompt_ids=(cycle_to(base, length),), max_new_tokens=1, fast=fast)
+            req = Request(prompt_ids=(cycle_to(base, length),), max_new_tokens=1, backend=backend_name(fast))
             ev = run_once(model, req, "static").events[0]
             done += 1
             flops = forward_flops(cfg, length, 0)
@@ -294,7 +297,7 @@ def sweep_decode(model: LoadedModel, base: Sequence[int], repeats: int = 3, prom
     n_new = top - prompt_len
     if n_new < 2:
         raise ValueError(f"a {prompt_len}-token prompt leaves no room to decode in a {top}-token context")
-    req = Request(prompt_ids=(cycle_to(base, prompt_len),), max_new_tokens=n_new, fast=fast)
+    req = Request(prompt_ids=(cycle_to(base, prompt_len),), max_new_tokens=n_new, backend=backend_name(fast))
     total, done = repeats * (n_new - 1), 0
     for rep in range(repeats):
         for ev in start(model, req, "static"):
@@ -320,7 +323,8 @@ def sweep_short_long(model: LoadedModel, short: Sequence[int], long_len: int, n_
     total, done = repeats * len(cases), 0
     for rep in range(repeats):
         for name, ids in cases:
-            run = run_once(model, Request(prompt_ids=(tuple(ids),), max_new_tokens=n_new, fast=fast), "static")
+            req = Request(prompt_ids=(tuple(ids),), max_new_tokens=n_new, backend=backend_name(fast))
+            run = run_once(model, req, "static")
             done += 1
             yield Sample("short_long", name, len(ids), rep, {
                 "ttft_ms": run.ttft_ms or 0.0, "tpot_ms": _decode_ms(run),
@@ -371,7 +375,7 @@ def sweep_batch(model: LoadedModel, base: Sequence[int], sizes: Sequence[int], p
     for rep in range(repeats):  # repeats outside, as in sweep_ttft
         for b in sizes:
             req = Request(prompt_ids=batch_rows(model, base, b, prompt_len, different), max_new_tokens=n_new,
-                          fast=fast)
+                          backend=backend_name(fast))
             run = run_once(model, req, "static")
             done += 1
             last = run.events[-1]

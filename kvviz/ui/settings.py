@@ -1,12 +1,16 @@
 """The sidebar's answer: one frozen ``Settings`` value per script run (no streamlit import).
 
-Pages read it from ``state.session.settings()`` (app.py stores it) and turn it into
-``iter_generate`` arguments with ``generate_kwargs``; nothing else parses widget values.
+Pages read it from ``state.session.settings()`` (app.py stores it) and turn it into the API's
+objects: ``sampling()`` (a ``SamplingParams``), ``cache()`` (a ``CacheSpec``) and ``generate_kwargs()``
+(``iter_generate``'s keywords, the prompt first); nothing else parses widget values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from kvviz.engine.generation.sampling import SamplingParams
+from kvviz.engine.generation.valid_request import CacheSpec
 
 CACHE_MODES: dict[str, str] = {
     "static": "KV cache: static (preallocated)",
@@ -34,7 +38,7 @@ class Settings:
     seed: int = 0  # seeds the run's own random generator: same seed, same text
     cache_mode: str = "static"  # one of CACHE_MODES
     speed_tps: float | None = None  # presentation speed: slow live generation to N tokens/s (None = full speed)
-    engine: str = "fast"  # one of ENGINES: which code runs each step (same maths, same tokens)
+    engine: str = "fast"  # one of ENGINES: which code runs each step (same maths, same tokens); the API's backend
     chat: bool = False  # send the prompt as a user message through the model's chat template
 
     @property
@@ -50,20 +54,18 @@ class Settings:
         """What identifies a loaded model (get_model's cache key)."""
         return (self.model, self.device, self.dtype)
 
-    def sampling_kwargs(self) -> dict[str, Any]:
+    def sampling(self) -> SamplingParams:
+        """The sampler: greedy (the sampling fields ignored), or temperature, top-k, top-p and seed."""
         if self.greedy:
-            return {"greedy": True, "seed": self.seed}
-        return {"greedy": False, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "seed": self.seed}
+            return SamplingParams(greedy=True, seed=self.seed)
+        return SamplingParams(greedy=False, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              seed=self.seed)
+
+    def cache(self) -> CacheSpec:
+        """The cache: static or concat, or none (every step recomputes)."""
+        return CacheSpec(use_cache=self.use_cache, kind=self.cache_mode if self.use_cache else "static")
 
     def generate_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``kvviz.iter_generate`` (besides the model and the capture)."""
-        return {
-            "prompt": self.prompt,
-            "max_new_tokens": self.max_new_tokens,
-            "use_cache": self.use_cache,
-            "cache_kind": self.cache_mode if self.use_cache else "static",
-            "fast": self.engine == "fast",
-            "chat": self.chat,
-            **self.sampling_kwargs(),
-        }
+        """``kvviz.iter_generate``'s arguments after the model (besides the capture)."""
+        return {"prompt": self.prompt, "max_new_tokens": self.max_new_tokens, "sampling": self.sampling(),
+                "cache": self.cache(), "backend": self.engine, "chat": self.chat}

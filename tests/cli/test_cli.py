@@ -16,6 +16,7 @@ import torch
 import kvviz
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.cli.main import main
+from kvviz import CacheSpec, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = {"model", "device", "use_cache", "engine", "prompt_ids", "generated_ids", "text", "stop_reason", "steps"}
@@ -75,8 +76,9 @@ def test_generate_json_uncached_sampling(random_models: dict[str, LoadedModel]) 
     assert p.returncode == 0, p.stderr
     obj = json.loads(p.stdout)
     _check_contract(obj, 3, 5, cached=False)
-    ref = kvviz.generate(random_models["tiny"], prompt_ids=[72, 105, 33], max_new_tokens=5, use_cache=False,
-                         temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    ref = kvviz.generate(random_models["tiny"], prompt=[72, 105, 33], max_new_tokens=5,
+                         sampling=SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3),
+                         cache=CacheSpec(use_cache=False))
     assert obj["use_cache"] is False and obj["generated_ids"] == ref.generated_ids
 
 
@@ -134,7 +136,7 @@ def test_generate_cuda_unavailable(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_generate_plain_text_output(capsys: pytest.CaptureFixture[str], random_models: dict[str, LoadedModel]) -> None:
     assert main(["generate", "--model", "random:tiny", "--prompt-ids", "104,105", "--max-new-tokens", "4"]) == 0
-    ref = kvviz.generate(random_models["tiny"], prompt_ids=[104, 105], max_new_tokens=4)
+    ref = kvviz.generate(random_models["tiny"], prompt=[104, 105], max_new_tokens=4)
     assert capsys.readouterr().out == ref.text + "\n"
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kvviz import Capture
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
+from keyword_sets import request_kwargs
 
 ROWS = [[72, 101, 108, 108, 111, 32], [87, 111, 114, 108, 100, 33], [1, 2, 3, 4, 5, 6]]  # (3, 6)
 
@@ -14,8 +15,8 @@ ROWS = [[72, 101, 108, 108, 111, 32], [87, 111, 114, 108, 100, 33], [1, 2, 3, 4,
 @pytest.mark.parametrize("sampling", [{"greedy": True}, {"temperature": 0.9, "top_k": 20, "seed": 7}])
 def test_batched_cached_equals_uncached(small_model, sampling) -> None:  # type: ignore[no-untyped-def]
     runs = {
-        mode: generate(small_model, prompt_ids=ROWS, max_new_tokens=10, use_cache=mode != "none",
-                       cache_kind="static" if mode == "none" else mode, capture=Capture(logits=True), **sampling)
+        mode: generate(small_model,
+                       **request_kwargs(prompt_ids=ROWS, max_new_tokens=10, use_cache=mode != "none", cache_kind="static" if mode == "none" else mode, capture=Capture(logits=True), **sampling))
         for mode in ("static", "concat", "none")
     }
     ref = runs["none"]
@@ -27,12 +28,12 @@ def test_batched_cached_equals_uncached(small_model, sampling) -> None:  # type:
 
 
 def test_batch_rows_match_single_runs(small_model) -> None:  # type: ignore[no-untyped-def]
-    batched = generate(small_model, prompt_ids=ROWS, max_new_tokens=8)
+    batched = generate(small_model, prompt=ROWS, max_new_tokens=8)
     for i, row in enumerate(ROWS):
-        alone = generate(small_model, prompt_ids=row, max_new_tokens=8)
+        alone = generate(small_model, prompt=row, max_new_tokens=8)
         assert [e.token_ids[i] for e in batched.events] == alone.generated_ids
 
 
 def test_repeated_prompt_batch_gives_identical_rows(small_model) -> None:  # type: ignore[no-untyped-def]
-    run = generate(small_model, prompt_ids=ROWS[0], max_new_tokens=6, batch_size=4)
+    run = generate(small_model, prompt=ROWS[0], max_new_tokens=6, batch_size=4)
     assert all(len(set(e.token_ids)) == 1 and len(e.token_ids) == 4 for e in run.events)

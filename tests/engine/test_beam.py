@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.engine.loading.loader import LoadedModel, NoTokenizer
 from kvviz.engine.loaded import load_model
 from kvviz.errors import KVVizError
 from accel_checks import randomize
+from kvviz import Beam, CacheSpec
+from keyword_sets import request_kwargs
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,13 +83,13 @@ def test_beams_equal_transformers(pairs: dict[str, tuple[Any, LoadedModel]], fam
                                   case: tuple[int, float, bool | str, int]) -> None:
     hf, kv = pairs[family]
     k, lp, es, nrs = case
-    free = generate(kv, prompt_ids=PROMPT, max_new_tokens=N_NEW, num_beams=k)
+    free = generate(kv, prompt=PROMPT, max_new_tokens=N_NEW, strategy=Beam(num_beams=k))
     # An EOS the beams really meet: the best continuation at step 2 of a run without one.
     eos_pick = free.beams.steps[2].candidates[0].token_id
     for eos in (None, eos_pick):
         want_ids, want_scores = _hf_beams(hf, k, lp, es, nrs, eos)
-        run = generate(_with_eos(kv, eos), prompt_ids=PROMPT, max_new_tokens=N_NEW, num_beams=k, length_penalty=lp,
-                       early_stopping=es, num_return_sequences=nrs)
+        run = generate(_with_eos(kv, eos), prompt=PROMPT, max_new_tokens=N_NEW,
+                       strategy=Beam(num_beams=k, length_penalty=lp, early_stopping=es, num_return_sequences=nrs))
         got = run.beams
         assert len(got.sequences) == nrs
         for seq, want in zip(got.sequences, want_ids):
@@ -105,7 +107,7 @@ def test_reorders_match_parents_and_count_bytes(pairs: dict[str, tuple[Any, Load
     """Each step's reorder index is the kept candidates' parents, and moves pos x rows x bytes per row."""
     _, kv = pairs["llama"]
     k = 3
-    run = generate(kv, prompt_ids=PROMPT, max_new_tokens=6, num_beams=k, cache_kind=kind)
+    run = generate(kv, prompt=PROMPT, max_new_tokens=6, cache=CacheSpec(kind=kind), strategy=Beam(num_beams=k))
     c = kv.config
     per_row = c.n_layer * 2 * c.kv_heads * c.head_dim * 4  # fp32 K and V, every layer
     steps = run.beams.steps
@@ -122,7 +124,7 @@ def test_reorders_match_parents_and_count_bytes(pairs: dict[str, tuple[Any, Load
     # Same beams with every cache kind and without a cache; a paged cache and no cache move nothing
     # (the paged one shares blocks by reference and copies one block on the next write instead).
     for other in (dict(use_cache=False), dict(cache_kind="paged", kv_block_size=4)):
-        plain = generate(kv, prompt_ids=PROMPT, max_new_tokens=6, num_beams=k, **other)
+        plain = generate(kv, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=6, num_beams=k, **other))
         assert plain.beams.sequences == run.beams.sequences
         # The scores are float32 sums of N log-softmaxes, each from logits the other path computes with
         # other matmul shapes (the whole prefix per step vs one row): the same numbers in another
@@ -159,20 +161,19 @@ def test_one_beam_step_kept_rows_hold_their_parents_cache(make_llama: Any) -> No
     (dict(num_beams=2, early_stopping="soon"), "early_stopping must be true, false or never"),
     (dict(num_beams=2, length_penalty=float("nan")), "length_penalty must be a finite number"),
     (dict(num_beams=2, stop=["x"]), "stop strings are not supported with beam search"),
-    (dict(num_beams=2, speculative="prompt_lookup"), "not both"),
 ])
 def test_bad_beam_requests(small_model: LoadedModel, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(KVVizError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, **kwargs)
+        generate(small_model, **request_kwargs(prompt_ids=[1, 2, 3], max_new_tokens=4, **kwargs))
 
 
 def test_beams_over_memory_are_refused(small_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvviz.engine.strategy.beam as beam
+    import kvviz.engine.generation.request as beam  # the beam check lives with the request checks
 
     monkeypatch.setattr(beam, "available_memory", lambda device: 100_000)  # 100 kB free
     with pytest.raises(KVVizError, match=r"64 beams x 64 positions need .* of KV cache \(static\), more than 80%"):
-        generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, num_beams=64)
-    generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, num_beams=2)  # 2 x 64 x 512 B fits
+        generate(small_model, prompt=[1, 2, 3], max_new_tokens=4, strategy=Beam(num_beams=64))
+    generate(small_model, prompt=[1, 2, 3], max_new_tokens=4, strategy=Beam(num_beams=2))  # 2 x 64 x 512 B fits
 
 
 @pytest.mark.parametrize("lp", [2000.0, 1e308, -1e308])
@@ -185,8 +186,8 @@ def test_penalties_past_a_double_do_not_overflow(pairs: dict[str, tuple[Any, Loa
     if lp > 0:
         with pytest.raises(OverflowError):
             _hf_beams(hf, 3, lp, es, 2, None)
-    run = generate(kv, prompt_ids=PROMPT, max_new_tokens=N_NEW, num_beams=3, length_penalty=lp, early_stopping=es,
-                   num_return_sequences=2)
+    run = generate(kv, prompt=PROMPT, max_new_tokens=N_NEW,
+                   strategy=Beam(num_beams=3, length_penalty=lp, early_stopping=es, num_return_sequences=2))
     assert len(run.beams.scores) == 2 and not any(math.isnan(s) for s in run.beams.scores)
     if lp > 0:  # every beam ran to the length limit; every score saturated to -0.0
         assert run.beams.scores == (0.0, 0.0) and all(len(s) == N_NEW for s in run.beams.sequences)

@@ -13,6 +13,7 @@ from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.units import kv_bytes_per_token
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.models.gpt2_config import GPTConfig
+from kvviz import CacheSpec
 
 DTYPES = {"fp32": (torch.float32, 4), "bf16": (torch.bfloat16, 2), "fp16": (torch.float16, 2)}
 CFGS = {
@@ -113,7 +114,7 @@ def test_generation_events_report_exact_cache_bytes(make_model: Callable[..., Lo
     c = m.config
     per_token = 2 * c.n_layer * c.kv_heads * c.head_dim * itemsize  # bytes one token adds
     N, new = 6, 9
-    run = kvviz.generate(m, prompt_ids=list(range(65, 65 + N)), max_new_tokens=new)
+    run = kvviz.generate(m, prompt=list(range(65, 65 + N)), max_new_tokens=new)
     used = [e.cache_bytes_used for e in run.events]
     assert used[0] == N * per_token
     assert [b - a for a, b in zip(used, used[1:])] == [per_token] * (new - 1)
@@ -129,7 +130,7 @@ def test_generation_concat_cache_bytes(small_model: LoadedModel) -> None:
     per_token = 2 * c.n_layer * c.kv_heads * c.head_dim * 4  # 2 * 2 * 4 * 8 * 4 = 512
     assert per_token == 512
     N, new = 5, 8
-    run = kvviz.generate(small_model, prompt_ids=[1] * N, max_new_tokens=new, cache_kind="concat")
+    run = kvviz.generate(small_model, prompt=[1] * N, max_new_tokens=new, cache=CacheSpec(kind="concat"))
     for s, e in enumerate(run.events):
         assert e.cache_bytes_used == e.cache_bytes_allocated == (N + s) * per_token
         # Prefill copies N tokens; decode step j re-copies all N + j cached tokens.
@@ -138,7 +139,7 @@ def test_generation_concat_cache_bytes(small_model: LoadedModel) -> None:
 
 
 def test_uncached_run_reports_no_cache(small_model: LoadedModel) -> None:
-    run = kvviz.generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, use_cache=False)
+    run = kvviz.generate(small_model, prompt=[1, 2, 3], max_new_tokens=4, cache=CacheSpec(use_cache=False))
     assert run.cache_kind == "none"
     assert all(e.cache_len == e.cache_bytes_used == e.cache_bytes_allocated == e.cache_bytes_copied == 0
                for e in run.events)

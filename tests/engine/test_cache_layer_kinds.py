@@ -17,6 +17,8 @@ from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool
 from kvviz.engine.kvcache.paged_pool import layer_groups
 from test_gemma3_tiny import _feed, tiny
+from keyword_sets import request_kwargs
+from kvviz import CacheSpec
 
 W = 5  # the tiny config's window
 
@@ -61,8 +63,8 @@ def _hand_blocks(p: int, bs: int) -> tuple[int, int]:
 def test_paged_greedy_equals_static_and_events_carry_block_bytes(bs: int) -> None:
     m = tiny(seed=2)
     kw = dict(prompt_ids=list(range(60, 63)), max_new_tokens=40)
-    static = kvviz.generate(m, **kw)
-    paged = kvviz.generate(m, cache_kind="paged", kv_block_size=bs, **kw)
+    static = kvviz.generate(m, **request_kwargs(**kw))
+    paged = kvviz.generate(m, **request_kwargs(cache_kind="paged", kv_block_size=bs, **kw))
     assert paged.generated_ids == static.generated_ids
     for ev in paged.events:
         full, sliding = _hand_blocks(ev.position, bs)
@@ -165,7 +167,7 @@ def test_chat_on_paged_hybrid_answers_as_a_full_cache() -> None:
     m = chat_model(tiny(seed=3, block_size=256))
     got = {}
     for kind in ("paged", "concat"):
-        conv = Conversation(m, cache_kind=kind, max_new_tokens=6, kv_block_size=4)
+        conv = Conversation(m, cache=CacheSpec(kind=kind, block_size=4), max_new_tokens=6)
         turns = [conv.send("hi there"), conv.send("and more"), conv.edit(0, "edited"), conv.regenerate()]
         got[kind] = [t.generated_ids for t in turns]
         if kind == "paged":
@@ -200,8 +202,8 @@ def test_beam_search_on_the_paged_hybrid_equals_static() -> None:
     """Beams reorder the rows' tables (let-go entries included) past the window: the static ring's beams."""
     m = tiny(seed=2)
     kw = dict(prompt_ids=list(range(60, 63)), max_new_tokens=20, num_beams=3)
-    assert kvviz.generate(m, cache_kind="paged", kv_block_size=2, **kw).generated_ids == \
-        kvviz.generate(m, cache_kind="static", **kw).generated_ids
+    assert kvviz.generate(m, **request_kwargs(cache_kind="paged", kv_block_size=2, **kw)).generated_ids == \
+        kvviz.generate(m, **request_kwargs(cache_kind="static", **kw)).generated_ids
 
 
 def test_quantized_ring_checkpoint_restore_is_exact_and_truncate_refused_once_overwritten() -> None:

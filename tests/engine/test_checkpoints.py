@@ -16,6 +16,7 @@ from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import save_model
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
+from kvviz import SamplingParams
 
 
 def _same_weights(a: LoadedModel, b: LoadedModel) -> bool:
@@ -260,7 +261,7 @@ def test_default_model_loads_and_generates() -> None:
     m = load_model("shakespeare", device="cpu")
     assert m.name == "shakespeare" and m.has_tokenizer and m.config.vocab_size >= 256
     assert m.config.block_size >= 512
-    run = kvviz.generate(m, prompt="ROMEO:\n", max_new_tokens=80, temperature=0.8, seed=0)
+    run = kvviz.generate(m, prompt="ROMEO:\n", max_new_tokens=80, sampling=SamplingParams(temperature=0.8, seed=0))
     assert len(run.generated_ids) == 80 and run.stop_reason == "max_new_tokens"
     # A trained byte model writes mostly printable text, unlike random weights.
     printable = sum(ch.isprintable() or ch in "\n\t" for ch in run.text)

@@ -11,6 +11,7 @@ import kvviz.cli.main as cli
 from kvviz.engine.sessions.conversation import Conversation, common_prefix
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
+from kvviz import CacheSpec, SamplingParams
 
 QUESTIONS = ["hello there", "and then?", "tell me more"]
 
@@ -35,7 +36,7 @@ def _equalities(conv: Conversation) -> None:
 
 @pytest.mark.parametrize("kind", ["static", "concat", "paged"])
 def test_turns_reuse_the_conversation_and_equal_scratch(chat_llama: LoadedModel, kind: str) -> None:
-    conv = Conversation(chat_llama, cache_kind=kind, kv_block_size=8, max_new_tokens=10)
+    conv = Conversation(chat_llama, cache=CacheSpec(kind=kind, block_size=8), max_new_tokens=10)
     for q in QUESTIONS:
         conv.send(q)
     _equalities(conv)
@@ -52,7 +53,7 @@ def test_turns_reuse_the_conversation_and_equal_scratch(chat_llama: LoadedModel,
 
 
 def test_edit_keeps_the_prefix_and_paged_finds_old_blocks(chat_llama: LoadedModel) -> None:
-    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=4, max_new_tokens=6)
+    conv = Conversation(chat_llama, cache=CacheSpec(kind="paged", block_size=4), max_new_tokens=6)
     conv.send("abcdefghijklmnop")
     conv.send("second")
     edited = conv.edit(0, "abcdefghXjklmnop")
@@ -67,7 +68,8 @@ def test_edit_keeps_the_prefix_and_paged_finds_old_blocks(chat_llama: LoadedMode
 
 
 def test_regenerate_copies_on_write_and_keeps_the_old_answer(chat_llama: LoadedModel) -> None:
-    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=8, max_new_tokens=12, temperature=1.0, seed=1)
+    conv = Conversation(chat_llama, cache=CacheSpec(kind="paged", block_size=8), max_new_tokens=12,
+                        sampling=SamplingParams(temperature=1.0, seed=1))
     # "<|user|>hi<|end|>\n<|assistant|>" is 31 bytes; the cache ends holding 31 + 11 = 42 positions:
     # blocks 0-4 full (hashed), block 5 partial.
     first = conv.send("hi")
@@ -84,7 +86,7 @@ def test_regenerate_copies_on_write_and_keeps_the_old_answer(chat_llama: LoadedM
 
 
 def test_a_timestamped_system_prompt_misses_every_turn(chat_llama: LoadedModel) -> None:
-    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=4, max_new_tokens=4, system="be brief",
+    conv = Conversation(chat_llama, cache=CacheSpec(kind="paged", block_size=4), max_new_tokens=4, system="be brief",
                         timestamp=True)
     for q in QUESTIONS[:2]:
         conv.send(q)
@@ -98,7 +100,7 @@ def test_a_timestamped_system_prompt_misses_every_turn(chat_llama: LoadedModel) 
 
 def test_bad_input_is_named_and_nothing_is_lost(chat_llama: LoadedModel,
                                                 make_llama: Callable[..., LoadedModel]) -> None:
-    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=4, max_new_tokens=8)
+    conv = Conversation(chat_llama, cache=CacheSpec(kind="paged", block_size=4), max_new_tokens=8)
     conv.send("hi")
     before = (list(conv.messages), list(conv.turns), list(conv.held))
     with pytest.raises(KVVizError, match="empty"):
@@ -108,7 +110,7 @@ def test_bad_input_is_named_and_nothing_is_lost(chat_llama: LoadedModel,
     with pytest.raises(KVVizError, match="no turn 5"):
         conv.edit(4, "x")
     assert (conv.messages, conv.turns, conv.held) == before
-    small = Conversation(chat_llama, cache_kind="paged", kv_block_size=4, kv_blocks=3, max_new_tokens=8)
+    small = Conversation(chat_llama, cache=CacheSpec(kind="paged", block_size=4, blocks=3), max_new_tokens=8)
     with pytest.raises(KVVizError, match="pool has 3 blocks"):
         small.send("hello")
     with pytest.raises(KVVizError, match="no chat template"):

@@ -14,6 +14,7 @@ from chat_fixtures import chat_model
 from kvviz.engine.sessions.conversation import Conversation, TurnInterrupted, common_prefix
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
+from kvviz import CacheSpec, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def model_b(make_llama: Callable[..., LoadedModel]) -> LoadedModel:
 
 @pytest.mark.parametrize("kind", ["paged", "static"])
 def test_next_turn_settings_keep_the_turns_and_the_cache(model_a: LoadedModel, kind: str) -> None:
-    conv = Conversation(model_a, cache_kind=kind, kv_block_size=8, max_new_tokens=4)
+    conv = Conversation(model_a, cache=CacheSpec(kind=kind, block_size=8), max_new_tokens=4)
     t1 = conv.send("Tell me about the sea.")
     conv.configure(max_new_tokens=5)  # 4 -> 5: the 24 -> 25
     t2 = conv.send("And the sky?")
@@ -39,14 +40,14 @@ def test_next_turn_settings_keep_the_turns_and_the_cache(model_a: LoadedModel, k
     assert t2.reused_tokens > t1.prompt_tokens
     assert (t1.max_new_tokens, t2.max_new_tokens) == (4, 5) and t2.generated_tokens <= 5
     # Sampling applies to the next turn too; each turn is checked with its own settings.
-    conv.configure(max_new_tokens=6, greedy=False, temperature=0.9, top_k=20, seed=7)
+    conv.configure(max_new_tokens=6, sampling=SamplingParams(greedy=False, temperature=0.9, top_k=20, seed=7))
     t3 = conv.send("Say more.")
     assert t3.reused_tokens > t2.prompt_tokens and not t3.params.greedy and t3.params.seed == 7
     assert [conv.matches_scratch(k) for k in range(3)] == [True, True, True]
 
 
 def test_configure_rejects_a_bad_length_and_changes_nothing(model_a: LoadedModel) -> None:
-    conv = Conversation(model_a, cache_kind="static", max_new_tokens=3)
+    conv = Conversation(model_a, cache=CacheSpec(kind="static"), max_new_tokens=3)
     conv.send("hi")
     with pytest.raises(KVVizError, match="positive integer"):
         conv.configure(max_new_tokens=0)
@@ -55,10 +56,10 @@ def test_configure_rejects_a_bad_length_and_changes_nothing(model_a: LoadedModel
 
 def test_another_model_keeps_the_transcript_and_rebuilds_the_cache(model_a: LoadedModel,
                                                                    model_b: LoadedModel) -> None:
-    conv = Conversation(model_a, cache_kind="paged", kv_block_size=8, max_new_tokens=4)
+    conv = Conversation(model_a, cache=CacheSpec(kind="paged", block_size=8), max_new_tokens=4)
     t1, t2 = conv.send("Tell me about the sea."), conv.send("And the sky?")
     messages = list(conv.messages)
-    conv.rebuild(model_b, cache_kind="static", reason="the model was switched")
+    conv.rebuild(model_b, cache=CacheSpec(kind="static"), reason="the model was switched")
     assert conv.turns == [t1, t2] and conv.messages == messages and conv.carried == 2
     assert conv.held == [] and conv.cache.pos == 0 and conv.model is model_b
     assert "paged cache, blocks of 8" in t1.made_on and conv.label().endswith("static cache")
@@ -78,11 +79,11 @@ def test_another_model_keeps_the_transcript_and_rebuilds_the_cache(model_a: Load
 
 def test_a_turn_in_flight_when_the_model_changes_is_kept_as_interrupted(model_a: LoadedModel,
                                                                         model_b: LoadedModel) -> None:
-    conv = Conversation(model_a, cache_kind="paged", kv_block_size=8, max_new_tokens=8)
+    conv = Conversation(model_a, cache=CacheSpec(kind="paged", block_size=8), max_new_tokens=8)
     t1 = conv.send("Tell me about the sea.")
     it = conv.iter_send("Go on please.")
     next(it), next(it), next(it)  # three tokens answered
-    conv.rebuild(model_b, cache_kind="paged", kv_block_size=8, reason="the model was switched")
+    conv.rebuild(model_b, cache=CacheSpec(kind="paged", block_size=8), reason="the model was switched")
     (cut,) = conv.interrupted
     assert (cut.user, cut.after, cut.generated_tokens, cut.reason) == ("Go on please.", 1, 3, "the model was switched")
     with pytest.raises(TurnInterrupted):
@@ -90,7 +91,7 @@ def test_a_turn_in_flight_when_the_model_changes_is_kept_as_interrupted(model_a:
     assert conv.turns == [t1] and not conv.running
     # A message rendered for the old model but not yet begun is kept too, never run on the new one.
     late = conv.iter_send("Are you there?")
-    conv.rebuild(model_a, cache_kind="static", reason="the model was switched")
+    conv.rebuild(model_a, cache=CacheSpec(kind="static"), reason="the model was switched")
     with pytest.raises(TurnInterrupted):
         next(late)
     assert [c.user for c in conv.interrupted] == ["Go on please.", "Are you there?"]
@@ -100,16 +101,16 @@ def test_a_turn_in_flight_when_the_model_changes_is_kept_as_interrupted(model_a:
 
 
 def test_a_cache_that_cannot_be_built_changes_nothing(model_a: LoadedModel) -> None:
-    conv = Conversation(model_a, cache_kind="paged", kv_block_size=8, max_new_tokens=4)
+    conv = Conversation(model_a, cache=CacheSpec(kind="paged", block_size=8), max_new_tokens=4)
     conv.send("hi")
     cache = conv.cache
     with pytest.raises(KVVizError):
-        conv.rebuild(model_a, cache_kind="paged", kv_block_size=0)
+        conv.rebuild(model_a, cache=CacheSpec(kind="paged", block_size=0))
     assert conv.cache is cache and conv.carried == 0 and len(conv.turns) == 1
 
 
 def test_each_turn_is_timed_without_reuse_on_the_same_prompt(model_a: LoadedModel, model_b: LoadedModel) -> None:
-    conv = Conversation(model_a, cache_kind="paged", kv_block_size=8, max_new_tokens=4)
+    conv = Conversation(model_a, cache=CacheSpec(kind="paged", block_size=8), max_new_tokens=4)
     conv.send("Tell me about the sea.")
     conv.send("And the sky?")
     ms = conv.time_without_reuse()
@@ -119,7 +120,7 @@ def test_each_turn_is_timed_without_reuse_on_the_same_prompt(model_a: LoadedMode
     assert conv.time_without_reuse() == ms and conv.turns[-1] is t
     assert conv.turns[0].no_reuse_ttft_ms is None  # only the turn it was asked for
     assert t.to_dict()["no_reuse_ttft_ms"] == ms
-    conv.rebuild(model_b, cache_kind="static")
+    conv.rebuild(model_b, cache=CacheSpec(kind="static"))
     assert conv.time_without_reuse() is None  # the last turn is model A's: not this cache's to time
 
 
@@ -131,7 +132,7 @@ def test_the_no_reuse_prefill_computes_what_the_turn_computed(model_a: LoadedMod
     from kvviz.engine.kvcache.paged_cache import PagedKVCache
     from kvviz.engine.sessions.conversation_checks import feed
 
-    conv = Conversation(model_a, cache_kind="paged", kv_block_size=8, max_new_tokens=4)
+    conv = Conversation(model_a, cache=CacheSpec(kind="paged", block_size=8), max_new_tokens=4)
     conv.send("Tell me about the sea.")
     t = conv.send("And the sky?")
     m, ids = model_a, list(t.prompt_ids)

@@ -167,9 +167,9 @@ def test_the_readable_model_and_fast_false_never_take_the_flat_step(make_model: 
     with torch.inference_mode():
         m.model(torch.tensor([[3]]), cache=StaticKVCache(m.config))
     assert not spy
-    slow = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=6, fast=False)
+    slow = kvviz.generate(m, prompt=[1, 2, 3], max_new_tokens=6, backend="readable")
     assert not spy and slow.engine == "readable"
-    fast = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=6)
+    fast = kvviz.generate(m, prompt=[1, 2, 3], max_new_tokens=6)
     assert len(spy) == 5 and fast.engine == "fast"  # the 5 decode steps after the prefill
     assert fast.generated_ids == slow.generated_ids
 

@@ -27,6 +27,8 @@ from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.save import save_model
 from kvviz.engine.generation.sampling import SamplingParams, sample
 from kvviz.safeio import MAX_JSON_DEPTH, json_depth, parse_json, read_bounded
+from kvviz import SamplingParams
+from keyword_sets import request_kwargs
 
 TINY = dict(model_type="kvviz-gpt", vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=32)
 
@@ -227,7 +229,8 @@ def test_nan_weights_are_named_at_load(tmp_path: Path, good_folder: Path) -> Non
 def test_extreme_sampling_values_sample_the_top_token(small_model: LoadedModel, temperature: float,
                                                       top_p: float | None) -> None:
     greedy = kvviz.generate(small_model, prompt="Hi", max_new_tokens=6)
-    run = kvviz.generate(small_model, prompt="Hi", max_new_tokens=6, temperature=temperature, top_p=top_p, seed=3)
+    run = kvviz.generate(small_model, prompt="Hi", max_new_tokens=6,
+                         sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=3))
     if temperature < 1e-3 or (top_p is not None and top_p < 1e-6):
         assert run.generated_ids == greedy.generated_ids  # the limit of sharpening is the argmax
     assert len(run.generated_ids) == 6
@@ -252,7 +255,7 @@ def test_sample_never_makes_nan_from_huge_finite_logits() -> None:
 ])
 def test_bad_sampling_values_are_refused(small_model: LoadedModel, kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(KVVizError, match=needle):
-        kvviz.generate(small_model, prompt="Hi", max_new_tokens=2, **kw)
+        kvviz.generate(small_model, **request_kwargs(prompt="Hi", max_new_tokens=2, **kw))
 
 
 # ----------------------------------------------------------------------------- non-finite logits
@@ -274,7 +277,7 @@ def overflowing(make_model: Callable[..., LoadedModel]) -> LoadedModel:
 @pytest.mark.parametrize("kw", [dict(), dict(temperature=0.8, seed=1), dict(use_cache=False),
                                 dict(temperature=1.0, top_k=5, top_p=0.9)])
 def test_non_finite_logits_are_named_with_step_and_layer(overflowing: LoadedModel, kw: dict[str, Any]) -> None:
-    stream = kvviz.iter_generate(overflowing, prompt="Hi", max_new_tokens=4, **kw)
+    stream = kvviz.iter_generate(overflowing, **request_kwargs(prompt="Hi", max_new_tokens=4, **kw))
     with pytest.raises(NonFiniteLogits) as e:
         list(stream)
     msg = str(e.value)
@@ -286,7 +289,7 @@ def test_non_finite_logits_are_named_with_step_and_layer(overflowing: LoadedMode
 
 def test_a_broken_readable_model_is_found_without_the_accelerator(overflowing: LoadedModel) -> None:
     with pytest.raises(NonFiniteLogits, match=re.escape("layer 1 (transformer.h.1.ln_2)")):
-        kvviz.generate(overflowing, prompt="Hi", max_new_tokens=2, fast=False)
+        kvviz.generate(overflowing, prompt="Hi", max_new_tokens=2, backend="readable")
 
 
 # ----------------------------------------------------------------------------- eval

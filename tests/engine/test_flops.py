@@ -16,6 +16,7 @@ from kvviz.engine.loading.loader import RANDOM_SHAPES, LoadedModel
 from kvviz.engine.generation.flops import arithmetic_intensity, forward_bytes, forward_flops, generation_flops, weight_bytes
 from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
+from kvviz import CacheSpec
 
 # L=2 layers, C=4 wide, 2 query heads of head_dim 2, 1 K/V head (kv_dim 2), V=10.
 TINY = GPTConfig(vocab_size=10, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=4)
@@ -100,7 +101,7 @@ def test_forward_bytes_count_weights_and_kv_traffic() -> None:
 
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_step_events_carry_the_step_flops(small_model: LoadedModel, use_cache: bool) -> None:
-    run = kvviz.generate(small_model, prompt_ids=[1, 2, 3, 4, 5], max_new_tokens=6, use_cache=use_cache)
+    run = kvviz.generate(small_model, prompt=[1, 2, 3, 4, 5], max_new_tokens=6, cache=CacheSpec(use_cache=use_cache))
     c = small_model.config
     expected = generation_flops(c, 5, 6, cached=use_cache)
     assert [e.flops for e in run.events] == expected

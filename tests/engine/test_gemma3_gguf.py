@@ -13,6 +13,7 @@ import kvviz
 from kvviz.engine.loading.gguf_lite import read_gguf
 
 from gguf_writers import GEMMA3_TOKENS, hf_tiny_gemma3, write_gemma3_gguf
+from keyword_sets import request_kwargs
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -53,7 +54,8 @@ def test_tiny_gemma3_gguf_equals_transformers(tiny_file: Path) -> None:
         torch.testing.assert_close(ours.model(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
         want = hf.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, 30:].tolist()
     for kw in ({"cache_kind": "static"}, {"cache_kind": "paged"}, {"use_cache": False}):
-        run = kvviz.generate(ours, prompt_ids=ids[0].tolist(), max_new_tokens=16, ignore_eos=True, **kw)
+        run = kvviz.generate(ours,
+                             **request_kwargs(prompt_ids=ids[0].tolist(), max_new_tokens=16, ignore_eos=True, **kw))
         assert run.generated_ids == want, kw
     # The tokenizer from the same file: control and user-defined pieces whole, bigram merges, bytes.
     tok = transformers.AutoTokenizer.from_pretrained(tiny_file.parent, gguf_file=tiny_file.name)
@@ -81,4 +83,4 @@ def test_damaged_or_partial_files(tmp_path: Path) -> None:
                                                r"holds 32 NaN and 0 infinite values"):
         kvviz.load_model(str(nan))
     bare = kvviz.load_model(str(write_gemma3_gguf(tmp_path / "bare.gguf", hf, tokenizer=False)))
-    assert not bare.has_tokenizer and len(kvviz.generate(bare, prompt_ids=[5, 6], max_new_tokens=3).generated_ids) == 3
+    assert not bare.has_tokenizer and len(kvviz.generate(bare, prompt=[5, 6], max_new_tokens=3).generated_ids) == 3

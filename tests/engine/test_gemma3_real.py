@@ -20,6 +20,7 @@ import kvviz
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loading.gemma3_package import SHA256
 from kvviz.engine.models.gemma3 import Gemma3
+from kvviz import CacheSpec, SamplingParams
 
 pytestmark = pytest.mark.gemma3
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "gemma3_hf_reference.json"
@@ -59,10 +60,11 @@ def test_greedy_equals_transformers_cached_and_uncached(gemma3: LoadedModel, ref
     for i, case in enumerate(ref["greedy"][:2]):
         prompt = case["prompt_ids"]
         assert gemma3.tokenizer.encode(case["prompt"]) == prompt
-        cached = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=n, ignore_eos=True)
+        cached = kvviz.generate(gemma3, prompt=prompt, max_new_tokens=n, sampling=SamplingParams(ignore_eos=True))
         assert cached.generated_ids == case["generated"], case["prompt"]
         if i == 0:  # the uncached loop itself, 40 full forwards
-            uncached = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=n, use_cache=False, ignore_eos=True)
+            uncached = kvviz.generate(gemma3, prompt=prompt, max_new_tokens=n,
+                                      sampling=SamplingParams(ignore_eos=True), cache=CacheSpec(use_cache=False))
             assert uncached.generated_ids == case["generated"], case["prompt"]
         else:  # the same logits in one forward over prompt + continuation (cheaper)
             with torch.inference_mode():
@@ -75,12 +77,12 @@ def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str,
     case = ref["greedy"][2]
     prompt, want = case["prompt_ids"], case["generated"]
     assert len(prompt) > 512  # the sliding layers' window is in force from the prompt on
-    run = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True)
+    run = kvviz.generate(gemma3, prompt=prompt, max_new_tokens=ref["n_new"], sampling=SamplingParams(ignore_eos=True))
     assert run.generated_ids == want
     # The paged cache (block 16): its sliding groups let go of the blocks out of the window, and the
     # tokens stay transformers'; per layer, blocks held x a layer's share of a block, by hand.
-    paged = kvviz.generate(gemma3, prompt_ids=prompt, max_new_tokens=ref["n_new"], ignore_eos=True,
-                           cache_kind="paged")
+    paged = kvviz.generate(gemma3, prompt=prompt, max_new_tokens=ref["n_new"],
+                           sampling=SamplingParams(ignore_eos=True), cache=CacheSpec(kind="paged"))
     assert paged.generated_ids == want
     p, share = paged.events[-1].position, 16 * 2 * 256 * gemma3.dtype.itemsize  # 16 slots, K and V, 1 head
     full, sliding = -(-p // 16), -(-p // 16) - (p - 512 + 1) // 16

@@ -14,6 +14,8 @@ from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.attention import sliding_mask
 from kvviz.engine.models.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config, param_shapes
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
+from kvviz import CacheSpec
+from keyword_sets import request_kwargs
 
 # 3 layers, every 3rd global: two sliding layers with a window of 5, one global; MQA like 270M.
 TINY = dict(vocab_size=256, block_size=64, context_length=64, n_layer=3, n_head=4, n_kv_head=1, n_embd=32,
@@ -89,7 +91,8 @@ def test_cached_decode_equals_one_forward_past_the_window(kind: str) -> None:
 def test_generate_cached_equals_uncached() -> None:
     m = tiny(seed=1)
     kw = dict(prompt_ids=list(range(40, 52)), max_new_tokens=12, temperature=1.0, seed=7)
-    assert kvviz.generate(m, **kw).generated_ids == kvviz.generate(m, use_cache=False, **kw).generated_ids
+    assert kvviz.generate(m, **request_kwargs(**kw)).generated_ids == kvviz.generate(m,
+                                                                                     **request_kwargs(use_cache=False, **kw)).generated_ids
 
 
 def test_chunked_prefill_equals_one_forward() -> None:
@@ -117,13 +120,14 @@ def test_accelerator_without_codes_and_quantized_kv_run_a_window_past_the_contex
     # A model built in memory has no GGUF codes: kvviz.fast's Gemma 3 runs its fp32 weights in C
     # where the kernel builds, else the readable model; int8 K/V gives the same tokens either way.
     assert type(m.fast).__name__ == "FastGemma3" and m.fast.codes == {}
-    run = kvviz.generate(m, prompt_ids=list(range(40, 52)), max_new_tokens=10, kv_dtype="int8")
-    slow = kvviz.generate(m, prompt_ids=list(range(40, 52)), max_new_tokens=10, kv_dtype="int8", fast=False)
+    run = kvviz.generate(m, prompt=list(range(40, 52)), max_new_tokens=10, cache=CacheSpec(kv_dtype="int8"))
+    slow = kvviz.generate(m, prompt=list(range(40, 52)), max_new_tokens=10, backend="readable",
+                          cache=CacheSpec(kv_dtype="int8"))
     assert len(run.generated_ids) == 10 and run.generated_ids == slow.generated_ids
     # A run-time window runs (test_gemma3_window.py); one larger than the context is still refused.
-    assert kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=2, window=8).cache_kind == "window 8"
+    assert kvviz.generate(m, prompt=[1, 2, 3], max_new_tokens=2, cache=CacheSpec(window=8)).cache_kind == "window 8"
     with pytest.raises(kvviz.KVVizError, match="a window of 65 positions is larger than the model's context of 64"):
-        kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=2, window=65)
+        kvviz.generate(m, prompt=[1, 2, 3], max_new_tokens=2, cache=CacheSpec(window=65))
 
 
 # ----------------------------------------------------------------------------- per-layer cache kinds
@@ -166,8 +170,8 @@ def test_ring_chunked_prefill_across_the_window_equals_one_forward(cuts: tuple[i
 def test_ring_greedy_equals_uncached_past_the_window() -> None:
     m = tiny(seed=2)
     kw = dict(prompt_ids=list(range(60, 63)), max_new_tokens=40)
-    cached = kvviz.generate(m, **kw)
-    assert cached.generated_ids == kvviz.generate(m, use_cache=False, **kw).generated_ids
+    cached = kvviz.generate(m, **request_kwargs(**kw))
+    assert cached.generated_ids == kvviz.generate(m, **request_kwargs(use_cache=False, **kw)).generated_ids
     assert cached.cache_kind == "static"
 
 
@@ -274,7 +278,7 @@ def test_chat_on_the_ring_answers_as_a_full_cache() -> None:
     m = chat_model(tiny(seed=3, block_size=256))
     got = {}
     for kind in ("static", "concat"):
-        conv = Conversation(m, cache_kind=kind, max_new_tokens=6)
+        conv = Conversation(m, cache=CacheSpec(kind=kind), max_new_tokens=6)
         turns = [conv.send("hi there"), conv.send("and more"), conv.edit(0, "edited"), conv.regenerate()]
         got[kind] = [t.generated_ids for t in turns]
         if kind == "static":
@@ -292,7 +296,7 @@ def test_every_step_event_carries_the_layer_bytes(kind: str) -> None:
     from kvviz.ui.pages.generate.metrics import bytes_formula
 
     m = tiny(seed=1)
-    run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10, cache_kind=kind)
+    run = kvviz.generate(m, prompt=list(range(40, 43)), max_new_tokens=10, cache=CacheSpec(kind=kind))
     for ev in run.events:
         want = (_calculator_layers(m.config, ev.position, "fp32") if kind == "static"
                 else [ev.position * 128] * 3)
@@ -310,7 +314,7 @@ def test_quantized_store_layer_bytes_level_off_at_the_window(kv_dtype: str) -> N
     positions times one position's bytes (int8: 16 payload + one fp16 scale, K and V = 36 B; fp8:
     16 B each, K and V = 32 B) plus fp8's per-layer K and V scales (2 x 4 B), summing to bytes_used;
     int8's equal the calculator's at every step."""
-    run = kvviz.generate(tiny(), prompt_ids=list(range(40, 43)), max_new_tokens=8, kv_dtype=kv_dtype)
+    run = kvviz.generate(tiny(), prompt=list(range(40, 43)), max_new_tokens=8, cache=CacheSpec(kv_dtype=kv_dtype))
     per, fixed = (36, 0) if kv_dtype == "int8" else (32, 8)
     for ev in run.events:
         p = ev.position
@@ -329,7 +333,7 @@ def test_layer_strip_chart_colours_the_kinds_and_totals_them() -> None:
     from kvviz.charts.layer_charts import LAYER_COLORS, layer_strip
 
     m = tiny(seed=1)
-    run = kvviz.generate(m, prompt_ids=list(range(40, 43)), max_new_tokens=10)
+    run = kvviz.generate(m, prompt=list(range(40, 43)), max_new_tokens=10)
     ev = run.events[-1]
     assert run.layer_kinds == ("sliding", "sliding", "full")
     fig = layer_strip(ev.cache_layer_bytes, run.layer_kinds, ev.position)
@@ -355,8 +359,9 @@ def test_captures_over_the_ring_equal_a_full_cache_and_respect_the_window() -> N
     m = tiny(seed=1)
     cap = kvviz.Capture(attention=True, kv_norms=True, kv_layer=0)
     kw = dict(prompt_ids=list(range(40, 43)), max_new_tokens=8, capture=cap)
-    runs = [kvviz.generate(m, cache_kind="static", **kw), kvviz.generate(m, cache_kind="concat", **kw)]
-    runs.append(kvviz.generate(m, use_cache=False, **kw))
+    runs = [kvviz.generate(m, **request_kwargs(cache_kind="static", **kw)), kvviz.generate(m,
+                                                                                           **request_kwargs(cache_kind="concat", **kw))]
+    runs.append(kvviz.generate(m, **request_kwargs(use_cache=False, **kw)))
     for evs in zip(*(r.events for r in runs)):
         for name in ("attn", "kv_norms", "kv_values"):
             ref = getattr(evs[0], name).astype(np.float32)
@@ -374,10 +379,10 @@ def test_speculative_on_the_ring_refused_past_the_window_and_exact_elsewhere() -
     ids = [40, 41, 40, 41, 40, 41, 40]
     kw = dict(prompt_ids=ids, max_new_tokens=12, speculative="prompt_lookup", draft_tokens=3)
     with pytest.raises(kvviz.KVVizError, match="only the last 5 positions on its sliding layers"):
-        kvviz.generate(m, **kw)
-    want = kvviz.generate(m, prompt_ids=ids, max_new_tokens=12).generated_ids
-    assert kvviz.generate(m, cache_kind="concat", **kw).generated_ids == want
-    assert kvviz.generate(m, cache_kind="paged", **kw).generated_ids == want
+        kvviz.generate(m, **request_kwargs(**kw))
+    want = kvviz.generate(m, prompt=ids, max_new_tokens=12).generated_ids
+    assert kvviz.generate(m, **request_kwargs(cache_kind="concat", **kw)).generated_ids == want
+    assert kvviz.generate(m, **request_kwargs(cache_kind="paged", **kw)).generated_ids == want
 
 
 def test_json_export_carries_each_layers_bytes_and_kinds() -> None:
@@ -386,7 +391,7 @@ def test_json_export_carries_each_layers_bytes_and_kinds() -> None:
     K and V x 1 head x 16 dims x 4 B), and the layers sum to the step's cache bytes."""
     import json
 
-    run = kvviz.generate(tiny(seed=1), prompt_ids=list(range(40, 43)), max_new_tokens=10)
+    run = kvviz.generate(tiny(seed=1), prompt=list(range(40, 43)), max_new_tokens=10)
     d = json.loads(run.to_json())
     assert d["config"]["layer_kinds"] == ["sliding", "sliding", "full"]
     last = d["steps"][-1]
@@ -402,7 +407,7 @@ def test_allocated_bytes_are_counted_per_layer_kind_never_averaged() -> None:
     from kvviz.ui.pages.generate.metrics import bytes_formula
 
     m = tiny(seed=1)
-    run = kvviz.generate(m, prompt_ids=[40, 41], max_new_tokens=2)  # 3 positions held < W = 5
+    run = kvviz.generate(m, prompt=[40, 41], max_new_tokens=2)  # 3 positions held < W = 5
     ev = run.events[-1]
     assert len(set(ev.cache_layer_bytes)) == 1  # no layer has let go of anything yet
     assert ev.cache_bytes_allocated == (2 * 5 + 64) * 128  # 128 B per layer and slot (K and V, fp32)

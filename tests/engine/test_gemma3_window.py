@@ -21,6 +21,8 @@ from kvviz.engine.kvcache.kv_spec import position_rules
 from kvviz.engine.models.gemma3 import inv_freq, layer_inputs
 from kvviz.measure.kvcompare import compare
 from test_gemma3_tiny import tiny
+from kvviz import CacheSpec
+from keyword_sets import request_kwargs
 
 PROMPT = list(range(40, 52))
 SW = 5  # the tiny model's own sliding window
@@ -43,10 +45,10 @@ def _through(m: kvviz.LoadedModel, ids: torch.Tensor, spec, forward, chunk: int 
 
 def test_window_at_least_the_sequence_equals_the_full_cache() -> None:
     m = tiny()
-    full = kvviz.generate(m, prompt_ids=PROMPT, max_new_tokens=20, cache_kind="concat")  # 32 positions
+    full = kvviz.generate(m, prompt=PROMPT, max_new_tokens=20, cache=CacheSpec(kind="concat"))  # 32 positions
     for opts in (dict(window=40), dict(window=32), dict(window=28, sinks=4),
                  dict(window=30, sinks=2, kv_positions="original")):
-        run = kvviz.generate(m, prompt_ids=PROMPT, max_new_tokens=20, **opts)
+        run = kvviz.generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=20, **opts))
         assert run.generated_ids == full.generated_ids, opts
         for a, b in zip(full.events, run.events):
             assert [t.prob for t in a.top] == pytest.approx([t.prob for t in b.top], abs=1e-6)
@@ -152,8 +154,8 @@ def test_sliding_layers_mask_the_held_rows_outside_their_own_window() -> None:
                                   dict(window=4), dict(kv_dtype="int4", window=8, sinks=2)])
 def test_both_engines_give_the_same_tokens_through_a_window(opts: dict) -> None:
     m = tiny()
-    fast = kvviz.generate(m, prompt_ids=PROMPT, max_new_tokens=20, **opts)
-    slow = kvviz.generate(m, prompt_ids=PROMPT, max_new_tokens=20, fast=False, **opts)
+    fast = kvviz.generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=20, **opts))
+    slow = kvviz.generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=20, fast=False, **opts))
     assert fast.engine == "fast" and slow.engine == "readable"
     assert fast.generated_ids == slow.generated_ids
     for a, b in zip(fast.events, slow.events):

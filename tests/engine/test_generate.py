@@ -14,6 +14,8 @@ import torch
 import kvviz
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
+from kvviz import Beam, CacheSpec, SamplingParams, Speculative
+from keyword_sets import request_kwargs
 
 SAMPLINGS: dict[str, dict[str, Any]] = {
     "greedy": dict(greedy=True),
@@ -41,11 +43,11 @@ def _assert_same_run(a: kvviz.Run, b: kvviz.Run) -> None:
 def test_cached_equals_uncached(random_models: dict[str, LoadedModel], shape: str, sampling: str) -> None:
     m = random_models[shape]
     kw = dict(prompt="The KV cache!", max_new_tokens=24, capture=LOGITS, **SAMPLINGS[sampling])
-    ref = kvviz.generate(m, use_cache=False, **kw)
+    ref = kvviz.generate(m, **request_kwargs(use_cache=False, **kw))
     N = len(ref.prompt_ids)
     assert [e.input_len for e in ref.events] == [N + s for s in range(24)]  # recomputes everything
     for kind in ("static", "concat", "paged"):
-        run = kvviz.generate(m, use_cache=True, cache_kind=kind, **kw)
+        run = kvviz.generate(m, **request_kwargs(use_cache=True, cache_kind=kind, **kw))
         _assert_same_run(run, ref)
         assert run.cache_kind == kind
         assert [e.input_len for e in run.events] == [N] + [1] * 23
@@ -61,28 +63,29 @@ def test_prompt_length_edges(make_model: Callable[..., LoadedModel], kv: int, n_
     ids = [(7 * i + 3) % 256 for i in range(n_prompt)]
     for sampling in (dict(greedy=True), dict(temperature=1.0, seed=5)):
         kw = dict(prompt_ids=ids, max_new_tokens=16, capture=LOGITS, **sampling)
-        ref = kvviz.generate(m, use_cache=False, **kw)
+        ref = kvviz.generate(m, **request_kwargs(use_cache=False, **kw))
         assert len(ref.events) == 16
         assert ref.events[-1].position == n_prompt + 15
         for kind in ("static", "concat", "paged"):
-            _assert_same_run(kvviz.generate(m, cache_kind=kind, kv_block_size=5, **kw), ref)
+            _assert_same_run(kvviz.generate(m, **request_kwargs(cache_kind=kind, kv_block_size=5, **kw)), ref)
 
 
 def test_context_budget_is_checked_before_compute(small_model: LoadedModel) -> None:
     with pytest.raises(kvviz.KVVizError) as e:
-        kvviz.iter_generate(small_model, prompt_ids=[1] * 49, max_new_tokens=16)
+        kvviz.iter_generate(small_model, prompt=[1] * 49, max_new_tokens=16)
     msg = str(e.value)
     assert "49" in msg and "16" in msg and "64" in msg  # prompt, max_new_tokens, block_size
     # Exactly at the limit is fine.
-    assert len(kvviz.generate(small_model, prompt_ids=[1] * 63, max_new_tokens=1).events) == 1
+    assert len(kvviz.generate(small_model, prompt=[1] * 63, max_new_tokens=1).events) == 1
 
 
 def test_batch_rows_match_single_rows(small_model: LoadedModel) -> None:
     rows = [[72, 101, 108, 108, 111, 33, 10], [1, 2, 3, 4, 5, 6, 7], [200, 50, 9, 9, 31, 255, 0]]
-    singles = [kvviz.generate(small_model, prompt_ids=r, max_new_tokens=12).generated_ids for r in rows]
+    singles = [kvviz.generate(small_model, prompt=r, max_new_tokens=12).generated_ids for r in rows]
     assert len({tuple(s) for s in singles}) == 3
     for use_cache in (True, False):
-        run = kvviz.generate(small_model, prompt_ids=rows, max_new_tokens=12, use_cache=use_cache, capture=LOGITS)
+        run = kvviz.generate(small_model, prompt=rows, max_new_tokens=12, capture=LOGITS,
+                             cache=CacheSpec(use_cache=use_cache))
         assert run.batch_size == 3
         per_row = [[e.token_ids[b] for e in run.events] for b in range(3)]
         assert per_row == singles
@@ -96,14 +99,14 @@ def test_batch_sampling_cached_equals_uncached(random_models: dict[str, LoadedMo
     m = random_models["tiny-gqa"]
     rows = [[10, 20, 30, 40], [50, 60, 70, 80]]
     kw = dict(prompt_ids=rows, max_new_tokens=10, temperature=1.0, top_p=0.95, seed=1, capture=LOGITS)
-    a = kvviz.generate(m, use_cache=True, **kw)
-    b = kvviz.generate(m, use_cache=False, **kw)
+    a = kvviz.generate(m, **request_kwargs(use_cache=True, **kw))
+    b = kvviz.generate(m, **request_kwargs(use_cache=False, **kw))
     assert [e.token_ids for e in a.events] == [e.token_ids for e in b.events]
     np.testing.assert_allclose(_logits(a), _logits(b), atol=1e-4, rtol=0)
 
 
 def test_batch_size_repeats_one_prompt(small_model: LoadedModel) -> None:
-    run = kvviz.generate(small_model, prompt_ids=[5, 6, 7], max_new_tokens=5, batch_size=4)
+    run = kvviz.generate(small_model, prompt=[5, 6, 7], max_new_tokens=5, batch_size=4)
     assert run.batch_size == 4
     assert all(len(set(e.token_ids)) == 1 and len(e.token_ids) == 4 for e in run.events)
 
@@ -116,18 +119,18 @@ def test_batch_size_repeats_one_prompt(small_model: LoadedModel) -> None:
 ])
 def test_bad_batches(small_model: LoadedModel, kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(kvviz.KVVizError, match=needle):
-        kvviz.iter_generate(small_model, max_new_tokens=3, **kwargs)
+        kvviz.iter_generate(small_model, **request_kwargs(max_new_tokens=3, **kwargs))
 
 
 def test_public_api_names_stay_the_functions() -> None:
-    """ARCHITECTURE.md's contract: kvviz.generate(model, ...), however kvviz.engine.generation.loop.py was imported."""
+    """ARCHITECTURE.md's contract: kvviz.generate(model, ...), however kvviz.engine.api was imported."""
     import importlib
 
-    importlib.import_module("kvviz.engine.generation.loop")  # what any `from kvviz.engine.generation.loop import X` does first
+    importlib.import_module("kvviz.engine.api")  # what any `from kvviz.engine.api import X` does first
     for _ in range(2):  # and on every access, not only the first
         assert callable(kvviz.generate) and getattr(kvviz.generate, "__name__", None) == "generate"
     for name in ("load_model", "iter_generate", "Capture", "CAPTURE_ALL", "KVVizError", "LoadedModel", "Run",
-                 "StepEvent"):
+                 "StepEvent", "SamplingParams", "CacheSpec", "Beam", "Speculative"):
         assert hasattr(kvviz, name)
 
 
@@ -135,8 +138,8 @@ def test_public_api_names_stay_the_functions() -> None:
 @pytest.mark.parametrize("n", [1, 5, 17])
 def test_max_new_tokens_is_honoured_exactly(small_model: LoadedModel, n: int) -> None:
     for use_cache in (True, False):
-        run = kvviz.generate(small_model, prompt="ab", max_new_tokens=n, use_cache=use_cache,
-                             temperature=1.0, seed=0)
+        run = kvviz.generate(small_model, prompt="ab", max_new_tokens=n,
+                             sampling=SamplingParams(temperature=1.0, seed=0), cache=CacheSpec(use_cache=use_cache))
         assert len(run.events) == len(run.generated_ids) == n
         assert run.stop_reason == "max_new_tokens" and run.stop_string is None
         assert [e.step for e in run.events] == list(range(n))
@@ -158,7 +161,7 @@ def test_eos_stops_greedy_generation(random_models: dict[str, LoadedModel]) -> N
     k = _first_new_token_index(ref, 1)
     with_eos = dataclasses.replace(m, tokenizer=ByteTokenizer(256, eos_token_id=ref[k]))
     for use_cache in (True, False):
-        run = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, use_cache=use_cache)
+        run = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, cache=CacheSpec(use_cache=use_cache))
         assert run.stop_reason == "eos"
         assert run.generated_ids == ref[: k + 1]  # the EOS token is the last one emitted
         assert run.text == with_eos.tokenizer.decode(ref[: k + 1])
@@ -172,34 +175,35 @@ def test_ignore_eos_runs_to_max_new_tokens(random_models: dict[str, LoadedModel]
     k = _first_new_token_index(ref, 1)
     with_eos = dataclasses.replace(m, tokenizer=ByteTokenizer(256, eos_token_id=ref[k]))
     for use_cache in (True, False):
-        run = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, use_cache=use_cache,
-                             ignore_eos=True)
+        run = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20,
+                             sampling=SamplingParams(ignore_eos=True), cache=CacheSpec(use_cache=use_cache))
         assert (run.generated_ids, run.stop_reason) == (ref, "max_new_tokens")
         assert run.answer_text == run.text  # only a run that stopped at EOS loses its marker
     stopped = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20)
     assert stopped.stop_reason == "eos" and stopped.answer_text == with_eos.tokenizer.decode(ref[:k])
-    spec = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, speculative="prompt_lookup",
-                          ignore_eos=True)
+    spec = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20,
+                          sampling=SamplingParams(ignore_eos=True), strategy=Speculative(method="prompt_lookup"))
     assert (spec.generated_ids, spec.stop_reason) == (ref, "max_new_tokens")
     assert kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20,
-                          speculative="prompt_lookup").stop_reason == "eos"
-    beam = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20, num_beams=2, ignore_eos=True)
+                          strategy=Speculative(method="prompt_lookup")).stop_reason == "eos"
+    beam = kvviz.generate(with_eos, prompt="Hello, world", max_new_tokens=20,
+                          sampling=SamplingParams(ignore_eos=True), strategy=Beam(num_beams=2))
     assert len(beam.generated_ids) == 20 and beam.stop_reason == "max_new_tokens"
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_ignore_eos_must_be_a_bool(random_models: dict[str, LoadedModel], value: object) -> None:
     with pytest.raises(kvviz.KVVizError, match="ignore_eos must be True or False"):
-        kvviz.iter_generate(random_models["tiny"], prompt="hi", ignore_eos=value)
+        kvviz.iter_generate(random_models["tiny"], prompt="hi", sampling=SamplingParams(ignore_eos=value))
 
 
 def test_eos_from_config_stops_sampling(make_model: Callable[..., LoadedModel]) -> None:
     kw = dict(prompt="xyz", max_new_tokens=30, temperature=1.0, seed=2)
-    ref = kvviz.generate(make_model(seed=3), **kw).generated_ids
+    ref = kvviz.generate(make_model(seed=3), **request_kwargs(**kw)).generated_ids
     k = _first_new_token_index(ref, 4)
     m = make_model(seed=3, eos_token_id=ref[k])  # same weights; config names an EOS token
     assert m.tokenizer.eos_token_id == ref[k]
-    run = kvviz.generate(m, **kw)
+    run = kvviz.generate(m, **request_kwargs(**kw))
     assert (run.stop_reason, run.generated_ids) == ("eos", ref[: k + 1])
 
 
@@ -214,23 +218,23 @@ def _fresh_ascii_pair(ids: list[int]) -> str:
 def test_stop_string_is_reported_and_trimmed(random_models: dict[str, LoadedModel]) -> None:
     m = random_models["tiny"]
     kw = dict(prompt="Hello, world", max_new_tokens=40, temperature=1.0, seed=3)
-    ref = kvviz.generate(m, **kw).generated_ids
+    ref = kvviz.generate(m, **request_kwargs(**kw)).generated_ids
     stop = _fresh_ascii_pair(ref)
     dec = m.tokenizer.decode
     # The reference: the first prefix of the output whose decoded text contains the stop string.
     n = next(i for i in range(1, len(ref) + 1) if stop in dec(ref[:i]))
     expected_text = dec(ref[:n])[: dec(ref[:n]).index(stop)]
     for use_cache in (True, False):
-        run = kvviz.generate(m, stop=[stop], use_cache=use_cache, **kw)
+        run = kvviz.generate(m, **request_kwargs(stop=[stop], use_cache=use_cache, **kw))
         assert run.stop_reason == "stop_string" and run.stop_string == stop
         assert run.generated_ids == ref[:n]
         assert run.text == expected_text and stop not in run.text
     # Its last character alone matches at the same step, one character later: the stop string
     # that starts earliest in the text is the one reported, and the text is cut there.
-    run = kvviz.generate(m, stop=[stop[1], "\x00never\x00", stop], **kw)
+    run = kvviz.generate(m, **request_kwargs(stop=[stop[1], "\x00never\x00", stop], **kw))
     assert (run.stop_string, run.generated_ids, run.text) == (stop, ref[:n], expected_text)
     # Stop strings that never appear (and empty ones) change nothing.
-    run = kvviz.generate(m, stop=["\x00never\x00", ""], **kw)
+    run = kvviz.generate(m, **request_kwargs(stop=["\x00never\x00", ""], **kw))
     assert run.stop_reason == "max_new_tokens" and run.generated_ids == ref and run.stop_string is None
     assert run.text == dec(ref)
 
@@ -289,24 +293,24 @@ def test_abandoned_stream_leaves_inference_mode_alone(small_model: LoadedModel) 
 def test_seeds_reproduce_and_differ(random_models: dict[str, LoadedModel]) -> None:
     m = random_models["tiny"]
     kw = dict(prompt="seed", max_new_tokens=20, temperature=1.0)
-    a = kvviz.generate(m, seed=123, **kw).generated_ids
-    assert kvviz.generate(m, seed=123, **kw).generated_ids == a
-    assert kvviz.generate(m, seed=124, **kw).generated_ids != a
+    a = kvviz.generate(m, **request_kwargs(seed=123, **kw)).generated_ids
+    assert kvviz.generate(m, **request_kwargs(seed=123, **kw)).generated_ids == a
+    assert kvviz.generate(m, **request_kwargs(seed=124, **kw)).generated_ids != a
     # A run's generator is its own: global RNG state does not leak into it.
     torch.manual_seed(999)
     torch.rand(10)
-    assert kvviz.generate(m, seed=123, **kw).generated_ids == a
+    assert kvviz.generate(m, **request_kwargs(seed=123, **kw)).generated_ids == a
 
 
 def test_greedy_is_deterministic_and_the_zero_temperature_limit(small_model: LoadedModel) -> None:
     kw = dict(prompt="Hi", max_new_tokens=15)
-    g = kvviz.generate(small_model, **kw)
-    assert kvviz.generate(small_model, **kw).generated_ids == g.generated_ids
-    assert kvviz.generate(small_model, greedy=True, seed=42, **kw).generated_ids == g.generated_ids
-    assert kvviz.generate(small_model, temperature=1e-5, seed=9, **kw).generated_ids == g.generated_ids
-    zero = kvviz.generate(small_model, temperature=0.0, seed=9, **kw)  # T=0 means greedy
+    g = kvviz.generate(small_model, **request_kwargs(**kw))
+    assert kvviz.generate(small_model, **request_kwargs(**kw)).generated_ids == g.generated_ids
+    assert kvviz.generate(small_model, **request_kwargs(greedy=True, seed=42, **kw)).generated_ids == g.generated_ids
+    assert kvviz.generate(small_model, **request_kwargs(temperature=1e-5, seed=9, **kw)).generated_ids == g.generated_ids
+    zero = kvviz.generate(small_model, **request_kwargs(temperature=0.0, seed=9, **kw))  # T=0 means greedy
     assert zero.generated_ids == g.generated_ids and zero.sampling == "greedy"
-    assert kvviz.generate(small_model, temperature=2.0, top_k=1, seed=9, **kw).generated_ids == g.generated_ids
+    assert kvviz.generate(small_model, **request_kwargs(temperature=2.0, top_k=1, seed=9, **kw)).generated_ids == g.generated_ids
     assert g.sampling == "greedy"
 
 
@@ -340,8 +344,9 @@ def test_events_carry_consistent_figures(small_model: LoadedModel) -> None:
 def test_captures_are_bounded_float16_and_change_nothing(random_models: dict[str, LoadedModel]) -> None:
     m = random_models["tiny-gqa"]  # 4 layers, 8 query heads, 2 K/V heads, head_dim 32
     kw = dict(prompt="capture", max_new_tokens=6, capture=None)
-    plain = kvviz.generate(m, **{**kw, "capture": LOGITS})
-    cap = kvviz.generate(m, **{**kw, "capture": dataclasses.replace(kvviz.CAPTURE_ALL, logits=True)})
+    plain = kvviz.generate(m, **request_kwargs(**{**kw, "capture": LOGITS}))
+    cap = kvviz.generate(m,
+                         **request_kwargs(**{**kw, "capture": dataclasses.replace(kvviz.CAPTURE_ALL, logits=True)}))
     _assert_same_run(cap, plain)
     N = 7
     for s, e in enumerate(cap.events):
@@ -355,7 +360,7 @@ def test_captures_are_bounded_float16_and_change_nothing(random_models: dict[str
         assert e.capture_nbytes() == 2 * (4 * 8 * S + 4 * 2 * 2 * n_new + 2 * 2 * n_new * 32) + 4 * 256
         np.testing.assert_allclose(np.linalg.norm(e.kv_values.astype(np.float32), axis=-1),
                                    e.kv_norms[0].astype(np.float32), rtol=2e-3, atol=2e-3)
-    one = kvviz.generate(m, **{**kw, "capture": kvviz.Capture(attention=(2, 9))})
+    one = kvviz.generate(m, **request_kwargs(**{**kw, "capture": kvviz.Capture(attention=(2, 9))}))
     assert one.events[0].attn.shape == (1, 8, N) and one.events[0].attn_layers == (2,)
     np.testing.assert_array_equal(one.events[-1].attn[0], cap.events[-1].attn[2])
 
@@ -363,9 +368,9 @@ def test_captures_are_bounded_float16_and_change_nothing(random_models: dict[str
 # ----------------------------------------------------------------------------- bad requests
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(prompt=""), "empty"),
-    (dict(), "empty"),
+    (dict(prompt=None), "empty"),
     (dict(prompt_ids=[]), "zero tokens"),
-    (dict(prompt="a", prompt_ids=[1]), "not both"),
+    (dict(messages=[{"role": "user", "content": "a"}]), "has no chat template"),
     (dict(prompt_ids=[256]), r"\[0, 256\)"),
     (dict(prompt_ids=[-1]), r"\[0, 256\)"),
     (dict(prompt_ids=["x"]), "integers"),
@@ -391,9 +396,9 @@ def test_captures_are_bounded_float16_and_change_nothing(random_models: dict[str
 def test_bad_requests_raise_before_compute(small_model: LoadedModel, kwargs: dict[str, Any], needle: str) -> None:
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(kvviz.KVVizError, match=needle):
-        kvviz.iter_generate(small_model, **kwargs)  # raises on the call, not on iteration
+        kvviz.iter_generate(small_model, **request_kwargs(**kwargs))  # raises on the call, not on iteration
     with pytest.raises(kvviz.KVVizError, match=needle):
-        kvviz.generate(small_model, **kwargs)
+        kvviz.generate(small_model, **request_kwargs(**kwargs))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -401,8 +406,8 @@ def test_bad_requests_raise_before_compute(small_model: LoadedModel, kwargs: dic
 def test_cuda_cached_equals_uncached(dtype: str) -> None:
     m = kvviz.load_model("random:tiny-gqa", device="cuda", dtype=dtype)
     kw = dict(prompt="GPU", max_new_tokens=16, capture=LOGITS, temperature=1.0, seed=4)
-    ref = kvviz.generate(m, use_cache=False, **kw)
-    run = kvviz.generate(m, use_cache=True, **kw)
+    ref = kvviz.generate(m, **request_kwargs(use_cache=False, **kw))
+    run = kvviz.generate(m, **request_kwargs(use_cache=True, **kw))
     assert run.device.startswith("cuda") and len(run.events) == 16
     if dtype == "fp32":
         _assert_same_run(run, ref)

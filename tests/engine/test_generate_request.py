@@ -1,68 +1,73 @@
 """One request, one stream base: ``GenerateRequest`` checks everything once, ``iter_generate`` is a
-thin front over it with its keyword API unchanged, and every stream (plain, beam, speculative)
+thin front over it (a dozen parameters, the request's fields), and every stream (plain, beam, speculative)
 decodes, stops and builds its Run in the one shared place (engine/generation/stream_base.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable
+import re
+from typing import Any
 
 import pytest
 
 import kvviz
 from kvviz.engine.generation.capture import Capture
-from kvviz.engine.generation.loop import GenerationStream, iter_generate, open_stream
+from kvviz.engine.api import iter_generate, open_stream
+from kvviz.engine.generation.loop import GenerationStream
 from kvviz.engine.generation.request import GenerateRequest
 from kvviz.engine.generation.valid_request import BeamOptions, SpecOptions
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.strategy.beam import BeamStream
 from kvviz.engine.strategy.speculative import SpeculativeStream
 from kvviz.errors import KVVizError
+from kvviz import Beam, CacheSpec, SamplingParams, Speculative
 
-# iter_generate's parameters and defaults, captured before the request object was built (issue 29):
-# callers pass these keywords, so neither a name nor a default may change.
+# iter_generate's parameters and defaults (issue 38): the prompt, then keywords only, a dozen in all;
+# each one idea, the sampler, the cache and the strategy as the objects kvviz exports.
 SIGNATURE = [
-    ("model", inspect.Parameter.empty), ("prompt", None), ("prompt_ids", None), ("max_new_tokens", 64),
-    ("use_cache", True), ("cache_kind", "static"), ("greedy", None), ("temperature", None), ("top_k", None),
-    ("top_p", None), ("seed", 0), ("stop", None), ("capture", None), ("batch_size", 1), ("fast", True),
-    ("chat", False), ("messages", None), ("parse_special", False), ("kv_block_size", 16), ("kv_blocks", None),
-    ("num_beams", 1), ("length_penalty", 1.0), ("early_stopping", False), ("num_return_sequences", 1),
-    ("speculative", None), ("draft_tokens", 10), ("ngram", 2), ("kv_dtype", None), ("window", None), ("sinks", 0),
-    ("kv_group_size", None), ("kv_zero_point", False), ("kv_fp8_scale", "tensor"), ("kv_positions", None),
-    ("track_kv_error", False), ("ignore_eos", False),
+    ("model", inspect.Parameter.empty), ("prompt", inspect.Parameter.empty), ("max_new_tokens", 64),
+    ("sampling", SamplingParams()), ("cache", CacheSpec()), ("strategy", None), ("capture", None), ("stop", ()),
+    ("chat", False), ("parse_special", False), ("backend", "fast"), ("batch_size", 1),
 ]
 
 
-def test_iter_generate_signature_is_unchanged() -> None:
-    got = [(n, p.default) for n, p in inspect.signature(iter_generate).parameters.items()]
-    assert got == SIGNATURE
+def test_iter_generate_signature() -> None:
+    params = inspect.signature(iter_generate).parameters
+    assert [(n, p.default) for n, p in params.items()] == SIGNATURE
+    assert len(params) <= 12  # the issue's "at most a dozen parameters"
+    kinds = [p.kind for p in params.values()]  # keyword-only after the prompt
+    assert kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 2 + [inspect.Parameter.KEYWORD_ONLY] * 10
+    assert inspect.signature(kvviz.generate).parameters == params  # generate takes the same
 
 
 def test_request_fields_are_iter_generates_keywords() -> None:
     """The dataclass and the front cannot drift apart: same names, same order, same defaults."""
     fields = [(f.name, f.default) for f in dataclasses.fields(GenerateRequest)]
-    assert fields == SIGNATURE[1:]
+    assert [(n, inspect.Parameter.empty if d is dataclasses.MISSING else d) for n, d in fields] == SIGNATURE[1:]
+
+
+def test_the_package_exports_the_request_objects() -> None:
+    assert (kvviz.SamplingParams, kvviz.CacheSpec, kvviz.Beam, kvviz.Speculative) == \
+        (SamplingParams, CacheSpec, Beam, Speculative)
+    assert {"SamplingParams", "CacheSpec", "Beam", "Speculative"} <= set(kvviz.__all__)
 
 
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer (got 0)"),
     ({"batch_size": 0}, "batch_size must be between 1 and 64 (got 0)"),
-    ({"cache_kind": "ring"}, "cache_kind must be one of static, concat, paged (got 'ring')"),
-    ({"ignore_eos": "no"}, "ignore_eos must be True or False (got 'no')"),
-    ({"greedy": True, "temperature": 0.5}, "choose greedy or a temperature, not both"),
+    ({"cache": CacheSpec(kind="ring")}, "cache_kind must be one of static, concat, paged (got 'ring')"),
     ({"prompt": ""}, "the prompt is empty: type some text to start from"),
-    ({"prompt": None, "prompt_ids": [1, 999]}, "prompt ids must be in [0, 256); got [999]"),
-    ({"cache_kind": "paged", "kv_block_size": 0}, "the paged block size must be 1..4096 tokens (got 0)"),
-    ({"num_beams": 0}, "num_beams must be an integer from 1 to 64 (got 0)"),
-    ({"num_beams": 2, "speculative": "prompt_lookup"},
-     "choose beam search (num_beams > 1) or speculative decoding, not both"),
-    ({"speculative": "medusa"}, "speculative must be one of prompt_lookup (got 'medusa')"),
-    ({"speculative": "prompt_lookup", "draft_tokens": 0}, "draft_tokens must be an integer from 1 to"),
-    ({"kv_dtype": "int8", "use_cache": False}, "a int8 cache needs the KV cache on"),
-    ({"chat": True, "prompt": None, "prompt_ids": [1]}, "a chat is given as text (prompt= or messages=)"),
-    ({"num_beams": 2, "capture": Capture(logits=True)},
+    ({"prompt": [1, 999]}, "prompt ids must be in [0, 256); got [999]"),
+    ({"cache": CacheSpec(kind="paged", block_size=0)}, "the paged block size must be 1..4096 tokens (got 0)"),
+    ({"strategy": Beam(0)}, "num_beams must be an integer from 1 to 64 (got 0)"),
+    ({"strategy": Speculative("medusa")}, "speculative must be one of prompt_lookup (got 'medusa')"),
+    ({"strategy": Speculative(draft_tokens=0)}, "draft_tokens must be an integer from 1 to"),
+    ({"cache": CacheSpec(kv_dtype="int8", use_cache=False)}, "a int8 cache needs the KV cache on"),
+    ({"chat": True, "prompt": [1]}, "a chat is given as text or messages, not as token ids"),
+    ({"strategy": Beam(2), "capture": Capture(logits=True)},
      "attention, K/V and logits captures are recorded by plain decoding only"),
+    ({"backend": "gpu"}, "backend must be one of fast, readable (got 'gpu')"),
 ]
 
 
@@ -77,12 +82,36 @@ def test_each_bad_field_gets_its_own_error(small_model: LoadedModel, kw: dict[st
     assert str(front.value) == str(got.value)
 
 
+@pytest.mark.parametrize("kw,message", [
+    ({"greedy": True, "temperature": 0.5}, "choose greedy or a temperature, not both"),
+    ({"ignore_eos": "no"}, "ignore_eos must be True or False (got 'no')"),
+    ({"temperature": 0.0, "greedy": False}, "temperature must be in (0, 100] (got 0.0)"),
+    ({"top_k": 0}, "top_k must be an integer >= 1 (got 0)"),
+])
+def test_sampling_params_check_themselves(kw: dict[str, Any], message: str) -> None:
+    """A sampler is checked when it is made, before any model or request (the same sentences)."""
+    with pytest.raises(KVVizError, match=re.escape(message)):
+        SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({}, (True, None)), ({"temperature": 0.8}, (False, 0.8)), ({"top_k": 5}, (False, 1.0)),
+    ({"top_p": 0.9}, (False, 1.0)), ({"temperature": 0}, (True, None)), ({"greedy": False}, (False, 1.0)),
+])
+def test_sampling_is_greedy_unless_a_temperature_top_k_or_top_p_is_given(kw: dict[str, Any],
+                                                                         want: tuple[bool, float | None]) -> None:
+    p = SamplingParams(**kw)
+    assert (p.greedy, p.temperature) == want
+    assert dataclasses.replace(p, seed=3) == SamplingParams(**kw, seed=3)  # resolved once: replace round-trips
+
+
 def test_a_valid_request_round_trips(small_model: LoadedModel) -> None:
-    kw: dict[str, Any] = dict(prompt="Hi", max_new_tokens=3, temperature=0.7, seed=5, stop=["x", ""], batch_size=2)
+    kw: dict[str, Any] = dict(prompt="Hi", max_new_tokens=3, sampling=SamplingParams(temperature=0.7, seed=5),
+                              stop=["x", ""], batch_size=2)
     req = GenerateRequest(**kw)
     assert GenerateRequest(**{f.name: getattr(req, f.name) for f in dataclasses.fields(req)}) == req
     with pytest.raises(dataclasses.FrozenInstanceError):
-        req.seed = 6  # type: ignore[misc]
+        req.max_new_tokens = 6  # type: ignore[misc]
     valid = req.validate(small_model)
     assert valid == req.validate(small_model)  # checking twice changes nothing
     ids = tuple(small_model.tokenizer.encode("Hi"))
@@ -100,12 +129,12 @@ def test_a_valid_request_round_trips(small_model: LoadedModel) -> None:
 
 
 def test_requests_open_their_strategy(small_model: LoadedModel) -> None:
-    beam = open_stream(small_model, GenerateRequest(prompt_ids=[1, 2, 3], max_new_tokens=2, num_beams=3,
-                                                    early_stopping="never", length_penalty=2))
+    beam = open_stream(small_model, GenerateRequest(prompt=[1, 2, 3], max_new_tokens=2,
+                                                    strategy=Beam(num_beams=3, early_stopping="never", length_penalty=2)))
     assert isinstance(beam, BeamStream)
     assert beam.req.beam == BeamOptions(3, 2.0, "never", 1, beam.req.beam.eos_ids)  # type: ignore[union-attr]
-    spec = open_stream(small_model, GenerateRequest(prompt_ids=[1, 2, 3], max_new_tokens=2,
-                                                    speculative="prompt_lookup", draft_tokens=4, ngram=1))
+    spec = open_stream(small_model, GenerateRequest(prompt=[1, 2, 3], max_new_tokens=2,
+                                                    strategy=Speculative(method="prompt_lookup", draft_tokens=4, ngram=1)))
     assert isinstance(spec, SpeculativeStream) and spec.req.spec == SpecOptions(4, 1)
 
 
@@ -125,7 +154,8 @@ def mqa(random_models: dict[str, LoadedModel]) -> LoadedModel:
 def test_beam_width_one_is_plain_greedy(mqa: LoadedModel) -> None:
     """The same checked request through the plain loop and through beam search with one beam (no
     EOS: one beam is then the argmax at every step): the same tokens, cache and Run."""
-    req = GenerateRequest(prompt="Hello, world. Hello, world.", max_new_tokens=12, ignore_eos=True).validate(mqa)
+    req = GenerateRequest(prompt="Hello, world. Hello, world.", max_new_tokens=12,
+                          sampling=SamplingParams(ignore_eos=True)).validate(mqa)
     plain = _drain(GenerationStream(mqa, req))
     beam = _drain(BeamStream(mqa, dataclasses.replace(req, beam=BeamOptions(1, 1.0, False, 1, ()))))
     assert beam.generated_ids == plain.generated_ids and len(plain.generated_ids) == 12
@@ -144,8 +174,7 @@ def test_a_stop_string_cuts_plain_and_speculative_alike(mqa: LoadedModel, stop: 
     # The reference cut: the first prefix of the output whose text holds the stop string.
     n = next(i for i in range(1, len(ref.generated_ids) + 1) if stop in dec(ref.generated_ids[:i]))
     whole = dec(ref.generated_ids[:n])
-    runs = [kvviz.generate(mqa, stop=[stop], **kw),
-            kvviz.generate(mqa, stop=[stop], speculative="prompt_lookup", **kw)]
+    runs = [kvviz.generate(mqa, stop=[stop], **kw), kvviz.generate(mqa, stop=[stop], strategy=Speculative(), **kw)]
     for run in runs:
         assert (run.stop_reason, run.stop_string) == ("stop_string", stop)
         assert run.generated_ids == ref.generated_ids[:n]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvviz.engine.loading import llama_loader
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.engine.loading.gguf_llama import load_gguf, tokenizer_metadata, unpermute_rope_rows
 from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.llama_loader import load_llama_gguf
@@ -21,6 +21,7 @@ from kvviz.engine.models.llama import Llama
 from kvviz.errors import KVVizError
 
 from gguf_writers import llamacpp_permute, write_llama_gguf
+from kvviz import SamplingParams
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -130,7 +131,7 @@ def test_load_model_takes_a_gguf_path(hf_model: Any, f32_file: Path) -> None:
     full = load_model(str(f32_file), device="cpu")
     with torch.inference_mode():
         ref = hf_model.generate(torch.tensor([[3, 14, 15]]), max_new_tokens=8, do_sample=False)[0, 3:].tolist()
-    run = generate(full, prompt_ids=[3, 14, 15], max_new_tokens=8, greedy=True)
+    run = generate(full, prompt=[3, 14, 15], max_new_tokens=8, sampling=SamplingParams(greedy=True))
     # The file names EOS = 2 (the transformers model has none), so kvviz stops where it appears.
     assert 2 in ref and run.stop_reason == "eos"
     assert run.generated_ids == ref[: ref.index(2) + 1]

@@ -16,7 +16,7 @@ import torch
 
 from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.engine.loading.gguf_llama import load_gguf
 from kvviz.engine.loading.gguf_checks import SUPPORTED_LIST, model_family
 from kvviz.engine.loaded import load_model
@@ -24,6 +24,7 @@ from kvviz.errors import KVVizError
 from kvviz.fast import build as build_fast
 
 from gguf_writers import Q, write_bpe_tokenizer_gguf, write_llama_gguf
+from kvviz import CacheSpec, SamplingParams
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -139,7 +140,8 @@ def test_logits_and_greedy_equal_transformers(case: tuple[str, Any, Path]) -> No
     assert greedy == hf_greedy(ref, PROMPT, STEPS, use_cache=False)
     for use_cache in (True, False):
         for fast in (True, False):
-            run = generate(m, prompt_ids=PROMPT, max_new_tokens=STEPS, greedy=True, use_cache=use_cache, fast=fast)
+            run = generate(m, prompt=PROMPT, max_new_tokens=STEPS, backend="fast" if fast else "readable",
+                           sampling=SamplingParams(greedy=True), cache=CacheSpec(use_cache=use_cache))
             assert run.generated_ids == greedy, (use_cache, fast)
 
 
@@ -185,14 +187,15 @@ def test_mistral_window_in_chunks_and_in_every_cache_kind(tmp_path: Path) -> Non
                 torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4, msg=f"{kind} {chunk}")
     greedy = hf_greedy(hf, ids, STEPS)
     for kind in ("static", "concat", "paged"):
-        run = generate(m, prompt_ids=ids, max_new_tokens=STEPS, greedy=True, cache_kind=kind)
+        run = generate(m, prompt=ids, max_new_tokens=STEPS, sampling=SamplingParams(greedy=True),
+                       cache=CacheSpec(kind=kind))
         assert run.generated_ids == greedy, kind
 
 
 def test_a_windowed_cache_on_a_sliding_model_is_refused(tmp_path: Path) -> None:
     m = load_model(str(write_gguf(tmp_path / "m.gguf", make_hf("mistral", SEEDS[0]), "mistral")), device="cpu")
     with pytest.raises(KVVizError, match="already slides its own window of 6 positions"):
-        generate(m, prompt_ids=PROMPT, max_new_tokens=2, greedy=True, window=8)
+        generate(m, prompt=PROMPT, max_new_tokens=2, sampling=SamplingParams(greedy=True), cache=CacheSpec(window=8))
 
 
 @pytest.mark.parametrize("arch", ["phi3", "falcon", "gpt2"])
@@ -308,7 +311,8 @@ def test_k_quant_files_equal_transformers(tmp_path: Path, family: str) -> None:
         torch.testing.assert_close(m.model(idx), ref(idx).logits, atol=1e-4, rtol=1e-4)
     greedy = hf_greedy(ref, PROMPT, STEPS)
     for fast in (True, False):
-        assert generate(m, prompt_ids=PROMPT, max_new_tokens=STEPS, greedy=True, fast=fast).generated_ids == greedy
+        assert generate(m, prompt=PROMPT, max_new_tokens=STEPS, backend="fast" if fast else "readable",
+                        sampling=SamplingParams(greedy=True)).generated_ids == greedy
 
 
 def test_qwen2_pre_tokenizer_equals_transformers(tmp_path: Path) -> None:

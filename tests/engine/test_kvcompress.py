@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from kvviz.engine.generation.loop import generate, iter_generate
+from kvviz.engine.api import generate, iter_generate
 from kvviz.engine.generation.request import kv_spec
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.kvcache.kv_quant import (dequantize_fp8, dequantize_int, fp8_scale, pack_int4, quantize_fp8, quantize_int,
@@ -17,6 +17,8 @@ from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare, nll_through_cache, plain_nll
 from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes
+from kvviz import CacheSpec
+from keyword_sets import request_kwargs
 
 PROMPT = list(b"To be, or not")
 
@@ -89,7 +91,7 @@ SPECS = [dict(kv_dtype="int8"), dict(kv_dtype="int4"), dict(kv_dtype="int4", kv_
 def test_bytes_equal_formula_and_calculator_every_step(make_llama, opts: dict) -> None:
     m = make_llama()
     c = m.config
-    run = generate(m, prompt_ids=PROMPT, max_new_tokens=12, **opts)
+    run = generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=12, **opts))
     hs = c.head_dim
     comp = Compression(opts.get("kv_dtype"), opts.get("kv_group_size"), opts.get("kv_zero_point", False),
                        opts.get("kv_fp8_scale", "tensor"), opts.get("window"), opts.get("sinks", 0))
@@ -116,9 +118,9 @@ def test_window_at_least_the_sequence_equals_the_full_cache(make_llama) -> None:
     m = make_llama()
     # The concat cache: the same per-layer attention path as the window caches (a static fp32 cache
     # decodes through the whole-step C call instead, equal to ~1e-7, not bit for bit).
-    full = generate(m, prompt_ids=PROMPT, max_new_tokens=30, cache_kind="concat")
+    full = generate(m, prompt=PROMPT, max_new_tokens=30, cache=CacheSpec(kind="concat"))
     for opts in (dict(window=64), dict(window=43), dict(window=50, sinks=4)):
-        run = generate(m, prompt_ids=PROMPT, max_new_tokens=30, **opts)
+        run = generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=30, **opts))
         assert run.generated_ids == full.generated_ids
         for a, b in zip(full.events, run.events):
             assert [t.prob for t in a.top] == [t.prob for t in b.top]  # bit for bit
@@ -147,7 +149,7 @@ def test_ring_wraps(make_llama, sinks: int, window: int) -> None:
 
 def test_sinks_plus_window_hold_exactly_s_plus_w(make_llama) -> None:
     m = make_llama()
-    run = generate(m, prompt_ids=PROMPT * 2, max_new_tokens=20, window=8, sinks=4)  # prompt 26 > 12: fed in pieces
+    run = generate(m, prompt=PROMPT * 2, max_new_tokens=20, cache=CacheSpec(window=8, sinks=4))  # prompt 26 > 12: fed in pieces
     assert [e.cache_len for e in run.events] == [12] * 20
     assert len(set(e.cache_bytes_used for e in run.events)) == 1  # flat once full
 
@@ -181,7 +183,7 @@ def test_streaming_positions_rotate_the_sinks(make_llama) -> None:
 
 def test_gpt2_window_keeps_original_positions(make_model) -> None:
     m = make_model()
-    run = generate(m, prompt_ids=PROMPT, max_new_tokens=20, window=8)
+    run = generate(m, prompt=PROMPT, max_new_tokens=20, cache=CacheSpec(window=8))
     assert run.cache_kind == "window 8 (original positions)" and run.events[-1].cache_len == 8
     with pytest.raises(KVVizError, match="learned position embedding"):
         kv_spec(m, window=8, sinks=2, positions="cache")
@@ -221,15 +223,15 @@ def test_compare_measures_int8_less_than_int4(make_llama) -> None:
 ])
 def test_bad_combinations(make_llama, opts: dict, msg: str) -> None:
     with pytest.raises(KVVizError, match=msg):
-        iter_generate(make_llama(), prompt_ids=PROMPT, max_new_tokens=4, **opts)
+        iter_generate(make_llama(), **request_kwargs(prompt_ids=PROMPT, max_new_tokens=4, **opts))
 
 
 def test_compressed_needs_the_static_cache(make_llama) -> None:
     m = make_llama()
     with pytest.raises(KVVizError, match="needs the KV cache on"):
-        iter_generate(m, prompt_ids=PROMPT, max_new_tokens=4, kv_dtype="int8", use_cache=False)
+        iter_generate(m, prompt=PROMPT, max_new_tokens=4, cache=CacheSpec(kv_dtype="int8", use_cache=False))
     with pytest.raises(KVVizError, match="does not combine"):
-        iter_generate(m, prompt_ids=PROMPT, max_new_tokens=4, kv_dtype="int8", cache_kind="paged")
+        iter_generate(m, prompt=PROMPT, max_new_tokens=4, cache=CacheSpec(kv_dtype="int8", kind="paged"))
 
 
 def test_quantized_cache_truncates_like_one_that_never_saw_the_rest(make_llama) -> None:
@@ -324,8 +326,8 @@ def test_charts_draw_what_the_cache_holds(make_llama) -> None:
                                   dict(window=8, sinks=2), dict(kv_dtype="int4", window=8, sinks=2)])
 def test_accelerator_and_readable_model_agree_through_compressed_caches(make_llama, opts: dict) -> None:
     m = make_llama()
-    fast = generate(m, prompt_ids=PROMPT, max_new_tokens=20, fast=True, **opts)
-    slow = generate(m, prompt_ids=PROMPT, max_new_tokens=20, fast=False, **opts)
+    fast = generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=20, fast=True, **opts))
+    slow = generate(m, **request_kwargs(prompt_ids=PROMPT, max_new_tokens=20, fast=False, **opts))
     assert fast.engine == "fast" and slow.engine == "readable"  # the accelerator only calls cache.update
     assert fast.generated_ids == slow.generated_ids
     for a, b in zip(fast.events, slow.events):
@@ -334,13 +336,13 @@ def test_accelerator_and_readable_model_agree_through_compressed_caches(make_lla
 
 def test_position_rule_changes_what_the_model_sees_only_after_eviction(make_llama) -> None:
     m = make_llama()
-    runs = {p: generate(m, prompt_ids=PROMPT, max_new_tokens=30, window=8, sinks=2, kv_positions=p)
+    runs = {p: generate(m, prompt=PROMPT, max_new_tokens=30, cache=CacheSpec(window=8, sinks=2, positions=p))
             for p in ("cache", "original")}
     a, b = runs["cache"].events, runs["original"].events
     # the prompt (13 tokens) already overflows 2 + 8 slots, so even the prefill's last token differs
     probs = [([t.prob for t in x.top], [t.prob for t in y.top]) for x, y in zip(a, b)]
     assert any(pa != pytest.approx(pb, abs=1e-6) for pa, pb in probs)
-    short = {p: generate(m, prompt_ids=PROMPT[:4], max_new_tokens=6, window=8, sinks=2, kv_positions=p)
+    short = {p: generate(m, prompt=PROMPT[:4], max_new_tokens=6, cache=CacheSpec(window=8, sinks=2, positions=p))
              for p in ("cache", "original")}  # 4 + 6 = 10 positions: nothing evicted, nothing to renumber
     assert [e.top for e in short["cache"].events] == [e.top for e in short["original"].events]
 

@@ -10,8 +10,9 @@ error, and int4's larger one.
 """
 from __future__ import annotations
 
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes
+from kvviz import CacheSpec
 
 PROMPT = "Once upon a time, there was a little"
 INT8_AGREES_FOR = 64
@@ -22,7 +23,7 @@ def test_int8_kv_agrees_with_fp32_greedy(smollm2) -> None:
     from kvviz.measure.kvcompare import compare
 
     full = generate(smollm2, prompt=PROMPT, max_new_tokens=INT8_AGREES_FOR)
-    int8 = generate(smollm2, prompt=PROMPT, max_new_tokens=INT8_AGREES_FOR, kv_dtype="int8")
+    int8 = generate(smollm2, prompt=PROMPT, max_new_tokens=INT8_AGREES_FOR, cache=CacheSpec(kv_dtype="int8"))
     assert len(full.generated_ids) == INT8_AGREES_FOR  # no early EOS: every token is compared
     ids = list(full.prompt_ids) + list(full.generated_ids)
     s8 = compare(smollm2, ids, kv_spec(smollm2, "int8"), chunk=1).summary()
@@ -39,7 +40,7 @@ def test_int8_kv_agrees_with_fp32_greedy(smollm2) -> None:
 def test_streaming_window_runs_past_the_window(smollm2) -> None:
     sinks, window = 4, 16
     full = generate(smollm2, prompt=PROMPT, max_new_tokens=24)
-    run = generate(smollm2, prompt=PROMPT, max_new_tokens=24, window=window, sinks=sinks)
+    run = generate(smollm2, prompt=PROMPT, max_new_tokens=24, cache=CacheSpec(window=window, sinks=sinks))
     assert run.cache_kind == "window 16 + 4 sinks"  # StreamingLLM's positions within the cache: the default
     n = len(run.prompt_ids)
     c = smollm2.config

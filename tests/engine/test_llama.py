@@ -15,12 +15,13 @@ import torch
 
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.generation.capture import Capture, ForwardCapture
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loaded import load_model
 from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.errors import KVVizError
+from kvviz import CacheSpec, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,8 +82,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None) -> list[int]:
     """kvviz's generator, greedy: recomputing (None) or through a static / concat cache."""
-    run = generate(model, prompt_ids=prompt, max_new_tokens=n, greedy=True, use_cache=cache_kind is not None,
-                   cache_kind=cache_kind or "static")
+    run = generate(model, prompt=prompt, max_new_tokens=n, sampling=SamplingParams(greedy=True),
+                   cache=CacheSpec(use_cache=cache_kind is not None, kind=cache_kind or "static"))
     return run.generated_ids
 
 
@@ -149,8 +150,8 @@ def test_generator_captures_attention_and_kv_on_llama(pair: Any) -> None:
     """kvviz's generator reads only the config and the capture API: GQA with head_dim != C/nh works."""
     loaded = pair("head_dim")[1]
     cfg = loaded.config
-    run = generate(loaded, prompt_ids=PROMPT, max_new_tokens=4, greedy=True,
-                   capture=Capture(attention=True, kv_norms=True, kv_layer=1))
+    run = generate(loaded, prompt=PROMPT, max_new_tokens=4,
+                   capture=Capture(attention=True, kv_norms=True, kv_layer=1), sampling=SamplingParams(greedy=True))
     prefill, step = run.events[0], run.events[1]
     assert prefill.attn is not None and prefill.attn.shape == (cfg.n_layer, cfg.n_head, len(PROMPT))
     assert step.attn is not None and step.attn.shape == (cfg.n_layer, cfg.n_head, len(PROMPT) + 1)

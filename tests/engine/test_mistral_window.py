@@ -25,6 +25,8 @@ from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.errors import KVVizError
 from test_gemma3_tiny import _feed
+from kvviz import CacheSpec, SamplingParams
+from keyword_sets import request_kwargs
 
 transformers = pytest.importorskip("transformers")
 
@@ -165,8 +167,8 @@ def test_generate_matches_transformers_and_bytes_level_off_as_the_calculator_say
     with torch.inference_mode():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, 4:].tolist()
-    runs = {kind: kvviz.generate(m, prompt_ids=prompt, max_new_tokens=20, greedy=True, cache_kind=kind,
-                                 kv_block_size=2) for kind in ("static", "concat", "paged")}
+    runs = {kind: kvviz.generate(m, prompt=prompt, max_new_tokens=20, sampling=SamplingParams(greedy=True),
+                                 cache=CacheSpec(kind=kind, block_size=2)) for kind in ("static", "concat", "paged")}
     for kind, run in runs.items():
         assert run.generated_ids == want, kind
     spec = parse_config(hf.config.to_dict())  # the calculator's reading of the same config
@@ -187,14 +189,14 @@ def test_generate_matches_transformers_and_bytes_level_off_as_the_calculator_say
 def test_beams_and_speculative_past_the_window(pair: tuple[Any, kvviz.LoadedModel]) -> None:
     m = pair[1]
     kw: dict[str, Any] = dict(prompt_ids=[60, 61, 62], max_new_tokens=15)
-    beams = {k: kvviz.generate(m, cache_kind=k, num_beams=3, **kw).generated_ids for k in ("static", "paged", "concat")}
+    beams = {k: kvviz.generate(m, **request_kwargs(cache_kind=k, num_beams=3, **kw)).generated_ids for k in ("static", "paged", "concat")}
     assert beams["static"] == beams["paged"] == beams["concat"]
-    greedy = kvviz.generate(m, greedy=True, cache_kind="concat", **kw).generated_ids
+    greedy = kvviz.generate(m, **request_kwargs(greedy=True, cache_kind="concat", **kw)).generated_ids
     spec = dict(greedy=True, speculative="prompt_lookup", draft_tokens=3, ngram=1, **kw)
     for kind in ("paged", "concat"):  # a paged cache keeps the blocks a rollback needs
-        assert kvviz.generate(m, cache_kind=kind, kv_block_size=2, **spec).generated_ids == greedy, kind
+        assert kvviz.generate(m, **request_kwargs(cache_kind=kind, kv_block_size=2, **spec)).generated_ids == greedy, kind
     with pytest.raises(KVVizError, match="keeps only the last 6 positions"):  # a ring cannot roll back
-        kvviz.generate(m, cache_kind="static", **spec)
+        kvviz.generate(m, **request_kwargs(cache_kind="static", **spec))
 
 
 def test_captured_attention_over_a_ring_equals_the_full_cache(pair: tuple[Any, kvviz.LoadedModel]) -> None:
@@ -202,7 +204,8 @@ def test_captured_attention_over_a_ring_equals_the_full_cache(pair: tuple[Any, k
     zero, are the concat cache's (whose mask hides the same keys)."""
     m = pair[1]
     cap = Capture(attention=True, kv_norms=True, kv_layer=1)
-    runs = [kvviz.generate(m, prompt_ids=[7, 8, 9, 10], max_new_tokens=8, greedy=True, cache_kind=k, capture=cap)
+    runs = [kvviz.generate(m, prompt=[7, 8, 9, 10], max_new_tokens=8, capture=cap,
+                           sampling=SamplingParams(greedy=True), cache=CacheSpec(kind=k))
             for k in ("static", "concat")]
     for a, b in zip(*(r.events for r in runs)):
         assert a.attn is not None and b.attn is not None and a.attn.shape == b.attn.shape == (3, 4, a.position)
@@ -219,7 +222,7 @@ def test_chat_turns_and_an_edit_on_a_ring_answer_as_a_full_cache(pair: tuple[Any
     m = chat_model(pair[1])
     got = {}
     for kind in ("static", "paged", "concat"):
-        conv = Conversation(m, cache_kind=kind, max_new_tokens=4, kv_block_size=2)
+        conv = Conversation(m, cache=CacheSpec(kind=kind, block_size=2), max_new_tokens=4)
         got[kind] = [t.generated_ids for t in (conv.send("hi"), conv.send("more"), conv.edit(0, "x"))]
     assert got["static"] == got["paged"] == got["concat"]
 

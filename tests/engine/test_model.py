@@ -16,6 +16,7 @@ from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.models.gpt2 import GPT
 from kvviz.fast.matmul import row_matmul
+from kvviz import CacheSpec
 
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 
@@ -125,8 +126,9 @@ def test_captured_attention_and_kv_match_reference(make_model: Callable[..., Loa
                                                     use_cache: bool) -> None:
     """The generator's captures (newest query row, new K/V) against the float64 reference."""
     m = make_model(n_kv_head=KV_HEADS[kind], seed=5)
-    run = kvviz.generate(m, prompt="attend", max_new_tokens=5, use_cache=use_cache,
-                         capture=kvviz.Capture(attention=True, kv_norms=True, kv_layer=1))
+    run = kvviz.generate(m, prompt="attend", max_new_tokens=5,
+                         capture=kvviz.Capture(attention=True, kv_norms=True, kv_layer=1),
+                         cache=CacheSpec(use_cache=use_cache))
     ids = list(run.prompt_ids) + run.generated_ids
     N = len(run.prompt_ids)
     for s, e in enumerate(run.events):

@@ -8,12 +8,14 @@ import torch
 
 from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.block_pool import ROOT_HASH, BlockPool, PoolFull, block_hash
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool
 from kvviz.engine.sessions.parallel_samples import ParallelSamples
 from kvviz.errors import KVVizError
 from kvviz.calculator import KVFormat, ModelSpec, kv_bytes
+from kvviz import CacheSpec, SamplingParams
+from keyword_sets import request_kwargs
 
 
 # ----------------------------------------------------------------------------- the pool, by hand
@@ -193,18 +195,20 @@ def test_paged_equals_static_greedy_and_sampled(make_llama: Callable[..., Loaded
                                                 fast: bool) -> None:
     m = make_llama()  # GQA: 4 query heads over 2 KV heads
     for kw in (dict(greedy=True), dict(temperature=1.0, seed=7)):
-        ref = generate(m, prompt="The cache holds", max_new_tokens=20, cache_kind="static", fast=fast, **kw)
-        got = generate(m, prompt="The cache holds", max_new_tokens=20, cache_kind="paged", kv_block_size=block,
-                       fast=fast, **kw)
+        ref = generate(m,
+                       **request_kwargs(prompt="The cache holds", max_new_tokens=20, cache_kind="static", fast=fast, **kw))
+        got = generate(m,
+                       **request_kwargs(prompt="The cache holds", max_new_tokens=20, cache_kind="paged", kv_block_size=block, fast=fast, **kw))
         assert got.generated_ids == ref.generated_ids
         assert [e.cache_bytes_used for e in got.events] == [e.cache_bytes_used for e in ref.events]
 
 
 def test_paged_batch_and_chunked_prefill_equal_static(make_llama: Callable[..., LoadedModel]) -> None:
     m = make_llama()
-    ref = generate(m, prompt="Hi", max_new_tokens=12, cache_kind="static", temperature=0.9, seed=3, batch_size=3)
-    got = generate(m, prompt="Hi", max_new_tokens=12, cache_kind="paged", kv_block_size=4, temperature=0.9,
-                   seed=3, batch_size=3)
+    ref = generate(m, prompt="Hi", max_new_tokens=12, batch_size=3, sampling=SamplingParams(temperature=0.9, seed=3),
+                   cache=CacheSpec(kind="static"))
+    got = generate(m, prompt="Hi", max_new_tokens=12, batch_size=3, sampling=SamplingParams(temperature=0.9, seed=3),
+                   cache=CacheSpec(kind="paged", block_size=4))
     assert [e.token_ids for e in got.events] == [e.token_ids for e in ref.events]
     # Chunked prefill: 7 tokens, then 5 more at positions 7..11 (the explicit mask), then decode.
     c = m.config
@@ -237,7 +241,7 @@ def test_parallel_samples_share_the_prompt_and_equal_static(make_llama: Callable
     # 4 rows x ceil(21 / 4) = 6 blocks each unshared; shared: 3 + 4 x 3 = 15 held.
     assert (st.bytes_unshared, st.bytes_held) == (24 * st.block_bytes, 15 * st.block_bytes)
     # And both equal the ordinary batched loop with the same seed (which prefills 4 identical rows).
-    run = generate(m, prompt_ids=prompt, max_new_tokens=8, temperature=1.0, seed=5, batch_size=4)
+    run = generate(m, prompt=prompt, max_new_tokens=8, batch_size=4, sampling=SamplingParams(temperature=1.0, seed=5))
     assert [list(r) for r in zip(*[e.token_ids for e in run.events])] == paged.rows
 
 
@@ -294,15 +298,15 @@ def test_smollm2_paged_cache_equals_memory_cli_paged(n_tok: int, rows: int, bloc
 def test_bad_paged_requests_are_named(make_llama: Callable[..., LoadedModel]) -> None:
     m = make_llama()
     with pytest.raises(KVVizError, match="needs 2 blocks"):
-        generate(m, prompt="abcdefghij", max_new_tokens=10, cache_kind="paged", kv_block_size=16, kv_blocks=1)
+        generate(m, prompt="abcdefghij", max_new_tokens=10, cache=CacheSpec(kind="paged", block_size=16, blocks=1))
     with pytest.raises(KVVizError, match="block size"):
-        generate(m, prompt="a", max_new_tokens=1, cache_kind="paged", kv_block_size=0)
+        generate(m, prompt="a", max_new_tokens=1, cache=CacheSpec(kind="paged", block_size=0))
     with pytest.raises(KVVizError, match="cache_kind must be one of static, concat, paged"):
-        generate(m, prompt="a", max_new_tokens=1, cache_kind="pages")
+        generate(m, prompt="a", max_new_tokens=1, cache=CacheSpec(kind="pages"))
     # A pool that holds one sequence but not three unshared ones runs out mid-run, by name.
     with pytest.raises(KVVizError, match="KV pool is full"):
-        generate(m, prompt="abcdefghij", max_new_tokens=10, cache_kind="paged", kv_block_size=4, kv_blocks=6,
-                 batch_size=3)
+        generate(m, prompt="abcdefghij", max_new_tokens=10, batch_size=3,
+                 cache=CacheSpec(kind="paged", block_size=4, blocks=6))
 
 
 def test_cli_generate_paged_equals_static(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ from kvviz.engine.loading.save import export_hf_gpt2
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
 from accel_checks import randomize
+from kvviz import CacheSpec
 
 VOCAB = 320  # > the 300-token BPE fixture, so its ids are all valid
 
@@ -69,8 +70,8 @@ def test_logits_match_hf(hf: GPT2LMHeadModel, kv: LoadedModel) -> None:
 def test_greedy_generation_matches_hf_generate(hf: GPT2LMHeadModel, kv: LoadedModel, mode: str) -> None:
     for prompt in ([17], [5, 99, 250, 3, 3, 41, 300, 7, 12, 64]):
         want = _hf_greedy(hf, [prompt], 30)[0]
-        run = kvviz.generate(kv, prompt_ids=prompt, max_new_tokens=30, use_cache=mode != "uncached",
-                             cache_kind="static" if mode == "uncached" else mode)
+        run = kvviz.generate(kv, prompt=prompt, max_new_tokens=30,
+                             cache=CacheSpec(use_cache=mode != "uncached", kind="static" if mode == "uncached" else mode))
         assert run.generated_ids == want
         assert len(set(want)) >= 5  # not a degenerate constant sequence
 
@@ -84,8 +85,8 @@ def test_one_row_decode_matches_hf_at_two_threads(hf: GPT2LMHeadModel, kv: Loade
     assert (kv.fast.plan().rows is not None) == (kvviz.fast.rowops.load() is not None)
     prompt = [5, 99, 250, 3, 3, 41, 300, 7, 12, 64]
     want = _hf_greedy(hf, [prompt], 30)[0]
-    run = kvviz.generate(kv, prompt_ids=prompt, max_new_tokens=30, cache_kind=mode,
-                         capture=kvviz.Capture(logits=True))
+    run = kvviz.generate(kv, prompt=prompt, max_new_tokens=30, capture=kvviz.Capture(logits=True),
+                         cache=CacheSpec(kind=mode))
     assert run.generated_ids == want
     with torch.inference_mode():
         ref = hf(torch.tensor([prompt + want])).logits[0]  # (T, V)
@@ -97,7 +98,7 @@ def test_one_row_decode_matches_hf_at_two_threads(hf: GPT2LMHeadModel, kv: Loade
 def test_batched_greedy_matches_hf(hf: GPT2LMHeadModel, kv: LoadedModel) -> None:
     rows = [[1, 2, 3, 4, 5, 6], [200, 100, 50, 25, 12, 6], [7, 7, 7, 7, 7, 7]]
     want = _hf_greedy(hf, rows, 12)
-    run = kvviz.generate(kv, prompt_ids=rows, max_new_tokens=12)
+    run = kvviz.generate(kv, prompt=rows, max_new_tokens=12)
     assert [[e.token_ids[b] for e in run.events] for b in range(3)] == want
 
 
@@ -105,8 +106,8 @@ def test_captured_attention_matches_hf_eager(hf_folder: Path, kv: LoadedModel) -
     eager = GPT2LMHeadModel.from_pretrained(hf_folder, attn_implementation="eager").eval()
     prompt = [11, 22, 33, 44, 55, 66, 77]
     for use_cache in (True, False):
-        run = kvviz.generate(kv, prompt_ids=prompt, max_new_tokens=6, use_cache=use_cache,
-                             capture=kvviz.Capture(attention=True))
+        run = kvviz.generate(kv, prompt=prompt, max_new_tokens=6, capture=kvviz.Capture(attention=True),
+                             cache=CacheSpec(use_cache=use_cache))
         ids = prompt + run.generated_ids
         for s, e in enumerate(run.events):
             t = len(prompt) + s
@@ -130,7 +131,7 @@ def test_eos_stops_like_hf(hf_folder: Path, hf: GPT2LMHeadModel, tmp_path: Path)
     want = _hf_greedy(hf, [prompt], 30, eos_token_id=ref[k])[0]
     assert want == ref[: k + 1]
     m = kvviz.load_model(folder, device="cpu")
-    run = kvviz.generate(m, prompt_ids=prompt, max_new_tokens=30)
+    run = kvviz.generate(m, prompt=prompt, max_new_tokens=30)
     assert (run.stop_reason, run.generated_ids) == ("eos", want)
 
 
@@ -155,7 +156,7 @@ def test_folder_without_tokenizer_takes_ids_only(kv: LoadedModel) -> None:
     assert not kv.has_tokenizer
     with pytest.raises(kvviz.KVVizError, match="tokenizer"):
         kvviz.generate(kv, prompt="hello", max_new_tokens=2)
-    run = kvviz.generate(kv, prompt_ids=[3, 4], max_new_tokens=2)
+    run = kvviz.generate(kv, prompt=[3, 4], max_new_tokens=2)
     assert run.events[0].token_text == f"<|{run.generated_ids[0]}|>"
 
 
@@ -200,7 +201,7 @@ def test_export_round_trip_through_transformers(shape: str, tmp_path: Path, make
     with torch.inference_mode():
         torch.testing.assert_close(again.model(x), m.model(x), atol=0, rtol=0)
     prompt = [72, 105, 33]
-    assert kvviz.generate(m, prompt_ids=prompt, max_new_tokens=15).generated_ids == _hf_greedy(back, [prompt], 15)[0]
+    assert kvviz.generate(m, prompt=prompt, max_new_tokens=15).generated_ids == _hf_greedy(back, [prompt], 15)[0]
 
 
 def test_export_refuses_grouped_query_attention(make_model: Any, tmp_path: Path) -> None:

@@ -75,8 +75,8 @@ def serve(model: LoadedModel, reqs: list[ServeRequest], **over: Any) -> tuple[Se
 
 
 def solo_ids(model: LoadedModel, r: ServeRequest) -> list[int]:
-    run = kvviz.generate(model, prompt_ids=list(r.prompt_ids), max_new_tokens=r.max_tokens, greedy=True,
-                         ignore_eos=True, fast=False)
+    run = kvviz.generate(model, list(r.prompt_ids), max_new_tokens=r.max_tokens,
+                         sampling=kvviz.SamplingParams(ignore_eos=True), backend="readable")
     return list(run.generated_ids)
 
 

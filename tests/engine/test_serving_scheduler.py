@@ -221,7 +221,8 @@ def test_a_stop_string_ends_a_request(model: LoadedModel) -> None:
     import kvviz
 
     prompt = ids(6, 5)
-    solo = kvviz.generate(model, prompt_ids=list(prompt), max_new_tokens=12, greedy=True, ignore_eos=True, fast=False)
+    solo = kvviz.generate(model, list(prompt), max_new_tokens=12, sampling=kvviz.SamplingParams(ignore_eos=True),
+                          backend="readable")
     text = model.tokenizer.decode(list(solo.generated_ids))
     stop = text[3:5]
     cut = text.find(stop)

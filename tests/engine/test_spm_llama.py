@@ -26,6 +26,7 @@ from kvviz.engine.tokenize.spm import SPMTokenizer, load_spm_tokenizer
 from kvviz.engine.tokenize.tokenizer import literal_backend
 
 from gguf_writers import LLAMA_SPM_TOKENS, write_llama_gguf, write_spm_tokenizer_gguf
+from kvviz import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -169,7 +170,7 @@ def test_a_llama_gguf_brings_its_sentencepiece_tokenizer(tmp_path: Path, hf_tok:
     with torch.inference_mode():
         want = ref.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(ids):].tolist()
-    run = kvviz.generate(m, prompt=prompt, max_new_tokens=8, greedy=True, ignore_eos=True)
+    run = kvviz.generate(m, prompt=prompt, max_new_tokens=8, sampling=SamplingParams(greedy=True, ignore_eos=True))
     assert list(run.prompt_ids) == ids and run.generated_ids == want
     split = sentencepiece_split(hf_tok)
     turns = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "ok"}]

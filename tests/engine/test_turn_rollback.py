@@ -14,10 +14,10 @@ from chat_fixtures import chat_model
 from kvviz.engine.kvcache.dense import KVCache, StaticKVCache
 from kvviz.engine.sessions.conversation import Conversation, TurnInterrupted
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
-from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.errors import KVVizError
+from kvviz import CacheSpec, SamplingParams
 
 ASKED = ["hello there, how are you", "and then, what happened?"]  # the turns before the interruption
 CUT = "this turn is cut short"
@@ -36,13 +36,10 @@ def chat_llama(make_llama: Callable[..., LoadedModel]) -> LoadedModel:
 
 
 def make_conv(model: LoadedModel, kind: str, fast: bool, window: int = 20) -> Conversation:
-    kv = None
-    if kind == "quantized":
-        kv = resolve(KVSpec(kv_dtype="int8"), "llama", model.config.head_dim, model.config.block_size)
-    elif kind == "window":  # 4 sinks + 20: the second turn already wraps the ring
-        kv = resolve(KVSpec(window=window, sinks=4), "llama", model.config.head_dim, model.config.block_size)
-    return Conversation(model, cache_kind="static" if kv else kind, kv_block_size=8, kv_blocks=64,
-                        max_new_tokens=NEW, fast=fast, kv=kv)
+    spec = {"quantized": dict(kv_dtype="int8"),
+            "window": dict(window=window, sinks=4)}.get(kind)  # 4 sinks + 20: the second turn already wraps the ring
+    cache = CacheSpec(kind="static", **spec) if spec else CacheSpec(kind=kind, block_size=8, blocks=64)
+    return Conversation(model, cache=cache, max_new_tokens=NEW, backend="fast" if fast else "readable")
 
 
 def state(conv: Conversation) -> dict[str, Any]:
@@ -372,7 +369,7 @@ def test_a_stepper_advanced_from_two_threads_takes_turns() -> None:
 def test_smollm2_turn_failing_mid_decode_rolls_back(smollm2: LoadedModel) -> None:
     """The issue's model and cache (SmolLM2, paged, the accelerator): a turn failing inside layer 15
     of its third forward leaves the conversation as it was; the next turn equals a fresh run."""
-    conv = Conversation(smollm2, cache_kind="paged", max_new_tokens=8)
+    conv = Conversation(smollm2, cache=CacheSpec(kind="paged"), max_new_tokens=8)
     conv.send("What is the capital of France?")
     before = state(conv)
     with Failing(conv.cache, 2, 15) as f:
@@ -390,8 +387,8 @@ def test_an_interrupted_regenerate_keeps_the_old_seed(chat_llama: LoadedModel) -
     """Regenerate with a new seed, closed after its first step: the conversation samples with the
     old seed again (it used to keep the new one, so the next turn's answer changed); a regenerate
     that finishes keeps its seed."""
-    conv = Conversation(chat_llama, cache_kind="paged", kv_block_size=8, kv_blocks=64, max_new_tokens=NEW,
-                        greedy=False, temperature=1.0, seed=3)
+    conv = Conversation(chat_llama, cache=CacheSpec(kind="paged", block_size=8, blocks=64), max_new_tokens=NEW,
+                        sampling=SamplingParams(greedy=False, temperature=1.0, seed=3))
     conv.send(ASKED[0])
     it = conv.iter_regenerate(seed=11)
     next(it)

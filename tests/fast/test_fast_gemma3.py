@@ -24,6 +24,8 @@ from kvviz.fast.rowops import RowDot
 
 from accel_checks import assert_concurrent_runs_match_sequential
 from gguf_writers import GEMMA3_TOKENS, hf_tiny_gemma3, write_gemma3_gguf
+from kvviz import SamplingParams
+from keyword_sets import request_kwargs
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -70,7 +72,8 @@ def test_greedy_equals_transformers_on_the_same_file(tiny: LoadedModel, tiny_fil
         want = hf.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)[0, 6:].tolist()
     # 6 + 24 positions: the window of 8 is in force for most steps
     for kw in ({"cache_kind": "static"}, {"cache_kind": "paged"}, {"cache_kind": "concat"}, {"use_cache": False}):
-        run = kvviz.generate(tiny, prompt_ids=ids[0].tolist(), max_new_tokens=24, ignore_eos=True, **kw)
+        run = kvviz.generate(tiny,
+                             **request_kwargs(prompt_ids=ids[0].tolist(), max_new_tokens=24, ignore_eos=True, **kw))
         assert run.engine == "fast" and run.generated_ids == want, kw
 
 
@@ -93,8 +96,10 @@ def test_decode_steps_equal_the_readable_model_past_the_window(tiny: LoadedModel
 
 def test_captures_equal_the_readable_model(tiny: LoadedModel) -> None:
     cap = Capture(attention=True, kv_norms=True, kv_layer=1)
-    fast = kvviz.generate(tiny, prompt_ids=[5, 6, 7, 8], max_new_tokens=12, capture=cap, ignore_eos=True)
-    slow = kvviz.generate(tiny, prompt_ids=[5, 6, 7, 8], max_new_tokens=12, capture=cap, fast=False, ignore_eos=True)
+    fast = kvviz.generate(tiny, prompt=[5, 6, 7, 8], max_new_tokens=12, capture=cap,
+                          sampling=SamplingParams(ignore_eos=True))
+    slow = kvviz.generate(tiny, prompt=[5, 6, 7, 8], max_new_tokens=12, capture=cap, backend="readable",
+                          sampling=SamplingParams(ignore_eos=True))
     assert (fast.engine, slow.engine) == ("fast", "readable")
     assert fast.generated_ids == slow.generated_ids
     for a, b in zip(fast.events, slow.events):

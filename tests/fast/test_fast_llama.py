@@ -23,6 +23,7 @@ from kvviz.engine.tokenize.tokenizer import ByteTokenizer
 from kvviz.fast import build, rowops
 from kvviz.fast.llama_flat import FastLlama, max_c_rows_fp32
 from accel_checks import assert_concurrent_runs_match_sequential, decode_all
+from keyword_sets import request_kwargs
 
 HAVE_C = rowops.load() is not None
 
@@ -167,8 +168,9 @@ def test_generate_fast_and_readable_give_the_same_tokens(kind: str, kernel: str)
     """Through the one loop, greedy: cached (batch 1 and 2) and uncached, fast == readable."""
     m = make_llama(kind, seed=11)
     for kw in (dict(batch_size=1), dict(batch_size=2), dict(use_cache=False), dict(cache_kind="concat")):
-        fast = kvviz.generate(m, prompt_ids=[3, 14, 15, 92, 65], max_new_tokens=12, **kw)
-        slow = kvviz.generate(m, prompt_ids=[3, 14, 15, 92, 65], max_new_tokens=12, fast=False, **kw)
+        fast = kvviz.generate(m, **request_kwargs(prompt_ids=[3, 14, 15, 92, 65], max_new_tokens=12, **kw))
+        slow = kvviz.generate(m,
+                              **request_kwargs(prompt_ids=[3, 14, 15, 92, 65], max_new_tokens=12, fast=False, **kw))
         assert (fast.engine, slow.engine) == ("fast", "readable")
         assert fast.generated_ids == slow.generated_ids, kw
 
@@ -177,8 +179,8 @@ def test_generator_captures_through_the_accelerator() -> None:
     """The loop's recorded attention and K/V are the same whichever engine ran the steps."""
     m = make_llama("gqa", seed=12)
     cap = Capture(attention=True, kv_norms=True, kv_layer=1)
-    fast = kvviz.generate(m, prompt_ids=[1, 2, 3, 4], max_new_tokens=5, capture=cap)
-    slow = kvviz.generate(m, prompt_ids=[1, 2, 3, 4], max_new_tokens=5, capture=cap, fast=False)
+    fast = kvviz.generate(m, prompt=[1, 2, 3, 4], max_new_tokens=5, capture=cap)
+    slow = kvviz.generate(m, prompt=[1, 2, 3, 4], max_new_tokens=5, capture=cap, backend="readable")
     for a, b in zip(fast.events, slow.events):
         for field in ("attn", "kv_norms", "kv_values"):
             x, y = getattr(a, field), getattr(b, field)

@@ -36,6 +36,8 @@ from kvviz.fast.rowops import RowDot
 from accel_checks import assert_concurrent_runs_match_sequential
 from gguf_writers import Q, write_llama_gguf
 from test_gguf_codes import BITS, BYTES_PER_WEIGHT
+from kvviz import SamplingParams
+from keyword_sets import request_kwargs
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(rowops.load() is None, reason=f"no C kernel: {rowops.status()}")
@@ -155,15 +157,18 @@ def test_greedy_equals_transformers_for_each_family(tmp_path: Path, family: str)
         want = ref.generate(torch.tensor([PROMPT]), max_new_tokens=STEPS, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(PROMPT):].tolist()
     for kw in ({"cache_kind": "static"}, {"cache_kind": "paged"}, {"cache_kind": "concat"}, {"use_cache": False}):
-        run = kvviz.generate(m, prompt_ids=PROMPT, max_new_tokens=STEPS, greedy=True, **kw)
+        run = kvviz.generate(m,
+                             **request_kwargs(prompt_ids=PROMPT, max_new_tokens=STEPS, greedy=True, **kw))
         assert run.engine == "fast" and run.generated_ids == want, kw
 
 
 def test_captures_equal_the_readable_model(mixed: tuple[LoadedModel, Path]) -> None:
     m, _ = mixed
     cap = Capture(attention=True, kv_norms=True, kv_layer=1)
-    fast = kvviz.generate(m, prompt_ids=[5, 6, 7, 8], max_new_tokens=8, capture=cap, ignore_eos=True)
-    slow = kvviz.generate(m, prompt_ids=[5, 6, 7, 8], max_new_tokens=8, capture=cap, fast=False, ignore_eos=True)
+    fast = kvviz.generate(m, prompt=[5, 6, 7, 8], max_new_tokens=8, capture=cap,
+                          sampling=SamplingParams(ignore_eos=True))
+    slow = kvviz.generate(m, prompt=[5, 6, 7, 8], max_new_tokens=8, capture=cap, backend="readable",
+                          sampling=SamplingParams(ignore_eos=True))
     assert fast.generated_ids == slow.generated_ids
     for a, b in zip(fast.events, slow.events):
         for field in ("attn", "kv_norms", "kv_values"):

@@ -11,6 +11,7 @@ import itertools
 import pytest
 import torch
 
+from kvviz import CacheSpec, SamplingParams
 from kvviz.engine.generation.flops import forward_bytes, forward_flops
 from kvviz.measure.sweeps import (
     Request, batch_memory, batch_rows, batch_sizes, compare_outputs, cycle_to, document_ids, iter_race,
@@ -29,18 +30,21 @@ def _req(n: int = 6, **kw) -> Request:  # type: ignore[no-untyped-def]
 
 def test_request_kwargs_per_mode() -> None:
     k = _req().kwargs("none")
-    assert k["use_cache"] is False and k["prompt_ids"] == list(PROMPT) and k["greedy"] is True
-    assert _req().kwargs("concat")["cache_kind"] == "concat"
-    s = _req(greedy=False, temperature=0.7, top_k=5, seed=3).kwargs("static")
-    assert (s["greedy"], s["temperature"], s["top_k"], s["seed"]) == (False, 0.7, 5, 3)
+    assert k["cache"] == CacheSpec(use_cache=False) and k["prompt"] == list(PROMPT)
+    assert k["sampling"] == SamplingParams(ignore_eos=True) and k["backend"] == "fast"  # greedy, EOS ignored
+    assert _req().kwargs("concat")["cache"] == CacheSpec(kind="concat")
+    s = _req(sampling=SamplingParams(temperature=0.7, top_k=5, seed=3), backend="readable").kwargs("static")
+    assert s["sampling"] == SamplingParams(temperature=0.7, top_k=5, seed=3, ignore_eos=True)
+    assert s["cache"] == CacheSpec() and s["backend"] == "readable"
+    assert _req(ignore_eos=False).kwargs("static")["sampling"] == SamplingParams()
     rows = Request(prompt_ids=(PROMPT, PROMPT), max_new_tokens=2).kwargs("static")
-    assert rows["prompt_ids"] == [list(PROMPT)] * 2
+    assert rows["prompt"] == [list(PROMPT)] * 2
     with pytest.raises(ValueError):
         _req().kwargs("paged")
 
 
 def test_request_from_text_keeps_the_text(small_model) -> None:  # type: ignore[no-untyped-def]
-    r = request_from_text(small_model, "Hi there", 4, greedy=True, seed=0)
+    r = request_from_text(small_model, "Hi there", 4, SamplingParams(seed=0))
     assert r.prompt_ids == (PROMPT,) and r.kwargs("static")["prompt"] == "Hi there"
     assert run_once(small_model, r, "static").prompt_text == "Hi there"
 
@@ -60,7 +64,7 @@ def test_race_runs_modes_one_after_another_with_identical_output(small_model) ->
 
 
 def test_race_is_deterministic_given_the_seed(small_model) -> None:  # type: ignore[no-untyped-def]
-    req = _req(8, greedy=False, temperature=1.0, top_p=0.9, seed=11)
+    req = _req(8, sampling=SamplingParams(temperature=1.0, top_p=0.9, seed=11))
 
     def tokens() -> list[int]:
         return [t.event.token_id for t in iter_race(small_model, req, warm=False) if t.event and t.mode == "none"]

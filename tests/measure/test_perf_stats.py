@@ -6,11 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.measure.stats import (
     MachineProbe, Sample, aggregate, bound_label, fits_by_series, loglog_slope, phase_verdict, race_explanation,
     roof_fraction, roofline_points, samples_frame, speedup_table, spread,
 )
+from kvviz import CacheSpec
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=100e9, bandwidth=20e9, matmul_n=64,
                      copy_bytes=2**20, seconds=0.1)
@@ -96,8 +97,8 @@ def test_race_explanation_quotes_this_runs_numbers(small_model, monkeypatch) -> 
     # 12 real steps of a tiny model: on a loaded machine a no-cache step may finish first, and the
     # explanation then rightly gives way to the doubts (tests/measure/test_doubts.py holds that).
     monkeypatch.setattr(stats, "race_doubts", lambda *args, **kwargs: [])
-    cached = generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=12)
-    uncached = generate(small_model, prompt_ids=[1, 2, 3], max_new_tokens=12, use_cache=False)
+    cached = generate(small_model, prompt=[1, 2, 3], max_new_tokens=12)
+    uncached = generate(small_model, prompt=[1, 2, 3], max_new_tokens=12, cache=CacheSpec(use_cache=False))
     text = race_explanation(cached, uncached, weight_bytes=1_000_000, probe=PROBE)
     assert "step 11" in text and "cpu" in text and "GFLOP/s" in text and "bandwidth" in text
     assert "few tokens" in race_explanation(cached.upto(1), uncached.upto(1), 1_000_000)

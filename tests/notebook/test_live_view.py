@@ -15,6 +15,7 @@ import kvviz.notebook as nb  # noqa: E402
 from kvviz import generate  # noqa: E402
 from kvviz.charts import run_charts  # noqa: E402
 from kvviz.errors import KVVizError  # noqa: E402
+from kvviz import SamplingParams
 
 
 def test_figures_are_the_app_chart_functions_figures(small_model) -> None:  # type: ignore[no-untyped-def]
@@ -94,4 +95,4 @@ def test_bad_request_is_refused_before_anything_runs(small_model) -> None:  # ty
     with pytest.raises(KVVizError):
         nb.LiveView(small_model, "abc", max_new_tokens=0, display=False)
     with pytest.raises(KVVizError):
-        nb.LiveView(small_model, "abc", top_k=5, display=False)  # top_k without a temperature
+        nb.LiveView(small_model, "abc", display=False, sampling=SamplingParams(top_k=5))  # top_k without a temperature

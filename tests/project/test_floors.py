@@ -45,15 +45,16 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as BlockCodes, the block kernel's input: file data
     "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
     "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
-    # engine/strategy: beam search and speculative decoding, streams beside the loop that opens them
-    # (5); their records are plain dataclasses (1).
-    "kvviz.engine.strategy": 5, "kvviz.engine.strategy.strategy_events": 1,
+    # engine/strategy: beam search and speculative decoding, streams over the loop's stream base (5);
+    # their records are plain dataclasses in engine/generation (strategy_events.py), beside the Run.
+    "kvviz.engine.strategy": 5,
     # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
     "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
     # The accelerator and its kernels: built from a model (2) by engine/loaded.py (4).
     "kvviz.fast": 3,
     "kvviz.charts": 2,  # pure Plotly
     "kvviz": 6,  # the package's public API (kvviz/__init__.py)
+    "kvviz.engine.api": 6,  # iter_generate/generate/open_stream: above the loop and the strategies it opens
     "kvviz.measure": 7, "kvviz.measure.stats": 2, "kvviz.measure.doubts": 2,  # stats: the perf charts (2) read it
     "kvviz.train": 7, "kvviz.evaluate": 7, "kvviz.ui": 7,
     "kvviz.notebook": 7, "kvviz.notebook_live": 7,  # the app's figures in Jupyter, beside the pages
@@ -174,7 +175,7 @@ def test_the_package_keeps_its_floors() -> None:
 
 @pytest.mark.parametrize("file,line,needle", [
     ("kvviz/engine/models/gpt2_config.py", "from kvviz.ui.state import run_store\n", "upward"),
-    ("kvviz/engine/kvcache/dense.py", "from kvviz.engine.generation.loop import generate\n", "upward"),
+    ("kvviz/engine/kvcache/dense.py", "from kvviz.engine.api import generate\n", "upward"),
     ("kvviz/charts/run_charts.py", "import streamlit as st\n", "imports streamlit"),
     ("kvviz/units.py", "import torch\n", "imports torch"),
     ("kvviz/engine/generation/sampling.py", "from kvviz.engine.tokenize.tokenizer import Tokenizer\n", "import cycle"),
@@ -226,3 +227,14 @@ def test_the_calculator_imports_without_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_generation_never_imports_strategy() -> None:
+    """strategy/ (beam search, speculative decoding) builds on generation/ (the stream base, the
+    request); the API that opens either stream (engine/api.py) sits above both, so the two folders
+    form no circle (issue 38)."""
+    mods = modules(ROOT)
+    back = [f"{name}:{line} imports {target}" for name, path in mods.items()
+            if name.startswith("kvviz.engine.generation.")
+            for target, line in imports_of(name, path, set(mods)) if target.startswith("kvviz.engine.strategy")]
+    assert back == []

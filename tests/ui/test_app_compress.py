@@ -5,6 +5,7 @@ from __future__ import annotations
 from streamlit.testing.v1 import AppTest
 
 from apptest_pages import ok as _ok, tiny_default, titles as _titles  # noqa: F401 (tiny_default: autouse)
+from kvviz import CacheSpec
 
 
 def _compress() -> None:
@@ -109,7 +110,7 @@ def test_calculator_bytes_follow_each_layers_window_on_gemma3() -> None:
         sys.path.insert(0, folder)
     m = importlib.import_module("test_gemma3_tiny").tiny()  # 3 layers, 2 sliding with a window of 5
     for dt, n in (("int8", 3), ("int4", 12), ("fp8", 12)):
-        run = kvviz.generate(m, prompt_ids=[7, 8, 9, 10], max_new_tokens=n, kv_dtype=dt, kv_group_size=8)
+        run = kvviz.generate(m, prompt=[7, 8, 9, 10], max_new_tokens=n, cache=CacheSpec(kv_dtype=dt, group_size=8))
         positions = 4 + run.events[-1].step
         assert run.events[-1].cache_bytes_used == _calculator_bytes(m, dt, 8, False, "tensor", positions), dt
     # by hand, int8 in groups of 8 over 16 dims: 16 code bytes + 2 fp16 scales = 20 B a vector, K and V;

@@ -9,6 +9,7 @@ import pytest
 
 from kvviz import Capture, LoadedModel, Run, generate
 from kvviz.charts import run_charts as charts
+from kvviz import CacheSpec
 
 CAPTURE = Capture(attention=True, kv_norms=True, kv_layer=1)
 PROMPT = "Hi there\n"  # 9 byte tokens, one of them a newline
@@ -19,8 +20,8 @@ def runs(small_model: LoadedModel) -> dict[str, Run]:
     """The same 6-token greedy run in each cache mode."""
     out = {}
     for mode in ("static", "concat", "none"):
-        out[mode] = generate(small_model, prompt=PROMPT, max_new_tokens=6, use_cache=mode != "none",
-                             cache_kind="static" if mode == "none" else mode, capture=CAPTURE)
+        out[mode] = generate(small_model, prompt=PROMPT, max_new_tokens=6, capture=CAPTURE,
+                             cache=CacheSpec(use_cache=mode != "none", kind="static" if mode == "none" else mode))
     return out
 
 

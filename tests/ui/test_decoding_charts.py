@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kvviz.charts import decoding_charts as dc
-from kvviz.engine.strategy.strategy_events import BeamCandidate, BeamStep, SpecResult, SpecStep
+from kvviz.engine.generation.strategy_events import BeamCandidate, BeamStep, SpecResult, SpecStep
 
 
 def _steps() -> list[BeamStep]:

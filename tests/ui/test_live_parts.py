@@ -13,6 +13,7 @@ from kvviz.ui.state.run_store import RunStore
 from kvviz.ui.common import budget
 from kvviz.ui.pages.generate import chips, metrics
 from kvviz.ui.settings import Settings
+from kvviz import CacheSpec, SamplingParams
 
 XSS = '<img src=x onerror=alert(1)> <b>bold</b> "q" & \'s\' 😀 שלום'
 
@@ -81,8 +82,9 @@ def test_projected_capture_bytes_are_exact(small_model: LoadedModel) -> None:
     c = small_model.config
     shape = budget.Shape(c.n_layer, c.n_head, c.kv_heads, c.head_dim)
     for use_cache in (True, False):
-        run = generate(small_model, prompt="Hello", max_new_tokens=7, use_cache=use_cache,
-                       capture=Capture(attention=True, kv_norms=True, kv_layer=1))
+        run = generate(small_model, prompt="Hello", max_new_tokens=7,
+                       capture=Capture(attention=True, kv_norms=True, kv_layer=1),
+                       cache=CacheSpec(use_cache=use_cache))
         assert run.capture_nbytes() == budget.projected_capture_bytes(shape, 5, 7)
 
 
@@ -161,11 +163,14 @@ def test_param_count_matches_the_built_model(small_model: LoadedModel) -> None:
 
 
 def test_settings_turn_into_generate_arguments() -> None:
-    s = Settings(prompt="x", cache_mode="none", greedy=False, temperature=0.7, top_p=0.9, seed=3)
+    s = Settings(prompt="x", cache_mode="none", greedy=False, temperature=0.7, top_p=0.9, seed=3, engine="readable")
     kw = s.generate_kwargs()
-    assert kw["use_cache"] is False and kw["temperature"] == 0.7 and kw["top_p"] == 0.9 and kw["seed"] == 3
-    assert Settings(cache_mode="concat").generate_kwargs()["cache_kind"] == "concat"
-    assert Settings().generate_kwargs()["greedy"] is True
+    assert kw["cache"] == CacheSpec(use_cache=False)
+    assert kw["sampling"] == SamplingParams(temperature=0.7, top_p=0.9, seed=3)
+    assert (kw["prompt"], kw["backend"], kw["chat"]) == ("x", "readable", False)
+    assert Settings(cache_mode="concat").generate_kwargs()["cache"] == CacheSpec(kind="concat")
+    assert Settings(temperature=0.7).sampling() == SamplingParams()  # greedy by default: the temperature waits
+    assert Settings(engine="fast").generate_kwargs()["backend"] == "fast"
 
 
 def test_bytes_formula_agrees_with_the_cache(small_model: LoadedModel) -> None:
@@ -174,5 +179,5 @@ def test_bytes_formula_agrees_with_the_cache(small_model: LoadedModel) -> None:
     ev = run.events[-1]
     assert f"{ev.cache_bytes_used:,} B" in text and f"{ev.cache_bytes_allocated:,} B" in text
     assert "⚠️" not in text
-    none = generate(small_model, prompt="Hello", max_new_tokens=3, use_cache=False)
+    none = generate(small_model, prompt="Hello", max_new_tokens=3, cache=CacheSpec(use_cache=False))
     assert "0 B kept" in metrics.bytes_formula(none)

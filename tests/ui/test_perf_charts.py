@@ -7,8 +7,9 @@ import plotly.graph_objects as go
 import pytest
 
 from kvviz.charts import perf as pc
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.api import generate
 from kvviz.measure.stats import MachineProbe, Sample, aggregate, fits_by_series, roofline_points
+from kvviz import CacheSpec
 
 PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwidth=10e9, matmul_n=64,
                      copy_bytes=2**20, seconds=0.1)
@@ -16,8 +17,8 @@ PROBE = MachineProbe(device="cpu (test)", dtype="fp32", peak_flops=50e9, bandwid
 
 @pytest.fixture(scope="module")
 def runs(small_model):  # type: ignore[no-untyped-def]
-    return {mode: generate(small_model, prompt_ids=[1, 2, 3, 4], max_new_tokens=12, use_cache=mode != "none",
-                           cache_kind="static" if mode == "none" else mode) for mode in ("static", "concat", "none")}
+    return {mode: generate(small_model, prompt=[1, 2, 3, 4], max_new_tokens=12,
+                           cache=CacheSpec(use_cache=mode != "none", kind="static" if mode == "none" else mode)) for mode in ("static", "concat", "none")}
 
 
 def _check(fig: go.Figure, *, height: int | None = None) -> None:

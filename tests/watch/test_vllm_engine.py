@@ -18,6 +18,7 @@ from kvviz.calculator.hf_config import parse_config
 from kvviz.watch.vllm_harness import missing_reason, vllm_server
 
 from vllm_layouts import LAYOUTS
+from kvviz import SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))]
 GIB = 1 << 30
@@ -133,12 +134,12 @@ def test_watch_once_json_equals_metrics_read_directly(smollm2_server: Any, capsy
 
 
 def test_the_exported_smollm2_greedy_tokens_agree_with_kvviz(smollm2_server: Any) -> None:
-    from kvviz.engine.generation.loop import generate
+    from kvviz.engine.api import generate
     from kvviz.engine.loaded import load_model
 
     model = load_model("smollm2", device="cpu")
     prompt = "The capital of France is"
-    ours = generate(model, prompt=prompt, max_new_tokens=12, greedy=True, ignore_eos=True).text
+    ours = generate(model, prompt=prompt, max_new_tokens=12, sampling=SamplingParams(greedy=True, ignore_eos=True)).text
     theirs = complete(smollm2_server.url, prompt, 12)
     # vLLM runs bf16 here and kvviz fp32: the first tokens agree; a later one may flip on a near tie.
     assert theirs[:8] == ours[:8], (theirs, ours)
@@ -176,7 +177,7 @@ def test_serve_bench_target_greedy_ids_equal_kvviz_solo(smollm2_fp32_server: Any
     reqs = [TargetRequest(f"r{i}", tuple(model.tokenizer.encode(p)), 24, True, 0.2 * i) for i, p in enumerate(PROMPTS)]
     out = run_target(parse_target(smollm2_fp32_server.url), reqs, poll_s=0.2)
     for r, row in zip(reqs, out["requests"]):
-        ours = generate(model, prompt_ids=list(r.prompt_ids), max_new_tokens=24, greedy=True, ignore_eos=True)
+        ours = generate(model, list(r.prompt_ids), max_new_tokens=24, sampling=SamplingParams(ignore_eos=True))
         assert row["output_ids"] == ours.generated_ids, (r.id, row["output_text"], ours.text)
         assert row["output_tokens"] == 24 and row["finish_reason"] == "length"
     s = out["summary"]

@@ -2,9 +2,10 @@
 
 The CLI's parser refuses a bad value before a model loads (kvviz/cli/argtypes.py); a Python caller
 has no parser, so ``kvviz.generate(model, prompt=b"hello")`` met a raw AttributeError deep in the
-tokenizer and ``prompt_ids=[1.5]`` ran as token 1. Here every argument of ``iter_generate`` is
-checked the same way whether or not the run uses it (a draft length without speculation is still a
-draft length), each failure one KVVizError naming the argument, what it takes and what it got.
+tokenizer and a prompt of ids ``[1.5]`` ran as token 1. Here every value of a request
+(engine/generation/request.py hands them over under the CLI's names) is checked the same way whether
+or not the run uses it (a paged block size without a paged cache is still a block size), each
+failure one KVVizError naming the argument, what it takes and what it got.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ _PAGED = (("kv_block_size", 1, MAX_KV_BLOCK_SIZE, False), ("kv_blocks", 1, MAX_K
 _INTS = (("num_beams", 1, MAX_BEAMS, False), ("num_return_sequences", 1, MAX_BEAMS, False),
          ("draft_tokens", 1, MAX_DRAFT, False), ("ngram", 1, MAX_NGRAM, False), ("window", 1, MAX_TOKENS, True),
          ("sinks", 0, MAX_SINKS, False), ("kv_group_size", 1, MAX_HEAD_DIM, True))
-_FLAGS = ("use_cache", "fast", "chat", "parse_special", "kv_zero_point", "track_kv_error", "ignore_eos")
+_FLAGS = ("use_cache", "chat", "parse_special", "kv_zero_point", "track_kv_error")
 
 
 def _kind(v: object) -> str:
@@ -65,7 +66,7 @@ def check_text(what: str, text: object) -> None:
 def check_prompt_ids(ids: object) -> list[list[int]]:
     """One row of token ids, or equal-length rows: ints (not floats, not bools, not a string's characters)."""
     if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Sequence) and not hasattr(ids, "__iter__"):
-        raise KVVizError(f"prompt_ids must be a list of integer token ids, got {_kind(ids)}: {_shown(ids)}")
+        raise KVVizError(f"the prompt must be text, token ids or chat messages, got {_kind(ids)}: {_shown(ids)}")
     seq = list(ids)  # type: ignore[call-overload]
     nested = bool(seq) and all(isinstance(r, (list, tuple)) for r in seq)
     rows = [list(r) for r in seq] if nested else [seq]
@@ -73,12 +74,12 @@ def check_prompt_ids(ids: object) -> list[list[int]]:
         for i, v in enumerate(row):
             if not is_int(v):
                 where = f"row {r}, position {i}" if nested else f"position {i}"
-                raise KVVizError(f"prompt_ids must be integers (token ids); {where} holds {_shown(v)} ({_kind(v)})")
+                raise KVVizError(f"prompt ids must be integers (token ids); {where} holds {_shown(v)} ({_kind(v)})")
     return [[operator.index(v) for v in row] for row in rows]
 
 
 def check_arguments(args: Mapping[str, Any]) -> None:
-    """Every argument's type and range, before the prompt is read (KVVizError on the first bad one)."""
+    """Every argument given's type and range, before the prompt is read (KVVizError on the first bad one)."""
     if args.get("prompt") is not None:
         check_text("prompt", args["prompt"])
     for m in args.get("messages") or ():
@@ -94,15 +95,15 @@ def check_arguments(args: Mapping[str, Any]) -> None:
         if name in args and not isinstance(args[name], bool):
             raise KVVizError(f"{name} must be True or False (got {_shown(args[name])})")
     for name, lo, hi, optional in _INTS + (_PAGED if args.get("cache_kind") != "paged" else ()):
-        v = args.get(name)
+        if name not in args:  # a strategy's values come only with that strategy
+            continue
+        v = args[name]
         if v is None and optional:
             continue
         if not is_int(v) or not lo <= operator.index(v) <= hi:  # type: ignore[arg-type]
             raise KVVizError(f"{name} must be an integer from {lo:,} to {hi:,} (got {_shown(v)})")
-    for name in ("temperature", "top_p"):  # their ranges: SamplingParams (engine/generation/sampling.py)
-        v = args.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise KVVizError(f"{name} must be a number (got {_shown(v)})")
-    v = args.get("length_penalty")
+    if "length_penalty" not in args:
+        return
+    v = args["length_penalty"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise KVVizError(f"length_penalty must be a finite number (got {_shown(v)})")

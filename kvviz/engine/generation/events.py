@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, overload
 
 import numpy as np
 
-from kvviz.engine.strategy.strategy_events import BeamResult, SpecResult
+from kvviz.engine.generation.strategy_events import BeamResult, SpecResult
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

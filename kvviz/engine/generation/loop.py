@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator
 
 import torch
 
 from kvviz.engine.core.step import run_pieces
 from kvviz.engine.generation.capture import Capture, ForwardCapture, record
-from kvviz.engine.generation.events import Run, StepEvent
-from kvviz.engine.generation.request import GenerateRequest
+from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted, StreamBase
 from kvviz.engine.generation.sampling import make_generator, sample
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE
-from kvviz.engine.loading.loader import LoadedModel
-from kvviz.engine.strategy.beam import BeamStream
-from kvviz.engine.strategy.speculative import SpeculativeStream
 
 
 @dataclass
@@ -116,81 +111,3 @@ class GenerationStream(StreamBase):
             e, self.cache, attn=got.attn, attn_layers=got.attn_layers, kv_norms=got.kv_norms, kv_layer=got.kv_layer,
             kv_values=got.kv_values, kv_start=kv_start,
             logits=logits[0].float().cpu().numpy() if self.capture.logits else None)
-
-
-def open_stream(model: LoadedModel, request: GenerateRequest) -> GenerationStream | BeamStream | SpeculativeStream:
-    """Validate ``request`` (before any compute) and return the stream that runs it: plain decoding,
-    beam search or speculative decoding, each with the same interface."""
-    req = request.validate(model)
-    if req.spec is not None:
-        return SpeculativeStream(model, req)
-    if req.beam is not None:
-        return BeamStream(model, req)
-    return GenerationStream(model, req)
-
-
-def iter_generate(
-    model: LoadedModel,
-    prompt: str | None = None,
-    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
-    max_new_tokens: int = 64,
-    use_cache: bool = True,
-    cache_kind: str = "static",
-    greedy: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    stop: Sequence[str] | None = None,
-    capture: Capture | None = None,
-    batch_size: int = 1,
-    fast: bool = True,
-    chat: bool = False,
-    messages: Sequence[Mapping[str, str]] | None = None,
-    parse_special: bool = False,
-    kv_block_size: int = DEFAULT_BLOCK_SIZE,
-    kv_blocks: int | None = None,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
-    early_stopping: bool | str = False,
-    num_return_sequences: int = 1,
-    speculative: str | None = None,
-    draft_tokens: int = 10,
-    ngram: int = 2,
-    kv_dtype: str | None = None,
-    window: int | None = None,
-    sinks: int = 0,
-    kv_group_size: int | None = None,
-    kv_zero_point: bool = False,
-    kv_fp8_scale: str = "tensor",
-    kv_positions: str | None = None,
-    track_kv_error: bool = False,
-    ignore_eos: bool = False,
-) -> GenerationStream | BeamStream | SpeculativeStream:
-    """Validate the request (before any compute) and return a stream of StepEvents.
-
-    ``chat=True`` wraps ``prompt`` as one user message; ``messages`` gives a whole conversation.
-    Either is rendered with the model's own chat template (an instruct model answers, and stops
-    at its end-of-turn token, which is its EOS); control-token text typed in a message is encoded
-    as text unless ``parse_special=True`` (engine/tokenize/chat_template.py). ``cache_kind="paged"`` takes ``kv_block_size``
-    tokens per block and a pool of ``kv_blocks`` blocks (default: enough for every row).
-
-    ``num_beams > 1`` runs beam search (engine/strategy/beam.py; transformers' defaults and meanings for
-    length_penalty, early_stopping and num_return_sequences); ``speculative="prompt_lookup"``
-    runs speculative decoding with ``draft_tokens`` drafted after an ``ngram`` match
-    (engine/strategy/speculative.py). Either one is a different stream with the same interface.
-
-    ``ignore_eos=True`` (vLLM's name) treats the EOS token as any other: the run generates exactly
-    ``max_new_tokens`` unless a stop string ends it. Timing lessons use it so a run is the length
-    they promise; answers (Generate, Chat) keep stopping at EOS.
-    """
-    args = {k: v for k, v in locals().items() if k != "model"}  # every keyword, as given: the request
-    return open_stream(model, GenerateRequest(**args))
-
-
-def generate(model: LoadedModel, **kwargs) -> Run:  # type: ignore[no-untyped-def]
-    """Run ``iter_generate`` to the end and return the collected Run."""
-    stream = iter_generate(model, **kwargs)
-    for _ in stream:
-        pass
-    return stream.run

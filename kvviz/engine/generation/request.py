@@ -1,51 +1,44 @@
-"""A generation request and the checks it passes before any compute: the prompt (text, ids or a
-chat), the sampler's settings, the context budget, a paged pool's shape, a compressed-cache request
-and a strategy's own parameters. Each failure is a KVVizError that says what to change; nothing
-here touches a tensor.
+"""A generation request and the checks it passes before any compute: the prompt (text, ids, a
+batch of ids or a chat), the sampler's settings, the context budget, a paged pool's shape, a
+compressed-cache request and a strategy's own parameters (beam search's and speculative decoding's
+checks live here, not beside their streams, so generation/ never imports strategy/). Each failure
+is a KVVizError that says what to change; nothing here computes with a tensor.
 
-``GenerateRequest`` holds ``iter_generate``'s keywords (the same names and defaults: a test holds
-them equal); ``validate(model)`` runs every check once, in one order, and returns the
+``GenerateRequest`` is ``iter_generate``'s keywords (the same names, order and defaults: a test holds
+them equal), holding the caller's own objects (``SamplingParams``, ``CacheSpec``, ``Beam`` or
+``Speculative``); ``validate(model)`` runs every check once, in one order, and returns the
 ``ValidRequest`` the streams run from.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import torch
 
 from kvviz.engine.generation.arg_checks import check_arguments, check_prompt_ids
 from kvviz.engine.generation.capture import Capture
-from kvviz.engine.generation.valid_request import BeamOptions, SpecOptions, ValidRequest
+from kvviz.engine.generation.valid_request import SPECULATIVE_METHODS, Beam, BeamOptions, CacheSpec, Speculative, \
+    SpecOptions, ValidRequest
 from kvviz.engine.kvcache.factory import KINDS as CACHE_KINDS
-from kvviz.engine.strategy.beam import MEMORY_SHARE, available_memory, check_beam_request
-from kvviz.engine.strategy.speculative import check_speculative_request
 from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.engine.loading.loader import LoadedModel
-from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, blocks_for
+from kvviz.engine.kvcache.paged_cache import blocks_for
 from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.errors import KVVizError
-from kvviz.limits import MAX_KV_BLOCK_SIZE  # shared with the CLI's --block-size
+from kvviz.limits import MAX_BEAMS, MAX_DRAFT, MAX_KV_BLOCK_SIZE, MAX_NGRAM  # shared with the CLI's options
 from kvviz.units import fmt_bytes, kv_bytes_per_token
 
 MAX_PROMPT_CHARS = 100_000  # refuse absurd pastes before tokenizing them
 MAX_BATCH = 64  # rows of one plain run (the same prompt, or equal-length rows of ids)
+MEMORY_SHARE = 0.8  # refuse a cache (beams, a paged pool) that would take more than this share of free memory
+BACKENDS = ("fast", "readable")  # the accelerator (kvviz.fast) where the model has one, or the readable model
 
-
-def sampling_params(greedy: bool | None, temperature: float | None, top_k: int | None,
-                    top_p: float | None, seed: int) -> SamplingParams:
-    """Greedy unless a temperature (or top-k/top-p) is given, as the API contract reads.
-
-    temperature=0 means greedy (the usual convention: the limit of sharpening is the argmax).
-    """
-    if temperature is not None and temperature == 0 and greedy is not False:
-        greedy, temperature = True, None
-    if greedy is None:
-        greedy = temperature is None and top_k is None and top_p is None
-    if greedy and temperature is not None and temperature > 0:
-        raise KVVizError("choose greedy or a temperature, not both")
-    return SamplingParams(greedy=greedy, temperature=1.0 if temperature is None else float(temperature),
-                          top_k=top_k, top_p=top_p, seed=seed)
+# A prompt: text, one row of token ids, equal-length rows of ids (a batch), or chat messages.
+Prompt = Union[str, Sequence[int], Sequence[Sequence[int]], Sequence[Mapping[str, str]]]
 
 
 def kv_spec(model: LoadedModel, kv_dtype: str | None = None, window: int | None = None, sinks: int = 0,
@@ -92,7 +85,7 @@ def resolve_prompt(model: LoadedModel, prompt: str | None,
     """Token rows (one per batch row, equal length) and the text of row 0."""
     tok = model.tokenizer
     if prompt is not None and prompt_ids is not None:
-        raise KVVizError("give a prompt or prompt_ids, not both")
+        raise KVVizError("give text or token ids, not both")
     if prompt_ids is not None:
         rows = check_prompt_ids(prompt_ids)
         if len({len(r) for r in rows}) > 1:
@@ -107,7 +100,7 @@ def resolve_prompt(model: LoadedModel, prompt: str | None,
         if len(prompt) > MAX_PROMPT_CHARS:
             raise KVVizError(f"the prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
         if not model.has_tokenizer:
-            raise KVVizError(f"model {model.name!r} has no tokenizer.json: pass prompt_ids instead of text")
+            raise KVVizError(f"model {model.name!r} has no tokenizer.json: pass token ids instead of text")
         rows, text = [tok.encode(prompt)], prompt
     if not rows or not rows[0]:
         raise KVVizError("the prompt encodes to zero tokens")
@@ -120,7 +113,7 @@ def resolve_chat(model: LoadedModel, prompt: str | None, prompt_ids: object,
     """One token row and its text: the conversation laid out by the model's chat template
     (control-token text typed in a message stays text unless ``parse_special``: engine/tokenize/chat_template.py)."""
     if prompt_ids is not None:
-        raise KVVizError("a chat is given as text (prompt= or messages=), not as prompt_ids")
+        raise KVVizError("a chat is given as text or messages, not as token ids")
     if messages is None:
         if prompt is None or prompt == "":
             raise KVVizError("the message is empty: type a question to ask")
@@ -151,6 +144,86 @@ def check_pool_memory(model: LoadedModel, block_size: int, num_blocks: int, rows
                          "use fewer blocks")
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors on ``device`` (None when this system cannot say)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def beam_cache_bytes(model: LoadedModel, num_beams: int, n_tokens: int, cache_kind: str) -> int:
+    """Bytes the k-row cache needs: a static cache preallocates every position of its context;
+    a concat cache holds n_tokens, twice over while ``torch.cat`` copies it."""
+    c = model.config
+    per_row = kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
+    return int(num_beams * per_row * (c.block_size if cache_kind == "static" else 2 * n_tokens))
+
+
+def check_beam_request(model: LoadedModel, num_beams: object, length_penalty: object, early_stopping: object,
+                       num_return_sequences: object, n_tokens: int, use_cache: bool, cache_kind: str,
+                       greedy: bool, stop: tuple[str, ...], batch_size: int) -> tuple[int, float, bool | str, int]:
+    """The beam parameters, checked (KVVizError with a specific message) before any compute."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
+        raise KVVizError(f"num_beams must be an integer from 1 to {MAX_BEAMS} (got {num_beams!r})")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
+            or not abs(float(length_penalty)) < float("inf"):
+        raise KVVizError(f"length_penalty must be a finite number (got {length_penalty!r})")
+    es = parse_early_stopping(early_stopping)
+    nrs = num_return_sequences
+    if isinstance(nrs, bool) or not isinstance(nrs, int) or not 1 <= nrs <= num_beams:
+        raise KVVizError(f"num_return_sequences must be from 1 to num_beams ({num_beams}) (got {nrs!r})")
+    if not greedy:
+        raise KVVizError("beam search here is deterministic (transformers' do_sample=False): "
+                         "sampling with num_beams > 1 is not supported; use greedy")
+    if stop:
+        raise KVVizError("stop strings are not supported with beam search (each beam would end at its own place)")
+    if batch_size != 1:
+        raise KVVizError("beam search takes one prompt row: the k beams are its batch")
+    if use_cache:
+        need = beam_cache_bytes(model, num_beams, n_tokens, cache_kind)
+        free = available_memory(model.device)
+        if free is not None and need > MEMORY_SHARE * free:
+            raise KVVizError(
+                f"{num_beams} beams x {model.config.block_size if cache_kind == 'static' else n_tokens} positions "
+                f"need {fmt_bytes(need)} of KV cache ({cache_kind}), more than {MEMORY_SHARE:.0%} of the "
+                f"{fmt_bytes(free)} free on {model.device.type}: use fewer beams or the concat cache")
+    return num_beams, float(length_penalty), es, nrs
+
+
+
+def parse_early_stopping(value: object) -> bool | str:
+    """True, False or "never" (transformers' three meanings); the CLI's strings too."""
+    if value is True or value is False or value == "never":
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and value.lower() in ("true", "false", "never"):
+        return {"true": True, "false": False, "never": "never"}[value.lower()]
+    raise KVVizError(f"early_stopping must be true, false or never (got {value!r})")
+
+
+
+
+def check_speculative_request(speculative: object, draft_tokens: object, ngram: object, use_cache: bool,
+                              batch_size: int) -> tuple[int, int]:
+    if speculative not in SPECULATIVE_METHODS:
+        raise KVVizError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)} (got {speculative!r})")
+    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens <= MAX_DRAFT:
+        raise KVVizError(f"draft_tokens must be an integer from 1 to {MAX_DRAFT} (got {draft_tokens!r})")
+    if isinstance(ngram, bool) or not isinstance(ngram, int) or not 1 <= ngram <= MAX_NGRAM:
+        raise KVVizError(f"ngram must be an integer from 1 to {MAX_NGRAM} (got {ngram!r})")
+    if not use_cache:
+        raise KVVizError("speculative decoding verifies drafts through the KV cache and rolls it back: "
+                         "it needs use_cache=True")
+    if batch_size != 1:
+        raise KVVizError("speculative decoding runs one sequence (batch_size 1)")
+    return draft_tokens, ngram
+
+
 def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
     """Reject, before any compute, a request that cannot fit in the model's context."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -163,117 +236,151 @@ def check_budget(model: LoadedModel, n_prompt: int, max_new_tokens: int) -> None
         )
 
 
+def is_messages(prompt: object) -> bool:
+    """A chat given as messages: a list (not text) whose items are mappings ({"role", "content"})."""
+    return isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes, bytearray)) and bool(prompt) \
+        and all(isinstance(m, Mapping) for m in prompt)
+
+
+def _kind_of(v: object) -> str:
+    s = repr(v)
+    return f"{type(v).__name__} {s if len(s) <= 40 else s[:37] + '...'}"
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
-    """What ``iter_generate`` is asked, as given: its keywords, their defaults (see its docstring).
+    """What ``iter_generate`` is asked, as given: its parameters after the model, with their defaults.
 
-    Nothing is checked on construction; ``validate(model)`` checks it all against a model.
+    Nothing is checked on construction (``SamplingParams`` checks its own values when it is made);
+    ``validate(model)`` checks it all against a model.
     """
 
-    prompt: str | None = None
-    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None  # one row, or equal-length rows
+    prompt: Prompt  # text, one row of ids, equal-length rows of ids (a batch), or chat messages
     max_new_tokens: int = 64
-    use_cache: bool = True
-    cache_kind: str = "static"
-    greedy: bool | None = None  # None: greedy unless a temperature, top-k or top-p is given
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
-    stop: Sequence[str] | None = None
-    capture: Capture | None = None
-    batch_size: int = 1
-    fast: bool = True
-    chat: bool = False  # wrap ``prompt`` as one user message in the model's chat template
-    messages: Sequence[Mapping[str, str]] | None = None  # a whole conversation
-    parse_special: bool = False  # read control-token text typed in a message as control tokens
-    kv_block_size: int = DEFAULT_BLOCK_SIZE
-    kv_blocks: int | None = None
-    num_beams: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-    num_return_sequences: int = 1
-    speculative: str | None = None
-    draft_tokens: int = 10
-    ngram: int = 2
-    kv_dtype: str | None = None
-    window: int | None = None
-    sinks: int = 0
-    kv_group_size: int | None = None
-    kv_zero_point: bool = False
-    kv_fp8_scale: str = "tensor"
-    kv_positions: str | None = None
-    track_kv_error: bool = False
-    ignore_eos: bool = False
+    sampling: SamplingParams = SamplingParams()  # greedy
+    cache: CacheSpec = CacheSpec()  # a static cache in the model's dtype
+    strategy: Beam | Speculative | None = None  # None: plain decoding
+    capture: Capture | None = None  # what the run records besides timings (plain decoding only)
+    stop: Sequence[str] = ()  # stop strings: the run ends when its text holds one
+    chat: bool = False  # wrap a text prompt as one user message in the model's chat template
+    parse_special: bool = False  # read control-token text typed in a chat message as control tokens
+    backend: str = "fast"  # "fast": the accelerator where the model has one; "readable": the nn.Module
+    batch_size: int = 1  # rows: a text or one row of ids repeated (rows of ids give their own count)
 
     def validate(self, model: LoadedModel) -> ValidRequest:
         """Every check, before any compute (the first failure raises its KVVizError)."""
-        check_arguments({f: getattr(self, f) for f in self.__dataclass_fields__})
-        params = sampling_params(self.greedy, self.temperature, self.top_k, self.top_p, self.seed)
-        ignore_eos = check_flag("ignore_eos", self.ignore_eos)
+        params, cache, strategy = self._objects()
+        check_arguments(self._arguments(cache, strategy))
         rows, text = self._rows(model)
         n_tokens = len(rows[0]) + self.max_new_tokens
-        kv = self._cache_spec(model, n_tokens)
+        kv = self._cache_spec(model, cache, strategy, n_tokens)
         stops = tuple(s for s in (self.stop or ()) if s)
-        beam, spec = self._strategy(model, n_tokens, params.greedy, stops, len(rows), ignore_eos)
+        beam, spec = self._strategy(model, cache, strategy, n_tokens, params, stops, len(rows))
         return ValidRequest(
             rows=tuple(tuple(r) for r in rows), text=text, max_new_tokens=self.max_new_tokens,
-            use_cache=self.use_cache, cache_kind=self.cache_kind, params=params, stop=stops,
-            capture=self.capture or Capture(), fast=bool(self.fast), kv_block_size=self.kv_block_size,
-            kv_blocks=self.kv_blocks, kv=kv, ignore_eos=ignore_eos, beam=beam, spec=spec)
+            use_cache=cache.use_cache, cache_kind=cache.kind, params=params, stop=stops,
+            capture=self.capture or Capture(), fast=self.backend == "fast", kv_block_size=cache.block_size,
+            kv_blocks=cache.blocks, kv=kv, ignore_eos=params.ignore_eos, beam=beam, spec=spec)
+
+    def _objects(self) -> tuple[SamplingParams, CacheSpec, Beam | Speculative | None]:
+        """The caller's objects are the kinds the API names (a dict or a string is named, not run)."""
+        if not isinstance(self.sampling, SamplingParams):
+            raise KVVizError(f"sampling must be a SamplingParams, e.g. SamplingParams(temperature=0.8) "
+                             f"(got {_kind_of(self.sampling)})")
+        if not isinstance(self.cache, CacheSpec):
+            raise KVVizError(f"cache must be a CacheSpec, e.g. CacheSpec(kind='paged') (got {_kind_of(self.cache)})")
+        if self.strategy is not None and not isinstance(self.strategy, (Beam, Speculative)):
+            raise KVVizError(f"strategy must be Beam(num_beams), Speculative() or None (got {_kind_of(self.strategy)})")
+        if self.backend not in BACKENDS:
+            raise KVVizError(f"backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
+        return self.sampling, self.cache, self.strategy
+
+    def _arguments(self, cache: CacheSpec, strategy: Beam | Speculative | None) -> dict[str, Any]:
+        """The values check_arguments reads, under the names its messages use (the CLI's words)."""
+        args: dict[str, Any] = {
+            "stop": self.stop, "chat": self.chat, "parse_special": self.parse_special, "use_cache": cache.use_cache,
+            "cache_kind": cache.kind, "kv_block_size": cache.block_size, "kv_blocks": cache.blocks,
+            "window": cache.window, "sinks": cache.sinks, "kv_group_size": cache.group_size,
+            "kv_zero_point": cache.zero_point, "track_kv_error": cache.track_errors}
+        if isinstance(self.prompt, (str, bytes, bytearray)):  # bytes: named as bytes, with the fix
+            args["prompt"] = self.prompt
+        elif is_messages(self.prompt):
+            args["messages"] = self.prompt
+        if isinstance(strategy, Beam):
+            args.update(num_beams=strategy.num_beams, num_return_sequences=strategy.num_return_sequences,
+                        length_penalty=strategy.length_penalty)
+        elif isinstance(strategy, Speculative):
+            args.update(draft_tokens=strategy.draft_tokens, ngram=strategy.ngram)
+        return args
 
     def _rows(self, model: LoadedModel) -> tuple[list[list[int]], str]:
         """The prompt's token rows (one per batch row) and row 0's text; the context budget checked."""
-        if self.chat or self.messages is not None:
-            rows, text = resolve_chat(model, self.prompt, self.prompt_ids, self.messages, self.parse_special)
+        p = self.prompt
+        if is_messages(p):
+            rows, text = resolve_chat(model, None, None, p, self.parse_special)  # type: ignore[arg-type]
+        elif self.chat:
+            rows, text = resolve_chat(model, p if isinstance(p, str) or p is None else None,
+                                      None if isinstance(p, str) or p is None else p, None, self.parse_special)
+        elif isinstance(p, str) or p is None or isinstance(p, (bytes, bytearray)):
+            rows, text = resolve_prompt(model, p, None)  # type: ignore[arg-type]
         else:
-            rows, text = resolve_prompt(model, self.prompt, self.prompt_ids)
+            rows, text = resolve_prompt(model, None, p)  # type: ignore[arg-type]
         b = self.batch_size
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH:
             raise KVVizError(f"batch_size must be between 1 and {MAX_BATCH} (got {b!r})")
         if len(rows) > 1:
             if b not in (1, len(rows)):
                 raise KVVizError(f"batch_size {b} does not match the {len(rows)} prompt rows")
+            if len(rows) > MAX_BATCH:
+                raise KVVizError(f"a batch holds at most {MAX_BATCH} prompt rows (got {len(rows)})")
         else:
             rows = rows * b  # the same prompt on every row
         check_budget(model, len(rows[0]), self.max_new_tokens)
         return rows, text
 
-    def _cache_spec(self, model: LoadedModel, n_tokens: int) -> KVSpec:
+    def _cache_spec(self, model: LoadedModel, cache: CacheSpec, strategy: Beam | Speculative | None,
+                    n_tokens: int) -> KVSpec:
         """The cache kind, a paged pool's shape and memory, and the compressed cache (resolved)."""
-        kind = self.cache_kind
+        kind = cache.kind
         if kind not in CACHE_KINDS:
             raise KVVizError(f"cache_kind must be one of {', '.join(CACHE_KINDS)} (got {kind!r})")
-        if kind == "paged" and self.use_cache:
-            check_pool(self.kv_block_size, self.kv_blocks, n_tokens, config_groups(model.config).count)
-            if self.kv_blocks is not None:
-                check_pool_memory(model, self.kv_block_size, self.kv_blocks)
-        kv = kv_spec(model, self.kv_dtype, self.window, self.sinks, self.kv_group_size, self.kv_zero_point,
-                     self.kv_fp8_scale, self.kv_positions, self.track_kv_error)
+        if kind == "paged" and cache.use_cache:
+            check_pool(cache.block_size, cache.blocks, n_tokens, config_groups(model.config).count)
+            if cache.blocks is not None:
+                check_pool_memory(model, cache.block_size, cache.blocks)
+        kv = kv_spec(model, cache.kv_dtype, cache.window, cache.sinks, cache.group_size, cache.zero_point,
+                     cache.fp8_scale, cache.positions, cache.track_errors)
         if kv.active:
-            if not self.use_cache:
+            if not cache.use_cache:
                 raise KVVizError(f"a {kv.label()} cache needs the KV cache on: without one nothing is stored")
             if kind != "static":
                 raise KVVizError(f"a {kv.label()} cache replaces the static cache; it does not combine with {kind!r}")
-            if self.num_beams != 1 or self.speculative is not None:
+            if _runs_strategy(strategy):
                 raise KVVizError("quantized and windowed caches run plain decoding only (no beams, no speculation)")
         return kv
 
-    def _strategy(self, model: LoadedModel, n_tokens: int, greedy: bool, stops: tuple[str, ...], batch: int,
-                  ignore_eos: bool) -> tuple[BeamOptions | None, SpecOptions | None]:
+    def _strategy(self, model: LoadedModel, cache: CacheSpec, strategy: Beam | Speculative | None, n_tokens: int,
+                  params: SamplingParams, stops: tuple[str, ...],
+                  batch: int) -> tuple[BeamOptions | None, SpecOptions | None]:
         """Beam search's or speculative decoding's own parameters, checked (neither: plain decoding)."""
-        if self.num_beams == 1 and self.speculative is None:
+        if not _runs_strategy(strategy):
             return None, None
-        if self.num_beams != 1 and self.speculative is not None:
-            raise KVVizError("choose beam search (num_beams > 1) or speculative decoding, not both")
         cap = self.capture
         if cap is not None and (cap.ref_layers(model.config.n_layer) or cap.logits):
             raise KVVizError("attention, K/V and logits captures are recorded by plain decoding only")
-        if self.speculative is not None:
-            k, n = check_speculative_request(self.speculative, self.draft_tokens, self.ngram, self.use_cache, batch)
+        if isinstance(strategy, Speculative):
+            k, n = check_speculative_request(strategy.method, strategy.draft_tokens, strategy.ngram, cache.use_cache,
+                                             batch)
             return None, SpecOptions(k, n)
-        k, lp, es, nrs = check_beam_request(model, self.num_beams, self.length_penalty, self.early_stopping,
-                                            self.num_return_sequences, n_tokens, self.use_cache, self.cache_kind,
-                                            greedy, stops, batch)
-        eos = None if ignore_eos else model.tokenizer.eos_token_id  # ignored: no beam ends at EOS
+        assert isinstance(strategy, Beam)
+        k, lp, es, nrs = check_beam_request(model, strategy.num_beams, strategy.length_penalty,
+                                            strategy.early_stopping, strategy.num_return_sequences, n_tokens,
+                                            cache.use_cache, cache.kind, params.greedy, stops, batch)
+        eos = None if params.ignore_eos else model.tokenizer.eos_token_id  # ignored: no beam ends at EOS
         return BeamOptions(k, lp, es, nrs, () if eos is None else (eos,)), None
+
+
+def _runs_strategy(strategy: Beam | Speculative | None) -> bool:
+    """A strategy stream runs: speculative decoding, or beam search with more than one beam
+    (one beam is plain greedy decoding, as in transformers)."""
+    return isinstance(strategy, Speculative) or (isinstance(strategy, Beam) and strategy.num_beams != 1)

@@ -24,19 +24,51 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _shown(v: object) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    greedy: bool = True  # argmax; ignores the other fields
-    temperature: float = 1.0  # divides the logits; < 1 sharpens, > 1 flattens
+    """How the next token is picked: greedy unless a temperature, top-k or top-p is given.
+
+    ``SamplingParams()`` is greedy; ``SamplingParams(temperature=0.8, top_k=40, seed=1)`` samples.
+    ``temperature=0`` means greedy (the limit of sharpening is the argmax). Checked on creation: a
+    bad value is a KVVizError naming it. ``ignore_eos`` (vLLM's name and place) treats EOS as any
+    other token, so a run generates exactly its max_new_tokens unless a stop string ends it.
+    """
+
+    greedy: bool | None = None  # None: greedy unless a temperature, top-k or top-p is given
+    temperature: float | None = None  # divides the logits; < 1 sharpens, > 1 flattens (None: 1 when sampling)
     top_k: int | None = None  # keep only the k most likely tokens
     top_p: float | None = None  # keep the smallest set whose probability mass reaches p
     seed: int = 0  # seeds the run's own torch.Generator
+    ignore_eos: bool = False  # EOS is an ordinary token: the run goes to max_new_tokens
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p"):  # a number first, so "x" is not called out of range
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise KVVizError(f"{name} must be a number (got {_shown(v)})")
+        if not isinstance(self.ignore_eos, bool):  # "no" would read as True
+            raise KVVizError(f"ignore_eos must be True or False (got {_shown(self.ignore_eos)})")
+        if self.greedy is not None and not isinstance(self.greedy, bool):
+            raise KVVizError(f"greedy must be True, False or None (got {_shown(self.greedy)})")
+        greedy, t = self.greedy, self.temperature
+        if t is not None and t == 0 and greedy is not False:
+            greedy, t = True, None
+        if greedy is None:
+            greedy = t is None and self.top_k is None and self.top_p is None
+        if greedy and t is not None and t > 0:
+            raise KVVizError("choose greedy or a temperature, not both")
+        # Resolved once, so equal requests compare equal and ``replace`` round-trips.
+        object.__setattr__(self, "greedy", greedy)
+        object.__setattr__(self, "temperature", None if greedy else (1.0 if t is None else float(t)))
         problems = []
-        if not self.greedy:
+        if not greedy:
             t = self.temperature
-            if not _is_number(t) or not (0.0 < t <= MAX_TEMPERATURE):
+            if not _is_number(t) or not (0.0 < t <= MAX_TEMPERATURE):  # type: ignore[operator]
                 problems.append(f"temperature must be in (0, {MAX_TEMPERATURE:g}] (got {t!r})")
         k = self.top_k
         if k is not None and (not _is_int(k) or k < 1):
@@ -68,7 +100,7 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p on (B, V) float logits; masked entries become -inf."""
-    logits = logits / max(params.temperature, MIN_TEMPERATURE)
+    logits = logits / max(params.temperature or 1.0, MIN_TEMPERATURE)  # greedy params hold None
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

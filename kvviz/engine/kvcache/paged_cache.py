@@ -35,8 +35,9 @@ from kvviz.engine.kvcache.paged_pool import (PagedPool, PagedStats, blocks_for, 
                                              table_snapshot, table_stats)
 from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.errors import KVVizError
+from kvviz.limits import DEFAULT_KV_BLOCK_SIZE
 
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default
+DEFAULT_BLOCK_SIZE = DEFAULT_KV_BLOCK_SIZE  # vLLM's default (kvviz/limits.py)
 
 
 class PagedKVCache(KVCache):

@@ -151,7 +151,8 @@ def request_from(obj: Any, model: "LoadedModel", default_id: str) -> ServeReques
     if not isinstance(ignore_eos, bool):
         raise KVVizError(f"ignore_eos must be true or false (got {ignore_eos!r})")
     temp = obj.get("temperature")
-    sampling = SamplingParams(greedy=temp is None, temperature=1.0 if temp is None else temp,
-                              top_k=obj.get("top_k"), top_p=obj.get("top_p"), seed=_int(obj, "seed", 0, 0, 2**63 - 1))
+    # Greedy unless a temperature, top_k or top_p is given; temperature 0 is greedy (vLLM's meaning).
+    sampling = SamplingParams(temperature=temp, top_k=obj.get("top_k"), top_p=obj.get("top_p"),
+                              seed=_int(obj, "seed", 0, 0, 2**63 - 1))
     return ServeRequest(str(rid), tuple(ids), max_tokens=_int(obj, "max_tokens", 16, 1, MAX_TOKENS), sampling=sampling,
                         ignore_eos=ignore_eos, stop=tuple(stop), arrival=arrival, prompt_text=prompt_text)

@@ -13,7 +13,7 @@ answer's text re-tokenizes to other ids, reuse stops there (``TurnRecord.cached_
 ``reused_tokens`` shows it). A paged cache also finds full blocks by hash (vLLM's prefix caching):
 blocks of an earlier prompt released to the pool are taken back when the same prefix returns.
 
-    conv = Conversation(model, cache_kind="paged")
+    conv = Conversation(model, cache=CacheSpec(kind="paged"))
     t1 = conv.send("What is the capital of France?")
     t2 = conv.send("And of Italy?")    # t2.reused_tokens == t1's prompt + answer tokens
     conv.matches_scratch(1)            # the answer equals a from-scratch greedy generation
@@ -42,13 +42,15 @@ from kvviz.engine.core.step import backend_of, run_step
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.tokenize.chat_template import chat_prompt
-from kvviz.engine.generation.request import check_pool, check_pool_memory, sampling_params
+from kvviz.engine.generation.request import check_pool, check_pool_memory
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.kvcache.kv_spec import KVSpec
 from kvviz.engine.loading.loader import LoadedModel
-from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool, blocks_for
+from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
-from kvviz.engine.sessions.conversation_checks import ConversationChecks, feed
+from kvviz.engine.sessions.conversation_checks import ConversationChecks, chat_cache, chat_kv, fast_backend, feed, \
+    turn_sampling
 from kvviz.engine.sessions.turn import InterruptedTurn, TurnInterrupted, TurnRecord, _Txn
 from kvviz.errors import KVVizError
 
@@ -98,23 +100,22 @@ def with_chat_template(model: LoadedModel) -> tuple[LoadedModel, bool]:
 class Conversation(ConversationChecks):
     """A chat session: messages, one batch-1 cache, and a TurnRecord per turn."""
 
-    def __init__(self, model: LoadedModel, *, cache_kind: str = "paged", kv_block_size: int = DEFAULT_BLOCK_SIZE,
-                 kv_blocks: int | None = None, system: str | None = None, timestamp: bool = False,
-                 max_new_tokens: int = 64, greedy: bool | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0, fast: bool = True,
-                 pool: PagedPool | None = None, kv: KVSpec | None = None, parse_special: bool = False) -> None:
+    def __init__(self, model: LoadedModel, *, cache: CacheSpec = CacheSpec(kind="paged"),
+                 sampling: SamplingParams = SamplingParams(), max_new_tokens: int = 64, system: str | None = None,
+                 timestamp: bool = False, backend: str = "fast", pool: PagedPool | None = None,
+                 parse_special: bool = False) -> None:
         if not getattr(model.tokenizer, "chat_template", None):
             raise KVVizError(f"model {model.name!r} has no chat template: a conversation needs an instruct model")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise KVVizError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
-        self.params = sampling_params(greedy, temperature, top_k, top_p, seed)
-        self.model, self.fast, self.max_new_tokens = model, bool(fast), max_new_tokens
+        self.params = turn_sampling(sampling)
+        self.model, self.fast, self.max_new_tokens = model, fast_backend(backend), max_new_tokens
         self.system, self.timestamp = system, timestamp
         # False: control-token text typed in a message is text (engine/tokenize/chat_template.py); True reads it as
         # control tokens, so a message can end its turn and forge the next one.
         self.parse_special = bool(parse_special)
-        self.cache_kind, self.kv = cache_kind, kv
-        self.cache: KVCache = _new_cache(model, cache_kind, kv_block_size, kv_blocks, pool, kv)
+        self.cache_kind, self.kv = chat_cache(cache).kind, chat_kv(model, cache)
+        self.cache: KVCache = _new_cache(model, cache.kind, cache.block_size, cache.blocks, pool, self.kv)
         # The first ``carried`` turns were computed on an earlier cache (another model or cache
         # settings: ``rebuild``); this cache holds none of them until a turn prefills them again.
         self.carried = 0
@@ -136,31 +137,31 @@ class Conversation(ConversationChecks):
         engine = backend_of(self.model, self.fast)
         return f"{self.model.name} ({self.model.dtype_name}, {engine} engine) · {kind}"
 
-    def configure(self, *, max_new_tokens: int, timestamp: bool = False, greedy: bool | None = None,
-                  temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                  seed: int = 0) -> None:
+    def configure(self, *, max_new_tokens: int, timestamp: bool = False,
+                  sampling: SamplingParams = SamplingParams()) -> None:
         """Settings that apply from the next turn on (the cache and the turns so far stay): the
         answer's length, the sampling, the timestamp (which changes the prompt, so the next turn
         reuses less, and says so). A turn still running is rolled back first, as a rerun does."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise KVVizError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r})")
-        params = sampling_params(greedy, temperature, top_k, top_p, seed)
+        params = turn_sampling(sampling)
         with self._lock:
             self.interrupt("interrupted by a rerun")
             self.max_new_tokens, self.timestamp, self.params = max_new_tokens, bool(timestamp), params
 
-    def rebuild(self, model: LoadedModel, *, cache_kind: str, kv_block_size: int = DEFAULT_BLOCK_SIZE,
-                kv_blocks: int | None = None, fast: bool = True, reason: str = "the cache settings changed") -> None:
+    def rebuild(self, model: LoadedModel, *, cache: CacheSpec, backend: str = "fast",
+                reason: str = "the cache settings changed") -> None:
         """Go on with another model or cache (the messages and turns stay; the new cache is empty,
         so the next turn prefills the whole transcript and reuses nothing). A turn still running
         is rolled back and kept as interrupted, with ``reason``. A cache that cannot be built
         raises KVVizError and changes nothing."""
         if not getattr(model.tokenizer, "chat_template", None):
             raise KVVizError(f"model {model.name!r} has no chat template: a conversation needs an instruct model")
-        cache = _new_cache(model, cache_kind, kv_block_size, kv_blocks, None, None)
+        fast, kv = fast_backend(backend), chat_kv(model, chat_cache(cache))
+        new = _new_cache(model, cache.kind, cache.block_size, cache.blocks, None, kv)
         with self._lock:
             self.interrupt(reason)
-            self.model, self.fast, self.cache, self.cache_kind, self.kv = model, bool(fast), cache, cache_kind, None
+            self.model, self.fast, self.cache, self.cache_kind, self.kv = model, fast, new, cache.kind, kv
             self.held, self.carried, self._epoch = [], len(self.turns), self._epoch + 1
 
     # ------------------------------------------------------------------ the conversation

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvviz.engine.core.step import Backend, backend_of, run_pieces
-from kvviz.engine.generation.loop import generate
+from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.generation.request import BACKENDS, GenerateRequest, kv_spec
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
@@ -32,6 +34,41 @@ def feed(model: LoadedModel, cache: KVCache, backend: Backend, inp: torch.Tensor
     """Plan, forward, commit the new positions (1, T) at ``cache.pos`` through the step driver:
     in pieces where a full window takes one token per forward. The last piece's logits (1, 1, V)."""
     return run_pieces(model, cache, inp, positions.narrow(0, cache.pos, inp.shape[1]), backend=backend)
+
+
+def turn_sampling(sampling: object) -> SamplingParams:
+    """The conversation's sampler: a SamplingParams; a turn ends at the model's end of turn, always."""
+    if not isinstance(sampling, SamplingParams):
+        raise KVVizError(f"sampling must be a SamplingParams, e.g. SamplingParams(temperature=0.8) (got {sampling!r})")
+    if sampling.ignore_eos:
+        raise KVVizError("a conversation's turn ends at the model's end of turn: ignore_eos is for plain runs")
+    return sampling
+
+
+def chat_cache(cache: object) -> CacheSpec:
+    if not isinstance(cache, CacheSpec):
+        raise KVVizError(f"cache must be a CacheSpec, e.g. CacheSpec(kind='paged') (got {cache!r})")
+    if not cache.use_cache:
+        raise KVVizError("a conversation keeps its turns in a KV cache: use_cache=False has nothing to reuse")
+    return cache
+
+
+def fast_backend(backend: object) -> bool:
+    """The accelerator runs the turns ("fast") or the readable model does ("readable")."""
+    if backend not in BACKENDS:
+        raise KVVizError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    return backend == "fast"
+
+
+def chat_kv(model: LoadedModel, cache: CacheSpec) -> KVSpec | None:
+    """The compressed cache asked for, resolved and checked for ``model`` (None: the plain kind)."""
+    if not cache.kv.active:
+        return None
+    if cache.kind != "static":
+        raise KVVizError(f"a {cache.kv.label()} cache replaces the static cache; it does not combine with "
+                         f"{cache.kind!r}")
+    return kv_spec(model, cache.kv_dtype, cache.window, cache.sinks, cache.group_size, cache.zero_point,
+                   cache.fp8_scale, cache.positions, cache.track_errors)
 
 
 class ConversationChecks:
@@ -65,10 +102,12 @@ class ConversationChecks:
         """Turn ``turn``'s tokens generated from scratch (a fresh static cache, the turn's own sampling)."""
         t = self._own(turn)
         p = t.params or self.params
-        run = generate(self.model, prompt_ids=list(t.prompt_ids), max_new_tokens=t.max_new_tokens or self.max_new_tokens,
-                       greedy=p.greedy, temperature=None if p.greedy else p.temperature, top_k=p.top_k,
-                       top_p=p.top_p, seed=p.seed, fast=self.fast)
-        return list(run.generated_ids)
+        req = GenerateRequest(list(t.prompt_ids), max_new_tokens=t.max_new_tokens or self.max_new_tokens,
+                              sampling=p, backend="fast" if self.fast else "readable")
+        stream = GenerationStream(self.model, req.validate(self.model))  # plain decoding, a fresh static cache
+        for _ in stream:
+            pass
+        return list(stream.run.generated_ids)
 
     def matches_scratch(self, turn: int) -> bool:
         return self.scratch_ids(turn) == list(self.turns[turn].generated_ids)

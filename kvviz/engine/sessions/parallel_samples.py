@@ -18,11 +18,11 @@ import torch
 from kvviz.engine.core.step import backend_of, run_step
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.generation.request import check_budget, check_pool, sampling_params
+from kvviz.engine.generation.request import check_budget, check_pool
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool
 from kvviz.engine.kvcache.paged_pool import config_groups
-from kvviz.engine.generation.sampling import make_generator, sample
+from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.errors import KVVizError
 
 MAX_SAMPLES = 16
@@ -54,7 +54,7 @@ class ParallelSamples:
         check_budget(self.model, len(self.prompt_ids), self.max_new_tokens)
         if self.cache_kind == "paged" and self.pool is None:
             check_pool(self.kv_block_size, None, 1)
-        self.params = sampling_params(None, self.temperature, None, None, self.seed)
+        self.params = SamplingParams(temperature=self.temperature, seed=self.seed)  # 0: greedy
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         m, dev, n = self.model, self.model.device, self.n

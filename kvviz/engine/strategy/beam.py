@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -29,15 +28,10 @@ from kvviz.engine.core.step import run_step
 from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
 from kvviz.engine.generation.valid_request import BeamOptions
-from kvviz.engine.loading.loader import LoadedModel
-from kvviz.engine.strategy.strategy_events import BeamCandidate, BeamResult, BeamStep
+from kvviz.engine.generation.strategy_events import BeamCandidate, BeamResult, BeamStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream
-from kvviz.errors import KVVizError
-from kvviz.limits import MAX_BEAMS  # shared with the CLI's --num-beams
-from kvviz.units import fmt_bytes, kv_bytes_per_token
 
 NEG = -1.0e9  # transformers' "impossible" score: added, never assigned, exactly as there
-MEMORY_SHARE = 0.8  # refuse a beam cache that would take more than this share of free memory
 
 
 def length_norm(length: int, penalty: float) -> float:
@@ -57,72 +51,11 @@ def length_norm(length: int, penalty: float) -> float:
         return math.inf
 
 
-def parse_early_stopping(value: object) -> bool | str:
-    """True, False or "never" (transformers' three meanings); the CLI's strings too."""
-    if value is True or value is False or value == "never":
-        return value  # type: ignore[return-value]
-    if isinstance(value, str) and value.lower() in ("true", "false", "never"):
-        return {"true": True, "false": False, "never": "never"}[value.lower()]
-    raise KVVizError(f"early_stopping must be true, false or never (got {value!r})")
-
-
 def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """transformers' _gather_beams: pick beams along dim 1 by (batch, n) indices."""
     while idx.dim() < t.dim():
         idx = idx.unsqueeze(-1)
     return torch.take_along_dim(t, idx, dim=1)
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on ``device`` (None when this system cannot say)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def beam_cache_bytes(model: LoadedModel, num_beams: int, n_tokens: int, cache_kind: str) -> int:
-    """Bytes the k-row cache needs: a static cache preallocates every position of its context;
-    a concat cache holds n_tokens, twice over while ``torch.cat`` copies it."""
-    c = model.config
-    per_row = kv_bytes_per_token(c.n_layer, c.kv_heads, c.head_dim, model.dtype.itemsize, 1)
-    return int(num_beams * per_row * (c.block_size if cache_kind == "static" else 2 * n_tokens))
-
-
-def check_beam_request(model: LoadedModel, num_beams: object, length_penalty: object, early_stopping: object,
-                       num_return_sequences: object, n_tokens: int, use_cache: bool, cache_kind: str,
-                       greedy: bool, stop: tuple[str, ...], batch_size: int) -> tuple[int, float, bool | str, int]:
-    """The beam parameters, checked (KVVizError with a specific message) before any compute."""
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or not 1 <= num_beams <= MAX_BEAMS:
-        raise KVVizError(f"num_beams must be an integer from 1 to {MAX_BEAMS} (got {num_beams!r})")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
-            or not abs(float(length_penalty)) < float("inf"):
-        raise KVVizError(f"length_penalty must be a finite number (got {length_penalty!r})")
-    es = parse_early_stopping(early_stopping)
-    nrs = num_return_sequences
-    if isinstance(nrs, bool) or not isinstance(nrs, int) or not 1 <= nrs <= num_beams:
-        raise KVVizError(f"num_return_sequences must be from 1 to num_beams ({num_beams}) (got {nrs!r})")
-    if not greedy:
-        raise KVVizError("beam search here is deterministic (transformers' do_sample=False): "
-                         "sampling with num_beams > 1 is not supported; use greedy")
-    if stop:
-        raise KVVizError("stop strings are not supported with beam search (each beam would end at its own place)")
-    if batch_size != 1:
-        raise KVVizError("beam search takes one prompt row: the k beams are its batch")
-    if use_cache:
-        need = beam_cache_bytes(model, num_beams, n_tokens, cache_kind)
-        free = available_memory(model.device)
-        if free is not None and need > MEMORY_SHARE * free:
-            raise KVVizError(
-                f"{num_beams} beams x {model.config.block_size if cache_kind == 'static' else n_tokens} positions "
-                f"need {fmt_bytes(need)} of KV cache ({cache_kind}), more than {MEMORY_SHARE:.0%} of the "
-                f"{fmt_bytes(free)} free on {model.device.type}: use fewer beams or the concat cache")
-    return num_beams, float(length_penalty), es, nrs
 
 
 @dataclass

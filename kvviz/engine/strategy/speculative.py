@@ -35,29 +35,9 @@ from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.generation.stream_base import Emitted
 from kvviz.engine.generation.valid_request import SpecOptions
 from kvviz.engine.generation.sampling import SamplingParams, filter_logits, make_generator
-from kvviz.engine.strategy.strategy_events import SpecResult, SpecStep
+from kvviz.engine.generation.strategy_events import SpecResult, SpecStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream
 from kvviz.errors import KVVizError
-from kvviz.limits import MAX_DRAFT, MAX_NGRAM  # shared with the CLI's --draft-tokens, --ngram
-
-STRATEGIES = ("prompt_lookup",)
-
-
-def check_speculative_request(speculative: object, draft_tokens: object, ngram: object, use_cache: bool,
-                              batch_size: int) -> tuple[int, int]:
-    if speculative not in STRATEGIES:
-        raise KVVizError(f"speculative must be one of {', '.join(STRATEGIES)} (got {speculative!r})")
-    if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or not 1 <= draft_tokens <= MAX_DRAFT:
-        raise KVVizError(f"draft_tokens must be an integer from 1 to {MAX_DRAFT} (got {draft_tokens!r})")
-    if isinstance(ngram, bool) or not isinstance(ngram, int) or not 1 <= ngram <= MAX_NGRAM:
-        raise KVVizError(f"ngram must be an integer from 1 to {MAX_NGRAM} (got {ngram!r})")
-    if not use_cache:
-        raise KVVizError("speculative decoding verifies drafts through the KV cache and rolls it back: "
-                         "it needs use_cache=True")
-    if batch_size != 1:
-        raise KVVizError("speculative decoding runs one sequence (batch_size 1)")
-    return draft_tokens, ngram
-
 
 def prompt_lookup(ids: Sequence[int], ngram: int, k: int, eos_ids: Sequence[int] = ()) -> tuple[list[int], int]:
     """(draft, n): up to k tokens that followed the leftmost earlier match of the last n tokens."""

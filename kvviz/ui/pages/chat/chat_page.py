@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import streamlit as st
 
 from kvviz.charts import paged_charts as pc
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.kvcache.paged_pool import config_groups
 from kvviz.engine.sessions.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
 from kvviz.engine.loading.loader import LoadedModel
@@ -67,8 +68,8 @@ def page() -> None:
                + " · max new tokens, sampling and the timestamp apply from the next turn; another model, "
                "engine or cache keeps the conversation and rebuilds the cache from it")
     busy_note(short=True)  # TTFTs are timed: say when other processes hold the cores
-    cache_args = {"cache_kind": kind, "kv_block_size": block, "kv_blocks": blocks, "fast": fast}
-    turn_args = {"max_new_tokens": max_new, "timestamp": stamp, **s.sampling_kwargs()}
+    cache_args = {"cache": CacheSpec(kind=kind, block_size=block, blocks=blocks), "backend": s.engine}
+    turn_args = {"max_new_tokens": max_new, "timestamp": stamp, "sampling": s.sampling()}
     conv = _conversation(model, s.model_key, cache_args, turn_args)
     if conv is None:
         return

@@ -16,6 +16,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz.charts import paged_charts as pc
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.sessions.conversation import Conversation
 from kvviz.engine.loading.loader import LoadedModel
@@ -70,7 +71,8 @@ def _run(model: LoadedModel, fast: bool, block: int, blocks: int, live: Any) -> 
     # The pool the Pool input sets (it said 64 while the scenario drew 72): too small a pool stops with
     # the engine's own "the KV pool is full" message, shown as an error.
     pool = PagedPool(model.config, blocks, block, model.device, model.dtype)
-    conv = Conversation(model, kv_block_size=block, max_new_tokens=NEW_TOKENS, fast=fast, pool=pool)
+    conv = Conversation(model, cache=CacheSpec(kind="paged", block_size=block), max_new_tokens=NEW_TOKENS,
+                        backend="fast" if fast else "readable", pool=pool)
     conv.warm_up()
     stages: list[dict[str, Any]] = []
 

@@ -15,7 +15,8 @@ import torch
 
 from kvviz import LoadedModel
 from kvviz.charts import compress_charts as cc
-from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.api import iter_generate
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.generation.request import kv_spec
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare
@@ -110,9 +111,10 @@ def _run_quant(s: Settings, model: LoadedModel, n: int, group: int | None, zp: b
         with st.spinner("Generating through four caches, then teacher-forcing the full-precision text "
                         "through each…"):
             for dt in DTYPES:
-                stream = iter_generate(model, greedy=True, max_new_tokens=n, fast=s.engine == "fast",
-                                       **compress_window.prompt_kwargs(s, which), kv_dtype=dt, kv_group_size=group,
-                                       kv_zero_point=zp, kv_fp8_scale=fp8, track_kv_error=dt is not None)
+                cache = CacheSpec(kv_dtype=dt, group_size=group, zero_point=zp, fp8_scale=fp8,
+                                  track_errors=dt is not None)
+                stream = iter_generate(model, max_new_tokens=n, backend=s.engine, cache=cache,
+                                       **compress_window.prompt_kwargs(s, which))
                 for _ in stream:
                     pass
                 run, cache = stream.run, stream.cache

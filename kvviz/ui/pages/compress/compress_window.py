@@ -11,7 +11,8 @@ import streamlit as st
 from kvviz import LoadedModel
 from kvviz.charts import compress_charts as cc
 from kvviz.charts.tokens import plotly_text
-from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.api import iter_generate
+from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.kvcache.kv_spec import position_rules, rotates_keys
 from kvviz.engine.loading.loader import ASSETS
 from kvviz.errors import KVVizError
@@ -92,9 +93,9 @@ def _run_window(s: Settings, model: LoadedModel, w: int, sk: int, pos: str, n: i
     runs = []
     try:
         with st.spinner("Generating with the full cache and through the window…"):
-            for opts in ({}, dict(window=w, sinks=sk, kv_positions=pos)):
-                stream = iter_generate(model, greedy=True, max_new_tokens=n, fast=s.engine == "fast",
-                                       **prompt_kwargs(s, which), **opts)
+            for cache in (CacheSpec(), CacheSpec(window=w, sinks=sk, positions=pos)):
+                stream = iter_generate(model, max_new_tokens=n, backend=s.engine, cache=cache,
+                                       **prompt_kwargs(s, which))
                 for _ in stream:
                     pass
                 runs.append(stream.run)

@@ -12,7 +12,8 @@ import streamlit as st
 from kvviz import LoadedModel
 from kvviz.charts import decoding_charts as dc
 from kvviz.engine.generation.events import Run
-from kvviz.engine.generation.loop import iter_generate
+from kvviz.engine.api import iter_generate
+from kvviz.engine.generation.valid_request import Beam
 from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.common.figs import show
@@ -60,8 +61,9 @@ def page() -> None:
 
 
 def _common(s: Settings) -> dict[str, Any]:
+    """The sidebar's prompt, cache and backend; the sampling is the strategy's own (greedy)."""
     kw = s.generate_kwargs()
-    return {k: kw[k] for k in ("prompt", "use_cache", "cache_kind", "fast", "chat")}
+    return {k: kw[k] for k in ("prompt", "cache", "backend", "chat")}
 
 
 # --- beam search --------------------------------------------------------------------------------
@@ -84,8 +86,8 @@ def _beam(s: Settings, model: LoadedModel) -> None:
         run_it = st.button("Run beam search", key="beam_run", type="primary")
     store_key = results_key("beam_result", model)
     if run_it:
-        _run_beams(s, model, dict(num_beams=k, length_penalty=lp, early_stopping=es,
-                                  num_return_sequences=min(nrs, k), max_new_tokens=n), store_key)
+        _run_beams(s, model, dict(strategy=Beam(k, length_penalty=lp, early_stopping=es,
+                                                num_return_sequences=min(nrs, k)), max_new_tokens=n), store_key)
     run: Run | None = session.get(store_key)
     if run is None or run.beams is None:
         st.info("Press **Run beam search** to grow the beam tree from the sidebar's prompt.")
@@ -95,7 +97,7 @@ def _beam(s: Settings, model: LoadedModel) -> None:
 
 def _run_beams(s: Settings, model: LoadedModel, opts: dict[str, Any], store_key: str) -> None:
     try:
-        stream = iter_generate(model, greedy=True, **_common(s), **opts)
+        stream = iter_generate(model, **_common(s), **opts)  # greedy: the default sampling
     except KVVizError as e:
         st.error(md_plain(e))
         return

@@ -57,8 +57,7 @@ def page() -> None:
 
 def _request(s: Settings, model: LoadedModel, n_new: int) -> Request:
     ids, text = prompt_ids(s, model)
-    return Request(prompt_ids=(ids,), max_new_tokens=n_new, prompt=text,
-                   fast=s.engine == "fast", **s.sampling_kwargs())
+    return Request(prompt_ids=(ids,), max_new_tokens=n_new, prompt=text, backend=s.engine, sampling=s.sampling())
 
 
 def shown(text: str) -> str:
@@ -313,7 +312,7 @@ def _sweep(s: Settings, model: LoadedModel, state: SweepState) -> None:
     key = results_key("race_sweep", model)
     charts = st.empty()
     if run_it and ns:
-        req = Request(prompt_ids=(ids,), max_new_tokens=max(ns), fast=s.engine == "fast", **s.sampling_kwargs())
+        req = Request(prompt_ids=(ids,), max_new_tokens=max(ns), backend=s.engine, sampling=s.sampling())
         lock = acquire_or_warn()
         if lock is None:
             return
