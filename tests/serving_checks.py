@@ -48,10 +48,10 @@ def check_against_solo(model: LoadedModel, reqs: list[ServeRequest], res: ServeR
         solo = kvviz.generate(model, list(r.prompt_ids), max_new_tokens=r.max_tokens,
                               sampling=kvviz.SamplingParams(ignore_eos=True), backend="readable")
         assert rec.output_ids == list(solo.generated_ids), r.request_id
-        ids = torch.tensor([list(r.prompt_ids) + rec.output_ids[:-1]])
+        ids = torch.tensor([list(r.prompt_ids) + rec.output_ids[:-1]], device=model.device)
         with torch.inference_mode():
-            ref = model.model(ids)[0, len(r.prompt_ids) - 1:].float()  # (max_tokens, V)
-        got = torch.stack(res.logits[r.request_id])
+            ref = model.model(ids)[0, len(r.prompt_ids) - 1:].float().cpu()  # (max_tokens, V)
+        got = torch.stack(res.logits[r.request_id]).float().cpu()
         scale = float(ref.abs().max())
         torch.testing.assert_close(got, ref, rtol=0, atol=rel_tol * scale)
         worst = max(worst, float((got - ref).abs().max()) / scale)

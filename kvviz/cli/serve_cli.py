@@ -40,6 +40,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=types.int_in(1, 4096), default=32, help="running requests at most (default 32)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where kvviz's engine runs (cuda: the GPU's clocks are read after a synchronize)")
     p.add_argument("--threads", type=types.threads_or_default, default=0)
     p.add_argument("--events", type=types.out_file, default=None, help="write every step's record here (JSON Lines)")
     p.add_argument("--json", action="store_true")
@@ -79,7 +81,10 @@ def run_serve(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     args.arrival = args.arrival or "steps"
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, device="cpu", dtype=args.dtype)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        from kvviz.errors import KVVizError
+        raise KVVizError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
     if args.workload in BUILTIN:
         requests = builtin(args.workload, model, args.num_requests, args.seed)
     else:
@@ -92,7 +97,8 @@ def run_serve(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     obj = {"requests": request_rows(res), "summary": summ,
            "settings": {**cfg.settings(), "model": model.name, "dtype": model.dtype_name,
                         "workload": args.workload, "num_requests": len(requests), "engine": "readable",
-                        "cpu": cpu_name(), "torch_threads": torch.get_num_threads()}}
+                        "cpu": cpu_name(), "torch_threads": torch.get_num_threads(), "device": args.device,
+                        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None}}
     if args.events is not None:
         save_results(args.events, events_jsonl(res), "the events")
     text = (f"{len(requests)} requests, {args.policy}: {summ['output_tokens']} tokens in {summ['wall_s']} s = "

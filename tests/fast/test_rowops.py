@@ -122,7 +122,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 GENERATE = ("import kvviz\nfrom kvviz.fast import rowops\n"
             "m = kvviz.load_model('random:tiny', device='cpu')\n"
-            "r = kvviz.generate(m, prompt_ids=[1, 2, 3], max_new_tokens=5)\n"
+            "r = kvviz.generate(m, [1, 2, 3], max_new_tokens=5)\n"
             "print(rowops.load() is None, m.fast.plan().rows is None, len(r.generated_ids))\n"
             "print(rowops.status())\n")
 

@@ -442,15 +442,15 @@ def test_sessions_keep_their_own_runs_and_share_one_model() -> None:
 
 def test_the_shared_model_serves_concurrent_generations(random_models) -> None:  # type: ignore[no-untyped-def]
     """What two sessions do at once: the cached model is read-only, caches and generators per run."""
-    from kvviz import Capture
+    from kvviz import CacheSpec, Capture
     from kvviz import generate as run_generation
 
     model = random_models["tiny"]
     results: dict[tuple[int, str], list[int]] = {}
 
     def worker(i: int, mode: str) -> None:
-        run = run_generation(model, prompt="same prompt", max_new_tokens=12, use_cache=mode != "none",
-                             cache_kind="concat" if mode == "concat" else "static", capture=Capture(attention=True))
+        cache = CacheSpec(use_cache=mode != "none", kind="concat" if mode == "concat" else "static")
+        run = run_generation(model, "same prompt", max_new_tokens=12, cache=cache, capture=Capture(attention=True))
         results[(i, mode)] = run.generated_ids
 
     threads = [threading.Thread(target=worker, args=(i, m)) for i in range(2) for m in ("static", "concat", "none")]

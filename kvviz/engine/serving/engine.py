@@ -188,11 +188,16 @@ class _Run:
                 rows.append(at - 1)  # this request samples from its last token's logits
         dev = self.model.device
         self.cache.set_layout(layout)
+        on_cuda = dev.type == "cuda"
+        if on_cuda:  # the clock reads finished work only: CUDA launches return before the kernels run
+            torch.cuda.synchronize(dev)
         t = time.perf_counter()
         with torch.inference_mode():
             logits = run_step(self.model, self.cache, torch.tensor([ids], dtype=torch.long, device=dev),
                               torch.tensor(pos, dtype=torch.long, device=dev), backend="readable",
                               last_only=torch.tensor(rows, dtype=torch.long, device=dev))  # (1, K, V)
+        if on_cuda:
+            torch.cuda.synchronize(dev)
         forward_ms = (time.perf_counter() - t) * 1000.0
         new: dict[str, int] = {}
         finished: list[str] = []

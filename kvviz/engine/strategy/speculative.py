@@ -115,7 +115,7 @@ class SpeculativeStream(StrategyStream):
             # a rollback needs positions the sliding layers' rings will have overwritten
             raise KVVizError(f"speculative decoding rolls the cache back, but this model's static cache keeps "
                              f"only the last {min(rings):,} positions on its sliding layers and this run goes "
-                             f"past them: use cache_kind='concat' (it keeps every position) or 'paged' (it keeps the "
+                             f"past them: use CacheSpec(kind='concat') (it keeps every position) or kind='paged' (it keeps the "
                              f"blocks a rollback needs)")
         while made < self.max_new_tokens:
             with torch.inference_mode():
