@@ -165,6 +165,11 @@ def test_no_label_is_cut(browser, make_run_url: str, size: tuple[int, int]) -> N
         page.wait_for_selector("[data-testid=stMain]")
         _idle(page, STARTUP_MS)
         _generate(page)
+        # The metrics show from the first step; the cache and attention charts once the run's last
+        # rerun draws them (on a busy machine seconds later): the layout is judged with them drawn.
+        for key in ("view_notebook", "view_attention"):
+            page.wait_for_selector(f".st-key-{key} .js-plotly-plot", timeout=RUN_MS)
+        _idle(page)
         _check(page, "present", problems, size)
         # The point of the layout: the cache and attention charts on the screen with the chips. At
         # 1366x768 they started at its bottom edge; at least CHART_ON_SCREEN px of each must show.
