@@ -24,20 +24,27 @@ TEXT_EVERY_S = 0.25  # the status line and the streaming text four times a secon
 STREAMED = 3  # requests whose text streams live
 
 
-class LiveView:
+class _Places:
+    """The six chart placeholders and the ledger line, in the live view's and the replay's layout."""
+
+    def __init__(self) -> None:
+        a, b = st.columns([3, 2])
+        self.timeline, self.pool = a.empty(), b.empty()
+        c, d = st.columns(2)
+        self.comp, self.queues = c.empty(), d.empty()
+        e, f = st.columns(2)
+        self.usage, self.hits = e.empty(), f.empty()
+        self.ledger = st.empty()
+
+
+class LiveView(_Places):
     """The placeholders of the live view, made once per script run and redrawn into."""
 
     def __init__(self) -> None:
         with st.container(key="serve_live"):
             self.status = st.empty()
             self.text = st.empty()
-            a, b = st.columns([3, 2])
-            self.timeline, self.pool = a.empty(), b.empty()
-            c, d = st.columns(2)
-            self.comp, self.queues = c.empty(), d.empty()
-            e, f = st.columns(2)
-            self.usage, self.hits = e.empty(), f.empty()
-            self.ledger = st.empty()
+            super().__init__()
         self.draws = 0
         self.last_chart = 0.0
 
@@ -169,16 +176,6 @@ def _replay(job: ServeJob, result: ServeResult) -> None:
                f"{s.blocks_used} blocks used, {s.blocks_cached} cached, {s.blocks_free} free",
                )
 
-
-class _Places:
-    def __init__(self) -> None:
-        a, b = st.columns([3, 2])
-        self.timeline, self.pool = a.empty(), b.empty()
-        c, d = st.columns(2)
-        self.comp, self.queues = c.empty(), d.empty()
-        e, f = st.columns(2)
-        self.usage, self.hits = e.empty(), f.empty()
-        self.ledger = st.empty()
 
 
 def comparison(job: ServeJob) -> None:
