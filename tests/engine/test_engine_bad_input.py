@@ -179,7 +179,7 @@ def test_a_config_that_lies_about_its_size_is_refused_from_the_header(tmp_path: 
     def no_build(*a: Any, **k: Any) -> None:
         raise AssertionError("the model was built before the header was checked")
 
-    monkeypatch.setattr(load_mod, "_read_safetensors", no_build)
+    monkeypatch.setattr(load_mod, "read_tensors", no_build)
     with pytest.raises(KVVizError, match="does not match its config.json: missing tensors"):
         load_model(str(folder))
 
