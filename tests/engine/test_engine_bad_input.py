@@ -297,7 +297,7 @@ def test_the_diagnosis_runs_through_the_step_driver(make_llama: Callable[..., Lo
     """The diagnosis forward (after non-finite logits) is one uncached ``run_step`` of the readable
     model over the sequence so far (issue 38: no forward outside the step driver), for a Llama too:
     its hooks name the Llama's own module."""
-    from kvviz.engine.generation import stream_base
+    from kvviz.engine.core import stream_base
     from kvviz.engine.loaded import wrap_model
     from kvviz.engine.models.llama import Llama
 

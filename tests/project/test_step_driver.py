@@ -80,7 +80,7 @@ def test_the_step_driver_is_where_the_backend_forward_runs() -> None:
     """The check would pass vacuously if it never read the file that holds the forward call."""
     step = (ROOT / "kvviz/engine/core/step.py").read_text()
     assert forward_calls(step), "run_step runs backend_forward(...); the checker must see it there"
-    assert ROOT / "kvviz/engine/generation/loop.py" in _checked_modules()
+    assert ROOT / "kvviz/engine/core/loop.py" in _checked_modules()
 
 
 # ----------------------------------------------------------------------------- the cache's step moves
