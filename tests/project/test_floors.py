@@ -48,8 +48,8 @@ FLOORS: dict[str, int] = {
     # engine/strategy: beam search and speculative decoding, streams over the loop's stream base (5);
     # their records are plain dataclasses in engine/generation (strategy_events.py), beside the Run.
     "kvviz.engine.strategy": 5,
-    # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
-    "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
+    # engine/sessions: loops over one cache beside the loop, and a turn's record and undo data (5).
+    "kvviz.engine.sessions": 5,
     # The accelerator and its kernels: built from a model (2) by engine/loaded.py (4).
     "kvviz.fast": 3,
     "kvviz.charts": 2,  # pure Plotly
