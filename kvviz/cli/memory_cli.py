@@ -20,6 +20,7 @@ from kvviz.calculator.server_log import (
 from kvviz.calculator.formulas import weight_bytes
 from kvviz.calculator.server_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
 from kvviz.calculator.server_vllm_defaults import DEVICES, default_block_size
+from kvviz.calculator.server_vllm_groups import KV_CACHE_LAYOUTS, LEGACY_LAYOUT_NAMES
 from kvviz.calculator.server_vllm_kv import KV_DTYPES as VLLM_KV_DTYPES
 from kvviz.calculator.servers import ENGINES, EngineRequest, engine_report, estimate_parts
 from kvviz.calculator import (
@@ -129,6 +130,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stage-kv-memory-gib", type=_gib_list, metavar="G,G,...",
                    help="vLLM: each pipeline stage's 'Available KV cache memory' (default --kv-memory-gib on every "
                         "stage)")
+    g.add_argument("--kv-cache-layout", choices=(*KV_CACHE_LAYOUTS, *LEGACY_LAYOUT_NAMES), metavar="LAYOUT",
+                   help="vLLM's VLLM_KV_CACHE_LAYOUT: " + ", ".join(KV_CACHE_LAYOUTS) + " (NHD = LBNHC, HND = LBHNC); "
+                        "BL*/BH*: block-outermost, mixed pages packed side by side (default: the backend's, LBNHC)")
     g.add_argument("--gpu-memory-utilization", type=types.efficiency, default=0.9, metavar="F",
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
@@ -268,7 +272,7 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off",
         cudagraph_estimate=args.estimate_cudagraphs, pp_layers=args.pp_layer_partition or (),
         stage_memory_gib=args.stage_kv_memory_gib or (), avail_mem_gib=_before_after(args.avail_mem_gib),
-        page_size=args.page_size)
+        page_size=args.page_size, kv_cache_layout=args.kv_cache_layout)
 
 
 def _before_after(v: tuple[float, ...] | None) -> tuple[float, float] | None:
