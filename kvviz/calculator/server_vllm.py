@@ -14,7 +14,8 @@ Followed from the vLLM 0.33.0 sdist (line numbers of that version), rule by rule
   kind's count (the largest when under 1.5x the smallest), each kind split into ceil(n / size)
   groups, layer i::n (_get_kv_cache_groups_uniform_page_size, :416-560). Several kinds with mixed page
   sizes are first unified (:346-410): smaller pages take more tokens a block, or are padded
-  (server_vllm_groups, which also says where the block-outermost packing of :914-1043 would apply).
+  (server_vllm_groups); with a block-outermost VLLM_KV_CACHE_LAYOUT mixed pages are packed side by
+  side instead (:914-1043, server_vllm_groups.pack_layers).
 - bytes per block (:574-605): the largest group's pages, each rounded up to the block-stride alignment,
   summed; blocks = available // that
   (get_kv_cache_config_from_groups, :642-681); per pipeline stage with the stage's own share of

@@ -13,6 +13,9 @@ import kvviz.cli.argtypes as types
 from kvviz.cli.argtypes import int_in
 from kvviz.errors import KVVizError
 from kvviz.calculator.server_llamacpp import CACHE_TYPES
+from kvviz.calculator.server_log_engines import (
+    parse_llamacpp_log, parse_sglang_log, reconcile_llamacpp, reconcile_sglang,
+)
 from kvviz.calculator.server_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
 from kvviz.calculator.server_log import (
     MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, reconcile_text, settings_from_log,
@@ -148,7 +151,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM and SGLang: a speculative draft model's config.json (EAGLE or a draft model): its "
                         "layers hold KV beside the target's (SGLang: a pool of its own, of the target's #tokens)")
     g.add_argument("--reconcile", metavar="LOG",
-                   help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
+                   help="a startup log ('-' reads stdin): each KV line beside kvviz's (vLLM; llama.cpp or SGLang with "
+                        "--engine llama.cpp / sglang)")
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
                    "'prompt_tokens' + 'output_tokens' column): how many such requests the blocks hold at once")
     g.add_argument("--length-percentiles", metavar="P:T,...", help="vLLM: lengths as percentiles, e.g. 50:2000,90:8000")
@@ -315,8 +319,22 @@ def _read_log(where: str) -> str:
     return text
 
 
+def _reconcile_other(args: argparse.Namespace, spec: ModelSpec, text: str) -> tuple[dict[str, Any], str]:
+    """--engine llama.cpp / sglang --reconcile LOG (server_log_engines): the log's cache lines beside kvviz's."""
+    if args.engine == "llama.cpp":
+        rows, notes = reconcile_llamacpp(spec, parse_llamacpp_log(text), args.max_model_len)
+    else:
+        rows, notes = reconcile_sglang(spec, parse_sglang_log(text), args.tp if args.tp != 1 else None,
+                                       args.kv_cache_dtype)
+    out = {"model": spec.name, "engine": args.engine, "rows": [r.to_dict() for r in rows],
+           "agrees": all(r.agrees for r in rows), "notes": notes}
+    return out, f"{spec.name} vs the {args.engine} log:\n" + reconcile_text(rows, notes)
+
+
 def _reconcile(args: argparse.Namespace, spec: ModelSpec) -> tuple[dict[str, Any], str]:
-    """--reconcile LOG: the log's KV lines beside kvviz's prediction (vLLM)."""
+    """--reconcile LOG: the log's KV lines beside kvviz's prediction (vLLM; llama.cpp or SGLang with --engine)."""
+    if args.engine in ("llama.cpp", "sglang"):
+        return _reconcile_other(args, spec, _read_log(args.reconcile))
     log = parse_vllm_log(_read_log(args.reconcile))
     given = {"max_model_len": args.max_model_len, "tp": args.tp if args.tp != 1 else None, "pp": args.pp,
              "block_size": args.block_size,
