@@ -18,6 +18,7 @@ from kvviz.ui.common.figs import show
 from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.pages.serving import workload as wl
 from kvviz.ui.pages.serving.serving_run import ServeJob
+from kvviz.ui.state import persist, session
 
 CHART_EVERY_S = 1.0  # live charts at most once a second (a chart frame costs a small machine's browser ~0.5 s)
 TEXT_EVERY_S = 0.25  # the status line and the streaming text four times a second
@@ -166,8 +167,14 @@ def _replay(job: ServeJob, result: ServeResult) -> None:
     if not steps:
         return
     st.subheader("Replay")
-    at = st.slider("Step", 0, len(steps) - 1, len(steps) - 1, key="serve_replay",
+    last = len(steps) - 1
+    if session.get(session.SERVE_REPLAY_FOR) != job.id:  # a new run opens at its last step
+        session.put("serve_replay", last)
+        session.put(session.SERVE_REPLAY_FOR, job.id)
+    # Kept across pages like the builder's widgets (persist.py): the step chosen is still shown on return.
+    at = st.slider("Step", 0, last, int(persist.keep("serve_replay", last, bounds=(0, last))), key="serve_replay",
                    help="Scrub over the recorded run: the pool as it stood after that step, a dashed line on the charts")
+    persist.remember("serve_replay")
     view = _Places()
     charts(view, steps, job, job.config.block_size, key=f"replay{job.id}_{at}", upto=at)
     s = steps[at]
