@@ -193,3 +193,20 @@ def test_exports() -> None:
     assert lines[3]["scheduled"][0] == {"request_id": "B", "kind": "prefill", "start": 4, "num_tokens": 2,
                                         "prefix_hit_tokens": 4}
     assert lines[6]["request_id"] == "B" and lines[6]["lost_tokens"] == 5 and lines[6]["tpot_ms"] == 20.0
+
+
+def test_the_paragraph_names_readmissions_counted_apart() -> None:
+    """vLLM 0.33 counts a re-admission after a preemption outside prefix_cache_queries/hits; the page's
+    paragraph gives those tokens separately, and says nothing of them when there were none."""
+    from dataclasses import replace
+
+    from kvviz.engine.serving.engine import ServeResult
+    from kvviz.ui.pages.serving.serving_views import paragraph
+
+    steps = STEPS[:-1] + [replace(STEPS[-1], preempted_query_tokens=6, preempted_hit_tokens=4)]
+    reqs = list(REQUESTS.values())
+    text = paragraph(sd.summarize(steps, REQUESTS), ServeResult({}, reqs, steps, [], None, {}, 0), BS, 8)
+    assert "4 of 20 prompt tokens (20.0%)" in text
+    assert "the 6 tokens of re-admissions after a preemption, 4 of them found cached, are counted apart" in text
+    plain = paragraph(sd.summarize(STEPS, REQUESTS), ServeResult({}, reqs, STEPS, [], None, {}, 0), BS, 8)
+    assert "re-admissions" not in plain and "last token). **Preemption**" in plain

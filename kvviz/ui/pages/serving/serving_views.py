@@ -96,6 +96,7 @@ def paragraph(summary: sd.RunSummary, result: ServeResult, block_size: int, budg
     hit = (f"{s.prefix_hit_tokens:,} of {s.prefix_query_tokens:,} prompt tokens "
            f"({100 * s.prefix_hit_tokens / s.prefix_query_tokens:.1f}%)" if s.prefix_query_tokens else "no tokens")
     ttft = s.ttft_ms[0]
+    again = steps[-1] if steps else None
     return (
         f"**The timeline** gives each of the {s.requests} requests a row and each of the {s.steps} scheduler steps "
         "a column: grey while it waits, blue while its prompt is prefilled (a long prompt in several chunks), green "
@@ -110,7 +111,10 @@ def paragraph(summary: sd.RunSummary, result: ServeResult, block_size: int, budg
         f"slots actually written; the gap is the unfilled end of each request's last block, at most {peak_gap} "
         f"slots here (step {mid}: {ser['usage_blocks_pct'][mid]:.1f}% by blocks, "
         f"{ser['usage_tokens_pct'][mid]:.1f}% by tokens). **Prefix-cache hits**: {hit} were found already computed "
-        "(a shared system prompt counts only in whole blocks, and never the prompt's last token). "
+        "(a shared system prompt counts only in whole blocks, and never the prompt's last token)"
+        + (f"; the {again.preempted_query_tokens:,} tokens of re-admissions after a preemption, "
+           f"{again.preempted_hit_tokens:,} of them found cached, are counted apart, as vLLM counts them. "
+           if again is not None and again.preempted_query_tokens else ". ")
         + (f"**Preemption**: {s.preemptions} preemption{'s' if s.preemptions != 1 else ''} threw away "
            f"{s.lost_tokens:,} computed tokens, which were computed again. " if s.preemptions else
            "**Preemption**: none; the pool held every running request. ")
