@@ -210,3 +210,17 @@ def test_the_paragraph_names_readmissions_counted_apart() -> None:
     assert "the 6 tokens of re-admissions after a preemption, 4 of them found cached, are counted apart" in text
     plain = paragraph(sd.summarize(STEPS, REQUESTS), ServeResult({}, reqs, STEPS, [], None, {}, 0), BS, 8)
     assert "re-admissions" not in plain and "last token). **Preemption**" in plain
+
+
+def test_the_paragraph_counts_the_blocks_a_window_gave_back() -> None:
+    from dataclasses import replace
+
+    from kvviz.engine.serving.engine import ServeResult
+    from kvviz.ui.pages.serving.serving_views import paragraph
+
+    steps = STEPS[:-1] + [replace(STEPS[-1], window_freed_blocks=12)]
+    text = paragraph(sd.summarize(steps, REQUESTS), ServeResult({}, list(REQUESTS.values()), steps, [], None, {}, 0),
+                     BS, 8)
+    assert "at most 4 of 8 blocks; its sliding-window layers gave back 12 blocks before their requests ended" in text
+    assert "gave back" not in paragraph(sd.summarize(STEPS, REQUESTS),
+                                        ServeResult({}, list(REQUESTS.values()), STEPS, [], None, {}, 0), BS, 8)

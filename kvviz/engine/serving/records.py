@@ -56,6 +56,7 @@ class StepRecord:
     new_tokens: dict[str, int] = field(default_factory=dict)  # request id -> token sampled this step
     preempted_query_tokens: int = 0  # cumulative: re-admissions after a preemption (vLLM's preempted_queries)
     preempted_hit_tokens: int = 0  # cumulative: their hits (vLLM's preempted_hits)
+    window_freed_blocks: int = 0  # cumulative: blocks sliding-window groups let go mid-request (Gemma 3)
 
     @property
     def prefill_tokens(self) -> int:

@@ -106,8 +106,11 @@ def paragraph(summary: sd.RunSummary, result: ServeResult, block_size: int, budg
         f"running and waiting after each step; at most {s.peak_running} ran at once. "
         f"**The block pool** shows, for the step chosen, which request holds each block of {block_size} tokens "
         f"(purple: shared by several through the prefix cache; grey: cached, free to reuse or evict); the run held "
-        f"at most {s.peak_blocks_used} of {steps[0].blocks_total if steps else 0} blocks. "
-        "**KV usage** draws two lines: the share of blocks held (what a server reports as KV usage) and the share of "
+        f"at most {s.peak_blocks_used} of {steps[0].blocks_total if steps else 0} blocks"
+        + (f"; its sliding-window layers gave back {again.window_freed_blocks:,} blocks before their requests "
+           "ended, as the window moved past them (they show as cached or free). "
+           if again is not None and again.window_freed_blocks else ". ")
+        + "**KV usage** draws two lines: the share of blocks held (what a server reports as KV usage) and the share of "
         f"slots actually written; the gap is the unfilled end of each request's last block, at most {peak_gap} "
         f"slots here (step {mid}: {ser['usage_blocks_pct'][mid]:.1f}% by blocks, "
         f"{ser['usage_tokens_pct'][mid]:.1f}% by tokens). **Prefix-cache hits**: {hit} were found already computed "
