@@ -10,6 +10,8 @@ The run (block size 4, a pool of 8 blocks, budget 8 tokens, at most 2 running):
   A decodes its third token and finishes. B and C wait, B first.
 - step 3: B recomputes 6 tokens, 4 found in the prefix cache (2 fed) and finishes; C prefills 3.
 - step 4: C decodes and finishes.
+The prefix counters are the charts' inputs, counted the old way (B's re-admission in them): the engine
+now counts a re-admission apart, as vLLM 0.33 does (test_serving_scheduler.py holds that by hand).
 """
 from __future__ import annotations
 
