@@ -210,15 +210,9 @@ def _n(k: int, word: str) -> str:
 def sweep_doubts(ttft: Any, decode: Any, busy: str | None) -> list[str]:
     """What in the sweeps contradicts their expected shape (kvviz.measure.doubts): a time to first
     token that does not grow with the prompt, repeats far apart, a busy CPU."""
-    found = [doubts.rises(ttft["x"].to_numpy(), ttft["median"].to_numpy(), "the time to first token")]
-    if len(ttft):
-        found.append(doubts.repeat_spread(ttft["min"].to_numpy(), ttft["max"].to_numpy(),
-                                          "repeats of the same prompt length"))
-    if decode is not None and len(decode):
-        found.append(doubts.repeat_spread(decode["min"].to_numpy(), decode["max"].to_numpy(),
-                                          "repeats of a decode step at the same context"))
-    found.append(doubts.busy(busy))
-    return [f for f in found if f]
+    shape = [doubts.rises(ttft["x"].to_numpy(), ttft["median"].to_numpy(), "the time to first token")]
+    return doubts.sweep(shape, [(ttft, "repeats of the same prompt length"),
+                                (decode, "repeats of a decode step at the same context")], busy)
 
 
 # --- the seeds' example ------------------------------------------------------------------------

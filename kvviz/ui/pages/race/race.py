@@ -370,15 +370,4 @@ def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None =
 def sweep_doubts(agg: Any, fits: dict[str, Any], busy: str | None) -> list[str]:
     """What in the sweep contradicts its expected shape: a cached slope far from 1, recomputation
     steeper than quadratic, repeats far apart, a busy CPU (kvviz.measure.doubts)."""
-    found = []
-    if "static" in fits:
-        f = fits["static"]
-        found.append(doubts.slope("cached (static)", f.slope, 1.0, f.x_min, f.x_max))
-    if "none" in fits and fits["none"].slope > 2.0 + doubts.SLOPE_TOLERANCE:  # below 2 at small N is expected
-        f = fits["none"]
-        found.append(doubts.slope("no-cache", f.slope, 2.0, f.x_min, f.x_max))
-    if len(agg):
-        found.append(doubts.repeat_spread(agg["min"].to_numpy(), agg["max"].to_numpy(),
-                                          "repeats of the same N and mode"))
-    found.append(doubts.busy(busy))
-    return [f for f in found if f]
+    return doubts.sweep(doubts.cache_slopes(fits), [(agg, "repeats of the same N and mode")], busy)
