@@ -20,7 +20,8 @@ from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.ui.pages.chat import chat_scenario, chat_views
 from kvviz.ui.common.figs import show
-from kvviz.ui.common.perf_common import busy_note, page_model, where
+from kvviz.ui.common.busy_notes import busy_note
+from kvviz.ui.common.measuring_page import page_model, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.stepper import close_iterator

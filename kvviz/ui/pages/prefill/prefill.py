@@ -17,10 +17,11 @@ from kvviz.measure.sizing import PICK_S, Estimator, pick_context, pick_repeats
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.engine.generation.request import resolve_chat
 from kvviz.errors import KVVizError
-from kvviz.ui.common.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
-    results_key, where,
-)
+from kvviz.measure.measuring import BusyWindow
+from kvviz.ui.common.busy_notes import acquire_or_warn, busy_note
+from kvviz.ui.common.measuring_page import page_model, prompt_ids, results_key, where
+from kvviz.ui.common.session_probes import estimator, machine_probe
+from kvviz.ui.common.sweep_driver import SweepState, drive
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.figs import show
 from kvviz.ui.state import session
