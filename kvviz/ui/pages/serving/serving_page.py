@@ -11,7 +11,8 @@ from kvviz import KVVizError, LoadedModel
 from kvviz.engine.serving.engine import ServeConfig
 from kvviz.engine.serving.workloads import encode, shipped_prompts
 from kvviz.measure.sweeps import DIFFERENT_TEXTS, DOCUMENT
-from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, page_model, where
+from kvviz.ui.common.busy_notes import acquire_or_warn, busy_note
+from kvviz.ui.common.measuring_page import page_model, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.pages.serving import serving_views as views
 from kvviz.ui.pages.serving import workload as wl
