@@ -23,6 +23,10 @@ ALLOWED = {
     # SGLang's own log lines, in its words (its GB is 2**30 bytes: sglang's memory_pool GB = 1024**3)
     ("kvviz/calculator/server_sglang.py", "KV Cache is allocated. #tokens: {}, KV size: {} GB"),
     ("kvviz/calculator/server_sglang.py", "KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB"),
+    # llama.cpp's and SGLang's startup lines as server_log_engines parses and quotes them, in their words
+    *(("kvviz/calculator/server_log_engines.py", a) for a in (
+        "\\s*GB)", "\\s*GB", " GB", "\\s*GB|KV size:\\s*", " / {} GB", "\\s*GB,\\s*V size:\\s*",
+        "from avail mem {} GB before and {} GB after loading, mem_fraction_static {}")),
 }
 
 
