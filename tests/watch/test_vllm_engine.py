@@ -168,7 +168,7 @@ def test_serve_bench_target_greedy_ids_equal_kvviz_solo(smollm2_fp32_server: Any
     in fp32 (vLLM batches them, kvviz runs each alone: the sums differ in order only, and no greedy
     choice of these prompts is that close). In bf16 the two engines' kernels round differently and a
     near tie flips a token: docs/benchmarks.md reports that agreement."""
-    from kvviz.engine.generation.loop import generate
+    from kvviz import SamplingParams, generate
     from kvviz.engine.loaded import load_model
     from kvviz.watch.scrape import parse_target
     from kvviz.watch.target_bench import TargetRequest, run_target
