@@ -14,7 +14,8 @@ Followed from the vLLM 0.33.0 sdist (line numbers of that version), rule by rule
   kind's count (the largest when under 1.5x the smallest), each kind split into ceil(n / size)
   groups, layer i::n (_get_kv_cache_groups_uniform_page_size, :416-560). Several kinds with mixed page
   sizes are first unified (:346-410): smaller pages take more tokens a block, or are padded
-  (server_vllm_groups, which also says where the block-outermost packing of :914-1043 would apply).
+  (server_vllm_groups); with a block-outermost VLLM_KV_CACHE_LAYOUT mixed pages are packed side by
+  side instead (:914-1043, server_vllm_groups.pack_layers).
 - bytes per block (:574-605): the largest group's pages, each rounded up to the block-stride alignment,
   summed; blocks = available // that
   (get_kv_cache_config_from_groups, :642-681); per pipeline stage with the stage's own share of
@@ -41,7 +42,10 @@ from typing import Any, Callable
 from kvviz.calculator.server_vllm_defaults import (
     DEFAULT_BATCHED_TOKENS, DEVICES, VLLMSettings, default_batched_tokens, device_label,
 )
-from kvviz.calculator.server_vllm_groups import BLOCK_OUTERMOST_NOTE, LayerSpec, bytes_per_block, group_layers
+from kvviz.calculator.server_vllm_groups import (
+    BLOCK_OUTERMOST_NOTE, KV_CACHE_LAYOUTS, LEGACY_LAYOUT_NAMES, LayerSpec, block_outermost, bytes_per_block,
+    group_layers, pack_layers,
+)
 from kvviz.calculator.server_vllm_kv import kv_dtype_problem, slot_bytes
 from kvviz.calculator.server_vllm_notes import DOCS_URL, format_gib, sizing_notes, too_long_text
 from kvviz.calculator.spec import CalcError, Layer, ModelSpec
@@ -112,7 +116,8 @@ class VLLMSizing:
             "max_num_batched_tokens": s.max_num_batched_tokens, "async_scheduling": s.async_scheduling
             and s.device != "cpu", "tokens_in_flight": s.in_flight, "hybrid_kv_cache_manager": s.hybrid,
             "draft_layers": self.draft_layers, "pp_layer_partition": list(s.pp_layers) or None,
-            "stage_available_kv_bytes": list(s.stage_memory) or None, "kv_heads_per_gpu": self.kv_heads_per_gpu,
+            "stage_available_kv_bytes": list(s.stage_memory) or None, "kv_cache_layout": resolved_layout(s),
+            "kv_heads_per_gpu": self.kv_heads_per_gpu,
             "page_size_bytes": self.page_bytes, "bytes_per_block": self.bytes_per_block,
             "group_size": self.group_size, "groups": [g.to_dict() for g in self.groups],
             "pp_stages": [list(st) for st in self.stages], "num_blocks": self.num_blocks,
@@ -186,7 +191,41 @@ def vllm_problems(spec: ModelSpec, s: VLLMSettings) -> list[str]:
         out.append("every stage of VLLM_PP_LAYER_PARTITION needs at least one layer")
     if s.stage_memory and len(s.stage_memory) != s.pp:
         out.append(f"{len(s.stage_memory)} per-stage memories for {s.pp} pipeline stages")
-    return out
+    return out + _layout_problems(s)
+
+
+def resolved_layout(s: VLLMSettings) -> str:
+    """The KV-cache layout vLLM resolves (backends/utils.py:293-380): VLLM_KV_CACHE_LAYOUT when set (NHD / HND
+    as aliases, config/cache.py:33-41), else the first the backends support: the CPU backend's LBHNC
+    (cpu_attn.py:82-84), LBNHC for backends that declare none (FlashAttention; utils.py:227-236)."""
+    if s.kv_cache_layout is not None:
+        return LEGACY_LAYOUT_NAMES.get(s.kv_cache_layout, s.kv_cache_layout)
+    return "LBHNC" if s.device == "cpu" else "LBNHC"
+
+
+def _layout_problems(s: VLLMSettings) -> list[str]:
+    """vLLM's own refusals of VLLM_KV_CACHE_LAYOUT (config/cache.py:38-41; backends/utils.py:362-368)."""
+    if s.kv_cache_layout is None:
+        return []
+    name = resolved_layout(s)
+    if name not in KV_CACHE_LAYOUTS:
+        return [f"Unknown KV cache layout {name!r}. Valid layouts: {list(KV_CACHE_LAYOUTS)} (VLLM_KV_CACHE_LAYOUT)"]
+    if s.device == "cpu" and name != "LBHNC":
+        return [f"VLLM_KV_CACHE_LAYOUT={s.kv_cache_layout} does not satisfy every supported set; valid layouts: "
+                "['LBHNC'] (the CPU backend reads head-major blocks only, cpu_attn.py:82-84)"]
+    return []
+
+
+def _layout_refusal(layout: str, pages: set[int], n_groups: int) -> str | None:
+    """validate_kv_cache_layout (kv_cache_planning.py:608-639): mixed pages need a block-compact layout (L and B
+    the two outer dimensions) and, with several groups, the layer inside the block."""
+    if len(pages) == 1:
+        return None
+    compact, layer_outer = layout[:2] in ("LB", "BL"), layout.startswith("L")
+    if compact and not (n_groups > 1 and layer_outer):
+        return None
+    return (f"KV cache layout {layout} cannot express this model's mixed page sizes ({sorted(pages)}); a backend "
+            "should declare block-outermost supported layouts (e.g. BLHNC), or set VLLM_KV_CACHE_LAYOUT=BLHNC.")
 
 
 def _page(spec: ModelSpec, s: VLLMSettings) -> tuple[int, int | None, str]:
@@ -284,9 +323,17 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     bs = s.block_size
     page, heads, page_text = _page(spec, s)
     layers = _layer_specs(spec, s)
-    grouping = group_layers(layers)
+    layout = resolved_layout(s)
+    outer = block_outermost(layout)
+    # get_kv_cache_groups (kv_cache_planning.py:1159-1164): a block-outer layout packs mixed pages, unified
+    # otherwise; pack_layers says None when the pages are one size
+    packed = pack_layers(layers) if outer else None
+    grouping = packed or group_layers(layers)
     group_size = grouping.group_size
     pages = {ly.index: ly.page for g in grouping.groups for ly in g}  # after unify: rescaled or padded
+    refusal = _layout_refusal(layout, set(pages.values()), len(grouping.groups))
+    if refusal:
+        raise CalcError([refusal])
     raw = [((g[0].kind, g[0].span), tuple(ly.index for ly in g), g[0].block_size) for g in grouping.groups]
     n_target = sum(1 for i in range(spec.n_layers) if spec.own_kv(i))
     stages = _stage_layers(spec.n_layers, spec.n_layers + (s.draft.n_layers if s.draft else 0), s)
@@ -295,7 +342,7 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     def stage_block(lo: int, hi: int) -> int:
         """Bytes per block on this stage: its largest group's pages, each rounded up to the block-stride
         alignment (1 on the backends kvviz sizes, see server_vllm_groups), summed (kv_cache_planning.py:574-584)."""
-        return bytes_per_block([[pages[i] for i in idx if lo <= i < hi] for _, idx, _ in raw])
+        return bytes_per_block([[pages[i] for i in idx if lo <= i < hi] for _, idx, _ in raw], block_outer=outer)
 
     def stage_need(lo: int, hi: int, max_len: int) -> int:
         """Bytes one request of max_len needs on this stage (_max_memory_usage_bytes_from_groups)."""
@@ -336,7 +383,9 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
     if s.draft is not None:
         dpage = _page(s.draft, s)
         formula.append(f"draft: {n_draft} layer(s), page = {dpage[2]} = {dpage[0]:,} B")
-    formula.append(f"groups: {len(groups)} of {group_size} layers ("
+    sizes = (f"packed, of {', '.join(str(len(g.layers)) for g in groups)} layers" if packed
+             else f"of {group_size} layers")
+    formula.append(f"groups: {len(groups)} {sizes} ("
                    + ", ".join(f"{g.kind}{'' if g.span is None else ' ' + format(g.span, ',')}" for g in groups) + ")")
     if s.pp > 1:
         formula.append(f"pipeline stages (layers): {', '.join(f'{a}-{b - 1}' for a, b in stages)}; "
@@ -349,9 +398,14 @@ def vllm_sizing(spec: ModelSpec, s: VLLMSettings) -> VLLMSizing:
                 + (f"; {per_request:,} blocks in all" if len(groups) > 1 else " blocks"),
                 f"max concurrency = {num_blocks:,} / {per_request:,} = {concurrency:.4f}",
                 f"{dev} KV cache size = int({concurrency:.4f} x {L:,}) = {tokens:,} tokens"]
-    notes = list(grouping.rescaled) + sizing_notes(spec, s, [k for k, _, _ in raw], len(groups), group_size,
-                                                   len(layers))
-    if len({ly.page for ly in layers}) > 1 and len(groups) > 1:
+    # packed groups are not padded to one size (kv_cache_planning.py:1026-1039): no padding-layer note for them
+    notes = list(grouping.rescaled) + sizing_notes(spec, s, [k for k, _, _ in raw], 1 if packed else len(groups),
+                                                   group_size, len(layers))
+    if packed:
+        notes.append(f"{layout}: block-outermost, each block holds every layer's own page side by side (pages of "
+                     + ", ".join(f"{p:,}" for p in sorted({ly.page for ly in layers})) + " B; kv_cache_planning.py:"
+                     "914-1043); groups are not padded to one size")
+    elif len({ly.page for ly in layers}) > 1 and len(groups) > 1:
         notes.append(BLOCK_OUTERMOST_NOTE)
     return VLLMSizing(s, heads, page, group_size, groups, tuple(stages), num_blocks, tokens, concurrency, fits, needed,
                       estimate, tuple(lines), tuple(formula), tuple(notes), bpb_max, n_draft)

@@ -81,6 +81,7 @@ class VLLMSettings:
     older: bool = False  # vLLM before 0.33's rules (logs that say "models's"): one batch in flight, no null block
     pp_layers: tuple[int, ...] = ()  # VLLM_PP_LAYER_PARTITION: layers per stage ((): even shares)
     stage_memory: tuple[int, ...] = ()  # each stage's available KV bytes ((): kv_memory_bytes on every stage)
+    kv_cache_layout: str | None = None  # VLLM_KV_CACHE_LAYOUT (None: the backend's first, LBNHC / CPU LBHNC)
 
     @property
     def in_flight(self) -> int:

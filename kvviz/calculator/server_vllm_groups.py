@@ -20,9 +20,15 @@
   page for every attention page kvviz builds, so the rounding leaves those unchanged (it matters for
   DeepSeek-V4's row-aligned pages, which kvviz does not model).
 
-Not modelled, said in one line where it would apply: the block-outermost packing of mixed pages
-(_get_packed_kv_cache_groups, :914-1043; only with VLLM_KV_CACHE_LAYOUT=BL... or DCP with a draft),
-Mamba / linear-attention state pages, and layers reading another layer's cache (they have no spec).
+- the block-outermost packing (pack_layers; _get_packed_kv_cache_groups, :914-1043, called before unify at
+  :1159-1164): with a layout whose outermost dimension is the block (VLLM_KV_CACHE_LAYOUT=BLHNC, BLNHC or
+  BHLNC; vllm/v1/kv_cache_layout.py:23-28, 55-58) and mixed pages, nothing is unified: the layers are bucketed by
+  uniform type, each block holds every layer's own page side by side, and the bytes per block are the
+  widest group's pages summed, rounded up to the lcm of the alignments (:586-605).
+
+Not modelled, said in one line where it would apply: the DCP case that also selects a block-outer layout
+(vllm/v1/attention/backends/utils.py:345-361; kvviz has no DCP), Mamba / linear-attention state pages, and
+layers reading another layer's cache (they have no spec).
 """
 from __future__ import annotations
 
@@ -32,9 +38,12 @@ from typing import Callable
 
 from kvviz.calculator.spec import CalcError
 
-BLOCK_OUTERMOST_NOTE = ("with a block-outermost KV layout (VLLM_KV_CACHE_LAYOUT=BLHNC/BLNHC/BHLNC, or DCP beside "
-                        "a draft) vLLM packs mixed pages side by side in one block (kv_cache_planning.py:914-1043), "
-                        "which kvviz does not model: these figures are for the default layer-outer layout")
+BLOCK_OUTERMOST_NOTE = ("with a block-outermost KV layout (VLLM_KV_CACHE_LAYOUT=BLHNC/BLNHC/BHLNC) vLLM packs mixed "
+                        "pages side by side in one block instead (kv_cache_planning.py:914-1043; `kvviz memory "
+                        "--kv-cache-layout BLHNC` sizes that); these figures are for the default layer-outer layout")
+# vllm/v1/kv_cache_layout.py:23-28: the physical orders of [L, B, H, N, C]; B first = block-outermost (:55-58)
+KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+LEGACY_LAYOUT_NAMES = {"NHD": "LBNHC", "HND": "LBHNC"}  # config/cache.py:33-41 (_LAYOUT_COMPAT_ALIASES)
 
 
 @dataclass(frozen=True)
@@ -149,8 +158,85 @@ def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def bytes_per_block(groups: list[list[int]], alignment: int = 1) -> int:
-    """_get_kv_cache_bytes_per_block on a layer-outer layout (kv_cache_planning.py:574-584): the largest
-    group's layers, each page (``groups``: the pages of each group's layers) rounded up to the block-stride
-    alignment (_get_layer_block_stride, :569-571), summed."""
+def bytes_per_block(groups: list[list[int]], alignment: int = 1, block_outer: bool = False) -> int:
+    """_get_kv_cache_bytes_per_block (kv_cache_planning.py:574-605) over ``groups`` (the pages of each group's
+    layers). Layer-outer (:578-584): the largest group's layers, each page rounded up to the block-stride
+    alignment (_get_layer_block_stride, :569-571), summed. Block-outer (:586-605): the largest group's pages
+    summed, the sum rounded up to the alignment (the lcm of every layer's, one value here)."""
+    if block_outer:
+        return round_up(max((sum(pages) for pages in groups), default=0), alignment)
     return max((sum(round_up(p, alignment) for p in pages) for pages in groups), default=0)
+
+
+def block_outermost(layout: str | None) -> bool:
+    """KVCacheLayout.is_block_outermost (vllm/v1/kv_cache_layout.py:55-58): B is the outermost dimension."""
+    return layout is not None and LEGACY_LAYOUT_NAMES.get(layout, layout).startswith("B")
+
+
+def approximate_gcd(values: list[int], lower_bound: int = 1) -> int:
+    """_approximate_gcd (kv_cache_planning.py:879-911): the d in [lower_bound, max(values)] that pads the values
+    least when each is rounded up to a multiple of d; ties go to the larger d; lower_bound when above the max."""
+    lo, hi = max(1, lower_bound), max(values)
+    if lo > hi:
+        return lo
+    best, best_pad = lo, None
+    for d in range(lo, hi + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad <= best_pad:  # <=: a tie prefers the larger d (:907)
+            best, best_pad = d, pad
+    return best
+
+
+def pack_layers(layers: list[LayerSpec]) -> Grouping | None:
+    """_get_packed_kv_cache_groups (kv_cache_planning.py:914-1043) for a block-outermost layout: None when every
+    page is one size (:930-932; the usual grouping then applies). Layers are bucketed first-fit by uniform type
+    (:934-942); a bucket whose page sizes have equal layer counts is "balanced" (:944-955); balanced buckets
+    that mix pages set the floor of pattern repeats per group (:960-967) and _approximate_gcd over every
+    balanced bucket's repeats picks the count (:968-979); a balanced bucket is split into ceil(repeats /
+    that) groups (:981-984). A sliding bucket when no repeat count was picked is a "state" bucket (:995-1000):
+    it is split so that each group fits the widest bucket's block (:1002-1024). Pages keep their own
+    sizes and every layer its --block-size: nothing is unified."""
+    if len({ly.page for ly in layers}) <= 1:
+        return None
+    buckets: dict[tuple, list[LayerSpec]] = {}
+    for ly in layers:  # first fit; is_uniform_type is an equivalence on kvviz's specs (_uniform_type)
+        buckets.setdefault(_uniform_type(ly), []).append(ly)
+    shaped = []  # (bucket, its layers by page size, balanced)
+    for members in buckets.values():
+        by_page: dict[int, list[LayerSpec]] = {}
+        for ly in members:
+            by_page.setdefault(ly.page, []).append(ly)
+        shaped.append((members, by_page, len({len(v) for v in by_page.values()}) == 1))
+
+    def most(by_page: dict[int, list[LayerSpec]]) -> int:  # get_max_layers_per_page_size (kv_cache_interface.py:1374-1379)
+        return max(len(v) for v in by_page.values())
+
+    floor = max((most(bp) for _, bp, bal in shaped if bal and len(bp) > 1), default=0)
+    repeats = approximate_gcd([most(bp) for _, bp, bal in shaped if bal], floor) if floor else None
+
+    def n_groups(by_page: dict[int, list[LayerSpec]], balanced: bool) -> int:
+        return -(-most(by_page) // repeats) if balanced and repeats is not None else 1
+
+    def is_state(members: list[LayerSpec]) -> bool:  # no Mamba / ring specs in kvviz: only the sliding case
+        return repeats is None and members[0].kind == "sliding"
+
+    def widest(by_page: dict[int, list[LayerSpec]], n: int) -> int:
+        return sum(-(-len(v) // n) * page for page, v in by_page.items())
+
+    anchor = max(widest(bp, len(m) if is_state(m) else n_groups(bp, bal)) for m, bp, bal in shaped)
+    groups: list[tuple[LayerSpec, ...]] = []
+    for members, by_page, balanced in shaped:
+        n = n_groups(by_page, balanced)
+        if anchor and is_state(members):
+            per_block = max(anchor // members[0].page, 1)
+            n = max(n, -(-len(members) // per_block))
+        if n == 1:
+            groups.append(tuple(members))
+            continue
+        pattern = list(zip(*by_page.values()))  # one layer of each page size a repeat (zip stops at the shortest)
+        if len(pattern) * len(by_page) != len(members):
+            raise CalcError([f"vLLM's block-outermost packing splits a bucket of {len(members)} {members[0].kind} "
+                             "layers with unequal page-size counts by repeats and would leave layers out "
+                             "(kv_cache_planning.py:1029-1039): kvviz does not size this case"])
+        groups += [tuple(ly for rep in pattern[i::n] for ly in rep) for i in range(n)]
+    return Grouping(max(len(g) for g in groups), tuple(groups))

@@ -61,6 +61,7 @@ class EngineRequest:
     pp_layers: tuple[int, ...] = ()  # vLLM: VLLM_PP_LAYER_PARTITION
     stage_memory_gib: tuple[float, ...] = ()  # vLLM: each pipeline stage's available KV memory
     avail_mem_gib: tuple[float, float] | None = None  # SGLang's "avail mem" before and after loading the weights
+    kv_cache_layout: str | None = None  # vLLM: VLLM_KV_CACHE_LAYOUT (None: the backend's default)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
     v = vllm_sizing(spec, VLLMSettings(avail, r.max_model_len, r.block_size, r.tp, r.pp, r.kv_dtype,
                                        batched_tokens(r), r.hybrid, r.device, r.async_scheduling, r.draft,
                                        pp_layers=r.pp_layers, stage_memory=tuple(int(g * GIB)
-                                                                                 for g in r.stage_memory_gib)))
+                                                                                 for g in r.stage_memory_gib),
+                                       kv_cache_layout=r.kv_cache_layout))
     d = v.to_dict()
     mix = length_mix(v, r.lengths) if r.lengths else None
     d["length_mix"] = None if mix is None else mix.to_dict()

@@ -13,6 +13,9 @@ import kvviz.cli.argtypes as types
 from kvviz.cli.argtypes import int_in
 from kvviz.errors import KVVizError
 from kvviz.calculator.server_llamacpp import CACHE_TYPES
+from kvviz.calculator.server_log_engines import (
+    parse_llamacpp_log, parse_sglang_log, reconcile_llamacpp, reconcile_sglang,
+)
 from kvviz.calculator.server_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
 from kvviz.calculator.server_log import (
     MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, reconcile_text, settings_from_log,
@@ -20,6 +23,7 @@ from kvviz.calculator.server_log import (
 from kvviz.calculator.formulas import weight_bytes
 from kvviz.calculator.server_vllm import DEFAULT_BATCHED_TOKENS, VLLMSettings
 from kvviz.calculator.server_vllm_defaults import DEVICES, default_block_size
+from kvviz.calculator.server_vllm_groups import KV_CACHE_LAYOUTS, LEGACY_LAYOUT_NAMES
 from kvviz.calculator.server_vllm_kv import KV_DTYPES as VLLM_KV_DTYPES
 from kvviz.calculator.servers import ENGINES, EngineRequest, engine_report, estimate_parts
 from kvviz.calculator import (
@@ -129,6 +133,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stage-kv-memory-gib", type=_gib_list, metavar="G,G,...",
                    help="vLLM: each pipeline stage's 'Available KV cache memory' (default --kv-memory-gib on every "
                         "stage)")
+    g.add_argument("--kv-cache-layout", choices=(*KV_CACHE_LAYOUTS, *LEGACY_LAYOUT_NAMES), metavar="LAYOUT",
+                   help="vLLM's VLLM_KV_CACHE_LAYOUT: " + ", ".join(KV_CACHE_LAYOUTS) + " (NHD = LBNHC, HND = LBHNC); "
+                        "BL*/BH*: block-outermost, mixed pages packed side by side (default: the backend's, LBNHC)")
     g.add_argument("--gpu-memory-utilization", type=types.efficiency, default=0.9, metavar="F",
                    help="vLLM: share of the GPU it may use, for the estimate without --kv-memory-gib (default 0.9)")
     g.add_argument("--no-hybrid-kv-cache-manager", action="store_true",
@@ -144,7 +151,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM and SGLang: a speculative draft model's config.json (EAGLE or a draft model): its "
                         "layers hold KV beside the target's (SGLang: a pool of its own, of the target's #tokens)")
     g.add_argument("--reconcile", metavar="LOG",
-                   help="a vLLM startup log ('-' reads stdin): each KV line beside kvviz's")
+                   help="a startup log ('-' reads stdin): each KV line beside kvviz's (vLLM; llama.cpp or SGLang with "
+                        "--engine llama.cpp / sglang)")
     g.add_argument("--lengths", metavar="CSV", help="vLLM: real requests' lengths (one a row, or a 'length' / "
                    "'prompt_tokens' + 'output_tokens' column): how many such requests the blocks hold at once")
     g.add_argument("--length-percentiles", metavar="P:T,...", help="vLLM: lengths as percentiles, e.g. 50:2000,90:8000")
@@ -268,7 +276,7 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off",
         cudagraph_estimate=args.estimate_cudagraphs, pp_layers=args.pp_layer_partition or (),
         stage_memory_gib=args.stage_kv_memory_gib or (), avail_mem_gib=_before_after(args.avail_mem_gib),
-        page_size=args.page_size)
+        page_size=args.page_size, kv_cache_layout=args.kv_cache_layout)
 
 
 def _before_after(v: tuple[float, ...] | None) -> tuple[float, float] | None:
@@ -311,8 +319,22 @@ def _read_log(where: str) -> str:
     return text
 
 
+def _reconcile_other(args: argparse.Namespace, spec: ModelSpec, text: str) -> tuple[dict[str, Any], str]:
+    """--engine llama.cpp / sglang --reconcile LOG (server_log_engines): the log's cache lines beside kvviz's."""
+    if args.engine == "llama.cpp":
+        rows, notes = reconcile_llamacpp(spec, parse_llamacpp_log(text), args.max_model_len)
+    else:
+        rows, notes = reconcile_sglang(spec, parse_sglang_log(text), args.tp if args.tp != 1 else None,
+                                       args.kv_cache_dtype)
+    out = {"model": spec.name, "engine": args.engine, "rows": [r.to_dict() for r in rows],
+           "agrees": all(r.agrees for r in rows), "notes": notes}
+    return out, f"{spec.name} vs the {args.engine} log:\n" + reconcile_text(rows, notes)
+
+
 def _reconcile(args: argparse.Namespace, spec: ModelSpec) -> tuple[dict[str, Any], str]:
-    """--reconcile LOG: the log's KV lines beside kvviz's prediction (vLLM)."""
+    """--reconcile LOG: the log's KV lines beside kvviz's prediction (vLLM; llama.cpp or SGLang with --engine)."""
+    if args.engine in ("llama.cpp", "sglang"):
+        return _reconcile_other(args, spec, _read_log(args.reconcile))
     log = parse_vllm_log(_read_log(args.reconcile))
     given = {"max_model_len": args.max_model_len, "tp": args.tp if args.tp != 1 else None, "pp": args.pp,
              "block_size": args.block_size,
