@@ -168,7 +168,7 @@ def engine_request_problems(r: EngineRequest) -> list[str]:
         return [f"--mm-feature-transport is one of {', '.join(MM_TRANSPORTS)} (got {r.mm_feature_transport!r})"]
     for name, mb in (("SGLANG_VLM_CACHE_SIZE_MB", r.vlm_cache_size_mb), ("SGLANG_MM_FEATURE_CACHE_MB", r.mm_feature_cache_mb)):
         if not isinstance(mb, int) or not 0 <= mb <= MAX_KV_GIB * 1024:
-            return [f"{name} must be a whole number of MB from 0 to {MAX_KV_GIB * 1024:,} (got {mb!r})"]
+            return [f"{name} must be a whole number of MiB (SGLang's MB) from 0 to {MAX_KV_GIB * 1024:,} (got {mb!r})"]
     return []
 
 

@@ -182,9 +182,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mm-feature-transport", choices=MM_TRANSPORTS, default="cpu",
                    help="SGLang --mm-feature-transport (default cpu on one node): cuda_ipc / cuda_vmm also reserve "
                         "SGLANG_MM_FEATURE_CACHE_MB for a multimodal model")
-    g.add_argument("--vlm-cache-size-mb", type=int_in(0, 1 << 30), default=VLM_CACHE_SIZE_MB, metavar="MB",
+    g.add_argument("--vlm-cache-size-mb", type=int_in(0, 1 << 30), default=VLM_CACHE_SIZE_MB, metavar="MIB",
                    help=f"SGLang's SGLANG_VLM_CACHE_SIZE_MB (default {VLM_CACHE_SIZE_MB})")
-    g.add_argument("--mm-feature-cache-mb", type=int_in(0, 1 << 30), default=MM_FEATURE_CACHE_MB, metavar="MB",
+    g.add_argument("--mm-feature-cache-mb", type=int_in(0, 1 << 30), default=MM_FEATURE_CACHE_MB, metavar="MIB",
                    help=f"SGLang's SGLANG_MM_FEATURE_CACHE_MB (default {MM_FEATURE_CACHE_MB})")
 
 

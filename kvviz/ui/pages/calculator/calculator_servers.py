@@ -68,7 +68,7 @@ def _controls() -> None:
     c = st.columns(4)
     c[0].checkbox("SGLang: multimodal model", key="mem_eng_sgl_mm",
                   help="SGLang 0.5.23 takes a multimodal model's reserve out of the pool's budget: "
-                       "SGLANG_VLM_CACHE_SIZE_MB (100 MB), plus SGLANG_MM_FEATURE_CACHE_MB (1,024 MB) when the "
+                       "SGLANG_VLM_CACHE_SIZE_MB (100 MiB), plus SGLANG_MM_FEATURE_CACHE_MB (1,024 MiB) when the "
                        "features travel by cuda_ipc or cuda_vmm.")
     c[1].selectbox("SGLang --mm-feature-transport", MM_TRANSPORTS, key="mem_eng_sgl_transport",
                    help="cpu is the default on one node; cuda_ipc and cuda_vmm keep a GPU pool for the features.")
