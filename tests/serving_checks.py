@@ -1,5 +1,6 @@
 """What the serving tests of the real models share: a short workload of real prompts that forces
-chunked prefill, a preemption and a prefix hit, and the checks against solo runs."""
+chunked prefill, a preemption and a prefix hit, and the checks against solo runs
+(``check_real_model``: all of it, one call per model)."""
 from __future__ import annotations
 
 from typing import Any
@@ -58,3 +59,17 @@ def check_against_solo(model: LoadedModel, reqs: list[ServeRequest], res: ServeR
         agree += int((ref.argmax(-1) == torch.tensor(rec.output_ids)).sum())
         total += len(rec.output_ids)
     return f"{agree}/{total}, largest logit difference {worst:.1e} of the largest logit"
+
+
+def check_real_model(model: LoadedModel, rel_tol: float) -> str:
+    """The real models' one check: ``real_workload`` served on ``serve_small_pool`` preempts at least
+    once, hits the prefix cache (vLLM's prefix_cache_hits: first admissions only), chunks a prompt
+    to the budget of 16, and every request equals its solo run (``check_against_solo``, whose
+    teacher-forced top-1 agreement it returns)."""
+    reqs = real_workload(model)
+    res = serve_small_pool(model, reqs)
+    assert len(res.preemptions) >= 1, "the small pool should force a preemption"
+    assert res.steps[-1].prefix_hit_tokens > 0, "the shared lead should hit the prefix cache"
+    assert any(s.kind == "prefill" and s.num_tokens == 16 for st in res.steps for s in st.scheduled), \
+        "a prompt longer than the budget should be chunked"
+    return check_against_solo(model, reqs, res, rel_tol)

@@ -279,8 +279,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         d = res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
                                   "runs": len(tps), "runs_tok_s": runs, "dtype": models[v].dtype_name,
                                   "tokens_match": None if floor else tokens[v] == ref}
-        if v == LLAMA_CPP:
-            d["dtype"] = "q4_1 (llama.cpp)"
+        if v == LLAMA_CPP:  # the variant's name is SmolLM2's Q4_1 (a JSON key kept); Gemma 3's file is Q4_K_M
+            d["dtype"] = "the GGUF's own block types (llama.cpp)"
         if not floor and (models[v].dtype != model.dtype or v == LLAMA_CPP):  # other weights: tokens may part ways
             d["tokens_match"] = None
             d["same_tokens_before_divergence"] = next(

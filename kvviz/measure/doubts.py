@@ -14,7 +14,8 @@ Pure arithmetic over plain numbers: no torch, no streamlit.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,31 @@ def rises(xs: Sequence[float], ys: Sequence[float], what: str) -> str | None:
 def busy(clause: str | None) -> str | None:
     """The machine's part: ``cpu_load.busy_during``'s clause, as a sentence."""
     return f"Another process was using a core: {clause}." if clause else None
+
+
+def cache_slopes(fits: Mapping[str, Any]) -> list[str | None]:
+    """A cache-vs-recompute sweep's fitted slopes (``stats.Fit`` by series) against their shapes: the
+    cached ("static") about 1; no cache ("none") at most 2 (below 2 at small N is expected)."""
+    found: list[str | None] = []
+    if "static" in fits:
+        f = fits["static"]
+        found.append(slope("cached (static)", f.slope, 1.0, f.x_min, f.x_max))
+    if "none" in fits and fits["none"].slope > 2.0 + SLOPE_TOLERANCE:
+        f = fits["none"]
+        found.append(slope("no-cache", f.slope, 2.0, f.x_min, f.x_max))
+    return found
+
+
+def sweep(shape: Iterable[str | None], spreads: Iterable[tuple[Any, str]], busy_clause: str | None) -> list[str]:
+    """What a sweep page found, in the order it is told: its own shape checks, then the repeat spread
+    of each aggregated frame (``stats.aggregate``'s min and max; None or empty says nothing) named by
+    its words, then the machine's load."""
+    found = list(shape)
+    for frame, what in spreads:
+        if frame is not None and len(frame):
+            found.append(repeat_spread(frame["min"].to_numpy(), frame["max"].to_numpy(), what))
+    found.append(busy(busy_clause))
+    return [f for f in found if f]
 
 
 def verdict(found: Iterable[str | None]) -> str:

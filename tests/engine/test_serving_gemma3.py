@@ -4,7 +4,7 @@ prefix hits generate exactly what each generates alone."""
 from __future__ import annotations
 
 from kvviz.engine.loading.loader import LoadedModel
-from serving_checks import check_against_solo, real_workload, serve_small_pool
+from serving_checks import check_real_model
 
 # fp32 through 18 layers: batched rows may sum in another order than the solo forward's (a few ulps
 # of each reduction of up to 2048 terms), compounded over the layers; measured: 2-3e-6 of the largest
@@ -14,10 +14,5 @@ REL_TOL = 1e-4
 
 
 def test_gemma3_batched_equals_solo(gemma3: LoadedModel) -> None:
-    reqs = real_workload(gemma3)
-    res = serve_small_pool(gemma3, reqs)
-    assert len(res.preemptions) >= 1
-    assert res.steps[-1].prefix_hit_tokens > 0
-    assert any(s.kind == "prefill" and s.num_tokens == 16 for st in res.steps for s in st.scheduled)
-    top1 = check_against_solo(gemma3, reqs, res, REL_TOL)
+    top1 = check_real_model(gemma3, REL_TOL)
     print(f"Gemma 3 teacher-forced top-1 agreement: {top1}")

@@ -79,8 +79,33 @@ def test_preemption_picks_the_most_recently_admitted(model: LoadedModel) -> None
     a, b, c = res.requests
     assert (b.preemptions, b.lost_tokens, b.prefix_hit_tokens) == (1, 12, 8)
     assert (c.preemptions, c.lost_tokens) == (1, 7)
-    assert res.steps[-1].prefix_query_tokens == 8 + 8 + 7 + 13 + 8 and res.steps[-1].prefix_hit_tokens == 8
+    # vLLM 0.33's counters: the first admissions (A 8, B 8, C 7 tokens, no hit) in queries/hits; the
+    # re-admissions of the preempted (B with 8 + 5 tokens and its 8-token hit, C with 7 + 1) apart.
+    assert (res.steps[-1].prefix_query_tokens, res.steps[-1].prefix_hit_tokens) == (8 + 8 + 7, 0)
+    assert (res.steps[-1].preempted_query_tokens, res.steps[-1].preempted_hit_tokens) == (13 + 8, 8)
     assert all(r.finish_reason == "length" for r in res.requests)
+
+
+def test_an_admission_that_waits_for_blocks_is_counted_once(model: LoadedModel) -> None:
+    # 6 blocks of 4. Step 0: A's 16-token prompt takes 4 blocks; B (12 tokens, 3 blocks) finds 2
+    # free: its admission fails. Step 1: A's 17th position takes a 5th block; B finds 1. A ends after
+    # step 3 (its 4 tokens: prefill + 3 decodes), its 5 blocks go back; step 4 admits B. B looked up
+    # the prefix cache in steps 0-4, but vLLM 0.33 records a lookup at admission only: queries
+    # 16 + 12 (older vLLM, counting in get_computed_blocks, had 16 + 5 * 12).
+    reqs = [ServeRequest("A", ids(16, 21), max_tokens=4, ignore_eos=True),
+            ServeRequest("B", ids(12, 22), max_tokens=2, ignore_eos=True)]
+    _, res = run(model, reqs, num_blocks=6, block_size=4, max_num_batched_tokens=32, max_num_seqs=4)
+    assert plan(res) == [
+        [("A", "prefill", 0, 16)],
+        [("A", "decode", 16, 1)],
+        [("A", "decode", 17, 1)],
+        [("A", "decode", 18, 1)],
+        [("B", "prefill", 0, 12)],
+        [("B", "decode", 12, 1)],
+    ]
+    assert [s.waiting for s in res.steps[:4]] == [("B",)] * 4 and not res.preemptions
+    assert (res.steps[-1].prefix_query_tokens, res.steps[-1].prefix_hit_tokens) == (16 + 12, 0)
+    assert (res.steps[-1].preempted_query_tokens, res.steps[-1].preempted_hit_tokens) == (0, 0)
 
 
 def test_prefix_hit_is_whole_blocks_and_never_the_last_prompt_token(model: LoadedModel) -> None:

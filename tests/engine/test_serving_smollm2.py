@@ -3,7 +3,7 @@ chunked prefill, a preemption and prefix hits generate exactly what each generat
 from __future__ import annotations
 
 from kvviz.engine.loading.loader import LoadedModel
-from serving_checks import check_against_solo, real_workload, serve_small_pool
+from serving_checks import check_real_model
 
 # fp32 through 30 layers: batched rows may sum in another order than the solo forward's (a few ulps
 # of each reduction of up to 1536 terms), compounded over the layers; measured: 2-3e-6 of the largest
@@ -13,10 +13,5 @@ REL_TOL = 1e-4
 
 
 def test_smollm2_batched_equals_solo(smollm2: LoadedModel) -> None:
-    reqs = real_workload(smollm2)
-    res = serve_small_pool(smollm2, reqs)
-    assert len(res.preemptions) >= 1
-    assert res.steps[-1].prefix_hit_tokens > 0
-    assert any(s.kind == "prefill" and s.num_tokens == 16 for st in res.steps for s in st.scheduled)
-    top1 = check_against_solo(smollm2, reqs, res, REL_TOL)
+    top1 = check_real_model(smollm2, REL_TOL)
     print(f"SmolLM2 teacher-forced top-1 agreement: {top1}")

@@ -201,7 +201,7 @@ def test_llama_cpp_is_measured_beside_kvviz_when_installed(tmp_path: Path, monke
     assert seen["model_path"] == str(path) and seen["n_threads"] == torch.get_num_threads()
     assert seen["prompt"] == prompt and seen["n_ctx"] == 4 + 6 + 8
     assert (seen["temp"], seen["top_k"], seen["resets"]) == (0.0, 1, 2)  # greedy; warm-up + 1 timed run
-    assert d["dtype"] == "q4_1 (llama.cpp)" and d["tokens_match"] is None and d["runs"] == 1
+    assert d["dtype"] == "the GGUF's own block types (llama.cpp)" and d["tokens_match"] is None and d["runs"] == 1
     kvviz_ids = bench._runner("kvviz_static", model, None, prompt, 6)()
     assert d["same_tokens_before_divergence"] == next((i for i, t in enumerate(kvviz_ids) if t != 5), 6)
     assert r["ratios"]["kvviz_static_bf16_vs_llama_cpp_q4_1"] == pytest.approx(

@@ -121,7 +121,7 @@ def test_calibrate_times_the_model(random_models: dict[str, LoadedModel]) -> Non
 
 
 def test_about_and_time_left() -> None:
-    from kvviz.ui.common.perf_common import time_left
+    from kvviz.ui.common.sweep_driver import time_left
 
     assert [about(x) for x in (3.2, 42.0, 61.0, 600.0)] == ["about 3 s", "about 40 s", "about 60 s", "about 10 min"]
     assert time_left(10.0, 0.25) == " · about 30 s left"

@@ -84,7 +84,7 @@ def no_problems(at: AppTest) -> None:
 def raced() -> Iterator[AppTest]:
     import os
 
-    from kvviz.ui.common import perf_common
+    from kvviz.measure import measuring
 
     os.environ.setdefault("KVVIZ_DEFAULT_MODEL", "random:tiny")
     from kvviz.measure import stats
@@ -94,7 +94,7 @@ def raced() -> Iterator[AppTest]:
     # the page says: 8 tiny steps on a loaded or faster machine can have a no-cache step finish
     # first, and the page then rightly gives no explanation (test_doubts.py holds that branch).
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(perf_common.BusyWindow, "clause", lambda self: None)
+        mp.setattr(measuring.BusyWindow, "clause", lambda self: None)
         mp.setattr(stats, "race_doubts", lambda *args, **kwargs: [])
         at = fresh(_race)
         yield at.button(key="race_start").click().run()
@@ -124,7 +124,7 @@ def test_race_shows_identical_output_and_every_chart(raced: AppTest) -> None:
 
     byte_metrics = {m.label: m.value for m in raced.metric if m.label.startswith(("Static:", "Concat:"))}
     assert len(byte_metrics) == 4 and all(re.fullmatch(r"[\d,.]+ (B|KiB|MiB|GiB)", v) for v in byte_metrics.values())
-    runs = raced.session_state["race_runs::random:tiny::cpu::fp32"]["runs"]
+    runs = raced.session_state["race_runs::random:tiny::cpu::fp32"].runs
     assert byte_metrics["Static: allocated"] == fmt_bytes(runs["static"].events[-1].cache_bytes_allocated)
     assert byte_metrics["Concat: bytes copied"] == fmt_bytes(runs["concat"].events[-1].cache_bytes_copied)
     shown = [m.value for m in raced.markdown] + [c.value for c in raced.caption] + list(byte_metrics.values())
@@ -165,7 +165,7 @@ def test_a_slow_race_runs_the_tokens_that_fit(monkeypatch: pytest.MonkeyPatch) -
             "finishes in about a minute here)") in caps, caps
     at.button(key="race_start").click().run()
     no_problems(at)
-    assert {len(r.events) for r in at.session_state["race_runs::random:tiny::cpu::fp32"]["runs"].values()} == {16}
+    assert {len(r.events) for r in at.session_state["race_runs::random:tiny::cpu::fp32"].runs.values()} == {16}
     at.checkbox(key="race_all_n").check().run()
     caps = " ".join(c.value for c in at.caption)
     assert "64 new tokens per mode, EOS ignored" in caps, caps
@@ -224,7 +224,7 @@ def test_prefill_page_measures_and_labels_the_phases(monkeypatch: pytest.MonkeyP
     # "Probe again" measures anew (here a stand-in probe: the real one allocates hundreds of MB).
     import dataclasses
 
-    import kvviz.ui.common.perf_common as common
+    import kvviz.ui.common.session_probes as common
 
     quiet = dataclasses.replace(PROBE, peak_flops=80e9)
     monkeypatch.setattr(common, "probe_machine", lambda device, dtype: quiet)

@@ -10,6 +10,8 @@ The run (block size 4, a pool of 8 blocks, budget 8 tokens, at most 2 running):
   A decodes its third token and finishes. B and C wait, B first.
 - step 3: B recomputes 6 tokens, 4 found in the prefix cache (2 fed) and finishes; C prefills 3.
 - step 4: C decodes and finishes.
+The prefix counters are the charts' inputs, counted the old way (B's re-admission in them): the engine
+now counts a re-admission apart, as vLLM 0.33 does (test_serving_scheduler.py holds that by hand).
 """
 from __future__ import annotations
 
@@ -193,3 +195,34 @@ def test_exports() -> None:
     assert lines[3]["scheduled"][0] == {"request_id": "B", "kind": "prefill", "start": 4, "num_tokens": 2,
                                         "prefix_hit_tokens": 4}
     assert lines[6]["request_id"] == "B" and lines[6]["lost_tokens"] == 5 and lines[6]["tpot_ms"] == 20.0
+
+
+def test_the_paragraph_names_readmissions_counted_apart() -> None:
+    """vLLM 0.33 counts a re-admission after a preemption outside prefix_cache_queries/hits; the page's
+    paragraph gives those tokens separately, and says nothing of them when there were none."""
+    from dataclasses import replace
+
+    from kvviz.engine.serving.engine import ServeResult
+    from kvviz.ui.pages.serving.serving_views import paragraph
+
+    steps = STEPS[:-1] + [replace(STEPS[-1], preempted_query_tokens=6, preempted_hit_tokens=4)]
+    reqs = list(REQUESTS.values())
+    text = paragraph(sd.summarize(steps, REQUESTS), ServeResult({}, reqs, steps, [], None, {}, 0), BS, 8)
+    assert "4 of 20 prompt tokens (20.0%)" in text
+    assert "the 6 tokens of re-admissions after a preemption, 4 of them found cached, are counted apart" in text
+    plain = paragraph(sd.summarize(STEPS, REQUESTS), ServeResult({}, reqs, STEPS, [], None, {}, 0), BS, 8)
+    assert "re-admissions" not in plain and "last token). **Preemption**" in plain
+
+
+def test_the_paragraph_counts_the_blocks_a_window_gave_back() -> None:
+    from dataclasses import replace
+
+    from kvviz.engine.serving.engine import ServeResult
+    from kvviz.ui.pages.serving.serving_views import paragraph
+
+    steps = STEPS[:-1] + [replace(STEPS[-1], window_freed_blocks=12)]
+    text = paragraph(sd.summarize(steps, REQUESTS), ServeResult({}, list(REQUESTS.values()), steps, [], None, {}, 0),
+                     BS, 8)
+    assert "at most 4 of 8 blocks; its sliding-window layers gave back 12 blocks before their requests ended" in text
+    assert "gave back" not in paragraph(sd.summarize(STEPS, REQUESTS),
+                                        ServeResult({}, list(REQUESTS.values()), STEPS, [], None, {}, 0), BS, 8)

@@ -114,7 +114,7 @@ def test_measurement_pages_feed_the_prompt_as_generate_does_through_the_chat_tem
     the chat module's own rendering and against what generate(chat=True) feeds."""
     from kvviz import generate
     from kvviz.engine.tokenize.chat_template import chat_prompt
-    from kvviz.ui.common.perf_common import prompt_ids
+    from kvviz.ui.common.measuring_page import prompt_ids
     from kvviz.ui.settings import Settings
 
     q = "What is the capital of France?"

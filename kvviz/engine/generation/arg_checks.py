@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import math
 import operator
-import re
 from typing import Any, Mapping, Sequence
 
+from kvviz.engine.tokenize.surrogates import first_surrogate
 from kvviz.errors import KVVizError
 from kvviz.limits import MAX_BEAMS, MAX_DRAFT, MAX_HEAD_DIM, MAX_KV_BLOCK_SIZE, MAX_KV_BLOCKS, MAX_NGRAM, MAX_SINKS, \
     MAX_TOKENS
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # (argument, lowest, highest, None allowed): the same bounds as the CLI's options (kvviz/limits.py)
 # max_new_tokens and batch_size have their own checks (request.py), as a paged cache's block size and
@@ -57,9 +55,9 @@ def check_text(what: str, text: object) -> None:
         raise KVVizError(f"{what} must be text (a str), got bytes: decode it first, e.g. {what}=data.decode('utf-8')")
     if not isinstance(text, str):
         raise KVVizError(f"{what} must be text (a str), got {_kind(text)}: {_shown(text)}")
-    bad = _SURROGATE.search(text)
-    if bad:
-        raise KVVizError(f"{what} holds a lone surrogate (U+{ord(bad.group()):04X}) at character {bad.start() + 1:,}: "
+    at = first_surrogate(text)  # any surrogate, a pair's halves too: a str holding one is not Unicode
+    if at is not None:
+        raise KVVizError(f"{what} holds a lone surrogate (U+{ord(text[at]):04X}) at character {at + 1:,}: "
                          "that is not valid Unicode text, so it cannot be tokenized; remove it")
 
 

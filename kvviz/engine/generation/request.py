@@ -26,7 +26,7 @@ from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import blocks_for
-from kvviz.engine.kvcache.paged_pool import config_groups
+from kvviz.engine.kvcache.paged_pool import config_groups, pool_blocks
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.errors import KVVizError
 from kvviz.limits import MAX_BEAMS, MAX_DRAFT, MAX_KV_BLOCK_SIZE, MAX_NGRAM  # shared with the CLI's options
@@ -73,7 +73,7 @@ def check_pool(block_size: object, num_blocks: object, tokens: int, groups: int 
         return
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
         raise KVVizError(f"the paged pool needs a positive number of blocks (got {num_blocks!r})")
-    need = groups * blocks_for(tokens, block_size)
+    need = pool_blocks(groups, blocks_for(tokens, block_size))
     if num_blocks < need:
         per = f" ({groups} layer groups of {blocks_for(tokens, block_size)})" if groups > 1 else ""
         raise KVVizError(f"a pool of {num_blocks} blocks of {block_size} tokens holds {num_blocks * block_size} "

@@ -32,7 +32,7 @@ import torch
 from kvviz.engine.kvcache.block_pool import ROOT_HASH, block_hash
 from kvviz.engine.kvcache.dense import Checkpoint, KVCache
 from kvviz.engine.kvcache.paged_pool import (PagedPool, PagedStats, blocks_for, config_groups, first_needed_block,
-                                             table_snapshot, table_stats)
+                                             pool_blocks, table_snapshot, table_stats)
 from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.errors import KVVizError
 from kvviz.limits import DEFAULT_KV_BLOCK_SIZE
@@ -60,7 +60,7 @@ class PagedKVCache(KVCache):
             if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 4096:
                 raise KVVizError(f"the paged block size must be 1..4096 tokens (got {block_size!r})")
             if num_blocks is None:  # enough for every row of every group to reach the context unshared
-                num_blocks = batch * config_groups(config).count * blocks_for(config.block_size, block_size)
+                num_blocks = pool_blocks(config_groups(config).count, blocks_for(config.block_size, block_size), batch)
             pool = PagedPool(config, num_blocks, block_size, device, dtype)
         elif (pool.config.n_layer, pool.config.kv_heads, pool.config.head_dim, pool.dtype) != \
                 (config.n_layer, config.kv_heads, config.head_dim, dtype):

@@ -148,6 +148,15 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def pool_blocks(groups: int, blocks_per_row: int, rows: int = 1) -> int:
+    """The blocks a pool needs for ``rows`` sequences of ``blocks_per_row`` blocks each, unshared:
+    every layer group keeps its own table per sequence and a block holds one group's layers, so each
+    row's blocks are needed once per group (``config_groups(config).count``; 1 unless the model has
+    per-layer kinds). Every place that sizes a pool nobody sized (the paged cache's default, a
+    conversation, beam search and speculative decoding, the Chat page's widget) counts with this."""
+    return max(1, groups) * rows * blocks_per_row
+
+
 @dataclass(frozen=True)
 class PagedStats:
     """Exact accounting of one paged cache's tables over its pool."""

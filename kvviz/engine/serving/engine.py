@@ -270,7 +270,8 @@ class _Run:
             blocks_cached=len(bp.lru), blocks_free=len(bp.free), tokens_in_blocks=self.cache.tokens_in_blocks(),
             block_owner=tuple(tuple(o) for o in owners), block_state=state,
             prefix_query_tokens=self.sched.prefix_query_tokens, prefix_hit_tokens=self.sched.prefix_hit_tokens,
-            new_tokens=new)
+            new_tokens=new, preempted_query_tokens=self.sched.preempted_query_tokens,
+            preempted_hit_tokens=self.sched.preempted_hit_tokens, window_freed_blocks=self.cache.window_freed)
 
     def close(self) -> None:
         """Whatever ended the run: no plan left, every request still in the engine ended "aborted"."""

@@ -20,8 +20,17 @@ order of the step's tokens (``set_layout``); ``plan_step`` claims any block the 
 scatters the step's K/V (1, nkv, N, hs) into those slots and gathers every scheduled request's
 blocks, one after another, into (1, nkv, S, hs); ``attend(layer, q, k, v, scale)`` attends each
 request's queries over its own rows (causal from its start, and by the layer's window on a sliding
-layer: Gemma 3; blocks out of a window are kept, not freed); ``advance`` commits each request's
-positions and hashes its full blocks (prefix caching: reusable once computed).
+layer: Gemma 3); ``advance`` commits each request's positions and hashes its full blocks (prefix
+caching: reusable once computed).
+
+Sliding-window groups (Gemma 3's local layers) let go of the blocks no later query can see: vLLM's
+``SlidingWindowManager`` (vllm/v1/core/single_type_kv_cache_manager.py: ``get_num_skipped_tokens``
+= num_computed - window + 1, ``remove_skipped_blocks`` frees the blocks wholly before that, the
+latest first, and puts the null block in their places), called from ``KVCacheManager.allocate_slots``
+before it counts the blocks to allocate, "even if we cannot schedule this request". Here ``allocate``
+does the same: each such entry becomes ``NULL`` (the pool's ``unref``: a hashed block stays cached,
+evictable), ``window_freed`` counts them. The step gathers a live block in a ``NULL``'s place: those
+keys are out of every query's window, so the mask gives them weight 0 (the rows only need be finite).
 
 Attention per request: a loop of one SDPA per request. The alternative, one SDPA over the
 concatenated rows with a block-diagonal mask, computes every query against every request's keys:
@@ -37,17 +46,18 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.kvcache.block_pool import ROOT_HASH, block_hash
-from kvviz.engine.kvcache.paged_pool import PagedPool, blocks_for
+from kvviz.engine.kvcache.paged_pool import PagedPool, blocks_for, first_needed_block
 from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.errors import KVVizError
 
 ATTENTION = "loop"  # "loop": one SDPA per request (measured faster); "mask": one SDPA, block-diagonal mask
+NULL = -1  # a table entry a sliding group let go (vLLM's null block)
 
 
 @dataclass
 class SeqBlocks:
     """One request's share of the pool."""
-    tables: list[list[int]]  # per layer group: its blocks, logical order
+    tables: list[list[int]]  # per layer group: its blocks, logical order (NULL: out of a sliding window, freed)
     tokens: list[int] = field(default_factory=list)  # ids of the computed positions 0..num_computed-1
     hashes: list[bytes] = field(default_factory=list)  # chained hash of each full computed block
 
@@ -93,6 +103,7 @@ class RaggedPagedCache:
         self._gather: list[torch.Tensor] = []  # per group: the step's requests' blocks, concatenated
         self._spans: list[tuple[int, int, int, int]] = []  # per entry: (query from, n, key from, start)
         self._masks: dict[int | None, torch.Tensor] = {}  # window -> (N, S) mask (ATTENTION == "mask")
+        self.window_freed = 0  # blocks sliding groups let go before their request ended (cumulative)
 
     @property
     def block_size(self) -> int:
@@ -108,20 +119,29 @@ class RaggedPagedCache:
         return self.groups.count * blocks_for(tokens, self.block_size)
 
     def find_prefix(self, ids: list[int], max_tokens: int) -> PrefixHit:
-        """The longest run of ids' leading full blocks cached in every group, at most ``max_tokens``."""
-        bs, out_hashes, found = self.block_size, [], []
+        """The longest run of ids' leading full blocks cached, at most ``max_tokens``: every block in
+        a global group; in a sliding group only those the next query's window reaches (the rest NULL,
+        as vLLM's ``SlidingWindowManager.find_longest_cache_hit`` takes null blocks for them: a
+        window lets its early blocks go, so they are rarely still cached)."""
+        bs, hashes, found = self.block_size, [], []
         if not self.prefix_caching:
             return PrefixHit((), (), ())
+        windows = self.groups.windows
         parent = ROOT_HASH
         for j in range(max(0, max_tokens) // bs):
             parent = block_hash(parent, ids[j * bs:(j + 1) * bs])
             got = [self.blocks.lookup(self._key(parent, g)) for g in range(self.groups.count)]
-            if any(b is None for b in got):
+            if any(b is None for g, b in enumerate(got) if windows[g] is None):
                 break
-            out_hashes.append(parent)
+            hashes.append(parent)
             found.append(got)
-        per_group = tuple(tuple(int(f[g]) for f in found) for g in range(self.groups.count))
-        return PrefixHit(per_group, tuple(out_hashes), tuple(ids[:len(found) * bs]))
+        n = len(found)  # the global groups' chain; the sliding groups may cut it shorter
+        while n and any(found[j][g] is None for g, w in enumerate(windows) if w is not None
+                        for j in range(first_needed_block(n * bs, w, bs), n)):
+            n -= 1
+        per_group = tuple(tuple(NULL if w is not None and j < first_needed_block(n * bs, w, bs) else int(found[j][g])
+                                for j in range(n)) for g, w in enumerate(windows))
+        return PrefixHit(per_group, tuple(hashes[:n]), tuple(ids[:n * bs]))
 
     def can_allocate(self, rid: str, num_new: int, hit: PrefixHit | None = None) -> bool:
         seq = self.seqs.get(rid)
@@ -129,12 +149,14 @@ class RaggedPagedCache:
         held = len(seq.tables[0]) if seq else (len(hit.blocks[0]) if hit and hit.blocks else 0)
         new = self.groups.count * max(0, blocks_for(have + num_new, self.block_size) - held)
         # Hit blocks sitting in the LRU leave the evictable set when taken (vLLM's num_evictable_computed_blocks).
-        taken = sum(1 for t in (hit.blocks if hit and not seq else ()) for b in t if self.blocks.ref_count[b] == 0)
+        taken = sum(1 for t in (hit.blocks if hit and not seq else ()) for b in t
+                    if b != NULL and self.blocks.ref_count[b] == 0)
         return new + taken <= len(self.blocks.free) + len(self.blocks.lru)
 
     def allocate(self, rid: str, num_new: int, hit: PrefixHit | None = None) -> bool:
         """Blocks for ``num_new`` more positions of rid (a new request takes ``hit``'s blocks first);
         False, changing nothing, when the pool cannot hold them."""
+        self.remove_skipped(rid)  # vLLM frees these first, whether or not the allocation then fits
         if not self.can_allocate(rid, num_new, hit):
             return False
         seq = self.seqs.get(rid)
@@ -143,8 +165,9 @@ class RaggedPagedCache:
             if hit is not None and hit.tokens:
                 for g, t in enumerate(hit.blocks):
                     for b in t:
-                        self.blocks.ref(b)  # a cached block leaves the LRU; a held one is shared
-                        self.blocks.hits += 1
+                        if b != NULL:
+                            self.blocks.ref(b)  # a cached block leaves the LRU; a held one is shared
+                            self.blocks.hits += 1
                     seq.tables[g] = list(t)
                 seq.tokens, seq.hashes = list(hit.ids), list(hit.hashes)
         need = blocks_for(seq.num_computed + num_new, self.block_size)
@@ -153,6 +176,28 @@ class RaggedPagedCache:
                 table.append(self.blocks.allocate())
         return True
 
+    def remove_skipped(self, rid: str) -> int:
+        """Let go of rid's blocks that its sliding groups' next query cannot see (wholly before
+        num_computed - window + 1), the latest first, each entry NULL from then on (vLLM's
+        ``SlidingWindowManager.remove_skipped_blocks`` / ``_remove_blocks_in_range``); the count freed."""
+        seq = self.seqs.get(rid)
+        if seq is None:
+            return 0
+        freed = 0
+        for g, table in enumerate(seq.tables):
+            window = self.groups.windows[g]
+            if window is None:
+                continue
+            for j in range(min(first_needed_block(seq.num_computed, window, self.block_size), len(table)) - 1,
+                           -1, -1):
+                if table[j] == NULL:
+                    break  # the earlier ones went at an earlier step
+                self.blocks.unref(table[j])
+                table[j] = NULL
+                freed += 1
+        self.window_freed += freed
+        return freed
+
     def free(self, rid: str) -> None:
         """Every block of rid back (tail first, so the tail is evicted first); hashed ones stay cached."""
         seq = self.seqs.pop(rid, None)
@@ -160,7 +205,8 @@ class RaggedPagedCache:
             return
         for table in seq.tables:
             for b in reversed(table):
-                self.blocks.unref(b)
+                if b != NULL:
+                    self.blocks.unref(b)
 
     def num_computed(self, rid: str) -> int:
         seq = self.seqs.get(rid)
@@ -198,8 +244,9 @@ class RaggedPagedCache:
         for rid, start, n in self.layout:
             seq, held = self.seqs[rid], blocks_for(start + n, bs)
             for g, table in enumerate(seq.tables):
-                blk[g].extend(table[p // bs] for p in range(start, start + n))
-                gather[g].extend(table[:held])
+                blk[g].extend(table[p // bs] for p in range(start, start + n))  # never NULL: in the window
+                live = table[held - 1]  # stands in for a NULL: its keys are masked out (window)
+                gather[g].extend(live if b == NULL else b for b in table[:held])
             off.extend(p % bs for p in range(start, start + n))
             self._spans.append((q0, n, k0, start))
             q0, k0 = q0 + n, k0 + held * bs
@@ -277,7 +324,8 @@ class RaggedPagedCache:
             seq.hashes.append(h)
             if self.prefix_caching:
                 for g, table in enumerate(seq.tables):
-                    self.blocks.register(table[j], self._key(h, g))
+                    if table[j] != NULL:  # hashed when full, before a window can pass it; never NULL here
+                        self.blocks.register(table[j], self._key(h, g))
 
     # ------------------------------------------------------------------ accounting
     def tokens_in_blocks(self) -> int:
@@ -288,7 +336,8 @@ class RaggedPagedCache:
             c = seq.num_computed
             for table in seq.tables:
                 for j, b in enumerate(table):
-                    fill[b] = max(fill.get(b, 0), max(0, min(bs, c - j * bs)))
+                    if b != NULL:
+                        fill[b] = max(fill.get(b, 0), max(0, min(bs, c - j * bs)))
         return sum(fill.values())
 
     def owners(self) -> list[list[str]]:
@@ -297,7 +346,8 @@ class RaggedPagedCache:
         for rid, seq in self.seqs.items():
             for table in seq.tables:
                 for b in table:
-                    out[b].append(rid)
+                    if b != NULL:
+                        out[b].append(rid)
         return out
 
     def audit(self) -> None:
@@ -309,7 +359,8 @@ class RaggedPagedCache:
         for seq in self.seqs.values():
             for table in seq.tables:
                 for b in table:
-                    refs[b] += 1
+                    if b != NULL:
+                        refs[b] += 1
         if refs != bp.ref_count:
             bad = [b for b in range(bp.num_blocks) if refs[b] != bp.ref_count[b]]
             raise AssertionError(f"ref counts differ from the block tables at blocks {bad[:8]}")

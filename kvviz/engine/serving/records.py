@@ -51,9 +51,12 @@ class StepRecord:
     tokens_in_blocks: int  # K/V rows actually written in used blocks (<= blocks_used * block_size)
     block_owner: tuple[tuple[str, ...], ...]  # per block: the request ids whose table holds it (() = free/cached)
     block_state: tuple[str, ...]  # per block: "free", "used", "shared" (ref > 1) or "cached"
-    prefix_query_tokens: int  # cumulative, vLLM's prefix_cache_queries
+    prefix_query_tokens: int  # cumulative, vLLM's prefix_cache_queries (first admissions only, as 0.33)
     prefix_hit_tokens: int  # cumulative, vLLM's prefix_cache_hits
     new_tokens: dict[str, int] = field(default_factory=dict)  # request id -> token sampled this step
+    preempted_query_tokens: int = 0  # cumulative: re-admissions after a preemption (vLLM's preempted_queries)
+    preempted_hit_tokens: int = 0  # cumulative: their hits (vLLM's preempted_hits)
+    window_freed_blocks: int = 0  # cumulative: blocks sliding-window groups let go mid-request (Gemma 3)
 
     @property
     def prefill_tokens(self) -> int:

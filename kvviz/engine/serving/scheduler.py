@@ -14,8 +14,15 @@ vllm/v1/core/kv_cache_manager.py (``get_computed_blocks``, ``allocate_slots``); 
 2. **Then waiting requests**, in arrival order (a preempted one first), while the budget lasts,
    fewer than ``max_num_seqs`` run, and no request was preempted in this step: each looks up the
    prefix cache (the longest chain of cached full blocks, at most its length - 1 rounded down to a
-   block: vLLM counts ``prefix_cache_queries`` += its tokens and ``hits`` += the hit tokens), then
-   allocates its first chunk; the first that does not fit stops the admissions.
+   block), then allocates its first chunk; the first that does not fit stops the admissions.
+
+Prefix-cache counters, as vLLM 0.33 keeps them: a lookup is counted only when its admission succeeds
+(scheduler.py, ``schedule``: "Record at admission so unscheduled lookups are not counted", the
+``record_prefix_cache_stats`` call after ``allocate_slots``), so a request that waits for blocks and
+retries is counted once; and a request preempted before (``num_preemptions > 0``) is counted apart
+(metrics/stats.py, ``PrefixCacheStats.record``: ``preempted_queries``/``preempted_hits``), outside
+``queries``/``hits``, the two the ``vllm:prefix_cache_queries``/``_hits`` counters add up
+(metrics/loggers.py). Older vLLM counted inside ``get_computed_blocks``, every attempt included.
 
 Policies on the same loop, for the comparison: ``continuous`` (the above), ``static`` (admissions
 only when the engine is idle: the arrived requests, up to ``max_num_seqs``, form a batch that runs
@@ -57,8 +64,10 @@ class Scheduler:
         self.waiting: deque[Live] = deque()  # arrived, not running: queue order
         self.running: list[Live] = []  # admission order
         self.batch: set[str] = set()  # static/sequential: the current batch's requests
-        self.prefix_query_tokens = 0
-        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0  # vLLM's prefix_cache_queries: first admissions only
+        self.prefix_hit_tokens = 0  # vLLM's prefix_cache_hits
+        self.preempted_query_tokens = 0  # vLLM's PrefixCacheStats.preempted_queries: re-admissions
+        self.preempted_hit_tokens = 0  # ... .preempted_hits
 
     def arrive(self, live: Live) -> None:
         self.waiting.append(live)
@@ -104,14 +113,26 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(live)
-            self.prefix_query_tokens += live.num_tokens if self.cache.prefix_caching else 0
-            self.prefix_hit_tokens += hit.tokens
+            self._count_lookup(live, hit.tokens)
             live.num_computed = hit.tokens
             live.status = "running"
             live.record.prefix_hit_tokens += hit.tokens
             plan.scheduled.append((live, Scheduled(live.rid, "prefill", hit.tokens, n, hit.tokens)))
             budget -= n
         return plan
+
+    def _count_lookup(self, live: Live, hit_tokens: int) -> None:
+        """One admitted request's prefix-cache lookup in vLLM 0.33's counters (KVCacheManager.
+        record_prefix_cache_stats -> PrefixCacheStats.record): none with caching off; a request
+        preempted before goes to the preempted counters. Called after the allocation succeeded."""
+        if not self.cache.prefix_caching:
+            return
+        if live.record.preemptions > 0:
+            self.preempted_query_tokens += live.num_tokens
+            self.preempted_hit_tokens += hit_tokens
+        else:
+            self.prefix_query_tokens += live.num_tokens
+            self.prefix_hit_tokens += hit_tokens
 
     def _preempt(self, live: Live) -> int:
         """Preemption by recompute: the blocks freed, computed tokens forgotten, first in the queue."""

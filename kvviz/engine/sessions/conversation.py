@@ -47,7 +47,7 @@ from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.kvcache.kv_spec import KVSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool, blocks_for
-from kvviz.engine.kvcache.paged_pool import config_groups
+from kvviz.engine.kvcache.paged_pool import config_groups, pool_blocks
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.sessions.conversation_checks import ConversationChecks, chat_cache, chat_kv, fast_backend, feed, \
     turn_sampling
@@ -413,7 +413,7 @@ def _new_cache(model: LoadedModel, kind: str, block_size: int, blocks: int | Non
         check_pool(block_size, blocks, 1, groups)
         if pool is None and blocks is None:
             # The context of one sequence plus as much again for blocks kept by prefix hash.
-            blocks = 2 * groups * blocks_for(cfg.block_size, block_size)
+            blocks = pool_blocks(groups, blocks_for(cfg.block_size, block_size), rows=2)
         if pool is None:
             check_pool_memory(model, block_size, blocks)
         return PagedKVCache(cfg, 1, model.device, model.dtype, block_size, blocks, pool)

@@ -13,7 +13,7 @@ from kvviz.engine.generation.stream_base import StreamBase
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.paged_cache import blocks_for
-from kvviz.engine.kvcache.paged_pool import config_groups
+from kvviz.engine.kvcache.paged_pool import config_groups, pool_blocks
 
 
 @dataclass
@@ -22,6 +22,7 @@ class StrategyStream(StreamBase):
         """The run's cache, any kind; a paged pool gets room for ``rows`` sequences of ``tokens``."""
         m, r = self.model, self.req
         groups = config_groups(m.config).count  # a hybrid model's layer groups each keep a table
-        blocks = r.kv_blocks or rows * groups * (blocks_for(tokens, r.kv_block_size) + 1)
+        # Each row: the blocks its tokens fill and one more (the sizing these strategies always had).
+        blocks = r.kv_blocks or pool_blocks(groups, blocks_for(tokens, r.kv_block_size) + 1, rows)
         return make_cache(r.cache_kind, m.config, 1, m.device, m.dtype, block_size=r.kv_block_size,
                           num_blocks=blocks)

@@ -27,6 +27,7 @@ from tokenizers import AddedToken, Regex, decoders, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
 
+from kvviz.engine.tokenize.surrogates import encodable
 from kvviz.engine.tokenize.tokenizer import PieceVocab, _gpt2_byte_decoder, literal_backend, special_added_tokens
 from kvviz.errors import KVVizError
 
@@ -198,12 +199,7 @@ class GGUFTokenizer(PieceVocab):
 
         ``parse_special=False`` reads control-token text as plain text ("<|im_end|>" typed by a
         user is five ordinary tokens, as transformers' ``split_special_tokens=True``)."""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            # Surrogates (pasted broken text) cannot cross into Rust. A UTF-16 round trip joins
-            # the pairs into their character and makes each lone one a single U+FFFD.
-            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        text = encodable(text)  # surrogates cannot cross into Rust: pairs joined, a lone one U+FFFD
         backend = self._tok
         if not parse_special:
             backend = self._literal = self._literal or literal_backend(self._tok)

@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from kvviz.engine.tokenize.surrogates import encodable
 from kvviz.engine.tokenize.tokenizer import PieceVocab
 from kvviz.errors import KVVizError
 
@@ -95,8 +96,7 @@ class SPMTokenizer(PieceVocab):
     def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
         """Ids for ``text``; BOS first if ``add_bos`` (default: what the file says).
         ``parse_special=False`` reads control-token text as plain text."""
-        # Lone surrogates (pasted broken text) have no UTF-8 bytes: each becomes U+FFFD.
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        text = encodable(text)  # surrogates have no UTF-8 bytes: pairs joined, a lone one U+FFFD
         ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
             ids.append(self.bos_token_id)

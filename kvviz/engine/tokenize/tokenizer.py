@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvviz.engine.tokenize.surrogates import encodable, utf8_bytes
 from kvviz.errors import KVVizError
 
 
@@ -64,9 +65,9 @@ class ByteTokenizer:
         self.eos_token_id = eos_token_id
 
     def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
-        # No token is special here, so parse_special changes nothing.
-        # surrogatepass: lone surrogates (possible from pasted text) still encode, never crash.
-        return list(text.encode("utf-8", errors="surrogatepass"))
+        # No token is special here, so parse_special changes nothing. Surrogates (pasted broken
+        # text) are repaired as every tokenizer repairs them (surrogates.py), never a crash.
+        return list(utf8_bytes(text))
 
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id]) if 0 <= token_id < 256 else b""
@@ -148,12 +149,7 @@ class HFTokenizer:
 
     def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
         """Ids for ``text``; with ``parse_special=False`` special-token text is read as plain text."""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            # Lone surrogates (pasted broken text) cannot cross into Rust: make them U+FFFD, as
-            # the byte tokenizer's decode would show them, instead of raising TypeError.
-            text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        text = encodable(text)  # surrogates cannot cross into Rust (TypeError): repaired first
         backend = self._tok
         if not parse_special:
             backend = self._literal = self._literal or literal_backend(self._tok)

@@ -6,7 +6,8 @@ and drops the connection, and every rerun after that carries it again: the page 
 text it had before (a 3,000-token prompt's errors under a box showing 3 characters). This element
 listens, in the capture phase and before React reads the box, to every ``input`` event of the page
 and replaces each lone surrogate with U+FFFD, the replacement character, so the box and the server
-hold the same text; the Generate sidebar then says where a U+FFFD stands (``replacement_note``).
+hold the same text; the Generate sidebar then says where a U+FFFD stands (``replacement_note``). The
+pattern is ``engine/tokenize/surrogates.py``'s, the rule every tokenizer repairs text by.
 
 The element draws nothing (its container is hidden) and carries no user text: only its script.
 """
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvviz.engine.tokenize.surrogates import LONE_SURROGATE, REPLACEMENT
+
 KEY = "text_guard"
-REPLACEMENT = "\ufffd"
 JS = r"""
-const LONE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
+const LONE = /@LONE@/g;
 const SETTERS = new Map([
   [HTMLTextAreaElement, Object.getOwnPropertyDescriptor(HTMLTextAreaElement.prototype, "value").set],
   [HTMLInputElement, Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, "value").set],
@@ -39,7 +41,7 @@ export default function () {
   window.__kvvizTextGuard = true;
   document.addEventListener("input", clean, true);  // capture: before React's own listener reads the box
 }
-"""
+""".replace("@LONE@", LONE_SURROGATE)  # the pattern tokenizers repair by (surrogates.py)
 CSS = f".st-key-{KEY} {{ display: none; }}"  # no space taken, no gap in the page's column
 
 _component = st.components.v2.component("kvviz_text_guard", js=JS, css=CSS, isolate_styles=False)

@@ -56,6 +56,7 @@ CALC_LINK_READ = "mem_qp_loaded"  # the URL's settings were read once this sessi
 # Serving page
 SERVE_JOB = "_kvviz_serve_job"  # the last Run: a ServeJob (pages/serving/serving_run.py), live or finished
 SERVE_COMPARE = "_kvviz_serve_compare"  # the last policy comparison, a ServeJob of three runs
+SERVE_REPLAY_FOR = "_kvviz_serve_replay_for"  # the run whose step the replay slider (serve_replay) keeps
 # Live server page
 LIVE_WATCH = "_kvviz_live_watch"  # the readings of the server being watched (pages/live/live_server.py)
 

@@ -9,9 +9,10 @@ from kvviz.charts import perf as pc
 from kvviz.measure.sweeps import BATCH_SIZES, batch_memory, batch_sizes, document_ids, sweep_batch
 from kvviz.measure.sizing import pick_batch
 from kvviz.measure.stats import Sample, aggregate
-from kvviz.ui.common.perf_common import (
-    SweepState, acquire_or_warn, busy_note, drive, estimator, page_model, prompt_ids, results_key, where,
-)
+from kvviz.ui.common.busy_notes import acquire_or_warn, busy_note
+from kvviz.ui.common.measuring_page import page_model, prompt_ids, results_key, where
+from kvviz.ui.common.session_probes import estimator
+from kvviz.ui.common.sweep_driver import SweepState, drive
 from kvviz.ui.settings import ENGINES, Settings
 from kvviz.ui.common.figs import show
 from kvviz.units import MIB, fmt_bytes

@@ -14,13 +14,14 @@ import streamlit as st
 
 from kvviz.charts import paged_charts as pc
 from kvviz.engine.generation.valid_request import CacheSpec
-from kvviz.engine.kvcache.paged_pool import config_groups
+from kvviz.engine.kvcache.paged_pool import config_groups, pool_blocks
 from kvviz.engine.sessions.conversation import Conversation, InterruptedTurn, TurnInterrupted, with_chat_template
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.ui.pages.chat import chat_scenario, chat_views
 from kvviz.ui.common.figs import show
-from kvviz.ui.common.perf_common import busy_note, page_model, where
+from kvviz.ui.common.busy_notes import busy_note
+from kvviz.ui.common.measuring_page import page_model, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.stepper import close_iterator
@@ -84,7 +85,7 @@ def default_pool_blocks(groups: int) -> int:
     """The pool's default size: 64 blocks per layer group. A model with sliding and global layers
     (Gemma 3) keeps one block table per group and a block holds one group's layers, so each
     position takes a block in every group (engine/kvcache/paged_pool.py)."""
-    return min(512, 64 * max(1, groups))
+    return min(512, pool_blocks(groups, 64))
 
 
 def _conversation(model: LoadedModel, model_key: tuple[str, ...], cache_args: dict[str, Any],

@@ -24,7 +24,8 @@ from kvviz.engine.kvcache.dense import layer_windows
 from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes
 from kvviz.ui.pages.compress import compress_window
 from kvviz.ui.common.figs import show
-from kvviz.ui.common.perf_common import acquire_or_warn, page_model, results_key, where
+from kvviz.ui.common.busy_notes import acquire_or_warn
+from kvviz.ui.common.measuring_page import page_model, results_key, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes

@@ -19,7 +19,8 @@ from kvviz.errors import KVVizError
 from kvviz.measure.kv_curves import measure
 from kvviz.safeio import read_bounded
 from kvviz.ui.common.figs import show
-from kvviz.ui.common.perf_common import acquire_or_warn, results_key, where
+from kvviz.ui.common.busy_notes import acquire_or_warn
+from kvviz.ui.common.measuring_page import results_key, where
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes

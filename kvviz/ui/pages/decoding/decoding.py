@@ -18,7 +18,9 @@ from kvviz.errors import KVVizError
 from kvviz.measure.spec_bench import PROMPTS, compare_runs
 from kvviz.ui.common.figs import show
 from kvviz.measure.sizing import pick_tokens
-from kvviz.ui.common.perf_common import acquire_or_warn, busy_note, estimator, page_model, results_key, where
+from kvviz.ui.common.busy_notes import acquire_or_warn, busy_note
+from kvviz.ui.common.measuring_page import page_model, results_key, where
+from kvviz.ui.common.session_probes import estimator
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import Settings
 from kvviz.units import fmt_bytes

@@ -41,7 +41,7 @@ from kvviz.ui import present, tour
 from kvviz.ui.pages.generate import chips
 from kvviz.ui.common.budget import Shape, plan_capture
 from kvviz.ui.pages.generate.pacing import Pacer
-from kvviz.ui.common.perf_common import busy_note
+from kvviz.ui.common.busy_notes import busy_note
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.pages.generate.replay import stored_view
 from kvviz.ui.settings import Settings

@@ -17,10 +17,11 @@ from kvviz.measure.sizing import PICK_S, Estimator, pick_context, pick_repeats
 from kvviz.measure.stats import Sample, aggregate, phase_verdict, roofline_points
 from kvviz.engine.generation.request import resolve_chat
 from kvviz.errors import KVVizError
-from kvviz.ui.common.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
-    results_key, where,
-)
+from kvviz.measure.measuring import BusyWindow
+from kvviz.ui.common.busy_notes import acquire_or_warn, busy_note
+from kvviz.ui.common.measuring_page import page_model, prompt_ids, results_key, where
+from kvviz.ui.common.session_probes import estimator, machine_probe
+from kvviz.ui.common.sweep_driver import SweepState, drive
 from kvviz.ui.settings import ENGINES
 from kvviz.ui.common.figs import show
 from kvviz.ui.state import session
@@ -210,15 +211,9 @@ def _n(k: int, word: str) -> str:
 def sweep_doubts(ttft: Any, decode: Any, busy: str | None) -> list[str]:
     """What in the sweeps contradicts their expected shape (kvviz.measure.doubts): a time to first
     token that does not grow with the prompt, repeats far apart, a busy CPU."""
-    found = [doubts.rises(ttft["x"].to_numpy(), ttft["median"].to_numpy(), "the time to first token")]
-    if len(ttft):
-        found.append(doubts.repeat_spread(ttft["min"].to_numpy(), ttft["max"].to_numpy(),
-                                          "repeats of the same prompt length"))
-    if decode is not None and len(decode):
-        found.append(doubts.repeat_spread(decode["min"].to_numpy(), decode["max"].to_numpy(),
-                                          "repeats of a decode step at the same context"))
-    found.append(doubts.busy(busy))
-    return [f for f in found if f]
+    shape = [doubts.rises(ttft["x"].to_numpy(), ttft["median"].to_numpy(), "the time to first token")]
+    return doubts.sweep(shape, [(ttft, "repeats of the same prompt length"),
+                                (decode, "repeats of a decode step at the same context")], busy)
 
 
 # --- the seeds' example ------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """Cache vs no cache: a live race of the three modes, its charts, an N sweep, static vs concat bytes."""
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -16,10 +15,12 @@ from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, 
 from kvviz.measure.sweeps import start as start_stream
 from kvviz.measure import doubts
 from kvviz.measure.stats import MODE_LABELS, MODES, Sample, aggregate, fits_by_series, race_explanation, speedup_table
-from kvviz.ui.common.perf_common import (
-    BusyWindow, SweepState, acquire_or_warn, busy_note, drive, estimator, machine_probe, page_model, prompt_ids,
-    results_key, time_left, where,
-)
+from kvviz.measure.measuring import BusyWindow
+from kvviz.measure.race_record import RaceRecord
+from kvviz.ui.common.busy_notes import acquire_or_warn, busy_note
+from kvviz.ui.common.measuring_page import page_model, prompt_ids, results_key, where
+from kvviz.ui.common.session_probes import estimator, machine_probe
+from kvviz.ui.common.sweep_driver import SweepState, drive, time_left
 from kvviz.measure.sizing import Estimator, pick_ns, pick_race_tokens
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.settings import ENGINES, Settings
@@ -108,24 +109,24 @@ def _race(s: Settings, model: LoadedModel, state: SweepState) -> None:
 
     if start:
         _run_race(s, model, n_new, key, slots, (progress, live_chart), state, est)
-    stored = session.get(key)
-    if stored and not stored["settled"].wait(SETTLE_WAIT_S):
+    stored: RaceRecord | None = session.get(key)
+    if stored and not stored.settled.wait(SETTLE_WAIT_S):
         # A Stop click started this script run on a new thread while the race's thread is still
         # finishing its current step; its partial runs land in `stored` when it does.
         st.info("Stopping: the race is finishing its current step…")
         st.rerun()
-    if not stored or not stored["runs"]:
+    if not stored or not stored.runs:
         tip = "Tip: 200+ new tokens (the sidebar's *Max new tokens*) make the no-cache slope obvious"
         if est is not None and n_prompt:
             tip += f" ({est.here(est.race_s(n_prompt, 200))} for 200)"
         st.info(f"Press **Start the race**. {tip}.")
         return
     if not start:
-        for mode, run in stored["runs"].items():
+        for mode, run in stored.runs.items():
             status, text = slots[mode]
             status.caption(_status_line(run))
             text.code(shown(run.text), language=None, wrap_lines=True, height=OUT_HEIGHT)
-    if state.status == "stopped" and not stored.get("complete"):
+    if state.status == "stopped" and not stored.complete:
         st.warning("The race was stopped: the charts show the steps that ran.")
     _results(model, stored)
 
@@ -176,7 +177,7 @@ def _run_race(s: Settings, model: LoadedModel, n_new: int, key: str, slots: dict
     # Streamlit call, after which assigning to st.session_state raises again, but mutating works.
     # With fast reruns the click's script run starts at once on another thread, before this one
     # has unwound, so it waits on `settled` before reading the runs (as the Generate page does).
-    record: dict[str, Any] = {"id": race_id, "runs": {}, "complete": False, "settled": threading.Event()}
+    record = RaceRecord(race_id)
     session.put(key, record)
     streams: dict[str, GenerationStream] = {}
     finished: set[str] = set()
@@ -210,22 +211,19 @@ def _run_race(s: Settings, model: LoadedModel, n_new: int, key: str, slots: dict
         # Runs also when a Stop click interrupts the loop: keep what was measured.
         try:
             lock.release()
-            record["runs"] = {m: st_.run for m, st_ in streams.items()}
-            record["complete"] = finished == set(MODES)
-            record["busy"] = window.clause()
         finally:
-            record["settled"].set()  # never leave the next script run waiting
+            record.keep(streams, finished, window)
     live_chart.empty()
     progress.empty()
     machine_probe(model)  # for the explanation below; measured once per session
 
 
-def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
-    runs: dict[str, Run] = stored["runs"]
-    rid = stored["id"]
+def _results(model: LoadedModel, stored: RaceRecord) -> None:
+    runs: dict[str, Run] = stored.runs
+    rid = stored.id
     agree = compare_outputs(runs)
     with st.container(key="race_verdict"):
-        if agree.first_diff is None and not stored.get("complete"):
+        if agree.first_diff is None and not stored.complete:
             st.warning(f"Partial race (stopped): {agree.message}; nothing disagreed.", icon=":material/pause_circle:")
         elif agree.identical:
             st.success(f"Identical output: {agree.message}.", icon=":material/check_circle:")
@@ -258,7 +256,7 @@ def _results(model: LoadedModel, stored: dict[str, Any]) -> None:
             probe = probes.get((str(model.device), model.dtype_name))
             nbytes = model.dtype.itemsize
             st.markdown(race_explanation(runs["static"], runs["none"], weight_bytes(model.config, nbytes), probe,
-                                         busy=stored.get("busy")))
+                                         busy=stored.busy))
 
     st.subheader("Static vs concat cache: what the bytes do")
     st.markdown(
@@ -370,15 +368,4 @@ def _sweep_results(model: LoadedModel, samples: list[Sample], busy: str | None =
 def sweep_doubts(agg: Any, fits: dict[str, Any], busy: str | None) -> list[str]:
     """What in the sweep contradicts its expected shape: a cached slope far from 1, recomputation
     steeper than quadratic, repeats far apart, a busy CPU (kvviz.measure.doubts)."""
-    found = []
-    if "static" in fits:
-        f = fits["static"]
-        found.append(doubts.slope("cached (static)", f.slope, 1.0, f.x_min, f.x_max))
-    if "none" in fits and fits["none"].slope > 2.0 + doubts.SLOPE_TOLERANCE:  # below 2 at small N is expected
-        f = fits["none"]
-        found.append(doubts.slope("no-cache", f.slope, 2.0, f.x_min, f.x_max))
-    if len(agg):
-        found.append(doubts.repeat_spread(agg["min"].to_numpy(), agg["max"].to_numpy(),
-                                          "repeats of the same N and mode"))
-    found.append(doubts.busy(busy))
-    return [f for f in found if f]
+    return doubts.sweep(doubts.cache_slopes(fits), [(agg, "repeats of the same N and mode")], busy)

@@ -18,6 +18,7 @@ from kvviz.ui.common.figs import show
 from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.pages.serving import workload as wl
 from kvviz.ui.pages.serving.serving_run import ServeJob
+from kvviz.ui.state import persist, session
 
 CHART_EVERY_S = 1.0  # live charts at most once a second (a chart frame costs a small machine's browser ~0.5 s)
 TEXT_EVERY_S = 0.25  # the status line and the streaming text four times a second
@@ -95,6 +96,7 @@ def paragraph(summary: sd.RunSummary, result: ServeResult, block_size: int, budg
     hit = (f"{s.prefix_hit_tokens:,} of {s.prefix_query_tokens:,} prompt tokens "
            f"({100 * s.prefix_hit_tokens / s.prefix_query_tokens:.1f}%)" if s.prefix_query_tokens else "no tokens")
     ttft = s.ttft_ms[0]
+    again = steps[-1] if steps else None
     return (
         f"**The timeline** gives each of the {s.requests} requests a row and each of the {s.steps} scheduler steps "
         "a column: grey while it waits, blue while its prompt is prefilled (a long prompt in several chunks), green "
@@ -104,12 +106,18 @@ def paragraph(summary: sd.RunSummary, result: ServeResult, block_size: int, budg
         f"running and waiting after each step; at most {s.peak_running} ran at once. "
         f"**The block pool** shows, for the step chosen, which request holds each block of {block_size} tokens "
         f"(purple: shared by several through the prefix cache; grey: cached, free to reuse or evict); the run held "
-        f"at most {s.peak_blocks_used} of {steps[0].blocks_total if steps else 0} blocks. "
-        "**KV usage** draws two lines: the share of blocks held (what a server reports as KV usage) and the share of "
+        f"at most {s.peak_blocks_used} of {steps[0].blocks_total if steps else 0} blocks"
+        + (f"; its sliding-window layers gave back {again.window_freed_blocks:,} blocks before their requests "
+           "ended, as the window moved past them (they show as cached or free). "
+           if again is not None and again.window_freed_blocks else ". ")
+        + "**KV usage** draws two lines: the share of blocks held (what a server reports as KV usage) and the share of "
         f"slots actually written; the gap is the unfilled end of each request's last block, at most {peak_gap} "
         f"slots here (step {mid}: {ser['usage_blocks_pct'][mid]:.1f}% by blocks, "
         f"{ser['usage_tokens_pct'][mid]:.1f}% by tokens). **Prefix-cache hits**: {hit} were found already computed "
-        "(a shared system prompt counts only in whole blocks, and never the prompt's last token). "
+        "(a shared system prompt counts only in whole blocks, and never the prompt's last token)"
+        + (f"; the {again.preempted_query_tokens:,} tokens of re-admissions after a preemption, "
+           f"{again.preempted_hit_tokens:,} of them found cached, are counted apart, as vLLM counts them. "
+           if again is not None and again.preempted_query_tokens else ". ")
         + (f"**Preemption**: {s.preemptions} preemption{'s' if s.preemptions != 1 else ''} threw away "
            f"{s.lost_tokens:,} computed tokens, which were computed again. " if s.preemptions else
            "**Preemption**: none; the pool held every running request. ")
@@ -166,8 +174,14 @@ def _replay(job: ServeJob, result: ServeResult) -> None:
     if not steps:
         return
     st.subheader("Replay")
-    at = st.slider("Step", 0, len(steps) - 1, len(steps) - 1, key="serve_replay",
+    last = len(steps) - 1
+    if session.get(session.SERVE_REPLAY_FOR) != job.id:  # a new run opens at its last step
+        session.put("serve_replay", last)
+        session.put(session.SERVE_REPLAY_FOR, job.id)
+    # Kept across pages like the builder's widgets (persist.py): the step chosen is still shown on return.
+    at = st.slider("Step", 0, last, int(persist.keep("serve_replay", last, bounds=(0, last))), key="serve_replay",
                    help="Scrub over the recorded run: the pool as it stood after that step, a dashed line on the charts")
+    persist.remember("serve_replay")
     view = _Places()
     charts(view, steps, job, job.config.block_size, key=f"replay{job.id}_{at}", upto=at)
     s = steps[at]
