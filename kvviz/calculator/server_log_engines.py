@@ -9,10 +9,12 @@ MiB" beside "n_ctx = N"; the ik_llama.cpp fork prints an MLA cache as "KV self s
 MiB". The sizing is rebuilt from what the log states (cells x streams, the sequences, the types, n_ubatch)
 and every cache compared at the log's own two decimals of MiB.
 
-SGLang (python/sglang/srt/mem_cache/memory_pool.py) prints "KV Cache is allocated. [dtype: D, ]#tokens: N,
+SGLang (python/sglang/srt/mem_cache/memory_pool.py; 0.5.23 names the dtype, :2088-2090, older versions did
+not: both are read) prints "KV Cache is allocated. [dtype: D, ]#tokens: N,
 K size: X GB, V size: Y GB" (MLA: "KV size: X GB"), GB meaning 2^30 bytes, and each TP rank "Load weight
 begin. avail mem=X GB" and "Load weight end. ... avail mem=Y GB"; server_args gives mem_fraction_static and
-tp_size. #tokens is compared with the pool kvviz sizes from the smallest of each (profile_max_num_token
+tp_size; a multimodal model's "Reserving X GB of the KV budget" line (0.5.23) is taken off the budget.
+#tokens is compared with the pool kvviz sizes from the smallest of each (profile_max_num_token
 takes the minimum over the ranks) over every value the two-decimal figures can hide; the sizes are
 compared exactly, from the logged #tokens.
 
@@ -45,6 +47,7 @@ _SGL_POOL = re.compile(r"KV Cache is allocated\.\s*(?:dtype:\s*torch\.(\w{1,24})
                        r"(?:K size:\s*" + _F + r"\s*GB,\s*V size:\s*" + _F + r"\s*GB|KV size:\s*" + _F + r"\s*GB)")
 _SGL_BEFORE = re.compile(r"Load weight begin\.\s*avail mem=" + _F + r"\s*GB")
 _SGL_AFTER = re.compile(r"Load weight end\..{0,400}?avail mem=" + _F + r"\s*GB")
+_SGL_MM = re.compile(r"Reserving\s+" + _F + r"\s*GB of the KV budget")  # kv_cache_configurator.py:214-218 (0.5.23)
 _SGL_FRACTION = re.compile(r"mem_fraction_static=(\d(?:\.\d{1,20})?)")
 _SGL_TP = re.compile(r"\btp_size=(\d{1,4})")
 _SGL_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
@@ -161,6 +164,7 @@ class SGLangLog:
     after_gb: float | None  # the smallest "Load weight end" figure
     mem_fraction_static: float | None
     tp: int | None
+    mm_reserve_gb: float = 0.0  # 0.5.23's "Reserving X GB of the KV budget for post-sizing multimodal ..."
 
 
 def parse_sglang_log(text: str) -> SGLangLog:
@@ -168,11 +172,12 @@ def parse_sglang_log(text: str) -> SGLangLog:
     pool = _SGL_POOL.search(text)
     before = [float(x) for x in _SGL_BEFORE.findall(text)]
     after = [float(x) for x in _SGL_AFTER.findall(text)]
-    frac, tp = _SGL_FRACTION.search(text), _SGL_TP.search(text)
+    frac, tp, mm = _SGL_FRACTION.search(text), _SGL_TP.search(text), _SGL_MM.search(text)
     g = pool.groups() if pool else (None,) * 5
     return SGLangLog(int(g[1]) if g[1] else None, float(g[2]) if g[2] else None, float(g[3]) if g[3] else None,
                      float(g[4]) if g[4] else None, _SGL_DTYPES.get(g[0] or ""), min(before, default=None),
-                     min(after, default=None), float(frac.group(1)) if frac else None, int(tp.group(1)) if tp else None)
+                     min(after, default=None), float(frac.group(1)) if frac else None, int(tp.group(1)) if tp else None,
+                     float(mm.group(1)) if mm else 0.0)
 
 
 def reconcile_sglang(spec: ModelSpec, log: SGLangLog, tp: int | None = None,
@@ -186,20 +191,25 @@ def reconcile_sglang(spec: ModelSpec, log: SGLangLog, tp: int | None = None,
     dtype = kv_dtype or log.dtype or "bf16"
     if dtype not in SGLANG_DTYPE_BYTES:
         raise CalcError([f"SGLang's KV cache is fp16, bf16, fp32 or fp8; {dtype} is not one of them"])
-    notes = [] if log.dtype or kv_dtype else ["the pool line does not name its dtype (SGLang before 0.5.x): bf16 "
-                                              "assumed; give --kv-cache-dtype otherwise"]
+    notes = [] if log.dtype or kv_dtype else ["the pool line does not name its dtype (an SGLang older than 0.5.23's "
+                                              "memory_pool.py:2088-2090 line): bf16 assumed; give --kv-cache-dtype "
+                                              "otherwise"]
     exact = sglang_sizing(spec, 0 if log.tokens == 0 else log.tokens * _cell(spec, tp, dtype), tp, dtype)
     rows = []
     if log.before_gb is not None and log.after_gb is not None and log.mem_fraction_static is not None:
         f = log.mem_fraction_static
-        lo = sglang_sizing(spec, sglang_rest_logged(log.before_gb + 0.005, log.after_gb - 0.005, f)[0], tp, dtype)
-        hi = sglang_sizing(spec, sglang_rest_logged(log.before_gb - 0.005, log.after_gb + 0.005, f)[0], tp, dtype)
+        # the multimodal reserve is logged to two decimals too (0.5.23: kv_cache_configurator.py:3034-3038)
+        mm = (log.mm_reserve_gb + 0.005, log.mm_reserve_gb - 0.005) if log.mm_reserve_gb else (0.0, 0.0)
+        lo = sglang_sizing(spec, sglang_rest_logged(log.before_gb + 0.005, log.after_gb - 0.005, f, mm[0])[0], tp, dtype)
+        hi = sglang_sizing(spec, sglang_rest_logged(log.before_gb - 0.005, log.after_gb + 0.005, f, mm[1])[0], tp, dtype)
         ok = lo.tokens <= log.tokens <= hi.tokens
         rows.append(Row("#tokens", f"{log.tokens:,}", f"{lo.tokens:,}-{hi.tokens:,}", ok,
                         f"from avail mem {log.before_gb:.2f} GB before and {log.after_gb:.2f} GB after loading, "
-                        f"mem_fraction_static {f:g}, within their two-decimal rounding" if ok else
-                        "outside the rounding of the avail mem figures: another SGLang's rule (a multimodal reserve "
-                        "or fixed overhead, 0.5.23) or a hybrid / draft pool kvviz sizes otherwise"))
+                        f"mem_fraction_static {f:g}"
+                        + (f", less the {log.mm_reserve_gb:.2f} GB multimodal reserve" if log.mm_reserve_gb else "")
+                        + ", within their two-decimal rounding" if ok else
+                        "outside the rounding of the avail mem figures: another SGLang's rule (a speculative draft's "
+                        "layers in the cell, a Mamba pool) or a hybrid pool kvviz sizes otherwise"))
     else:
         notes.append("the log lacks the 'Load weight begin/end ... avail mem' lines or mem_fraction_static: only "
                      "the sizes are compared")

@@ -10,7 +10,10 @@ from typing import Any
 
 from kvviz.calculator.server_llamacpp import llamacpp_sizing
 from kvviz.calculator.server_mix import length_mix
-from kvviz.calculator.server_sglang import sglang_draft_pool, sglang_rest, sglang_rest_logged, sglang_sizing
+from kvviz.calculator.server_sglang import (
+    MM_FEATURE_CACHE_MB, MM_TRANSPORTS, VLM_CACHE_SIZE_MB, draft_layers, mm_reserve_gib, no_room_error, rest_parts,
+    sglang_draft_pool, sglang_rest, sglang_rest_logged, sglang_sizing,
+)
 from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
 from kvviz.calculator.server_vllm_defaults import default_batched_tokens
 from kvviz.calculator.formulas import weight_bytes
@@ -62,6 +65,10 @@ class EngineRequest:
     stage_memory_gib: tuple[float, ...] = ()  # vLLM: each pipeline stage's available KV memory
     avail_mem_gib: tuple[float, float] | None = None  # SGLang's "avail mem" before and after loading the weights
     kv_cache_layout: str | None = None  # vLLM: VLLM_KV_CACHE_LAYOUT (None: the backend's default)
+    multimodal: bool = False  # SGLang: model_config.is_multimodal (a vision/audio tower): the reserve applies
+    mm_feature_transport: str = "cpu"  # SGLang --mm-feature-transport (single node: cpu unless asked)
+    vlm_cache_size_mb: int = VLM_CACHE_SIZE_MB  # SGLANG_VLM_CACHE_SIZE_MB
+    mm_feature_cache_mb: int = MM_FEATURE_CACHE_MB  # SGLANG_MM_FEATURE_CACHE_MB
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,11 @@ def engine_request_problems(r: EngineRequest) -> list[str]:
     for g in (r.kv_memory_gib, *r.stage_memory_gib):
         if g is not None and (not isinstance(g, (int, float)) or not math.isfinite(g) or not 0 < g <= MAX_KV_GIB):
             return [f"the KV memory must be a positive number of GiB up to {MAX_KV_GIB:,} (got {g!r})"]
+    if r.mm_feature_transport not in MM_TRANSPORTS:
+        return [f"--mm-feature-transport is one of {', '.join(MM_TRANSPORTS)} (got {r.mm_feature_transport!r})"]
+    for name, mb in (("SGLANG_VLM_CACHE_SIZE_MB", r.vlm_cache_size_mb), ("SGLANG_MM_FEATURE_CACHE_MB", r.mm_feature_cache_mb)):
+        if not isinstance(mb, int) or not 0 <= mb <= MAX_KV_GIB * 1024:
+            return [f"{name} must be a whole number of MiB (SGLang's MB) from 0 to {MAX_KV_GIB * 1024:,} (got {mb!r})"]
     return []
 
 
@@ -188,10 +200,20 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
                 f"{ll.total_bytes / GIB:,.2f} GiB", *ll.lines, *(f"note: {n}" for n in ll.notes)]
         return ll.to_dict(), "\n".join(text)
     if r.engine == "sglang":
-        if r.kv_memory_gib is not None:
-            rest, how, exact = int(r.kv_memory_gib * GIB), f"{r.kv_memory_gib:g} GiB (given)", True
-        elif r.avail_mem_gib is not None:
-            (rest, how), exact = sglang_rest_logged(*r.avail_mem_gib, r.mem_fraction_static), True
+        return _sglang(spec, r)
+    raise CalcError([f"unknown engine {r.engine!r}; choose one of {', '.join(ENGINES)}"])
+
+
+def _sglang(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:
+    """SGLang 0.5.23's pool (server_sglang): the budget given, from the log's avail mem, or estimated."""
+    mm, mm_line = mm_reserve_gib(r.multimodal, r.mm_feature_transport, r.vlm_cache_size_mb, r.mm_feature_cache_mb)
+    parts = None
+    if r.kv_memory_gib is not None:
+        rest, how, exact = int(r.kv_memory_gib * GIB), f"{r.kv_memory_gib:g} GiB (given)", True
+    else:
+        if r.avail_mem_gib is not None:
+            before, after = r.avail_mem_gib
+            (rest, how), exact = sglang_rest_logged(before, after, r.mem_fraction_static, mm), True
         else:
             if r.gpu_gib is None:
                 raise CalcError(["give --kv-memory-gib (SGLang's rest memory) or a GPU to estimate it"])
@@ -199,19 +221,29 @@ def _engine_report(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], s
             if params is None:
                 raise CalcError(["the weights are unknown for this config: give --params"])
             w = -(-weight_bytes(params, r.weight_dtype) // r.tp)
-            rest, how = sglang_rest(int(r.gpu_gib * GIB), w, r.mem_fraction_static)
+            if w >= int(r.gpu_gib * GIB):
+                raise CalcError([f"the weights ({w / GIB:,.2f} GiB a GPU) do not fit in the GPU's {r.gpu_gib:g} GiB: "
+                                 "SGLang fails while loading them, before it sizes any pool"])
+            before, after = r.gpu_gib, (int(r.gpu_gib * GIB) - w) / GIB
+            rest, how = sglang_rest(int(r.gpu_gib * GIB), w, r.mem_fraction_static, mm)
             exact = False
-        sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how, r.hybrid)
-        d = sg.to_dict()
-        d["mem_fraction_static"] = r.mem_fraction_static
-        lines = [sg.line]
-        d["draft"] = None
-        if r.draft is not None:  # the draft worker's own pool of the target's #tokens
-            dk, dv, dline = sglang_draft_pool(r.draft, sg.tokens, r.tp, r.kv_dtype, r.page_size)
-            d["draft"] = {"k_bytes": dk, "v_bytes": dv, "log_line": dline, "layers": r.draft.kv_layers}
-            lines += [f"the draft worker's pool ({r.draft.kv_layers} layer(s), the target's #tokens):", dline]
-        return d, "\n".join(["SGLang:", *sg.formula, *lines, *(f"note: {n}" for n in sg.notes)])
-    raise CalcError([f"unknown engine {r.engine!r}; choose one of {', '.join(ENGINES)}"])
+        parts = rest_parts(before, after, r.mem_fraction_static, mm)
+        if rest <= 0:  # kv_cache_configurator.py:3043-3058
+            raise CalcError([no_room_error(before, after, r.mem_fraction_static) + f" (SGLang's error: {how})"])
+    dl = draft_layers(r.draft) if r.draft is not None else (0, 0)
+    sg = sglang_sizing(spec, rest, r.tp, r.kv_dtype, r.page_size, exact, how, r.hybrid, draft=dl)
+    d = sg.to_dict()
+    d["mem_fraction_static"] = r.mem_fraction_static
+    d["rest_parts"] = parts
+    d["mm_reserve_bytes"] = int(mm * GIB)
+    lines = ([mm_line] if mm_line else []) + [sg.line]
+    d["draft"] = None
+    if r.draft is not None:  # the draft worker's own pool of the target's #tokens
+        dk, dv, dline = sglang_draft_pool(r.draft, sg.tokens, r.tp, r.kv_dtype, r.page_size)
+        d["draft"] = {"k_bytes": dk, "v_bytes": dv, "log_line": dline, "layers": r.draft.kv_layers}
+        lines += [f"the draft worker's pool ({r.draft.kv_layers} layer(s), the target's #tokens):", dline]
+    shown = [f"  {p['what']}: {p['gib']:+,.4f} GiB" for p in parts] if parts else []
+    return d, "\n".join(["SGLang 0.5.23:", *shown, *sg.formula, *lines, *(f"note: {n}" for n in sg.notes)])
 
 
 def _vllm(spec: ModelSpec, r: EngineRequest) -> tuple[dict[str, Any], str]:

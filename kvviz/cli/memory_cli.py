@@ -16,6 +16,7 @@ from kvviz.calculator.server_llamacpp import CACHE_TYPES
 from kvviz.calculator.server_log_engines import (
     parse_llamacpp_log, parse_sglang_log, reconcile_llamacpp, reconcile_sglang,
 )
+from kvviz.calculator.server_sglang import MM_FEATURE_CACHE_MB, MM_TRANSPORTS, VLM_CACHE_SIZE_MB
 from kvviz.calculator.server_mix import lengths_from_percentiles, parse_lengths_csv, parse_percentiles
 from kvviz.calculator.server_log import (
     MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, reconcile_text, settings_from_log,
@@ -175,6 +176,16 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "the pool's memory is AFTER - BEFORE x (1 - --mem-fraction-static)")
     g.add_argument("--page-size", type=int_in(1, MAX_BLOCK_SIZE), default=1, metavar="N",
                    help="SGLang --page-size (default 1): the pool is rounded down to whole pages")
+    g.add_argument("--multimodal", action="store_true",
+                   help="SGLang: the model has a vision/audio tower (its is_multimodal): SGLANG_VLM_CACHE_SIZE_MB "
+                        "comes out of the pool's budget (SGLang 0.5.23)")
+    g.add_argument("--mm-feature-transport", choices=MM_TRANSPORTS, default="cpu",
+                   help="SGLang --mm-feature-transport (default cpu on one node): cuda_ipc / cuda_vmm also reserve "
+                        "SGLANG_MM_FEATURE_CACHE_MB for a multimodal model")
+    g.add_argument("--vlm-cache-size-mb", type=int_in(0, 1 << 30), default=VLM_CACHE_SIZE_MB, metavar="MIB",
+                   help=f"SGLang's SGLANG_VLM_CACHE_SIZE_MB (default {VLM_CACHE_SIZE_MB})")
+    g.add_argument("--mm-feature-cache-mb", type=int_in(0, 1 << 30), default=MM_FEATURE_CACHE_MB, metavar="MIB",
+                   help=f"SGLang's SGLANG_MM_FEATURE_CACHE_MB (default {MM_FEATURE_CACHE_MB})")
 
 
 def _list(presets: dict[str, ModelSpec]) -> tuple[dict[str, Any], str]:
@@ -276,7 +287,9 @@ def _engine_request(args: argparse.Namespace, params: int | None) -> EngineReque
         n_ubatch=args.ubatch_size, n_batch=args.batch_size, flash_attn=args.flash_attn != "off",
         cudagraph_estimate=args.estimate_cudagraphs, pp_layers=args.pp_layer_partition or (),
         stage_memory_gib=args.stage_kv_memory_gib or (), avail_mem_gib=_before_after(args.avail_mem_gib),
-        page_size=args.page_size, kv_cache_layout=args.kv_cache_layout)
+        page_size=args.page_size, kv_cache_layout=args.kv_cache_layout, multimodal=args.multimodal,
+        mm_feature_transport=args.mm_feature_transport, vlm_cache_size_mb=args.vlm_cache_size_mb,
+        mm_feature_cache_mb=args.mm_feature_cache_mb)
 
 
 def _before_after(v: tuple[float, ...] | None) -> tuple[float, float] | None:

@@ -7,9 +7,10 @@ one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
 few fp32 rows by one or more of them side by side, through ``csrc/blockdot.c``: a decode step of a
 quantized model then streams a fraction of the bytes of its fp32 weights (Gemma 3 270M: the Q8_0
 head is 170 MiB of codes and fp16 scales where its fp32 copy is 640 MiB). The activations stay
-fp32; only the order of additions differs from ``F.linear`` on the dequantized weights. The 4- and
-5-bit types stream packed as the file packs them, unpacked in registers (issue 42; the layouts in
-``BlockCodes``): SmolLM2's Q4_1 layers read 0.625 bytes a weight, as llama.cpp reads them.
+fp32; only the order of additions differs from ``F.linear`` on the dequantized weights. Every type
+streams the file's own bytes, unpacked in registers (issue 42; the layouts in ``BlockCodes``):
+SmolLM2's Q4_1 layers read 0.625 bytes a weight, Gemma 3's Q4_K ones 0.5625 (their super-blocks'
+6-bit scales unpacked in ``csrc/kblocks.c``), as llama.cpp reads them.
 
 ``BlockCodes.weight()`` rebuilds the fp32 matrix (tests hold it equal to the model's parameter);
 ``BlockCodes.rows(x)`` is the same product through PyTorch, for a machine without the kernel.
@@ -22,7 +23,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from kvviz.engine.loading.gguf_codes import PACKED_BLOCK_BYTES, BlockCodes
+from kvviz.engine.loading.gguf_codes import K_BLOCK_BYTES, PACKED_BLOCK_BYTES, QK_K, BlockCodes
 from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
@@ -37,6 +38,7 @@ class _Spec(ctypes.Structure):
                 ("n_out", ctypes.c_int * MAX_SEGMENTS),
                 ("block", ctypes.c_int * MAX_SEGMENTS), ("bits", ctypes.c_int * MAX_SEGMENTS),
                 ("zero", ctypes.c_int * MAX_SEGMENTS), ("half", ctypes.c_int * MAX_SEGMENTS),
+                ("kq", ctypes.c_int * MAX_SEGMENTS),
                 ("n_seg", ctypes.c_int), ("n_in", ctypes.c_int),
                 ("norm_w", ctypes.c_void_p), ("eps", ctypes.c_float), ("glu", ctypes.c_int),
                 ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float),
@@ -96,17 +98,23 @@ class BlockDot:
 
 def _fits(w: BlockCodes) -> bool:
     out, n_in = w.shape
+    if w.superblock:  # K super-blocks as stored: whole ones a row, the sub-block ggml gives the type
+        return (w.bits in K_BLOCK_BYTES and w.block == (16 if w.bits == 6 else 32) and w.codes.dtype == torch.uint8
+                and w.codes.dim() == 2 and w.codes.shape[1] % K_BLOCK_BYTES[w.bits] == 0 and n_in % QK_K == 0
+                and w.codes.is_contiguous() and w.scale is None and w.minv is None and w.zero == 0
+                and w.codes.device.type == "cpu")
     nb = n_in // w.block if w.block else 0
     if w.bits == 8:
         ok = w.block in BLOCKS and w.codes.dtype == torch.int8 and w.zero == 0
     else:  # packed: blocks of 32, whole blocks a row
         ok = (w.bits in PACKED_BLOCK_BYTES and w.block == 32 and w.codes.dtype == torch.uint8 and 0 <= w.zero < 32
               and w.codes.shape[1] % PACKED_BLOCK_BYTES[w.bits] == 0)
-    ok = ok and n_in % w.block == 0 and w.codes.is_contiguous() and w.scale.dtype in (torch.float32, torch.float16)
+    ok = ok and w.scale is not None and n_in % w.block == 0 and w.codes.is_contiguous() \
+        and w.scale.dtype in (torch.float32, torch.float16)
     for t in (w.scale, w.minv):
-        if t is not None:
+        if t is not None and w.scale is not None:
             ok = ok and t.dtype == w.scale.dtype and t.is_contiguous() and tuple(t.shape) == (out, nb)
-    return ok and all(t.device.type == "cpu" for t in (w.codes, w.scale))
+    return ok and all(t is not None and t.device.type == "cpu" for t in (w.codes, w.scale))
 
 
 def _vec(t: torch.Tensor | None, n: int) -> bool:
@@ -150,14 +158,16 @@ def block_dot(ws: Sequence[BlockCodes], threads: int, norm: tuple[torch.Tensor, 
     pad = [None] * (MAX_SEGMENTS - len(ws))
     ints = [0] * (MAX_SEGMENTS - len(ws))
     spec = _Spec((ctypes.c_void_p * MAX_SEGMENTS)(*[w.codes.data_ptr() for w in ws], *pad),
-                 (ctypes.c_void_p * MAX_SEGMENTS)(*[w.scale.data_ptr() for w in ws], *pad),
+                 (ctypes.c_void_p * MAX_SEGMENTS)(*[None if w.scale is None else w.scale.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if w.minv is None else w.minv.data_ptr() for w in ws], *pad),
                  (ctypes.c_void_p * MAX_SEGMENTS)(*[None if b is None else b.data_ptr() for b in bs], *pad),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.shape[0] for w in ws], *ints),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.block for w in ws], *ints),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.bits for w in ws], *ints),
                  (ctypes.c_int * MAX_SEGMENTS)(*[w.zero for w in ws], *ints),
-                 (ctypes.c_int * MAX_SEGMENTS)(*[int(w.scale.dtype == torch.float16) for w in ws], *ints), len(ws), n_in,
+                 (ctypes.c_int * MAX_SEGMENTS)(*[int(w.scale is not None and w.scale.dtype == torch.float16) for w in ws],
+                                               *ints),
+                 (ctypes.c_int * MAX_SEGMENTS)(*[int(w.superblock) for w in ws], *ints), len(ws), n_in,
                  None if norm_w is None else norm_w.data_ptr(), float(eps), glu,
                  None if post_w is None else post_w.data_ptr(), float(post_eps),
                  None if q_w is None else q_w.data_ptr(), None if k_w is None else k_w.data_ptr(), n_q, n_k, hd,
@@ -195,7 +205,7 @@ def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
     if tuple(codes.shape) != tuple(w.shape) or w.dtype != torch.float32:
         return False
     rows = sorted({0, w.shape[0] // 2, w.shape[0] - 1})
-    part = replace(codes, codes=codes.codes[rows], scale=codes.scale[rows],
+    part = replace(codes, codes=codes.codes[rows], scale=None if codes.scale is None else codes.scale[rows],
                    minv=None if codes.minv is None else codes.minv[rows])
     return torch.equal(part.weight(), w.detach()[rows])
 

@@ -2,9 +2,9 @@
 
 A decode step of Gemma 3 270M streams every weight once, and in fp32 that is 1,022.5 MiB, 640 MiB
 of it the tied 262,144 x 640 head: at fp32 no kernel gets a step to 3x transformers on this
-machine (docs/performance.md). The file holds the same weights as int8 codes with a scale per
-block (Q8_0, Q5_0, Q4_K, Q6_K), 292 MiB in all, and ``fast/blockdot.py`` multiplies by them as
-they are: each weight is exactly the value the readable model holds (gguf's dequantization,
+machine (docs/performance.md). The file holds the same weights as integer codes with a scale per
+block (Q8_0, Q5_0, Q4_K, Q6_K), 235 MiB as it stores them, and ``fast/blockdot.py`` multiplies by
+them as they are: each weight is exactly the value the readable model holds (gguf's dequantization,
 value for value), only the order of the additions differs, and the activations stay fp32.
 
 So this path changes nothing but where the matmuls read their weights:

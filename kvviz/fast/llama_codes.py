@@ -1,10 +1,10 @@
 """The accelerator's Llama family on a GGUF's block codes: the readable model's forward with its
-matmuls read from the file's int8 codes (SmolLM2, Llama, Mistral, Qwen2, Qwen3).
+matmuls read from the file's block codes (SmolLM2, Llama, Mistral, Qwen2, Qwen3).
 
 A decode step streams every weight once. In fp32 SmolLM2-135M is 513 MiB a step; its Q4_1 file
 holds the same weights as codes with a scale and an offset per block of 32, and
-``fast/blockdot.py`` multiplies by them as they are (1.25 bytes a weight as int8 codes and fp32
-scales and offsets, not 4): each weight is exactly the value the readable model holds (gguf's
+``fast/blockdot.py`` multiplies by them as they are (0.625 bytes a weight, the file's nibbles and
+fp16 scales and offsets, not 4): each weight is exactly the value the readable model holds (gguf's
 dequantization, value for value), only the order of the additions differs, and the activations
 stay fp32. This is Gemma 3's path (``gemma3_flat.py``) for Llama's layer:
 

@@ -4,7 +4,7 @@ the decode step's weight matmuls for the floors.
 The floor's matmuls are grouped as kvviz.fast's Gemma step calls them (q|k|v, o, gate|up, down,
 then the tied LM head). ``floor`` runs them on the GGUF's block codes, as the step does
 (``fast/blockdot.py``); ``floor_fp32`` on the readable model's fp32 weights through the fp32 row
-kernel: what the step would stream without the codes (1,022.5 MiB a token instead of 291.8).
+kernel: what the step would stream without the codes (1,022.5 MiB a token instead of 234.95).
 ``coded_matmuls`` groups a Llama-family GGUF's step the same way (``fast/llama_codes.py``), for
 SmolLM2's floors.
 """

@@ -44,12 +44,14 @@ def test_cpu_backend_line_and_new_controls(page, app_url: str, screenshot) -> No
     assert path.exists()
 
 
-# A one-layer draft of SmolLM2's attention shape (3 KV heads x 64): SGLang gives it a pool of its own with
-# the target's #tokens. 1 GiB // (3 x 64 x 30 x 2 x 2 = 23,040 B) = 46,603 tokens; the draft's K:
-# (46,603 + 1) x 3 x 64 x 1 x 2 B = 17,895,936 B = 0.0167 GiB ("0.02 GB").
+# A one-layer draft of SmolLM2's attention shape (3 KV heads x 64): SGLang 0.5.23 counts its layer in the
+# target's cell (model_executor/pool_configurator.py:311-314: 23,040 + int(23,040 x 1 / 30) = 23,808 B) and
+# gives it a pool of its own with the target's #tokens. 1 GiB // 23,808 B = 45,100 tokens; the draft's K:
+# (45,100 + 1) x 3 x 64 x 1 x 2 B = 17,318,784 B = 0.0161 GiB ("0.02 GB"), in the line with its dtype
+# (mem_cache/memory_pool.py:2088-2090).
 DRAFT = ('{"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3, '
          '"hidden_size": 576, "max_position_embeddings": 8192, "vocab_size": 49152}')
-DRAFT_LINE = "KV Cache is allocated. #tokens: 46603, K size: 0.02 GB, V size: 0.02 GB"
+DRAFT_LINE = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 45100, K size: 0.02 GB, V size: 0.02 GB"
 
 
 def test_draft_config_upload_gives_sglang_its_draft_pool(page, app_url: str, screenshot, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -187,9 +187,17 @@ def test_huge_kv_memory_is_an_error_not_an_overflow(capsys, engine):
 
 
 def test_sglang_empty_pool_is_sglangs_error(capsys):
-    # A GPU too small for the weights left a negative rest memory and a silent "#tokens: 0" pool;
-    # SGLang's init_memory_pool raises "Not enough memory" instead (model_runner.py).
+    # A GPU too small for the weights left a negative rest memory and a silent "#tokens: 0" pool. SGLang 0.5.23
+    # refuses a rest <= 0 with its own sentence (mem_cache/kv_cache_configurator.py:3043-3058), and a budget
+    # that holds no token with "Not enough memory" (model_executor/pool_configurator.py:94-100).
     err = run_error(capsys, "--preset", "smollm2-135m", "--seq-len", "4096", "--engine", "sglang", "--gpu", "0.001")
+    assert "do not fit in the GPU's 0.001 GiB: SGLang fails while loading them" in err
+    # 'avail mem' 10 GB before, 0.5 after, 0.9: 0.5 - 1.0 < 0; minimum = 1 - 0.5 / 10 = 0.95
+    err = run_error(capsys, "--preset", "smollm2-135m", "--engine", "sglang", "--seq-len", "8", "--avail-mem-gib", "10,0.5")
+    assert ("error: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.9. Raise "
+            "--mem-fraction-static above 0.950 (minimum viable = 1 - available/pre = 0.9500).") in err
+    # 1.00001 - 10 x 0.1 = 0.00001 GB = 10,737 B: no 30 x 3 x 64 x 2 x 2 = 23,040-byte SmolLM2 token
+    err = run_error(capsys, "--preset", "smollm2-135m", "--engine", "sglang", "--seq-len", "8", "--avail-mem-gib", "10,1.00001")
     assert "error: Not enough memory. Please try to increase --mem-fraction-static." in err
 
 

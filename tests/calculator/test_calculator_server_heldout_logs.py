@@ -99,13 +99,14 @@ def test_sglang_k_size_from_tokens_qwen3_30b_a3b():
     torch.bfloat16, #tokens: 1669816, K size: 76.44 GB, V size: 76.44 GB". The pool allocates #tokens + 1
     padding slot of 4 KV heads x 128 x 48 layers x 2 B for K (memory_pool.py), in 2^30-byte GB:
     1,669,817 x 49,152 = 82,074,845,184 B = 76.44. The #tokens came from that PR's own budget, so only the
-    sizes are checked here; newer SGLang writes the dtype into the line, which 0.5.10.post1 (the source
-    kvviz follows) does not: kvviz's line is the same figures without it."""
+    sizes are checked here; SGLang 0.5.23 writes the dtype into the line (mem_cache/memory_pool.py:2088-2090),
+    as this log does, and kvviz's line is that text exactly."""
     spec = parse_config(QWEN3_30B_A3B)
     cell = 4 * 128 * 48 * 2 * 2
     sg = sglang_sizing(spec, 1_669_816 * cell)
     assert sg.tokens == 1_669_816 and sg.k_bytes == sg.v_bytes == 82_074_845_184
-    assert sg.line == "KV Cache is allocated. #tokens: 1669816, K size: 76.44 GB, V size: 76.44 GB"
+    assert sg.line == ("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1669816, K size: 76.44 GB, "
+                       "V size: 76.44 GB")
 
 
 # ---- Round 3 (issue 41's held-out set, logs 7-12): llama.cpp and SGLang lines, read by server_log_engines ----
@@ -145,7 +146,10 @@ def test_sglang_dense_tp4_qwq_32b():
     d = agree_all(rows)
     assert d[0]["predicted"] == "46,526-46,714" and d[1]["predicted"] == "1.42 / 1.42 GB"
     exact = sglang_sizing(parse_config(QWQ_32B), 46_611 * 65_536, tp=4)
-    assert exact.k_bytes == 1_527_382_016 and exact.line == "KV Cache is allocated. #tokens: 46611, K size: 1.42 GB, V size: 1.42 GB"
+    # SGLang 0.4.3.post4 printed the line without its dtype; 0.5.23 (mem_cache/memory_pool.py:2088-2090) names it
+    assert exact.k_bytes == 1_527_382_016
+    assert exact.line == "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 46611, K size: 1.42 GB, V size: 1.42 GB"
+    assert exact.line.replace("dtype: torch.bfloat16, ", "") in QWQ_LOG
 
 
 KIMI_K25_TEXT = {  # https://huggingface.co/moonshotai/Kimi-K2.5/blob/main/config.json, its text_config (DeepSeek-V3 MLA)

@@ -171,18 +171,22 @@ def test_draft_config_cli_and_other_pages(capsys, tmp_path):
 
 
 def test_sglang_draft_pool_holds_the_targets_tokens(capsys, tmp_path):
-    """SGLang 0.5.10.post1: the draft worker reuses the target's MemoryPoolConfig (init_memory_pool,
-    model_runner_kv_cache_mixin.py:893-903) and allocates a pool of its own layers, logging its own line
-    (mem_cache/memory_pool.py:686-704). Llama-3.1-8B at 10 GiB rest: cell 8 x 128 x 32 x 2 x 2 = 131,072 B,
-    10,737,418,240 // 131,072 = 81,920 tokens; the EAGLE draft's one layer: (81,920 + 1 padding slot) x 8 x
-    128 x 1 x 2 B = 167,774,208 B of K (0.156 GiB -> "0.16 GB"), the same of V."""
+    """SGLang 0.5.23: the target's cell carries the EAGLE draft's layers at the target's per-layer size
+    (model_executor/pool_configurator.py:259-320: cell += int(cell x draft layers / layers)), and the draft
+    worker reuses the target's MemoryPoolConfig (mem_cache/kv_cache_configurator.py:470-476) for a pool of its
+    own layers with its own line (mem_cache/memory_pool.py:2083-2100). Llama-3.1-8B at 10 GiB rest: cell
+    8 x 128 x 32 x 2 x 2 = 131,072 B + int(131,072 x 1 / 32) = 4,096 -> 135,168 B; 10,737,418,240 // 135,168 =
+    79,437 tokens (0.5.10.post1, which left the draft out of the cell, held 81,920); the draft's one layer:
+    (79,437 + 1 padding slot) x 8 x 128 x 1 x 2 B = 162,689,024 B of K (0.1515 GiB -> "0.15 GB"), as much V
+    (fp16: kvviz's --dtype default)."""
     (tmp_path / "t.json").write_text(json.dumps(LLAMA31_8B))
     (tmp_path / "d.json").write_text(json.dumps(EAGLE_LLAMA31_8B))
     d = run_json(capsys, "--config", str(tmp_path / "t.json"), "--engine", "sglang", "--kv-memory-gib", "10",
                  "--max-model-len", "8192", "--draft-config", str(tmp_path / "d.json"))["engine"]
-    assert d["max_total_num_tokens"] == 81_920
-    assert (d["draft"]["k_bytes"], d["draft"]["v_bytes"], d["draft"]["layers"]) == (167_774_208, 167_774_208, 1)
-    assert d["draft"]["log_line"] == "KV Cache is allocated. #tokens: 81920, K size: 0.16 GB, V size: 0.16 GB"
+    assert (d["cell_bytes"], d["max_total_num_tokens"], d["draft_layers_in_cell"]) == (135_168, 79_437, 1)
+    assert (d["draft"]["k_bytes"], d["draft"]["v_bytes"], d["draft"]["layers"]) == (162_689_024, 162_689_024, 1)
+    assert d["draft"]["log_line"] == ("KV Cache is allocated. dtype: torch.float16, #tokens: 79437, K size: 0.15 GB, "
+                                      "V size: 0.15 GB")
 
 
 # ----------------------------------------------------------------------------- rule 11: -ub
@@ -327,11 +331,11 @@ def test_available_memory_estimate_follows_request_memory(presets):
 
 
 # ----------------------------------------------------------------------------- rules 14, 15: SGLang
-# SGLang 0.5.23 is not on PyPI; these follow 0.5.10.post1, the nearest sdist there.
+# SGLang 0.5.23 (its PyPI wheel); more of rules 14 and 15 in tests/calculator/test_calculator_sglang_0523.py.
 def test_sglang_rest_from_its_avail_mem_lines(capsys):
-    """model_executor/model_runner_kv_cache_mixin.py:144-172 (profile_max_num_token): rest = the memory
-    free after loading - the memory free before x (1 - mem_fraction_static), in GB of 2^30, then
-    int(rest x 2^30) // cell. 'avail mem' 80 GB before, 64 after, 0.9: 64 - 80 x 0.1 = 56 GB =
+    """mem_cache/kv_cache_configurator.py:2990-3060 (_profile_available_bytes): rest = the memory free after
+    loading - the memory free before x (1 - mem_fraction_static) - the multimodal reserve (0 for a text
+    model), in GB of 2^30, then int(rest x 2^30) // cell (model_executor/pool_configurator.py:637-647). 'avail mem' 80 GB before, 64 after, 0.9: 64 - 80 x 0.1 = 56 GB =
     60,129,542,144 B; Llama-3-8B's cell 8 x 128 x 32 x 2 x 2 = 131,072 B: 458,752 tokens."""
     d = run_json(capsys, "--preset", "llama-3-8b", "--engine", "sglang", "--seq-len", "8192",
                  "--avail-mem-gib", "80,64")["engine"]
@@ -340,10 +344,11 @@ def test_sglang_rest_from_its_avail_mem_lines(capsys):
 
 
 def test_sglang_hybrid_swa_pools(presets):
-    """_resolve_hybrid_swa_tokens (model_runner_kv_cache_mixin.py:287-378) for the architectures
-    configs/model_config.py:1438-1448 names (gpt-oss): capacity = 10 GiB // (8 x 64 x 24 x 2 x 2 B) =
-    218,453; full = int(218,453 x 24 / (12 + 0.8 x 12)) = 242,725, sliding = int(242,725 x 0.8) = 194,180
-    (swa_full_tokens_ratio 0.8, server_args.py:360). Gemma 3 is not such an architecture: one pool."""
+    """HybridSWAPoolConfigurator (model_executor/pool_configurator.py:656-916) for the architectures
+    configs/model_config.py:2651-2697 names (gpt-oss): cell = 2,048 B x 12 full + 0.8 x 2,048 B x 12 sliding =
+    44,236.8 (:786-803), full = int(10 GiB // 44,236.8) = 242,725 (:915), sliding = int(242,725 x 0.8) = 194,180
+    (swa_full_tokens_ratio 0.8, arg_groups/fields/schedule.py:150-162). Without the hybrid pool: 10 GiB //
+    (8 x 64 x 24 x 2 x 2 B) = 218,453. Gemma 3 is not such an architecture: one pool."""
     from kvviz.calculator.server_sglang import sglang_sizing
 
     sg = sglang_sizing(presets["gpt-oss-20b"], 10 * GIB)

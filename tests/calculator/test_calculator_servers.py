@@ -98,7 +98,8 @@ def test_real_sglang_line_k_size():
     cell = 1 * 128 * 94 * 2 * 2
     sg = sglang_sizing(spec, 367404 * cell, tp=4)
     assert sg.tokens == 367404
-    assert sg.line == "KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB"
+    # that log's SGLang (mid-2025) printed no dtype; 0.5.23 names it (mem_cache/memory_pool.py:2088-2090)
+    assert sg.line == "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB"
 
 
 # ----------------------------------------------------------------------------- hand-worked vLLM
@@ -284,11 +285,12 @@ def test_llamacpp_gemma3_swa(presets):
 
 # ----------------------------------------------------------------------------- SGLang
 def test_sglang_pool(presets):
-    """model_runner.py profile_max_num_token: cell = 8 KV heads x 128 x 32 layers x 2 x 2 B = 131,072 B;
-    10 GiB of rest memory holds 81,920 tokens; the pool's 81,921 slots of K are 5.00 GB (2^30)."""
+    """SGLang 0.5.23 model_executor/pool_configurator.py:490-497 (cell) and 637-647 (#tokens): cell = 8 KV heads x
+    (128 + 128) x 32 layers x 2 B = 131,072 B; 10 GiB of rest memory holds 81,920 tokens; the pool's 81,921 slots
+    of K are 5.00 GB (2^30), logged with the pool's dtype (mem_cache/memory_pool.py:2088-2090)."""
     sg = sglang_sizing(presets["llama-3-8b"], 10 * GIB)
     assert (sg.cell_bytes, sg.tokens) == (131_072, 81_920)
-    assert sg.line == "KV Cache is allocated. #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB"
+    assert sg.line == "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB"
     assert sglang_sizing(presets["llama-3-8b"], 10 * GIB, kv_dtype="fp8").tokens == 163_840
     assert sglang_sizing(presets["llama-3-8b"], 10 * GIB, page_size=64).tokens == 81_920 // 64 * 64
 

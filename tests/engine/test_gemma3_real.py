@@ -119,3 +119,20 @@ def test_past_the_window_equals_transformers(gemma3: LoadedModel, ref: dict[str,
                 assert logits.topk(5).indices.tolist() == top["ids"][:5], pos
     finally:
         hook.remove()
+
+
+
+def test_a_step_streams_the_files_own_bytes_as_llama_cpp_reads_them(gemma3: LoadedModel) -> None:
+    # Issue 42: every quantized matrix is read as the file stores it, the Q4_K and Q6_K super-blocks
+    # included (their scales inside them), so a decode step streams exactly the file's bytes for
+    # them, as llama.cpp does: the reference is the GGUF's own tensor data, read apart from the
+    # loader. 234.95 MiB; 244.0 while the K types' scales were fp32 per sub-block.
+    from kvviz.engine.loading.gemma3_package import gemma3_path
+    from kvviz.engine.loading.gguf_lite import read_gguf
+
+    quantized = [t for t in read_gguf(gemma3_path()).tensors if t.tensor_type.name != "F32"]
+    assert len(quantized) == 18 * 7 + 1 and all(len(t.shape) == 2 for t in quantized)  # 7 a layer + the embedding
+    plan = gemma3.fast.plan()  # type: ignore[union-attr]
+    assert plan.fp32_bytes == 0  # every matmul on codes; the tied head reads the embedding's once
+    assert plan.coded_bytes == sum(t.data.nbytes for t in quantized) == gemma3.info["codes_bytes"]
+    assert round(plan.coded_bytes / 2**20, 2) == 234.95

@@ -49,20 +49,23 @@ def test_codes_rebuild_every_weight_as_gguf_dequantizes_it(qtype: Q) -> None:
     got = codes.weight().numpy()
     assert np.array_equal(got, want), f"{qtype.name}: {np.sum(got != want)} weights differ"
     assert codes.block == (16 if qtype == Q.Q6_K else 32)
-    assert (codes.minv is None) == (qtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q6_K))
+    assert (codes.scales()[1] is None) == (qtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q6_K))
     assert codes.bits == BITS[qtype] and codes.codes.dtype == (torch.int8 if codes.bits == 8 else torch.uint8)
+    assert codes.superblock == (qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K)) and codes.shape == (24, 512)
     flat = block_codes(t, packed=False)  # one int8 a weight, fp32 scales: the same weights
     assert flat is not None and flat.bits == 8 and flat.scale.dtype == torch.float32
     assert torch.equal(flat.weight(), codes.weight()) and torch.equal(flat.codes, codes.unpacked())
 
 
-# The bits a code streams in, by type: the 4- and 5-bit types packed, Q8_0 and Q6_K one int8 a weight.
-BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q5_K: 5, Q.Q6_K: 8}
-# Bytes a weight the kernel streams, codes, scales and offsets (hand-computed per block of 32, or
-# Q6_K's 16): the legacy types exactly their file size, as llama.cpp reads them (Q4_1: 16 bytes of
-# nibbles + fp16 d + fp16 m = 20 / 32 = 0.625); the K types 16 | 20 bytes + fp32 scale and offset.
+# The bits a code streams in, by type: packed, Q8_0 one int8 a weight.
+BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q5_K: 5, Q.Q6_K: 6}
+# Bytes a weight the kernel streams, codes, scales and offsets, hand-computed from ggml's block
+# structs: every type exactly its file size, as llama.cpp reads it. Legacy, per block of 32: Q4_1
+# 16 bytes of nibbles + fp16 d + fp16 m = 20 / 32 = 0.625. K, per super-block of 256: Q4_K fp16 d,
+# dmin + 12 bytes of 6-bit scales and mins + 128 of nibbles = 144 / 256 = 0.5625; Q5_K + 32 bytes of
+# fifth bits = 176; Q6_K 128 + 64 bytes of codes + 16 int8 scales + fp16 d = 210 (0.8203125).
 BYTES_PER_WEIGHT = {Q.Q4_0: 18 / 32, Q.Q4_1: 20 / 32, Q.Q5_0: 22 / 32, Q.Q5_1: 24 / 32, Q.Q8_0: 34 / 32,
-                    Q.Q4_K: 24 / 32, Q.Q5_K: 28 / 32, Q.Q6_K: 20 / 16}
+                    Q.Q4_K: 144 / 256, Q.Q5_K: 176 / 256, Q.Q6_K: 210 / 256}
 
 
 @pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
@@ -71,8 +74,9 @@ def test_packed_codes_stream_the_bytes_llama_cpp_reads(qtype: Q) -> None:
     codes = block_codes(t)
     assert codes is not None
     assert codes.nbytes == BYTES_PER_WEIGHT[qtype] * 8 * 512
-    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):  # the file's own bytes, not one more
-        assert codes.nbytes == np.asarray(t.data).nbytes
+    assert codes.nbytes == np.asarray(t.data).nbytes  # the file's own bytes, not one more
+    if codes.superblock:  # the super-blocks verbatim: scales and offsets are read inside them
+        assert np.array_equal(codes.codes.numpy(), np.asarray(t.data)) and codes.scale is None and codes.minv is None
 
 
 def test_types_the_kernel_does_not_read_stay_fp32() -> None:

@@ -21,12 +21,12 @@ ALLOWED = {
     ("kvviz/ui/pages/calculator/calculator.py", "KB"),
     ("kvviz/calculator/__init__.py", "GB"),  # the constant's name in __all__
     # SGLang's own log lines, in its words (its GB is 2**30 bytes: sglang's memory_pool GB = 1024**3)
-    ("kvviz/calculator/server_sglang.py", "KV Cache is allocated. #tokens: {}, KV size: {} GB"),
-    ("kvviz/calculator/server_sglang.py", "KV Cache is allocated. #tokens: {}, K size: {} GB, V size: {} GB"),
-    # llama.cpp's and SGLang's startup lines as server_log_engines parses and quotes them, in their words
-    *(("kvviz/calculator/server_log_engines.py", a) for a in (
-        "\\s*GB)", "\\s*GB", " GB", "\\s*GB|KV size:\\s*", " / {} GB", "\\s*GB,\\s*V size:\\s*",
-        "from avail mem {} GB before and {} GB after loading, mem_fraction_static {}")),
+    ("kvviz/calculator/server_sglang.py", "KV size: {} GB"),
+    ("kvviz/calculator/server_sglang.py", "K size: {} GB, V size: {} GB"),
+    ("kvviz/calculator/server_sglang.py", "Reserving {} GB of the KV budget for post-sizing multimodal allocations"),
+    # the SGLang log reader: its patterns and the figures it quotes back, in the log's own GB (2**30)
+    ("kvviz/calculator/server_log_engines.py", r"\s*GB"),
+    ("kvviz/calculator/server_log_engines.py", " GB"),
 }
 
 

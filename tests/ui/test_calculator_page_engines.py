@@ -71,3 +71,28 @@ def test_cpu_backend_async_and_ubatch_controls() -> None:
     assert "+ 1 = 265 + full: ceil(131,072 / 16) = 8,192; 8,457 blocks in all" in code  # async: 2 x 2,048 in flight
     at.checkbox(key="mem_eng_async").uncheck().run()
     assert "+ 1 = 137 + full: ceil(131,072 / 16) = 8,192; 8,329 blocks in all" in "\n".join(c.value for c in at.code)
+
+
+def test_sglang_multimodal_reserve_controls() -> None:
+    """SGLang 0.5.23 takes a multimodal model's reserve off the pool's budget (mem_cache/kv_cache_configurator.py
+    :202-219, 3034-3038): SGLANG_VLM_CACHE_SIZE_MB = 100 MB (environ.py:1598), / 1024 = 0.09765625 GB of 2^30,
+    i.e. 104,857,600 B = 800 of Llama-3-8B's 131,072-byte tokens; with --mm-feature-transport cuda_ipc also
+    SGLANG_MM_FEATURE_CACHE_MB = 1,024 MB (environ.py:1622): 1,124 MiB = 8,992 tokens. The rest memory is
+    estimated here (available KV memory 0), so the reserve comes off it; a given rest memory is the budget itself."""
+    at = AppTest.from_function(_script, default_timeout=60).run()
+    assert not at.exception
+
+    def tokens() -> int:
+        return int({x.label: x.value for x in at.metric}["SGLang: #tokens"].replace(",", ""))
+
+    plain = tokens()
+    at.checkbox(key="mem_eng_sgl_mm").check().run()
+    assert not at.exception and plain - tokens() == 800
+    code = "\n".join(c.value for c in at.code)
+    assert "- multimodal reserve: -0.0977 GiB" in code
+    assert "Reserving 0.10 GB of the KV budget for post-sizing multimodal allocations" in code
+    at.selectbox(key="mem_eng_sgl_transport").set_value("cuda_ipc").run()
+    assert plain - tokens() == 8_992
+    assert "Reserving 1.10 GB of the KV budget" in "\n".join(c.value for c in at.code)
+    at.number_input(key="mem_eng_kv_gib").set_value(30.0).run()  # rest given: no reserve taken from it
+    assert tokens() == 30 * 1024**3 // 131072

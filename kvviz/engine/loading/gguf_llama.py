@@ -256,9 +256,10 @@ def dequantize_tensor(t: LiteTensor, codes: BlockCodes | None = None) -> torch.T
 
 
 def unpermute_codes(c: BlockCodes, n_head: int) -> BlockCodes:
-    """``unpermute_rope_rows`` on codes: a block never spans rows, so the codes, scales and offsets
-    move with their rows and still rebuild the unpermuted weight value for value."""
-    return replace(c, codes=unpermute_rope_rows(c.codes, n_head), scale=unpermute_rope_rows(c.scale, n_head),
+    """``unpermute_rope_rows`` on codes: a block (or K super-block) never spans rows, so the codes,
+    scales and offsets move with their rows and still rebuild the unpermuted weight value for value."""
+    return replace(c, codes=unpermute_rope_rows(c.codes, n_head),
+                   scale=None if c.scale is None else unpermute_rope_rows(c.scale, n_head),
                    minv=None if c.minv is None else unpermute_rope_rows(c.minv, n_head))
 
 

@@ -17,6 +17,10 @@
  * fp16 (widened a row at a time): SmolLM2's Q4_1 layers read 0.625 bytes a weight, as llama.cpp
  * reads them, where one int8 code a weight and fp32 scale and offset read 1.25.
  *
+ * The K types (Q4_K, Q5_K, Q6_K) stream their super-blocks of 256 as the file stores them, fp16 d
+ * and dmin and 6-bit sub-block scales unpacked in registers (kblocks.c): 0.5625, 0.6875 and
+ * 0.8203125 bytes a weight, as llama.cpp reads them.
+ *
  * Segments sit side by side in the output (q|k|v; gate|up), each with its own block size (16 or
  * 32), packing and types. A thread owns one contiguous stretch of output rows, read front to back.
  * kvviz/fast/rowops.py builds this file with the others; kvviz/fast/blockdot.py calls it.
@@ -28,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kblocks.h"
 #include "rowcommon.h"
 
 #define MAX_BSEG 3
@@ -46,6 +51,8 @@ typedef struct {
                           * nibbles as for 4 (ggml's Q5_0 without its scale). */
     int zero[MAX_BSEG];  /* subtracted from each unpacked 4/5-bit code: Q4_0's 8, Q5_0's 16, else 0 */
     int half[MAX_BSEG];  /* scale and minv are fp16 (the legacy types' own d and m: exact) */
+    int kq[MAX_BSEG];    /* 1: the codes are K super-blocks of 256 as the file stores them (bits 4 Q4_K,
+                          * 5 Q5_K, 6 Q6_K; kblocks.c reads them); scale and minv are then NULL */
     int n_seg;
     int n_in;
     /* What a Gemma or Llama layer does around its matmuls, fused so a step is a few calls, not dozens of ops: */
@@ -64,28 +71,13 @@ typedef struct {
     float qk_eps;
 } kv_blocks;
 
-#if defined(__F16C__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
-/* An IEEE half as fp32 (exact: every half is an fp32). */
-static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-    union { uint32_t u; float f; } v;
-    if (ex == 0) { /* zero or subnormal: man * 2^-24, exact */
-        const float f = ldexpf((float)man, -24);
-        return sign ? -f : f;
-    }
-    v.u = sign | (ex == 31 ? 0x7F800000u | (man << 13) : ((ex + 112u) << 23) | (man << 13));
-    return v.f;
-#endif
-}
-
 /* Bytes one row of segment s takes. */
-static inline size_t row_bytes(int bits, int n_in) {
+static inline size_t row_bytes(int bits, int kq, int n_in) {
+    if (kq) return (size_t)(n_in / KV_QK_K) * kv_k_block_bytes(bits);
     return bits == 8 ? (size_t)n_in : (size_t)(n_in / 32) * (bits == 4 ? 16 : 20);
 }
 
@@ -236,12 +228,25 @@ static inline const float *row_floats(const void *t, int half, int r, int nb, fl
 static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const float *x, int m, const float *sx,
                     int ld, float *y) {
     const int n_in = p->n_in, block = p->block[s], nb = n_in / block, bits = p->bits[s], half = p->half[s];
-    const int zero = p->zero[s];
-    const size_t rb = row_bytes(bits, n_in);
+    const int zero = p->zero[s], kq = p->kq[s];
+    const size_t rb = row_bytes(bits, kq, n_in);
     const float *bias = p->bias[s];
     float (*const row)(const uint8_t *, const float *, const float *, int, int) =
         bits == 4 ? (zero ? row_k4z : row_k4) : (bits == 5 ? (zero ? row_k5z : row_k5) : (block == 32 ? row_k8_32 : row_k8_16));
     float sbuf[half ? nb : 1], mbuf[half && p->minv[s] ? nb : 1];
+    if (kq) { /* K super-blocks: their scales and offsets are read inside them (kblocks.c) */
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
+            for (int i = 0; i < m; i++) {
+                const float *xi = x + (size_t)i * n_in;
+                float v = bits == 6 ? kv_row_q6k(c, xi, n_in / KV_QK_K)
+                                    : kv_row_q45k(c, xi, n_in / KV_QK_K, sx + (size_t)i * nb, bits);
+                if (bias) v += bias[r];
+                y[(size_t)i * ld + col + r] = v;
+            }
+        }
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
         const float *sc = row_floats(p->scale[s], half, r, nb, sbuf);
@@ -333,9 +338,11 @@ static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_thr
     int ld = 0, need_sums = 0, min_block = 32;
     for (int s = 0; s < p->n_seg; s++) {
         if ((p->block[s] != 16 && p->block[s] != 32) || n_in % p->block[s]) return -1;
-        if (p->bits[s] != 8 && (p->block[s] != 32 || (p->bits[s] != 4 && p->bits[s] != 5))) return -1;
+        if (p->kq[s] ? (n_in % KV_QK_K || p->block[s] != (p->bits[s] == 6 ? 16 : 32) || !kv_k_block_bytes(p->bits[s]))
+                     : (p->bits[s] != 8 && (p->block[s] != 32 || (p->bits[s] != 4 && p->bits[s] != 5))))
+            return -1;
         ld += p->n_out[s];
-        if (p->minv[s]) need_sums = 1;
+        if (p->minv[s] || (p->kq[s] && p->bits[s] != 6)) need_sums = 1; /* Q4_K and Q5_K have offsets */
         if (p->block[s] < min_block) min_block = p->block[s];
     }
     /* Per-block sums of each input row at the smallest block size; a 32-block segment adds pairs. */

@@ -1,9 +1,30 @@
 /* What the row kernels share (rowops.c: GPT-2's (in, out) layout; rowdot.c: nn.Linear's
- * (out, in) layout; blockdot.c: block codes): exp without a libm call, so the activation loops vectorize. */
+ * (out, in) layout; blockdot.c and kblocks.c: block codes): exp without a libm call, so the activation
+ * loops vectorize, fp16 widening, RMSNorm, RoPE. */
 #ifndef KVVIZ_ROWCOMMON_H
 #define KVVIZ_ROWCOMMON_H
 
 #include <math.h>
+#include <stdint.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* An IEEE half as fp32 (exact: every half is an fp32). blockdot.c and kblocks.c read the GGUF's fp16 scales. */
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, ex = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    union { uint32_t u; float f; } v;
+    if (ex == 0) { /* zero or subnormal: man * 2^-24, exact */
+        const float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    v.u = sign | (ex == 31 ? 0x7F800000u | (man << 13) : ((ex + 112u) << 23) | (man << 13));
+    return v.f;
+#endif
+}
 
 /* exp(v) for |v| <= 88 in plain arithmetic, so the activation loops vectorize (a call to expf
  * would not): v = k ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (error < 2e-7

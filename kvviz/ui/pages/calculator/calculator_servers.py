@@ -14,6 +14,7 @@ from kvviz.calculator import DEFAULT_BLOCK_SIZE, GIB, CalcError, MemoryRequest, 
 from kvviz.calculator.hf_config import MAX_CONFIG_BYTES
 from kvviz.calculator.server_llamacpp import CACHE_TYPES
 from kvviz.calculator.server_mix import lengths_from_percentiles, parse_percentiles
+from kvviz.calculator.server_sglang import MM_TRANSPORTS
 from kvviz.calculator.server_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, settings_from_log
 from kvviz.calculator.server_vllm import VLLMSettings
 from kvviz.calculator.server_vllm_defaults import DEVICES, default_batched_tokens, default_block_size
@@ -27,7 +28,8 @@ from kvviz.units import exact_ratio
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
             "mem_eng_frac": 0.9, "mem_eng_log": "", "mem_eng_pcts": "", "mem_eng_device": "cuda",
-            "mem_eng_async": True, "mem_eng_ub": 512, "mem_eng_fa": "auto"}
+            "mem_eng_async": True, "mem_eng_ub": 512, "mem_eng_fa": "auto", "mem_eng_sgl_mm": False,
+            "mem_eng_sgl_transport": "cpu"}
 
 
 def _controls() -> None:
@@ -63,6 +65,13 @@ def _controls() -> None:
                      key="mem_eng_draft", max_upload_size=1,
                      help="Its layers hold KV beside the target's in vLLM's blocks; SGLang gives the draft a pool "
                           "of its own with the target's #tokens.")
+    c = st.columns(4)
+    c[0].checkbox("SGLang: multimodal model", key="mem_eng_sgl_mm",
+                  help="SGLang 0.5.23 takes a multimodal model's reserve out of the pool's budget: "
+                       "SGLANG_VLM_CACHE_SIZE_MB (100 MiB), plus SGLANG_MM_FEATURE_CACHE_MB (1,024 MiB) when the "
+                       "features travel by cuda_ipc or cuda_vmm.")
+    c[1].selectbox("SGLang --mm-feature-transport", MM_TRANSPORTS, key="mem_eng_sgl_transport",
+                   help="cpu is the default on one node; cuda_ipc and cuda_vmm keep a GPU pool for the features.")
     c = st.columns([1, 3])
     c[0].checkbox("llama.cpp --swa-full", key="mem_eng_swa_full")
     c[1].text_input("Request lengths as percentiles (vLLM), e.g. 50:2000,90:8000,99:16000", key="mem_eng_pcts",
@@ -112,7 +121,8 @@ def _request(engine: str, req: MemoryRequest, params: int | None) -> EngineReque
         swa_full=bool(ss["mem_eng_swa_full"]), mem_fraction_static=float(ss["mem_eng_frac"]),
         lengths=_lengths() if engine == "vllm" else (), device=device, async_scheduling=bool(ss["mem_eng_async"]),
         draft=draft_spec() if engine in ("vllm", "sglang") else None, n_ubatch=int(ss["mem_eng_ub"]),
-        flash_attn=ss["mem_eng_fa"] != "off")
+        flash_attn=ss["mem_eng_fa"] != "off", multimodal=bool(ss["mem_eng_sgl_mm"]),
+        mm_feature_transport=str(ss["mem_eng_sgl_transport"]))
 
 
 def _gpu_name() -> str:
@@ -146,7 +156,9 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
         col.caption(f"-c {er.max_model_len:,} padded to {d['n_ctx_padded']:,}, -np {er.n_seq}, -ub {er.n_ubatch}")
     else:
         col.metric("SGLang: #tokens", f"{d['max_total_num_tokens']:,}")
-        col.caption("rest memory given (exact)" if d["exact"] else "rest memory estimated from the GPU and weights")
+        col.caption(("rest memory given (exact)" if d["exact"] else "rest memory estimated from the GPU and weights")
+                    + (f"; multimodal reserve {d['mm_reserve_bytes'] / GIB:,.4f} GiB taken off"
+                       if d["mm_reserve_bytes"] else ""))
     col.code(text, language=None, wrap_lines=True)  # a third of the page: long lines wrap, never scroll away
 
 
