@@ -28,7 +28,9 @@ from kvviz.evaluate import bits_per_byte
 from kvviz.hostinfo import available_memory_bytes, cpu_name
 from kvviz.engine.models.gpt2_config import GPTConfig, show
 from kvviz.engine.models.gpt2 import GPT
-from kvviz.safeio import describe_path, kind_of, pseudo_fs, read_maybe_gzip, save_results, write_atomic
+from kvviz.engine.loading.safetensors_header import read_tensors
+from kvviz.safeio import (describe_path, kind_of, parse_json, pseudo_fs, read_bounded, read_maybe_gzip, save_results,
+                          write_atomic)
 from kvviz.units import fmt_bytes
 
 VAL_FRACTION = 0.1
@@ -36,6 +38,7 @@ DEFAULT_OUT = "out/shakespeare"  # never the shipped model: a bare `train` must 
 MAX_CORPUS_BYTES = 256 * 2**20  # held as int64 ids: 8 bytes of memory per corpus byte
 MAX_BATCH = 4096
 MAX_EVAL_BATCHES = 10_000
+MAX_STATE_JSON_BYTES = 64 * 2**20  # state.json: a few hundred bytes per evaluation in its history
 
 
 @dataclass(frozen=True)
@@ -127,15 +130,13 @@ def _save_state(path: Path, model: GPT, opt: torch.optim.Optimizer, step: int, g
 
 
 def _load_state(path: Path, model: GPT, opt: torch.optim.Optimizer, gen: torch.Generator) -> dict:
-    from safetensors.torch import load_file
-
     if not (path / "state.safetensors").is_file():
         raise KVVizError(f"--resume: no training state in {path}")
-    tensors = load_file(str(path / "state.safetensors"))
+    tensors = read_tensors(path / "state.safetensors")  # the one safetensors reader: a broken file is one line
     sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     sd["lm_head.weight"] = sd["transformer.wte.weight"]
     model.load_state_dict(sd)
-    meta = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    meta = parse_json(read_bounded(path / "state.json", MAX_STATE_JSON_BYTES, "the training state"), "state.json")
     for n, p in model.named_parameters():
         if f"opt.{n}.exp_avg" in tensors:
             opt.state[p] = {

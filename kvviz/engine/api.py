@@ -16,7 +16,7 @@ from typing import Sequence
 
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.generation.events import Run
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 from kvviz.engine.generation.request import GenerateRequest, Prompt
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.engine.generation.valid_request import Beam, CacheSpec, Speculative

@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable
 
 from kvviz.engine.generation.request import kv_spec
-from kvviz.engine.kvcache.kv_spec import rotates_keys
+from kvviz.engine.generation.kv_spec import rotates_keys
 from kvviz.engine.loading.loader import SHAKESPEARE_CORPUS, LoadedModel
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import by_position, compare, nll_through_cache

@@ -22,7 +22,7 @@ from kvviz.engine.core.step import backend_of, run_step
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.errors import KVVizError
 

@@ -20,7 +20,7 @@ from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.generation.events import Run, StepEvent
 from kvviz.engine.generation.flops import forward_bytes, forward_flops
 from kvviz.engine.api import iter_generate
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 from kvviz.engine.generation.sampling import SamplingParams
 from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.measure.stats import MODES, Sample

@@ -179,7 +179,7 @@ def test_a_config_that_lies_about_its_size_is_refused_from_the_header(tmp_path: 
     def no_build(*a: Any, **k: Any) -> None:
         raise AssertionError("the model was built before the header was checked")
 
-    monkeypatch.setattr(load_mod, "_read_safetensors", no_build)
+    monkeypatch.setattr(load_mod, "read_tensors", no_build)
     with pytest.raises(KVVizError, match="does not match its config.json: missing tensors"):
         load_model(str(folder))
 
@@ -290,6 +290,34 @@ def test_non_finite_logits_are_named_with_step_and_layer(overflowing: LoadedMode
 def test_a_broken_readable_model_is_found_without_the_accelerator(overflowing: LoadedModel) -> None:
     with pytest.raises(NonFiniteLogits, match=re.escape("layer 1 (transformer.h.1.ln_2)")):
         kvviz.generate(overflowing, prompt="Hi", max_new_tokens=2, backend="readable")
+
+
+def test_the_diagnosis_runs_through_the_step_driver(make_llama: Callable[..., LoadedModel],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The diagnosis forward (after non-finite logits) is one uncached ``run_step`` of the readable
+    model over the sequence so far (issue 38: no forward outside the step driver), for a Llama too:
+    its hooks name the Llama's own module."""
+    from kvviz.engine.core import stream_base
+    from kvviz.engine.loaded import wrap_model
+    from kvviz.engine.models.llama import Llama
+
+    m = make_llama(seed=5)
+    net = Llama(m.config)
+    net.load_state_dict(m.model.state_dict())
+    with torch.no_grad():
+        net.model.layers[1].post_attention_layernorm.weight.fill_(3e38)  # layer 1's MLP input overflows
+    broken = wrap_model(net.eval(), m.tokenizer, "overflow", torch.device("cpu"), torch.float32, True, "tests")
+    calls: list[tuple[Any, Any, tuple[int, ...]]] = []
+    real = stream_base.run_step
+
+    def spy(model: Any, cache: Any, ids: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        calls.append((cache, k.get("backend"), tuple(ids.shape)))
+        return real(model, cache, ids, *a, **k)
+
+    monkeypatch.setattr(stream_base, "run_step", spy)
+    with pytest.raises(NonFiniteLogits, match=re.escape("at step 0, first in layer 1 (model.layers.1.")):
+        kvviz.generate(broken, prompt=[5, 6, 7], max_new_tokens=2)
+    assert calls == [(None, "readable", (1, 3))]  # the three prompt tokens, no cache, the readable model
 
 
 # ----------------------------------------------------------------------------- eval

@@ -17,7 +17,7 @@ from kvviz.engine.generation.capture import ForwardCapture
 from kvviz.engine.generation.request import kv_spec
 from kvviz.engine.kvcache.compressed_caches import WindowKVCache, layer_thetas
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.kvcache.kv_spec import position_rules
+from kvviz.engine.generation.kv_spec import position_rules
 from kvviz.engine.models.gemma3 import inv_freq, layer_inputs
 from kvviz.measure.kvcompare import compare
 from test_gemma3_tiny import tiny

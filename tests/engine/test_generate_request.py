@@ -1,6 +1,6 @@
 """One request, one stream base: ``GenerateRequest`` checks everything once, ``iter_generate`` is a
 thin front over it (a dozen parameters, the request's fields), and every stream (plain, beam, speculative)
-decodes, stops and builds its Run in the one shared place (engine/generation/stream_base.py).
+decodes, stops and builds its Run in the one shared place (engine/core/stream_base.py).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import kvviz
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.api import iter_generate, open_stream
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 from kvviz.engine.generation.request import GenerateRequest
 from kvviz.engine.generation.valid_request import BeamOptions, SpecOptions
 from kvviz.engine.loading.loader import LoadedModel

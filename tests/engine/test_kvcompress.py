@@ -13,7 +13,7 @@ from kvviz.engine.generation.request import kv_spec
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.kvcache.kv_quant import (dequantize_fp8, dequantize_int, fp8_scale, pack_int4, quantize_fp8, quantize_int,
                                   unpack_int4)
-from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
+from kvviz.engine.generation.kv_spec import KVSpec, resolve
 from kvviz.errors import KVVizError
 from kvviz.measure.kvcompare import compare, nll_through_cache, plain_nll
 from kvviz.calculator.compressed import CacheShape, Compression, cache_bytes

@@ -19,7 +19,7 @@ from kvviz.engine.generation.request import kv_spec
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.kvcache.dense import layer_windows
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
+from kvviz.engine.generation.kv_spec import KVSpec, resolve
 from kvviz.engine.loaded import wrap_model
 from kvviz.engine.models.llama import Llama, LlamaConfig
 from kvviz.engine.tokenize.tokenizer import ByteTokenizer

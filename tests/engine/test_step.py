@@ -91,7 +91,7 @@ def test_commit_false_leaves_the_commit_to_the_caller(make_llama: Callable[..., 
 def test_pieces_on_a_full_window_equal_one_token_at_a_time(make_llama: Callable[..., LoadedModel]) -> None:
     """A window cache that is full takes one token per forward: run_pieces feeds 6 tokens as 6
     committed steps, the same float operations as feeding them one by one (so equal exactly)."""
-    from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
+    from kvviz.engine.generation.kv_spec import KVSpec, resolve
 
     m = make_llama(seed=6)
     spec = resolve(KVSpec(window=4, sinks=1), "llama", m.config.head_dim, m.config.block_size)

@@ -145,3 +145,48 @@ def test_the_path_check_is_not_vacuous() -> None:
     text = ("`kvviz/engine/loaded.py` `engine/loading/loader.py` `kvviz/nowhere.py` `measure/bench_cli.py`\n"
             "`kvviz/fast/`: x\n- `csrc/blockdot.c`, `csrc/missing.c`, `no_such_module.py`, `model.py`\n")
     assert missing_paths(text) == ["kvviz/nowhere.py", "measure/bench_cli.py", "csrc/missing.c", "no_such_module.py"]
+
+
+# ----------------------------------------------------------------------------- the floors' lists, word for word
+def _bullet(text: str, start: str) -> str:
+    """The bullet of the floors section that starts with ``start``, its continuation lines joined."""
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(start))
+    out = [lines[i]]
+    for line in lines[i + 1:]:
+        if not line.startswith("  "):
+            break
+        out.append(line)
+    return " ".join(out)
+
+
+def dotted_names(bullet: str) -> set[str]:
+    return set(re.findall(r"`(kvviz(?:\.\w+)*)`", bullet))
+
+
+def test_the_no_torch_list_is_the_floors_tests() -> None:
+    """The doc's "No torch" bullet names exactly the floors test's NO_TORCH (it once named 9 of 12)."""
+    from test_floors import NO_TORCH
+
+    assert dotted_names(_bullet(DOC.read_text(), "- **No torch** in")) == set(NO_TORCH)
+
+
+def test_the_folder_markers_named_are_the_floors_tests() -> None:
+    """Every folder marker of the floors test is named in the doc's bullet (sub-packages of
+    kvviz.engine by their short names, the page folders together), and no other."""
+    from test_floors import EMPTY_PACKAGES
+
+    bullet = _bullet(DOC.read_text(), "- **Imports point down or across a floor, never up.**")
+    head = bullet[:bullet.index("hold a docstring at most")]
+    engine_subs = re.search(r"`kvviz\.engine` and its\s+sub-packages (.*?);", head)
+    assert engine_subs, head
+    named = {"kvviz.engine"} | {f"kvviz.engine.{n}" for n in re.findall(r"`(\w+)`", engine_subs.group(1))}
+    named |= dotted_names(head[engine_subs.end():])
+    pages = {m for m in EMPTY_PACKAGES if m.startswith("kvviz.ui.pages.")}
+    assert "its page folders" in head
+    assert named == set(EMPTY_PACKAGES) - pages
+
+
+def test_the_list_checks_are_not_vacuous() -> None:
+    text = "- **No torch** in `kvviz.units` and\n  `kvviz.errors`.\n- next\n"
+    assert dotted_names(_bullet(text, "- **No torch** in")) == {"kvviz.units", "kvviz.errors"}

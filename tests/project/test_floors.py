@@ -28,14 +28,12 @@ FLOORS: dict[str, int] = {
     # engine/models: the readable families, their configs and the attention mask (2).
     "kvviz.engine.models": 2,
     "kvviz.engine.tokenize": 1,  # tokenizers and chat templates: text <-> ids, no model
-    # engine/kvcache: the caches, their bookkeeping and quantizers (2); the cache request (1), which the
-    # checked generation request (engine/generation, 1) holds.
-    "kvviz.engine.kvcache": 2, "kvviz.engine.kvcache.kv_spec": 1,
-    # engine/generation: the loop, the stream base every strategy shares and the request with its checks (5)
-    # over what they run on (1): the checked request, sampling, stops, events, captures, the non-finite
-    # diagnosis, FLOPs.
-    "kvviz.engine.generation": 1, "kvviz.engine.generation.loop": 5, "kvviz.engine.generation.request": 5,
-    "kvviz.engine.generation.stream_base": 5,
+    # engine/kvcache: the caches, their bookkeeping and quantizers (2).
+    "kvviz.engine.kvcache": 2,
+    # engine/generation: what a generation runs on (1): the request's values (the compressed-cache
+    # request, KVSpec, among them) and the checked request, sampling, stops, events, captures, the
+    # non-finite diagnosis, FLOPs; and the request with its checks (5), which opens the strategies' checks.
+    "kvviz.engine.generation": 1, "kvviz.engine.generation.request": 5,
     # engine/loading: checkpoints -> the readable model (2), beside the families they fill; the GGUF
     # readers sit below (1): the tokenizers (1) read GGUF metadata, the block kernel (1) its codes. The accelerator (kvviz.fast, 3) is above them and
     # engine/loaded.py (4) above both builds it: no loader imports kvviz.fast.
@@ -43,13 +41,15 @@ FLOORS: dict[str, int] = {
     "kvviz.engine.loading.gguf_checks": 1,
     "kvviz.engine.loading.gguf_lite": 1,  # the one GGUF reader: header checked, metadata and tensor views in one pass
     "kvviz.engine.loading.gguf_codes": 1,  # a quantized tensor's blocks as BlockCodes, the block kernel's input: file data
-    "kvviz.engine.core": 5,  # the step driver: plan, forward, commit; every generation path runs through it
+    # the step driver (plan, forward, commit; every generation path runs through it), the plain loop
+    # over it and the stream base every strategy shares
+    "kvviz.engine.core": 5,
     "kvviz.engine.serving": 5, "kvviz.engine.serving.records": 1,  # the serving scheduler (5) and its plain records (1)
     # engine/strategy: beam search and speculative decoding, streams over the loop's stream base (5);
     # their records are plain dataclasses in engine/generation (strategy_events.py), beside the Run.
     "kvviz.engine.strategy": 5,
-    # engine/sessions: loops over one cache beside the loop (5); a turn's record and undo data (2).
-    "kvviz.engine.sessions": 5, "kvviz.engine.sessions.turn": 2,
+    # engine/sessions: loops over one cache beside the loop, and a turn's record and undo data (5).
+    "kvviz.engine.sessions": 5,
     # The accelerator and its kernels: built from a model (2) by engine/loaded.py (4).
     "kvviz.fast": 3,
     "kvviz.charts": 2,  # pure Plotly

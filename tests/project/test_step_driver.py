@@ -80,4 +80,47 @@ def test_the_step_driver_is_where_the_backend_forward_runs() -> None:
     """The check would pass vacuously if it never read the file that holds the forward call."""
     step = (ROOT / "kvviz/engine/core/step.py").read_text()
     assert forward_calls(step), "run_step runs backend_forward(...); the checker must see it there"
-    assert ROOT / "kvviz/engine/generation/loop.py" in _checked_modules()
+    assert ROOT / "kvviz/engine/core/loop.py" in _checked_modules()
+
+
+# ----------------------------------------------------------------------------- the cache's step moves
+# docs/ARCHITECTURE.md, Data flow: "The step driver (`run_step`) alone plans and advances the cache
+# (`plan_step`, `advance`); attention layers only `update` it". Who else may make a step's moves, and why.
+MOVES_ALLOWED: dict[str, str] = {
+    "kvviz/engine/core/step.py": "the step driver: plan, forward, commit or abort",
+    "kvviz/engine/kvcache/": "the caches themselves (a reset, truncate or restore drops an open plan)",
+    "kvviz/engine/serving/ragged_cache.py": "the serving cache itself",
+    "kvviz/engine/serving/engine.py": "close(): abort_step only, so however a run ends no plan is left",
+    "kvviz/ui/pages/calculator/calculator_measured.py": "writes meta K/V with no model (ARCHITECTURE.md says why)",
+}
+STEP_MOVES = ("plan_step", "abort_step")
+
+
+def cache_moves(source: str) -> list[str]:
+    """'line: what' for each call of ``X.plan_step``/``X.abort_step``, and of ``X.advance`` where X
+    names a cache (``cache``, ``self.cache``, ``c.kv_cache``: a stepper's or a stream's ``advance`` is another move)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            what, receiver = node.func.attr, ast.unparse(node.func.value)
+            if what in STEP_MOVES or (what == "advance" and receiver.lower().endswith("cache")):
+                found.append(f"{node.lineno}: {receiver}.{what}(...)")
+    return found
+
+
+def test_only_the_step_driver_plans_and_commits_a_step() -> None:
+    paths = sorted([*ROOT.joinpath("kvviz").rglob("*.py"), ROOT / "app.py"])
+    found = {rel: hits for p in paths if not (rel := str(p.relative_to(ROOT))).startswith(tuple(MOVES_ALLOWED))
+             and (hits := cache_moves(p.read_text()))}
+    assert not found, f"a step is planned and committed by kvviz.engine.core.step.run_step alone: {found}"
+
+
+def test_the_move_check_is_not_vacuous() -> None:
+    for line in ("cache.plan_step(ids)", "self.cache.advance(T)", "cache.abort_step()", "kv_cache.advance(1)",
+                 "self.cache.plan_step(ids, hash_ids=False)"):
+        assert len(cache_moves(line)) == 1, line
+    for fine in ("ev = stepper.advance()", "cache.update(0, k, v)", "cache.truncate(3)", "cache.reorder(parents)",
+                 "run_step(m, cache, ids, pos)"):
+        assert cache_moves(fine) == [], fine
+    step = (ROOT / "kvviz/engine/core/step.py").read_text()
+    assert len(cache_moves(step)) == 4  # the plan (two ways), the abort and the commit

@@ -120,7 +120,7 @@ def test_race_shows_identical_output_and_every_chart(raced: AppTest) -> None:
     assert {"KV cache (static): total", "no cache: total", "Speedup (static vs none)", "Concat: bytes copied"} <= labels
     # One unit system: the cache's bytes as Generate writes them (kvviz.units.fmt_bytes, binary), never "MB".
     from kvviz.units import fmt_bytes
-    from test_units import decimal_without_binary
+    from unit_names import decimal_without_binary
 
     byte_metrics = {m.label: m.value for m in raced.metric if m.label.startswith(("Static:", "Concat:"))}
     assert len(byte_metrics) == 4 and all(re.fullmatch(r"[\d,.]+ (B|KiB|MiB|GiB)", v) for v in byte_metrics.values())

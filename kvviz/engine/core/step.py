@@ -1,8 +1,9 @@
 """The step driver: the ONE routine that runs a forward over a KV cache.
 
 Every path that generates (the plain loop, beam search, speculative decoding, a conversation's
-turns, parallel samples, the KV comparison, the calculator's live check and the serving
+turns, parallel samples, the KV comparison, evaluation, the non-finite diagnosis and the serving
 scheduler) calls ``run_step``; none calls a model's forward itself (tests/project test this).
+Training (kvviz/train.py) calls its model directly: a forward with gradients, not a step.
 
 A step is three moves, in this order, as in vLLM and nano-vllm:
 1. **plan**: the cache claims the blocks every token of every sequence in the step will occupy

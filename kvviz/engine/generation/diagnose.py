@@ -1,13 +1,16 @@
 """Where a forward pass first went non-finite: run only after the logits came out NaN or infinite.
 
 Generation checks its logits every step; this module turns "the logits are NaN" into a sentence a
-user can act on ("at step 3, first in layer 2 (transformer.h.2.ln_2)"). It re-runs the readable
-model once, on the sequence so far, with a forward hook on every module: one uncached forward
-pass, paid only on the failure path.
+user can act on ("at step 3, first in layer 2 (transformer.h.2.ln_2)"). The stream re-runs the
+readable model once, on the sequence so far, through the step driver (``run_step`` with no cache:
+one uncached forward, paid only on the failure path) inside ``first_nonfinite``, which hooks every
+module. This module runs no forward itself: it sits below the step driver (floor 1).
 """
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -30,14 +33,14 @@ def _kind(t: torch.Tensor) -> str:
 _LAYER = re.compile(r"\.(?:h|layers)\.(\d+)(?:\.|$)")  # GPT-2's transformer.h.N, Llama's model.layers.N
 
 
-def first_nonfinite_stage(net: nn.Module, ids: list[int]) -> str | None:
-    """Where the readable model's output first stops being finite on ``ids``: "layer 2
-    (transformer.h.2.ln_2)", "transformer.wte", ...; None if every output is finite.
+@contextmanager
+def first_nonfinite(net: nn.Module) -> Iterator[list[str]]:
+    """Hooks on every submodule of the readable model ``net`` while the block runs its forward; the
+    list it yields then holds the first module whose output was not finite (empty if none was).
 
-    A forward hook on every submodule fires when that module returns, so inner modules report
-    before the block that holds them and the first record is the innermost first failure. Works
-    for any family (GPT-2's ``h.N``, Llama's ``layers.N``).
-    """
+    A forward hook fires when its module returns, so inner modules report before the block that
+    holds them and the first record is the innermost first failure. Works for any family
+    (GPT-2's ``h.N``, Llama's and Gemma 3's ``layers.N``)."""
     bad: list[str] = []
     hooks = []
     for name, module in net.named_modules():
@@ -50,22 +53,22 @@ def first_nonfinite_stage(net: nn.Module, ids: list[int]) -> str | None:
                 bad.append(name)
         hooks.append(module.register_forward_hook(hook))
     try:
-        with torch.inference_mode():
-            dev = next(net.parameters()).device
-            block = int(getattr(net.config, "block_size", len(ids)))
-            net(torch.tensor([ids[-block:]], dtype=torch.long, device=dev))
+        yield bad
     finally:
         for h in hooks:
             h.remove()
+
+
+def stage_name(bad: list[str]) -> str | None:
+    """"layer 2 (transformer.h.2.ln_2)", "transformer.wte", ... for ``first_nonfinite``'s list; None if empty."""
     if not bad:
         return None
     m = _LAYER.search(bad[0])
     return f"layer {m.group(1)} ({bad[0]})" if m else bad[0]
 
 
-def nonfinite_error(gpt: nn.Module, logits: torch.Tensor, ids: list[int], step: int) -> NonFiniteLogits:
-    """The error to raise for non-finite ``logits`` at ``step`` (``ids``: row 0's tokens so far)."""
-    where = first_nonfinite_stage(gpt, ids)
+def nonfinite_error(gpt: nn.Module, logits: torch.Tensor, where: str | None, step: int) -> NonFiniteLogits:
+    """The error to raise for non-finite ``logits`` at ``step``; ``where`` is ``stage_name``'s answer."""
     at = f", first in {where}" if where else ""
     half = next(gpt.parameters()).dtype in (torch.float16, torch.bfloat16)
     cause = ("fp16/bf16 overflowed (try fp32), or its weights are broken" if half

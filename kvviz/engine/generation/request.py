@@ -23,7 +23,7 @@ from kvviz.engine.generation.valid_request import SPECULATIVE_METHODS, Beam, Bea
     SpecOptions, ValidRequest
 from kvviz.engine.kvcache.factory import KINDS as CACHE_KINDS
 from kvviz.engine.tokenize.chat_template import chat_prompt
-from kvviz.engine.kvcache.kv_spec import KVSpec, resolve
+from kvviz.engine.generation.kv_spec import KVSpec, resolve
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import blocks_for
 from kvviz.engine.kvcache.paged_pool import config_groups, pool_blocks

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.generation.sampling import SamplingParams
-from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.limits import DEFAULT_KV_BLOCK_SIZE
 
 SPECULATIVE_METHODS = ("prompt_lookup",)  # the drafters speculative decoding knows
@@ -29,7 +29,7 @@ SPECULATIVE_METHODS = ("prompt_lookup",)  # the drafters speculative decoding kn
 class CacheSpec:
     """The KV cache a run keeps: on or off, its kind, a paged pool's shape and a compressed cache.
 
-    The compression fields are ``KVSpec``'s (engine/kvcache/kv_spec.py), flat here so one object
+    The compression fields are ``KVSpec``'s (engine/generation/kv_spec.py), flat here so one object
     says it all: ``CacheSpec(kv_dtype="int4", group_size=32)``, ``CacheSpec(window=64, sinks=4)``.
     A quantized or windowed cache replaces the static one (``kind`` stays "static").
     """

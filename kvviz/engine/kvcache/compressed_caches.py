@@ -31,7 +31,7 @@ from typing import Any
 
 from kvviz.engine.kvcache.dense import Checkpoint, KVCache, layer_windows, ring_rows
 from kvviz.engine.models.gpt2_config import GPTConfig
-from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.engine.kvcache.slot_store import ErrorLog, FloatStore, QuantStore
 from kvviz.engine.models.llama import apply_rope
 

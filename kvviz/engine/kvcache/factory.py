@@ -6,7 +6,7 @@ import torch
 from kvviz.engine.kvcache.dense import CACHE_KINDS, KVCache
 from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
-from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache
 
 KINDS = (*CACHE_KINDS, "paged")

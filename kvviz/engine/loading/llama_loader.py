@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from kvviz.engine.loading.safetensors_header import safetensors_header
+from kvviz.engine.loading.safetensors_header import read_tensors, safetensors_header
 from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.models.llama import Llama, LlamaConfig, param_shapes
 from kvviz.errors import KVVizError
@@ -156,8 +156,6 @@ def load_llama_folder(folder: str | Path, raw_config: dict[str, Any],
                       dtype: torch.dtype = torch.float32) -> LlamaLoad:
     """A transformers Llama folder; ``raw_config`` is its parsed config.json (the caller read it
     to find out the model type). Shapes come from the safetensors header, checked before loading."""
-    from safetensors import SafetensorError, safe_open
-
     folder = Path(folder)
     weights = folder / "model.safetensors"
     if not weights.is_file():
@@ -171,13 +169,7 @@ def load_llama_folder(folder: str | Path, raw_config: dict[str, Any],
     header = safetensors_header(weights)  # {name: (dtype, shape)}, the one safetensors header reader
     cfg = config_from_hf(raw_config, f"{folder.name}/config.json", "lm_head.weight" in header)
     names = _check_header(header, cfg, where)
-    try:
-        with safe_open(str(weights), framework="pt", device="cpu") as f:
-            sd = {k: f.get_tensor(k).to(dtype) for k in names}
-    except SafetensorError as e:
-        raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
-    except OSError as e:
-        raise KVVizError(f"{where} cannot be read ({e})") from None
+    sd = read_tensors(weights, names, dtype)
     check_finite(sd, where)
     model = Llama.from_state_dict(cfg, sd).freeze()
     return LlamaLoad(model, None, _finish(model, {"source": str(folder), "file_bytes": weights.stat().st_size}))

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Protocol
 import torch
 
 from kvviz.engine.models.gpt2_config import GPTConfig, show
-from kvviz.engine.loading.safetensors_header import match_header, safetensors_header
+from kvviz.engine.loading.safetensors_header import match_header, read_tensors, safetensors_header
 from kvviz.engine.loading.weight_checks import check_finite
 from kvviz.engine.loading.gemma3_package import gemma3_path
 from kvviz.engine.loading.llama_loader import LlamaLoad, load_llama_folder, load_llama_gguf, smollm2_path
@@ -271,16 +271,6 @@ def config_from_json(raw: dict[str, Any], where: str = "config.json") -> tuple[G
     return cfg, hf
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise KVVizError(f"{path.parent.name}/{path.name} is not a valid safetensors file ({e})") from None
-
-
 def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: str | None = None) -> LoadedModel:
     folder = Path(folder)
     raw = read_config(folder)
@@ -294,7 +284,7 @@ def load_folder(folder: Path, device: torch.device, dtype: torch.dtype, name: st
         raise KVVizError(f"{folder.name}/ has no model.safetensors{hint}")
     # Config against the header first: nothing is allocated for a file that does not fit.
     names = match_header(safetensors_header(weights), cfg, folder.name)
-    sd = _read_safetensors(weights)
+    sd = read_tensors(weights)
     gpt = GPT(cfg)
     gpt.load_state_dict(_map_state_dict(sd, names, folder.name), strict=True)
 

@@ -1,5 +1,6 @@
-"""The one safetensors header reader (``safetensors_header``: GPT-2 and Llama folders alike), and a
-GPT-2 checkpoint's header checked against its config before anything is loaded.
+"""The one safetensors reader: the header (``safetensors_header``) and the tensors (``read_tensors``),
+for GPT-2 and Llama folders and the training state alike; and a GPT-2 checkpoint's header checked
+against its config before anything is loaded.
 
 Reading a header costs a few KB; building the model or reading the tensors of a config that lies
 about its size (a million layers over a 4-layer file) could cost gigabytes. So names, dtypes and
@@ -45,6 +46,25 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             return out
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
+
+
+def read_tensors(path: Path, names: list[str] | None = None,
+                 dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """{name: tensor} for ``names`` (every tensor when None), cast to ``dtype`` when given, on the CPU.
+
+    ``safetensors.torch.load_file`` is this same loop over every key; a truncated or lying file is
+    one KVVizError naming it, as the header reader words it."""
+    from safetensors import SafetensorError, safe_open
+
+    where = f"{path.parent.name}/{path.name}"
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            keys = list(f.keys()) if names is None else names
+            return {k: f.get_tensor(k) if dtype is None else f.get_tensor(k).to(dtype) for k in keys}
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise KVVizError(f"{where} is not a valid safetensors file ({e})") from None
+    except OSError as e:
+        raise KVVizError(f"{where} cannot be read ({e})") from None
 
 
 def expected_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:

@@ -44,7 +44,7 @@ from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.tokenize.chat_template import chat_prompt
 from kvviz.engine.generation.request import check_pool, check_pool_memory
 from kvviz.engine.generation.valid_request import CacheSpec
-from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import PagedKVCache, PagedPool, blocks_for
 from kvviz.engine.kvcache.paged_pool import config_groups, pool_blocks

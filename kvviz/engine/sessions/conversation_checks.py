@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvviz.engine.core.step import Backend, backend_of, run_pieces
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 from kvviz.engine.generation.request import BACKENDS, GenerateRequest, kv_spec
 from kvviz.engine.generation.valid_request import CacheSpec
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
-from kvviz.engine.kvcache.kv_spec import KVSpec
+from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.sessions.turn import TurnRecord

@@ -26,7 +26,7 @@ import torch
 
 from kvviz.engine.core.step import run_step
 from kvviz.engine.generation.events import StepEvent
-from kvviz.engine.generation.stream_base import Emitted
+from kvviz.engine.core.stream_base import Emitted
 from kvviz.engine.generation.valid_request import BeamOptions
 from kvviz.engine.generation.strategy_events import BeamCandidate, BeamResult, BeamStep
 from kvviz.engine.strategy.strategy_stream import StrategyStream

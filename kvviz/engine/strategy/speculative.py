@@ -32,7 +32,7 @@ import torch
 from kvviz.engine.core.step import run_step
 from kvviz.engine.kvcache.paged_cache import PagedKVCache
 from kvviz.engine.generation.events import StepEvent
-from kvviz.engine.generation.stream_base import Emitted
+from kvviz.engine.core.stream_base import Emitted
 from kvviz.engine.generation.valid_request import SpecOptions
 from kvviz.engine.generation.sampling import SamplingParams, filter_logits, make_generator
 from kvviz.engine.generation.strategy_events import SpecResult, SpecStep

@@ -1,15 +1,15 @@
 """What beam search and speculative decoding add to the stream base: a cache sized for their rows.
 
-``open_stream`` (engine/generation/loop.py) opens a beam or speculative stream when the checked
+``open_stream`` (engine/core/loop.py) opens a beam or speculative stream when the checked
 request carries ``BeamOptions`` or ``SpecOptions``; text, stops, events and the Run come from
-``StreamBase`` (engine/generation/stream_base.py), exactly as for the plain loop, so the CLI and
+``StreamBase`` (engine/core/stream_base.py), exactly as for the plain loop, so the CLI and
 the API treat every strategy alike.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvviz.engine.generation.stream_base import StreamBase
+from kvviz.engine.core.stream_base import StreamBase
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.kvcache.paged_cache import blocks_for

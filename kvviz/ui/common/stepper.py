@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvviz import StepEvent
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 
 
 @dataclass

@@ -57,6 +57,8 @@ def measure_caches(preset_key: str, kv_dtype: str, batch: int, seq_len: int) -> 
         if kind != "static":  # a growing cache holds what was written: write t tokens into every layer
             # No model runs here (meta tensors, no weights): the K/V a forward would write, written
             # through the cache's step contract (plan, every layer's update, commit) as a step's layers write them.
+            # Not run_step: a forward needs the model built on the meta device each rerun, seconds for
+            # what a model adds nothing to (docs/ARCHITECTURE.md, engine/core).
             kv = torch.empty((batch, cfg.kv_heads, t, cfg.head_dim), device="meta", dtype=dtype)
             cache.plan_step(torch.zeros((batch, t), dtype=torch.long, device="meta"))
             for i in range(cfg.n_layer):

@@ -13,7 +13,7 @@ from kvviz.charts import compress_charts as cc
 from kvviz.charts.tokens import plotly_text
 from kvviz.engine.api import iter_generate
 from kvviz.engine.generation.valid_request import CacheSpec
-from kvviz.engine.kvcache.kv_spec import position_rules, rotates_keys
+from kvviz.engine.generation.kv_spec import position_rules, rotates_keys
 from kvviz.engine.loading.loader import ASSETS
 from kvviz.errors import KVVizError
 from kvviz.measure.kv_curves import measure

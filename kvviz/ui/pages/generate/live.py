@@ -35,7 +35,7 @@ from typing import Any
 import streamlit as st
 
 from kvviz import KVVizError, LoadedModel, Run, StepEvent, iter_generate
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 from kvviz.measure import threads
 from kvviz.ui import present, tour
 from kvviz.ui.pages.generate import chips

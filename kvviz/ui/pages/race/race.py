@@ -10,7 +10,7 @@ from kvviz import KVVizError, LoadedModel, Run
 from kvviz.charts import perf as pc
 from kvviz.engine.generation.flops import weight_bytes
 from kvviz.units import fmt_bytes
-from kvviz.engine.generation.loop import GenerationStream
+from kvviz.engine.core.loop import GenerationStream
 from kvviz.measure.sweeps import Request, compare_outputs, iter_race, sweep_ns, sweep_total_time
 from kvviz.measure.sweeps import start as start_stream
 from kvviz.measure import doubts

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 
 import torch
 
-from kvviz.engine.core.step import Backend, backend_of
-from kvviz.engine.generation.diagnose import nonfinite_error
+from kvviz.engine.core.step import Backend, backend_of, run_step
+from kvviz.engine.generation.diagnose import first_nonfinite, nonfinite_error, stage_name
 from kvviz.engine.generation.events import EventLog, Run, StepEvent, TopToken
 from kvviz.engine.generation.flops import forward_flops
 from kvviz.engine.generation.stops import first_stop
@@ -175,8 +175,13 @@ class StreamBase:
         """End the run with a NonFiniteLogits error (saying where) if ``logits`` hold NaN or inf."""
         if bool(torch.isfinite(logits).all()):
             return
-        ids = list(self.req.rows[0]) + [e.token_id for e in self.events]
-        err = nonfinite_error(self.model.model, logits, ids, step)
+        ids = (list(self.req.rows[0]) + [e.token_id for e in self.events])[-self.model.config.block_size:]
+        # Row 0's sequence so far, once more through the readable model with every module hooked:
+        # one uncached forward through the step driver, paid only on this failure path.
+        with first_nonfinite(self.model.model) as bad, torch.inference_mode():
+            run_step(self.model, None, torch.tensor([ids], dtype=torch.long, device=self.model.device),
+                     torch.arange(len(ids), device=self.model.device), backend="readable", last_only=False)
+        err = nonfinite_error(self.model.model, logits, stage_name(bad), step)
         self.stop_reason, self.note = "error", str(err)
         raise err
 

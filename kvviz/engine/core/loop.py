@@ -19,7 +19,7 @@ import torch
 from kvviz.engine.core.step import run_pieces
 from kvviz.engine.generation.capture import Capture, ForwardCapture, record
 from kvviz.engine.generation.events import StepEvent
-from kvviz.engine.generation.stream_base import Emitted, StreamBase
+from kvviz.engine.core.stream_base import Emitted, StreamBase
 from kvviz.engine.generation.sampling import make_generator, sample
 from kvviz.engine.kvcache.factory import make_cache
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from kvviz.units import GB, GIB, MIB, fmt_bytes
 
+from unit_names import decimal_without_binary
+
 ROOT = Path(__file__).resolve().parents[2]
-DECIMAL = re.compile(r"(?<![\w/])(KB|MB|GB|TB)(?![\w/])")  # 'GB/s' and 'MB/s' are rates, allowed
-BINARY = re.compile(r"\b(KiB|MiB|GiB|TiB)\b")
 
 # The few strings that must name a decimal unit on its own, each for a reason.
 ALLOWED = {
@@ -45,15 +45,6 @@ def _strings(tree: ast.AST) -> list[str]:
               and id(n) not in inside_f):
             out.append(n.value)
     return out
-
-
-def decimal_without_binary(text: str) -> list[str]:
-    """Decimal units that no binary unit precedes in the same string ('1.00 GiB (1.07 GB)' passes)."""
-    bad = []
-    for m in DECIMAL.finditer(text):
-        if not BINARY.search(text, 0, m.start()):
-            bad.append(text[max(0, m.start() - 40):m.end() + 10])
-    return bad
 
 
 def test_fmt_bytes_is_binary_with_the_decimal_figure_in_brackets() -> None:

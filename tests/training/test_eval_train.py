@@ -231,6 +231,21 @@ def test_resume_extends_a_finished_run(tmp_path: Path) -> None:
         train_mod.train(_tc(tmp_path / "fresh"), resume=True, progress=False)
 
 
+@pytest.mark.parametrize("damage,message", [
+    ("state.safetensors", "train_state/state.safetensors is not a valid safetensors file"),
+    ("state.json", "state.json is not valid JSON"),
+])
+def test_a_broken_training_state_is_one_line(tmp_path: Path, damage: str, message: str) -> None:
+    """--resume reads its state through the one safetensors reader and safeio (the file is the
+    user's --out): a truncated file is a KVVizError naming it, not safetensors' or json's traceback."""
+    tc = _tc(tmp_path, steps=5, eval_every=5)
+    train_mod.train(tc, progress=False)
+    state = tmp_path / "out" / "train_state" / damage
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    with pytest.raises(kvviz.KVVizError, match=message):
+        train_mod.train(replace(tc, steps=10), resume=True, progress=False)
+
+
 def test_the_shipped_corpus_is_the_one_the_model_trained_on() -> None:
     """assets/data holds Tiny Shakespeare gzipped: unpacked, it hashes to training.json's corpus_sha256,
     so eval and train default to exactly the text the shipped model saw (no ../shared in a clone)."""
