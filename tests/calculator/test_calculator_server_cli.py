@@ -2,7 +2,6 @@
 garbage, truncated or hostile logs answered with a sentence, never a traceback (fuzzed)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +11,7 @@ from kvviz.cli.main import main
 from kvviz.calculator import CalcError, load_presets
 from kvviz.calculator.server_log import parse_vllm_log, reconcile
 from kvviz.calculator.server_vllm import VLLMSettings
+from memory_cli_checks import run_error, run_json
 
 REAL = """\
 (EngineCore_DP0 pid=1) INFO 09-21 [gpu_worker.py:276] Available KV cache memory: 30.00 GiB
@@ -19,18 +19,6 @@ REAL = """\
 (EngineCore_DP0 pid=1) INFO 09-21 [kv_cache_utils.py:853] Maximum concurrency for 8,192 tokens per request: 30.00x
 ValueError: To serve at least one request with the models's max seq len (8193), (1.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.00 GiB). Based on the available memory, the estimated maximum model length is 8192. Try
 """
-
-
-def run_json(capsys, *argv: str) -> dict:
-    assert main(["memory", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def run_error(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(["memory", *argv])
-    assert e.value.code == 2
-    return capsys.readouterr().err
 
 
 def test_engine_json_object(capsys):

@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from kvviz.cli.main import main
 from kvviz.calculator import CalcError, load_presets, parse_config
 from kvviz.calculator.server_llamacpp import llamacpp_sizing
 from kvviz.calculator.server_log import parse_vllm_log, reconcile
 from kvviz.calculator.server_vllm import VLLMSettings, vllm_sizing
 from kvviz.calculator.servers import EngineRequest, engine_report
 from kvviz.units import GIB
+from memory_cli_checks import run_error, run_json
 
 MIB = 1024**2
 
@@ -22,18 +22,6 @@ MIB = 1024**2
 @pytest.fixture(scope="module")
 def presets():
     return load_presets()
-
-
-def run_json(capsys, *argv: str) -> dict:
-    assert main(["memory", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def run_error(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(["memory", *argv])
-    assert e.value.code == 2
-    return capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- rule 1: the one tokens line

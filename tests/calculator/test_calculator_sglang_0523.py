@@ -5,32 +5,19 @@ in the docstring; the floats SGLang uses (GB of 2^30 as Python floats) are chose
 the byte counts are exact, not approximate."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from kvviz.calculator import CalcError, load_presets
 from kvviz.calculator.server_log_engines import parse_sglang_log, reconcile_sglang
 from kvviz.calculator.server_sglang import mm_reserve_gib, sglang_sizing
-from kvviz.cli.main import main
 from kvviz.units import GIB
+from memory_cli_checks import run_error, run_json
 
 
 @pytest.fixture(scope="module")
 def presets():
     return load_presets()
-
-
-def run_json(capsys, *argv: str) -> dict:
-    assert main(["memory", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def run_error(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(["memory", *argv])
-    assert e.value.code == 2
-    return capsys.readouterr().err
 
 
 LLAMA = ("--preset", "llama-3-8b", "--engine", "sglang", "--seq-len", "8192", "--kv-cache-dtype", "bf16")
