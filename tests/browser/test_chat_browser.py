@@ -72,7 +72,9 @@ def test_chat_scenario_on_smollm2(browser, make_run_url: str, screenshot) -> Non
         for question, answer in (("What is the capital of France?", "Paris"), ("And of Italy?", "Rome")):
             box.fill(question)
             box.press("Enter")
-            page.get_by_text(re.compile(r"reused, \d+ prefilled")).nth(1 if answer == "Rome" else 0).wait_for()
+            # A turn's own caption ("37 prompt tokens: 0 reused, 37 prefilled"); the TTFT paragraph's
+            # "(0 tokens reused, 37 prefilled)" matched too and let the second turn pass before it ran.
+            page.get_by_text(FINISHED).nth(1 if answer == "Rome" else 0).wait_for()
             wait_idle(page)
         body = page.locator("[data-testid='stMain']").inner_text()
         assert "The capital of Italy is Rome." in body, body[-2000:]
