@@ -8,14 +8,16 @@ from kvviz.engine.models.gpt2_config import GPTConfig
 from kvviz.engine.kvcache.compressed_caches import QuantizedKVCache, WindowKVCache
 from kvviz.engine.generation.kv_spec import KVSpec
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache
+from kvviz.engine.kvcache.paged_pool import PagedPool
 
 KINDS = (*CACHE_KINDS, "paged")
 
 
 def make_cache(kind: str, config: GPTConfig, batch: int, device: torch.device | str, dtype: torch.dtype,
                block_size: int = DEFAULT_BLOCK_SIZE, num_blocks: int | None = None,
-               kv: KVSpec | None = None) -> KVCache:
-    """A cache of ``kind``; ``block_size`` (tokens per block) and ``num_blocks`` apply to "paged".
+               kv: KVSpec | None = None, pool: PagedPool | None = None) -> KVCache:
+    """A cache of ``kind``; ``block_size`` (tokens per block), ``num_blocks`` and ``pool`` (an existing
+    pool to take blocks from, shared with other caches) apply to "paged".
 
     An active ``kv`` spec (resolved by ``kv_spec.resolve``) replaces a static cache with a windowed
     or quantized one (engine/kvcache/compressed_caches.py)."""
@@ -26,7 +28,7 @@ def make_cache(kind: str, config: GPTConfig, batch: int, device: torch.device | 
         return cls(config, kv, batch=batch, device=device, dtype=dtype)
     if kind == "paged":
         return PagedKVCache(config, batch=batch, device=device, dtype=dtype, block_size=block_size,
-                            num_blocks=num_blocks)
+                            num_blocks=num_blocks, pool=pool)
     if kind not in CACHE_KINDS:
         raise ValueError(f"unknown cache kind {kind!r}; choose one of {list(KINDS)}")
     return CACHE_KINDS[kind](config, batch=batch, device=device, dtype=dtype)

@@ -416,4 +416,5 @@ def _new_cache(model: LoadedModel, kind: str, block_size: int, blocks: int | Non
             blocks = pool_blocks(groups, blocks_for(cfg.block_size, block_size), rows=2)
         if pool is None:
             check_pool_memory(model, block_size, blocks)
-        return PagedKVCache(cfg, 1, model.device, model.dtype, block_size, blocks, pool)
+        return make_cache("paged", cfg, 1, model.device, model.dtype, block_size=block_size, num_blocks=blocks,
+                          pool=pool)

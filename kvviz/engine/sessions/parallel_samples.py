@@ -21,7 +21,7 @@ from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.generation.request import check_budget, check_pool
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.engine.kvcache.paged_cache import DEFAULT_BLOCK_SIZE, PagedKVCache, PagedPool
-from kvviz.engine.kvcache.paged_pool import config_groups
+from kvviz.engine.kvcache.paged_pool import blocks_for, config_groups, pool_blocks
 from kvviz.engine.generation.sampling import SamplingParams, make_generator, sample
 from kvviz.errors import KVVizError
 
@@ -60,13 +60,10 @@ class ParallelSamples:
         m, dev, n = self.model, self.model.device, self.n
         backend = backend_of(m, self.fast)
         with torch.inference_mode():
-            if self.cache_kind == "paged":
-                cache: KVCache = PagedKVCache(m.config, 1, dev, m.dtype, self.kv_block_size,
-                                              None if self.pool else n * config_groups(m.config).count
-                                              * -(-m.config.block_size // self.kv_block_size),
-                                              self.pool)
-            else:
-                cache = make_cache(self.cache_kind, m.config, 1, dev, m.dtype)
+            # Unless a pool is given, one of n whole contexts, unshared: the copy-on-write worst case.
+            rows = pool_blocks(config_groups(m.config).count, blocks_for(m.config.block_size, self.kv_block_size), n)
+            cache: KVCache = make_cache(self.cache_kind, m.config, 1, dev, m.dtype, block_size=self.kv_block_size,
+                                        num_blocks=None if self.pool else rows, pool=self.pool)
         self.cache = cache
         gen = None if self.params.greedy else make_generator(self.params, dev)
         positions = torch.arange(m.config.block_size, device=dev)
