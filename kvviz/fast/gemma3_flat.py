@@ -16,8 +16,8 @@ So this path changes nothing but where the matmuls read their weights:
   (``layer_inputs``), the scaled embedding and the soft-cap. The caches (static rings, paged
   layer groups, quantized stores) behave exactly as under the readable model.
 
-It serves forwards of up to ``MAX_ROWS`` rows (batch x tokens): decode steps, beams, batches and
-short chunks. Longer forwards (a prefill) go to the readable model, where MKL's GEMM over the fp32
+It serves forwards of up to ``blockdot.max_code_rows(threads)`` rows (batch x tokens): decode
+steps, beams, batches and short chunks. Longer forwards (a prefill) go to the readable model, where MKL's GEMM over the fp32
 weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
 does not read) goes through the fp32 row kernel; without any C kernel, or for a bf16 or CUDA
 model, ``plan`` is None and the readable model runs every forward.
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, layer_inputs, softcap
-from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
@@ -39,8 +39,6 @@ from kvviz.fast.rowops import RowDot, row_dot
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
     from kvviz.engine.generation.capture import ForwardCapture
-
-MAX_ROWS = 8  # the most rows (batch x tokens) a forward sends through the kernels; more: the readable model
 
 
 @dataclass(frozen=True)
@@ -175,7 +173,7 @@ class FastGemma3:
                 capture: "ForwardCapture | None" = None, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T|1, V), as ``Gemma3.forward`` gives them."""
         B, T = idx.shape
-        p = self.plan() if B * T <= MAX_ROWS else None
+        p = self.plan() if B * T <= max_code_rows(torch.get_num_threads()) else None
         if p is None:
             return self.model(idx, input_pos, cache, capture, last_only)
         c, net = self.config, self.model

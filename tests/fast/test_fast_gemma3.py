@@ -26,8 +26,8 @@ from kvviz.engine.generation.capture import Capture
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
-from kvviz.fast.blockdot import BlockDot
-from kvviz.fast.gemma3_flat import MAX_ROWS, FastGemma3
+from kvviz.fast.blockdot import BlockDot, max_code_rows
+from kvviz.fast.gemma3_flat import FastGemma3
 from kvviz.fast.rowops import RowDot
 
 from accel_checks import assert_concurrent_runs_match_sequential
@@ -122,11 +122,13 @@ def test_captures_equal_the_readable_model(tiny: LoadedModel) -> None:
         assert list(a.cache_layer_bytes) == list(b.cache_layer_bytes)
 
 
-def test_long_forwards_run_the_readable_model(tiny: LoadedModel) -> None:
-    ids = torch.randint(4, tiny.config.vocab_size, (1, MAX_ROWS + 1), generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_long_forwards_run_the_readable_model(tiny: LoadedModel, threads: int) -> None:
+    limit = max_code_rows(threads)
+    ids = torch.randint(4, tiny.config.vocab_size, (1, limit + 1), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         assert torch.equal(tiny.fast.forward(ids), tiny.model(ids))  # the same code, the same bits
-        assert not torch.equal(tiny.fast.forward(ids[:, :MAX_ROWS]), tiny.model(ids[:, :MAX_ROWS]))  # the kernels
+        assert not torch.equal(tiny.fast.forward(ids[:, :limit]), tiny.model(ids[:, :limit]))  # the kernels
 
 
 def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:

@@ -33,8 +33,8 @@ from kvviz.engine.generation.capture import Capture
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
-from kvviz.fast.blockdot import BlockDot
-from kvviz.fast.llama_codes import MAX_ROWS, FastLlamaCodes
+from kvviz.fast.blockdot import BlockDot, max_code_rows
+from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_flat import FastLlama
 from kvviz.fast.rowops import RowDot
 
@@ -195,15 +195,21 @@ def test_captures_equal_the_readable_model(mixed: tuple[LoadedModel, Path]) -> N
             assert_records_close(x, y, field)
 
 
-def test_long_forwards_take_the_fp32_path(mixed: tuple[LoadedModel, Path]) -> None:
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_long_forwards_take_the_fp32_path(mixed: tuple[LoadedModel, Path], threads: int) -> None:
     m, _ = mixed
     assert isinstance(m.fast.fp32, FastLlama)
-    ids = torch.randint(0, 96, (1, MAX_ROWS + 1), generator=torch.Generator().manual_seed(4))
-    pos = torch.arange(MAX_ROWS + 1)
+    limit = max_code_rows(threads)
+    ids = torch.randint(0, 96, (1, limit + 1), generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(limit + 1)
     with torch.inference_mode():
-        assert torch.equal(m.fast.forward(ids, pos), m.fast.fp32.forward(ids, pos))  # the same code, the same bits
-        short = ids[:, :MAX_ROWS]
-        assert not torch.equal(m.fast.forward(short), m.fast.fp32.forward(short, pos[:MAX_ROWS]))  # the codes
+        got = m.fast.forward(ids, pos)
+        assert torch.equal(got, m.fast.fp32.forward(ids, pos))  # the same code, the same bits
+        # the fallback is the readable model's maths on fp32 weights: fp32 reordering apart (the
+        # tolerance of assert_logits_close with nothing rounded)
+        assert_logits_close(got, m.model(ids, pos))
+        short = ids[:, :limit]
+        assert not torch.equal(m.fast.forward(short), m.fast.fp32.forward(short, pos[:limit]))  # the codes
 
 
 def test_codes_that_no_longer_match_fall_back_to_fp32(mixed: tuple[LoadedModel, Path]) -> None:
