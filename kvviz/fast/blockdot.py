@@ -34,9 +34,11 @@ MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
 # the fp32 path (Llama: llama_flat's C row kernel up to its max_c_rows_fp32, then F.linear's GEMM;
 # Gemma 3: the readable model's F.linear). The kernel unpacks a weight row's codes again for each
 # input row, so its cost grows with the rows where a GEMM's hardly does. SmolLM2's layer matmuls
-# (q|k|v, o, gate|up, down, Q4_1), time on codes over F.linear's on the fp32 weights, medians of 7,
-# interleaved (docs/benchmarks.md, 2026-11-28): 1 thread, m = 8: 0.72, 12: 0.86, 16: 1.05, 24: 1.16,
-# 48: 3.8.
+# (q|k|v, o, gate|up, down, Q4_1), time on codes over time on the fp32 weights, medians of 9,
+# interleaved, niced on the shared 2-core machine (docs/benchmarks.md, 2026-11-28 16:05):
+#   1 thread, over F.linear (the fallback past 8 rows): m = 8: 0.70, 12: 0.82, 16: 1.02, 24: 1.05, 48: 1.46.
+#   2 threads, over F.linear: 8: 0.60, 16: 0.90, 24: 0.92, 32: 1.07; over the fp32 C row kernel
+#   (Llama's fallback up to 32 rows on 2+ threads): 8: 1.12, 12: 1.05, 24: 1.45. So 8 stays there.
 MAX_CODE_ROWS = {1: 12}
 MAX_CODE_ROWS_MORE_THREADS = 8
 BLOCKS = (16, 32)  # the block sizes the kernel reads: Q6_K's scales cover 16 weights, the rest 32
