@@ -81,7 +81,7 @@ class StepSpec(ctypes.Structure):
                 ("hs", ctypes.c_int), ("max_len", ctypes.c_int), ("n_embd", ctypes.c_int),
                 ("mlp_width", ctypes.c_int), ("kv_bf16", ctypes.c_int), ("blocks", ctypes.c_int),
                 ("cos", ctypes.POINTER(ctypes.c_void_p)), ("sin", ctypes.POINTER(ctypes.c_void_p)),
-                ("scale", ctypes.c_float)]
+                ("scale", ctypes.c_float), ("layer_len", ctypes.c_void_p)]
 
 
 _lock = threading.Lock()

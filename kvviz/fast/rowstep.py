@@ -55,7 +55,9 @@ class LlamaStep:
         assert buffers is not None  # step_for builds a step only for buffers a direct writer may write
         self.buffers = buffers  # the cache's own K/V buffers, K0, V0, K1, V1, ...: the order rowstep.c reads
         self.q = torch.empty(c.n_layer, nh * hs, dtype=torch.float32)  # (n_layer, nh hs)
-        max_len = buffers[0].shape[2]
+        lens = [t.shape[2] for t in buffers[::2]]  # each layer's rows per head (a ring: its window's)
+        max_len = max(lens)
+        self._lens = None if len(set(lens)) == 1 else (ctypes.c_int * len(lens))(*lens)
         # Made on the first request (a live run's captures), not per cache: SmolLM2's weights buffer
         # is 8.8 MB at its 8,192 positions, which a run without captures should neither hold nor fill.
         self._probs_shape, self._norms_shape = (c.n_layer, nh, max_len), (c.n_layer, 2, nkv)
@@ -73,17 +75,20 @@ class LlamaStep:
                              None, None, c.n_layer, nh, nkv, hs, max_len, c.n_embd,
                              ops[2].n_out, int(cache.dtype == torch.bfloat16), int(blocks),
                              None if tables[0] is None else ctypes.cast(tables[0], vp),
-                             None if tables[1] is None else ctypes.cast(tables[1], vp), float(scale))
+                             None if tables[1] is None else ctypes.cast(tables[1], vp), float(scale),
+                             None if self._lens is None else ctypes.addressof(self._lens))
         self.n_head, self.head_dim = nh, hs
         self._addr = ctypes.addressof(self.spec)
         self.ops = ops  # keeps the specs the addresses point at alive
         self.threads = ops[0].threads
         self._fn = lib.kv_llama_step
 
-    def matches(self, ops: Ops, cache: StaticKVCache) -> bool:
-        """Still the plan and the buffers it was built for (a reorder to a new batch replaces them)."""
+    def matches(self, ops: Ops, cache: StaticKVCache, rope: Rope | None = None) -> bool:
+        """Still the plan, the tables and the buffers it was built for (a reorder to a new batch
+        replaces the buffers; a longer run, Gemma's tables)."""
         bufs = cache.step_buffers()
-        return ops is self.ops and bufs is not None and all(a is b for a, b in zip(self.buffers, bufs))
+        return ops is self.ops and rope is self.rope and bufs is not None \
+            and all(a is b for a, b in zip(self.buffers, bufs))
 
     def __call__(self, x: torch.Tensor, pos: int, slot: int, probs: bool = False, norms: bool = False) -> None:
         """x: the embedded token, (C,) contiguous fp32, replaced in place by the last layer's
@@ -143,7 +148,7 @@ def step_for(ops: Ops, cache: object, c: Any, rope: Rope | None = None, scale: f
     elif cache.dtype != (torch.bfloat16 if ops[0].spec.bf16 else torch.float32):
         return None
     step = _steps.get(cache)
-    if step is None or not step.matches(ops, cache):
+    if step is None or not step.matches(ops, cache, rope):
         # checked once per cache buffers, not per token: the same tensors stay contiguous
         bufs = cache.step_buffers()
         if bufs is None or not all(t.is_contiguous() for t in bufs):

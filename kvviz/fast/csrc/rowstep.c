@@ -56,6 +56,10 @@ typedef struct {
     const float *const *cos;
     const float *const *sin;
     float scale;   /* the attention scale: softmax(q k^T * scale); 0 means 1 / sqrt(hs) */
+    /* Each layer's rows per head in its K/V buffers, or NULL: max_len for all. Gemma 3's sliding
+     * layers keep a ring of W rows; the step runs only while no ring has wrapped (slot < W: slots
+     * are positions), which kvviz.fast.rowstep checks. max_len is then the longest (attn_out's stride). */
+    const int *layer_len;
 } kv_step;
 
 /* torch's fp32 -> bf16: round to nearest even, NaN to the canonical 0x7FC0. */
@@ -91,14 +95,14 @@ static inline void put(void *buf, int bf16, size_t at, const float *src, int hs)
     }
 }
 
-/* y (nh, hs) = softmax(q k^T * scale) v for one query row; k, v (nkv, max_len, hs), positions
+/* y (nh, hs) = softmax(q k^T * scale) v for one query row; k, v (nkv, len, hs), positions
  * 0 .. S-1 read. scores: nh x S floats of scratch. probs: where the weights go for a capture,
  * (nh, max_len), or NULL: the live views read them instead of computing q k^T again in PyTorch.
  * Heads are shared among threads when S is long enough to pay for waking them. */
-static void attend(const kv_step *s, const float *q, const void *k, const void *v, int S, float *scores,
+static void attend(const kv_step *s, const float *q, const void *k, const void *v, int S, int len, float *scores,
                    float *y, float *probs, int n_threads) {
     const int nh = s->nh, hs = s->hs, group = s->nh / s->nkv, bf = s->kv_bf16;
-    const size_t head = (size_t)s->max_len * hs;
+    const size_t head = (size_t)len * hs; /* a head's rows in this layer's buffers */
     const float scale = s->scale > 0.0f ? s->scale : 1.0f / sqrtf((float)hs);
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && S >= 256)
     for (int h = 0; h < nh; h++) {
@@ -158,9 +162,14 @@ int kv_llama_step(const kv_step *s, float *x, int64_t pos, int slot, int n_threa
     float *scores = n_sc <= STEP_STACK_FLOATS ? sc_stack : malloc(sizeof(float) * n_sc);
     if (!scores) return -1;
     int rc = 0;
-    const size_t head = (size_t)s->max_len * hs;
     for (int i = 0; i < s->n_layer && rc == 0; i++) {
         void *kc = s->kv[2 * i], *vc = s->kv[2 * i + 1];
+        const int len = s->layer_len ? s->layer_len[i] : s->max_len;
+        if (slot >= len) {
+            rc = -1;
+            break;
+        }
+        const size_t head = (size_t)len * hs;
         rc |= call(s, i, 0, x, NULL, qkv, pos, n_threads); /* RMSNorm, q|k|v (q/k norms), RoPE on q, k */
         for (int g = 0; g < nkv; g++) { /* the new K and V: position `slot` of every KV head */
             const size_t at = g * head + (size_t)slot * hs;
@@ -174,7 +183,7 @@ int kv_llama_step(const kv_step *s, float *x, int64_t pos, int slot, int n_threa
         }
         if (s->q_out) memcpy(s->q_out + (size_t)i * qd, qkv, sizeof(float) * qd);
         float *probs = s->attn_out ? s->attn_out + (size_t)i * nh * s->max_len : NULL;
-        attend(s, qkv, kc, vc, S, scores, y, probs, n_threads); /* (nh, hs): the heads side by side */
+        attend(s, qkv, kc, vc, S, len, scores, y, probs, n_threads); /* (nh, hs): the heads side by side */
         rc |= call(s, i, 1, y, x, x2, pos, n_threads); /* x + y Wo^T (post-normed: Gemma) */
         rc |= call(s, i, 2, x2, NULL, h, pos, n_threads); /* silu (gelu) of gate times up, of RMSNorm(x) */
         rc |= call(s, i, 3, h, x2, x, pos, n_threads); /* x + h Wd^T (post-normed), back into x */
