@@ -16,6 +16,11 @@ So this path changes nothing but where the matmuls read their weights:
   (``layer_inputs``), the scaled embedding and the soft-cap. The caches (static rings, paged
   layer groups, quantized stores) behave exactly as under the readable model.
 
+A decode step of one row on a static cache goes further: every layer's four calls, the K/V write
+and attention in one call into C (``fast/rowstep.py``, as SmolLM2's), each layer's RoPE tables
+(local or global base) and the ``query_pre_attn_scalar`` scale handed to it, while no sliding
+layer's ring has wrapped (slots are positions until then; past it the per-layer path runs).
+
 It serves forwards of up to ``MAX_ROWS`` rows (batch x tokens): decode steps, beams, batches and
 short chunks. Longer forwards (a prefill) go to the readable model, where MKL's GEMM over the fp32
 weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
