@@ -40,7 +40,7 @@ from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache, opt
 from kvviz.fast.rowops import RowDot, row_dot
-from kvviz.fast.rowstep import step_for
+from kvviz.fast.rowstep import Rope, step_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.generation.capture import ForwardCapture
@@ -165,6 +165,7 @@ class FastLlamaCodes:
         self.fp32 = fp32
         self._plans: PlanCache[LlamaCodesPlan | None] = PlanCache(
             lambda threads: build_plan(self.model, self.codes, threads))
+        self._rope: Rope | None = None  # every layer's (cos, sin): the model's tables, for the one-call step
 
     def rebuild(self) -> None:
         """After replacing, moving or casting parameters: plans are made again (codes that no
@@ -229,7 +230,9 @@ class FastLlamaCodes:
         tables = (net.rope_cos, net.rope_sin)
         if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tables):
             return None
-        step = step_for(p.step_ops, cache, self.config, rope=(tables,) * self.config.n_layer)
+        if self._rope is None or self._rope[0][0] is not net.rope_cos or self._rope[0][1] is not net.rope_sin:
+            self._rope = (tables,) * self.config.n_layer  # one tuple, kept: the step is rebuilt when it changes
+        step = step_for(p.step_ops, cache, self.config, rope=self._rope)
         if step is None:
             return None
         x = torch.embedding(net.model.embed_tokens.weight, idx).contiguous()  # (1, 1, C)

@@ -144,11 +144,12 @@ def test_each_block_type_steps_like_the_readable_model(tmp_path: Path, qtype: An
     for kind in ("static", "paged"):
         assert_logits_close(decode_steps(m, "fast", kind, ids), decode_steps(m, "readable", kind, ids))
     # One row on a static cache: every decode step is one call into C (rowstep.c on the block calls)
-    calls: list[int] = []
+    calls: list[LlamaStep] = []
     real = LlamaStep.decode
-    monkeypatch.setattr(LlamaStep, "decode", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(LlamaStep, "decode", lambda self, *a: calls.append(self) or real(self, *a))
     assert_logits_close(decode_steps(m, "fast", "static", ids[:1]), decode_steps(m, "readable", "static", ids[:1]))
     assert len(calls) == ids.shape[1] - 4  # the prefill's four rows take the per-call path
+    assert len({id(s) for s in calls}) == 1  # one step built per cache, not one per token
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
