@@ -16,9 +16,14 @@ So this path changes nothing but where the matmuls read their weights:
   (``layer_inputs``), the scaled embedding and the soft-cap. The caches (static rings, paged
   layer groups, quantized stores) behave exactly as under the readable model.
 
+A decode step of one row on a static cache goes further: every layer's four calls, the K/V write
+and attention in one call into C (``fast/rowstep.py``, as SmolLM2's), each layer's RoPE tables
+(local or global base) and the ``query_pre_attn_scalar`` scale handed to it, while no sliding
+layer's ring has wrapped (slots are positions until then; past it the per-layer path runs).
+
 It serves forwards of up to ``blockdot.max_code_rows(threads)`` rows (batch x tokens): decode
-steps, beams, batches and short chunks. Longer forwards (a prefill) go to the readable model, where MKL's GEMM over the fp32
-weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
+steps, beams, batches and short chunks. Longer forwards (a prefill) go to the readable model, where
+MKL's GEMM over the fp32 weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
 does not read) goes through the fp32 row kernel; without any C kernel, or for a bf16 or CUDA
 model, ``plan`` is None and the readable model runs every forward.
 """
@@ -30,11 +35,12 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 import torch.nn.functional as F
 
-from kvviz.engine.models.gemma3 import Gemma3, layer_inputs, softcap
+from kvviz.engine.models.gemma3 import Gemma3, inv_freq, layer_inputs, rope, softcap
 from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
+from kvviz.fast.rowstep import Rope, step_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
@@ -83,6 +89,7 @@ class Gemma3Plan:
     head: Call  # model.norm, then the tied embedding: (m, C) -> (m, V)
     coded_bytes: int  # bytes a step streams from codes and scales
     fp32_bytes: int  # bytes a step streams from fp32 weights (those without codes)
+    step_ops: tuple[BlockDot, ...]  # every layer's four calls for the one-call C step, () when one is not on codes
 
 
 def one_plus(norm: torch.nn.Module) -> torch.Tensor:
@@ -141,7 +148,10 @@ def build_plan(model: Gemma3, codes: Mapping[str, BlockCodes], threads: int) -> 
     if head is None:
         return None
     made = [c for lay in layers for c in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [head]
-    return Gemma3Plan(threads, tuple(layers), head, sum(c.nbytes[0] for c in made), sum(c.nbytes[1] for c in made))
+    ops = tuple(c.op for c in made[:-1])
+    step_ops = ops if all(isinstance(op, BlockDot) for op in ops) else ()
+    return Gemma3Plan(threads, tuple(layers), head, sum(c.nbytes[0] for c in made), sum(c.nbytes[1] for c in made),
+                      step_ops)  # type: ignore[arg-type]
 
 
 class FastGemma3:
@@ -159,6 +169,7 @@ class FastGemma3:
         self.config = model.config
         self.codes = dict(codes or {})
         self._plans: PlanCache[Gemma3Plan | None] = PlanCache(lambda threads: build_plan(self.model, self.codes, threads))
+        self._rope: Rope | None = None  # each layer's RoPE tables for the one-call step, grown as runs grow
 
     def rebuild(self) -> None:
         """After replacing, moving or casting parameters: plans are made again (codes that no
@@ -183,6 +194,10 @@ class FastGemma3:
         if input_pos is None:
             input_pos = torch.arange(start, start + T, device=idx.device)
         nh, nkv, hs = c.n_head, c.kv_heads, c.head_dim
+        if B == 1 and T == 1 and p.step_ops and cache is not None:
+            logits = self._one_call(p, idx, int(input_pos.reshape(-1)[0]), cache, capture)
+            if logits is not None:
+                return logits
         q_out, kv_out = nh * hs, nkv * hs
         x = net.embed(idx)  # (B, T, C)
         full, local = layer_inputs(c, T, start, input_pos, cache, x.dtype)
@@ -201,3 +216,33 @@ class FastGemma3:
             x = x[:, -1:, :].contiguous()  # (B, 1, C)
         logits = p.head(x).view(B, x.shape[1], -1)  # model.norm + the tied head: (B, T|1, V)
         return softcap(c, logits)
+
+    def _tables(self, pos: int) -> Rope:
+        """Each layer's (cos, sin) for positions 0..L-1, L a power of two past ``pos``: computed as
+        ``layer_inputs`` computes them (the same fp32 ops, so the same values), two bases shared
+        among the layers. Grown by doubling, not made for the whole context: Gemma 3's 32,768
+        positions of 256 would be 32 MiB a table."""
+        c = self.config
+        if self._rope is not None and pos < self._rope[0][0].shape[0]:
+            return self._rope
+        n = 1 << max(6, pos.bit_length())
+        at = torch.arange(n)
+        full = rope(inv_freq(c.rope_theta, c.head_dim), at, torch.float32)  # (n, hs) each
+        local = rope(inv_freq(c.rope_local_theta, c.head_dim), at, torch.float32)
+        self._rope = tuple(local if layer.self_attn.sliding else full for layer in self.model.model.layers)
+        return self._rope
+
+    def _one_call(self, p: Gemma3Plan, idx: torch.Tensor, pos: int, cache: "KVCache",
+                  capture: "ForwardCapture | None") -> torch.Tensor | None:
+        """A decode step of one row in one call into C (``fast/rowstep.py``), or None where the
+        cache is not one it writes (another kind, or a sliding layer's ring about to wrap): then
+        the per-layer path runs."""
+        if not 0 <= pos < self.config.block_size:  # C reads the RoPE tables at pos unchecked
+            raise IndexError(f"input_pos must lie in [0, {self.config.block_size})")
+        step = step_for(p.step_ops, cache, self.config, rope=self._tables(pos),
+                        scale=self.config.query_pre_attn_scalar ** -0.5)
+        if step is None:
+            return None
+        x = self.model.embed(idx).contiguous()  # (1, 1, C) fp32
+        step.decode(x, pos, cache, capture)  # x: the last layer's residual stream now
+        return softcap(self.config, p.head(x).view(1, 1, -1))  # model.norm + the tied head: (1, 1, V)

@@ -264,20 +264,7 @@ def _one_row(c: "LlamaConfig", rows: RowPlan, embed: torch.Tensor, idx: torch.Te
         x = x.float()
     step = step_for(rows.step_ops, cache, c)
     if step is not None:  # every layer in one call into C (fast/rowstep.py): a static cache
-        slot = cache.step_slots(1)  # the cache names the slot C writes this position's K/V to, and counts them
-        # A capture's attention weights and new K/V norms come out of C, which computes the one
-        # query row's weights anyway (the capture would redo 30 small matmuls in PyTorch).
-        want_p, want_n = (capture.want_attn, capture.want_norms) if capture is not None else (False, False)
-        step(x, int(input_pos[0]), slot, want_p, want_n)  # x: the last layer's residual stream now
-        if capture is not None:
-            if want_p and step.probs is not None:
-                capture.probs = step.probs[:, :, :slot + 1].clone()  # (n_layer, nh, S): rewritten next step
-            if want_n and step.norms is not None:
-                capture.new_norms = step.norms.clone()  # (n_layer, 2, nkv)
-            for i in capture.layers:  # what the per-layer path captures: post-RoPE q, the cache's K/V
-                capture.q_last[i] = step.q[i].view(1, nh, 1, hs).clone()  # step.q is rewritten next step
-                k, v = step.buffers[2 * i], step.buffers[2 * i + 1]  # the cache's layer-i buffers
-                capture.k[i], capture.v[i] = k.narrow(2, 0, slot + 1), v.narrow(2, 0, slot + 1)
+        step.decode(x, int(input_pos[0]), cache, capture)  # x: the last layer's residual stream now
         return rows.head(x).view(1, 1, -1)  # model.norm + LM head: (1, 1, V)
     for i, op in enumerate(rows.layers):
         q, k, v = split_qkv(op.attn_in(x, pos=input_pos), 1, nh, nkv, hs)  # RMSNorm, q|k|v, RoPE: views

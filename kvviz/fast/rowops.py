@@ -80,7 +80,9 @@ class StepSpec(ctypes.Structure):
                 ("q_out", ctypes.c_void_p), ("attn_out", ctypes.c_void_p), ("norm_out", ctypes.c_void_p),
                 ("n_layer", ctypes.c_int), ("nh", ctypes.c_int), ("nkv", ctypes.c_int),
                 ("hs", ctypes.c_int), ("max_len", ctypes.c_int), ("n_embd", ctypes.c_int),
-                ("mlp_width", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
+                ("mlp_width", ctypes.c_int), ("kv_bf16", ctypes.c_int), ("blocks", ctypes.c_int),
+                ("cos", ctypes.POINTER(ctypes.c_void_p)), ("sin", ctypes.POINTER(ctypes.c_void_p)),
+                ("scale", ctypes.c_float), ("layer_len", ctypes.c_void_p)]
 
 
 _lock = threading.Lock()

@@ -26,6 +26,7 @@ from kvviz.engine.generation.capture import Capture
 from kvviz.engine.kvcache.factory import make_cache
 from kvviz.engine.loading.loader import LoadedModel
 from kvviz.fast import rowops
+from kvviz.fast.rowstep import LlamaStep
 from kvviz.fast.blockdot import BlockDot, max_code_rows
 from kvviz.fast.gemma3_flat import FastGemma3
 from kvviz.fast.rowops import RowDot
@@ -84,6 +85,33 @@ def test_greedy_equals_transformers_on_the_same_file(tiny: LoadedModel, tiny_fil
         run = kvviz.generate(tiny,
                              **request_kwargs(prompt_ids=ids[0].tolist(), max_new_tokens=24, ignore_eos=True, **kw))
         assert run.engine == "fast" and run.generated_ids == want, kw
+
+
+def test_captured_attention_is_transformers_eager_attention(tiny: LoadedModel, tiny_file: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights the live views show, against transformers' own (eager attention, the same file):
+    scaled by query_pre_attn_scalar ** -0.5 (256 here, head_dim 64: 1/16, not 1/8), the sliding
+    layers' keys outside the window at zero. The fast path's first steps come out of the one-call C
+    step (no ring has wrapped yet); past the window of 8, and on the readable model, the capture
+    computes them from q and K. float16 records: 2e-3 absolute."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_file.parent, gguf_file=tiny_file.name,
+                                                           dtype=torch.float32, attn_implementation="eager").eval()
+    prompt = [5, 6, 7, 8]
+    one_call: list[int] = []
+    real = LlamaStep.decode
+    monkeypatch.setattr(LlamaStep, "decode", lambda self, x, pos, *a: one_call.append(pos) or real(self, x, pos, *a))
+    for backend in ("fast", "readable"):
+        run = kvviz.generate(tiny, prompt=prompt, max_new_tokens=8, capture=Capture(attention=True), backend=backend,
+                             sampling=SamplingParams(ignore_eos=True))
+        assert one_call == [4, 5, 6, 7]  # positions 4-7 in one call each (the readable run adds none); a ring of 8 wraps at 8
+        ids = prompt + run.generated_ids
+        for step, e in enumerate(run.events[1:], start=1):  # decode steps: one new query row each
+            t = len(prompt) + step  # the positions it attends to, itself included
+            with torch.inference_mode():
+                out = hf(torch.tensor([ids[:t]]), output_attentions=True)
+            want = torch.stack([a[0, :, -1, :] for a in out.attentions])  # (L, nh, t)
+            assert e.attn is not None and e.attn.shape == tuple(want.shape), (backend, step)
+            assert float(abs(torch.from_numpy(e.attn.astype("float32")) - want).max()) < 2e-3, (backend, step)
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

@@ -37,6 +37,7 @@ from kvviz.fast.blockdot import BlockDot, max_code_rows
 from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_flat import FastLlama
 from kvviz.fast.rowops import RowDot
+from kvviz.fast.rowstep import LlamaStep
 
 from accel_checks import assert_concurrent_runs_match_sequential
 from gguf_writers import Q, write_llama_gguf
@@ -143,7 +144,8 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, Path]:
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_each_block_type_steps_like_the_readable_model(tmp_path: Path, qtype: Any, threads: int) -> None:
+def test_each_block_type_steps_like_the_readable_model(tmp_path: Path, qtype: Any, threads: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     hf = make_hf("llama", 7)  # llama: the q/k rows come permuted in the file, the codes unpermuted
     m = kvviz.load_model(str(write(tmp_path / f"{qtype.name}.gguf", hf, "llama", matrix_type=qtype)))
     assert isinstance(m.fast, FastLlamaCodes) and m.info["tensor_types"][qtype.name] == 15  # 7 per layer, the tied head
@@ -157,6 +159,14 @@ def test_each_block_type_steps_like_the_readable_model(tmp_path: Path, qtype: An
     for kind in ("static", "paged"):
         assert_logits_close(decode_steps(m, "fast", kind, ids), decode_steps(m, "readable", kind, ids),
                             readable_rounded(m, kind, ids))
+    # One row on a static cache: every decode step is one call into C (rowstep.c on the block calls)
+    calls: list[LlamaStep] = []
+    real = LlamaStep.decode
+    monkeypatch.setattr(LlamaStep, "decode", lambda self, *a: calls.append(self) or real(self, *a))
+    assert_logits_close(decode_steps(m, "fast", "static", ids[:1]), decode_steps(m, "readable", "static", ids[:1]),
+                        readable_rounded(m, "static", ids[:1]))
+    assert len(calls) == ids.shape[1] - 4  # the prefill's four rows take the per-call path
+    assert len({id(s) for s in calls}) == 1  # one step built per cache, not one per token
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -197,7 +197,7 @@ def test_the_step_writes_where_the_cache_says_and_the_cache_counts_it(calls: lis
     """C writes only into the buffers the cache hands out (``step_buffers``) at the slot it names
     (``step_slots``, which counts the bytes as update does and notes the write for a restore): a
     step taken through run_step and never committed is undone by a restore like any update, and a
-    cache whose layer keeps a ring hands out no buffers, so C never writes it."""
+    cache whose ring would wrap hands out no buffers, so C never writes it."""
     from kvviz.engine.core.step import run_step
 
     m = make_llama("gqa", seed=31)
@@ -219,5 +219,7 @@ def test_the_step_writes_where_the_cache_says_and_the_cache_counts_it(calls: lis
     assert bool((cache.k[0][:, :, 5] == 0).all()) and bool((cache.v[-1][:, :, 5] == 0).all())  # as never written
     assert torch.equal(cache.k[0][:, :, 4], k4) and cache.bytes_copied == before
     ringed = StaticKVCache(c)
-    ringed.windows = (4,) + ringed.windows[1:]  # a sliding first layer: slot != position there
+    ringed.windows = (4,) + ringed.windows[1:]  # a sliding first layer: a ring of 4 rows
+    assert ringed.step_buffers() is not None  # positions 0..3 are its slots 0..3
+    ringed.pos = 4  # position 4 would go to slot 0: slot != position, so only update writes it
     assert ringed.step_buffers() is None and step_for(m.fast.plan().rows.step_ops, ringed, c) is None

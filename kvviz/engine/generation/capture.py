@@ -89,7 +89,10 @@ def record(capture: Capture, fc: ForwardCapture | None, cfg: Any, kv_start: int,
         w = fc.probs if len(layers) == fc.probs.shape[0] else fc.probs[list(layers)]  # (n_cap, nh, S)
         attn = w.to(torch.float16).numpy()
     elif layers:
-        scale = 1.0 / math.sqrt(cfg.head_dim)
+        # the model's own scale: Gemma's query_pre_attn_scalar ** -0.5 (equal to 1 / sqrt(head_dim)
+        # for every Gemma 3 checkpoint, not for every config), else 1 / sqrt(head_dim)
+        pre = getattr(cfg, "query_pre_attn_scalar", None)
+        scale = pre ** -0.5 if pre else 1.0 / math.sqrt(cfg.head_dim)
         group = cfg.n_head // cfg.kv_heads  # query heads per K/V head (GQA: they share its keys)
         scores = []
         for layer in layers:

@@ -290,12 +290,13 @@ class StaticKVCache(KVCache):
         return kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)  # views (B, nkv, pos+T, hs)
 
     # ------------------------------------------------------------------ a writer in C
-    def step_buffers(self) -> tuple[torch.Tensor, ...] | None:
-        """K0, V0, K1, V1, ...: every layer's whole buffer (B, nkv, block_size, hs), for a writer
-        that stores a step's K/V rows itself (the accelerator's one-call decode step in C,
-        fast/rowstep.py) at the slots ``step_slots`` names, and reads rows 0..pos+T-1 back. None
-        when a layer keeps a ring: its slot is not the position, so only ``update`` may write it."""
-        if any(w is not None for w in self.windows):
+    def step_buffers(self, T: int = 1) -> tuple[torch.Tensor, ...] | None:
+        """K0, V0, K1, V1, ...: every layer's whole buffer (B, nkv, rows, hs), for a writer that
+        stores the next T positions' K/V itself (the accelerator's one-call decode step in C,
+        fast/rowstep.py) at the slots ``step_slots`` names, and reads rows 0..pos+T-1 back. A ring
+        layer's buffer has its window's rows and serves while those positions fit in it (slots
+        are then positions); None once one would wrap: only ``update`` writes a ring past it."""
+        if any(w is not None and self.pos + T > w for w in self.windows):
             return None
         return tuple(t for pair in zip(self.k, self.v) for t in pair)
 
