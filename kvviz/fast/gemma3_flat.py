@@ -5,9 +5,10 @@ of it the tied 262,144 x 640 head: at fp32 no kernel gets a step to 3x transform
 machine (docs/performance.md). The file holds the same weights as integer codes with a scale per
 block (Q8_0, Q5_0, Q4_K, Q6_K), 235 MiB as it stores them, and ``fast/blockdot.py`` multiplies by
 them as they are: each weight is exactly the value the readable model holds (gguf's dequantization,
-value for value), only the order of the additions differs, and the activations stay fp32.
+value for value). Each matmul's input rows are rounded to int16 per block of 32 (``csrc/lblocks.c``,
+issue 42: within 1/65534 of each block's largest value) and multiplied by the codes in integers.
 
-So this path changes nothing but where the matmuls read their weights:
+So this path changes nothing but where, and how finely, the matmuls read their operands:
 - per layer, three calls into C: q|k|v side by side, o_proj, gate|up side by side (then down_proj);
   the tied head is a fifth, on the embedding's codes;
 - everything between them is the readable model's own code, called, not copied: the norms (its
