@@ -74,7 +74,7 @@ static inline __attribute__((always_inline)) void q45k_block(const uint8_t *b, c
     k4_scales(b, sc, mn);
     *off = _mm256_fmadd_ps(_mm256_loadu_ps(mn), _mm256_loadu_ps(sx), *off);
     float sd[8];
-    _mm256_storeu_ps(sd, _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_loadu_ps(dx)));
+    for (int j = 0; j < 8; j++) sd[j] = sc[j] * dx[j];
     const uint8_t *qs = b + (five ? 48 : 16);
     const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
     __m256i h0 = _mm256_setzero_si256(), h1 = h0;
