@@ -143,6 +143,12 @@ def test_long_forwards_run_the_readable_model(tiny: LoadedModel) -> None:
     with torch.inference_mode():
         assert torch.equal(tiny.fast.forward(ids), tiny.model(ids))  # the same code, the same bits
         assert not torch.equal(tiny.fast.forward(ids[:, :MAX_ROWS]), tiny.model(ids[:, :MAX_ROWS]))  # the kernels
+        # A prefill that keeps the last row only: the readable layers, the head on the file's codes
+        last = tiny.fast.forward(ids, last_only=True)
+        head = tiny.fast.plan().head
+        assert torch.equal(last, head(tiny.model.hidden(ids, last_only=True).contiguous()).view(1, 1, -1))
+        want = tiny.model(ids, last_only=True)
+        torch.testing.assert_close(last, want, rtol=0, atol=2e-5 * float(want.abs().max()))  # only the sums' order
 
 
 def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:
