@@ -41,6 +41,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "rowops.c"  # GPT-2's (in, out) layout
 # and nn.Linear's (out, in) layout, for the Llama family, and its whole one-row decode step
 SOURCES = (SOURCE, CSRC / "rowdot.c", CSRC / "rowstep.c",
+           CSRC / "logits.c",  # the loop's per-step reads of the logits (fast/logits.py)
            CSRC / "blockdot.c", CSRC / "kblocks.c",
            CSRC / "lblocks.c")  # and weights kept as a GGUF file's block codes (fast/blockdot.py)
 HEADERS = (CSRC / "rowcommon.h", CSRC / "rowdot.h", CSRC / "kblocks.h", CSRC / "lblocks.h")
@@ -251,6 +252,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     fn = lib.kv_llama_step
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+    fn = lib.kv_all_finite
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.kv_logits_simd.restype = ctypes.c_int
+    fn = lib.kv_top_probs
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     return lib, f"built with {Path(cc).name} ({path.name})"
 
 

@@ -157,6 +157,19 @@ def test_long_forwards_run_the_readable_model(tiny: LoadedModel, threads: int) -
     with torch.inference_mode():
         assert torch.equal(tiny.fast.forward(ids), tiny.model(ids))  # the same code, the same bits
         assert not torch.equal(tiny.fast.forward(ids[:, :limit]), tiny.model(ids[:, :limit]))  # the kernels
+        # A prefill that keeps the last row only: the readable layers, the head on the file's codes
+        last = tiny.fast.forward(ids, last_only=True)
+        head = tiny.fast.plan().head
+        assert torch.equal(last, head(tiny.model.hidden(ids, last_only=True).contiguous()).view(1, 1, -1))
+        want = tiny.model(ids, last_only=True)
+        # the sums' order (2e-5 of the largest logit) plus 4x what the head's int16 rounding of its
+        # input does to these logits (the module docstring): the readable head computing the kernel's maths
+        head_codes = {k: v for k, v in tiny.fast.codes.items() if k == "model.embed_tokens.weight"}
+        with kernel_rounding(tiny.model, head_codes):
+            rounded = tiny.model(ids, last_only=True)
+        slack = 4 * float((rounded - want).abs().max())
+        assert slack > 0  # the hook ran
+        torch.testing.assert_close(last, want, rtol=0, atol=2e-5 * float(want.abs().max()) + slack)
 
 
 def test_codes_that_no_longer_match_fall_back_to_fp32(tiny_file: Path) -> None:

@@ -27,6 +27,7 @@ from kvviz.engine.generation.stops import first_stop
 from kvviz.engine.generation.valid_request import ValidRequest
 from kvviz.engine.kvcache.dense import KVCache
 from kvviz.engine.loading.loader import LoadedModel
+from kvviz.fast.logits import all_finite, top_probs
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class StreamBase:
 
     def _check_finite(self, logits: torch.Tensor, step: int) -> None:
         """End the run with a NonFiniteLogits error (saying where) if ``logits`` hold NaN or inf."""
-        if bool(torch.isfinite(logits).all()):
+        if all_finite(logits):
             return
         ids = (list(self.req.rows[0]) + [e.token_id for e in self.events])[-self.model.config.block_size:]
         # Row 0's sequence so far, once more through the readable model with every module hooked:
@@ -212,9 +213,8 @@ class StreamBase:
         tok, cfg = self.model.tokenizer, self.model.config
         top: tuple[TopToken, ...] = ()
         if e.logits is not None:
-            probs = torch.softmax(e.logits, dim=-1, dtype=torch.float32)  # (V,)
-            p, i = torch.topk(probs, min(5, probs.shape[-1]))
-            top = tuple(TopToken(a, tok.token_display(a), b) for a, b in zip(i.tolist(), p.tolist()))
+            i, p = top_probs(e.logits, 5)  # (in C: two passes over the vocabulary, not five ops)
+            top = tuple(TopToken(a, tok.token_display(a), b) for a, b in zip(i, p))
         tid = e.ids[0]
         return StepEvent(
             step=e.step, phase="prefill" if e.step == 0 else "decode", token_id=tid,

@@ -306,6 +306,13 @@ class Gemma3(nn.Module):
         last_only: bool | torch.Tensor = False,
     ) -> torch.Tensor:
         """Logits for ``idx`` (B, T); the same arguments and cache contract as ``Llama.forward``."""
+        x = self.hidden(idx, input_pos, cache, capture, last_only)  # (B, 1|K|T, C)
+        return softcap(self.config, self.lm_head(self.model.norm(x)))  # (B, T|1, V)
+
+    def hidden(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None, cache: "KVCache | None" = None,
+               capture: "ForwardCapture | None" = None, last_only: bool | torch.Tensor = False) -> torch.Tensor:
+        """The last layer's residual stream at the rows ``last_only`` keeps, before the final norm:
+        ``forward`` without its head (the accelerator puts the head on the file's codes)."""
         c = self.config
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
@@ -319,8 +326,7 @@ class Gemma3(nn.Module):
         for layer in self.model.layers:
             mask, is_causal, cos, sin = local if layer.self_attn.sliding else full
             x = layer(x, cos, sin, cache, mask, is_causal, capture)
-        x = last_rows(x, last_only)  # (B, 1|K|T, C)
-        return softcap(c, self.lm_head(self.model.norm(x)))  # (B, T|1, V)
+        return last_rows(x, last_only)  # (B, 1|K|T, C)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """The scaled embeddings of ``idx`` (B, T) -> (B, T, C)."""

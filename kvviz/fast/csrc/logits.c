@@ -1,0 +1,119 @@
+/* What a generation loop reads off each step's logits besides the sampled token, in two passes
+ * over the vocabulary instead of torch's five ops (isfinite + all, softmax, topk; each a pass and
+ * most an allocation): whether every logit is finite, and the k most likely tokens with their
+ * softmax probabilities (the live views' candidates).
+ *
+ * Why: for Gemma 3's vocabulary of 262,144 those ops took about 2 ms a decode step on the
+ * project's 2-core machine, a tenth of the step. Here the top-k scan looks inside a block of 64
+ * only when the block's maximum (a vectorized pass) beats the current k-th, and the sum of
+ * exponentials vectorizes with exp_poly.
+ *
+ * The maths is torch.softmax's: p_i = exp(x_i - max) / sum_j exp(x_j - max), the sum in double
+ * here; ties keep the lower index first (torch.topk leaves their order unspecified).
+ * kvviz/fast/logits.py calls it.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "rowcommon.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#define BLOCK 64
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* exp_poly (rowcommon.h) on eight lanes: GCC leaves that scalar loop scalar (its round and
+ * float-to-int), so here it is written out, the same constants in the same order. */
+static inline __m256 exp8(__m256 v) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_add_ps(_mm256_sub_ps(v, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f))),
+                                   _mm256_mul_ps(k, _mm256_set1_ps(2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* sum_i exp(x_i - mx) over [b, e), in fp32 lanes. */
+static inline float exp_sum(const float *x, int64_t b, int64_t e, float mx) {
+    float s = 0.0f;
+    int64_t i = b;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(mx);
+    for (; i + 8 <= e; i += 8) acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++) s += lanes[j];
+#endif
+    for (; i < e; i++) s += exp_poly(x[i] - mx);
+    return s;
+}
+
+/* 1 when every one of the n values is finite: x - x is 0 for a finite x and NaN for an infinite or
+ * NaN one, and a NaN survives the sum (no -ffast-math). */
+int kv_all_finite(const float *x, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += x[i] - x[i];
+    return s == 0.0f;
+}
+
+static inline void insert(float v, int64_t i, int k, float *tv, int64_t *ti) {
+    int j = k - 1; /* v beats the k-th: slide the smaller ones down */
+    while (j > 0 && v > tv[j - 1]) {
+        tv[j] = tv[j - 1];
+        ti[j] = ti[j - 1];
+        j--;
+    }
+    tv[j] = v;
+    ti[j] = i;
+}
+
+/* The k (1..16) largest of n finite values, largest first, their indices in idx and their softmax
+ * probabilities over all n in prob. Returns 0, or -1 for k out of range or n < k. */
+int kv_top_probs(const float *x, int64_t n, int k, int64_t *idx, float *prob) {
+    if (k < 1 || k > 16 || n < k) return -1;
+    float tv[16];
+    for (int j = 0; j < k; j++) {
+        tv[j] = -INFINITY;
+        idx[j] = -1;
+    }
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        const int64_t e = b + BLOCK < n ? b + BLOCK : n;
+        float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+        for (int64_t i = b; i < e; i++) m = x[i] > m ? x[i] : m;
+        if (m <= tv[k - 1]) continue; /* nothing here beats the k-th (finite values beat -inf) */
+        for (int64_t i = b; i < e; i++)
+            if (x[i] > tv[k - 1]) insert(x[i], i, k, tv, idx);
+    }
+    const float mx = tv[0];
+    double sum = 0.0;
+    for (int64_t b = 0; b < n; b += BLOCK) { /* float partial sums of 64, added in double */
+        const int64_t e = b + BLOCK < n ? b + BLOCK : n;
+        sum += exp_sum(x, b, e, mx);
+    }
+    for (int j = 0; j < k; j++) prob[j] = (float)(exp_poly(tv[j] - mx) / sum);
+    return 0;
+}
+
+/* 1 when this build has the AVX2 exponential (kvviz/fast/logits.py uses torch's softmax otherwise:
+ * the portable loop stays scalar and would be slower than torch). */
+int kv_logits_simd(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
