@@ -37,10 +37,11 @@ CASES = {
     "smollm2": ("smollm2", "Tell me a long story about a dragon who guards a library.", True),
 }
 RESULTS = ROOT / "test-results" / "make_run_speed.json"
-# The budget (docs/benchmarks.md): the app streams at >= 0.8x the engine's own tokens/s, plus a
-# fixed allowance for what no token rate covers: the click's round trip, the page's script run
-# before the loop, and the stored run's final redraw.
-TARGET_RATIO = 0.8
+# The budget (docs/benchmarks.md, issue 42): the app streams at >= 0.9x the engine's own tokens/s,
+# plus a fixed allowance for what no token rate covers: the click's round trip, the page's script
+# run before the loop, and the stored run's final redraw. The stream ratio (first token shown to
+# last, against the engine's decode tokens/s) has no allowance: it is the per-token cost alone.
+TARGET_RATIO = 0.9
 FIXED_ALLOWANCE_S = 1.0
 CLI_REPEATS = 3  # the engine's own figure: the median of this many CLI runs, taken right after the app's
 DONE_TIMEOUT_MS = 600_000
@@ -60,9 +61,13 @@ TIMER_JS = """() => {
   new MutationObserver((_, obs) => {
     const now = performance.now();
     if (k.click === undefined) return;
-    if (k.first === undefined) {
-      const legend = document.querySelector('.st-key-output .kv-legend');
-      if (legend && /generated\\s+[1-9]/.test(legend.textContent)) k.first = now;
+    // The tokens shown: the first token's time, and the time the count last grew (the last token shown).
+    const legend = document.querySelector('.st-key-output .kv-legend');
+    const m = legend && /generated\\s+([\\d,]+)/.exec(legend.textContent);
+    const n = m ? parseInt(m[1].replace(/,/g, ''), 10) : 0;
+    if (n > (k.shown || 0)) {
+      if (k.first === undefined) { k.first = now; k.firstN = n; }
+      k.shown = n; k.last = now;
     }
     if (document.querySelector('.st-key-run_done_1')) { k.done = now; obs.disconnect(); }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
@@ -187,6 +192,10 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
     engine_default = cli_engine(None, model, prompt, chat, repeats=1) if threads else engine  # torch's own count
     click_to_done = (kv["done"] - kv["click"]) / 1000
     first = (kv.get("first", kv["done"]) - kv["click"]) / 1000
+    # The stream: the tokens after the first one shown, over the time from it to the last one shown.
+    streamed = kv.get("shown", 0) - kv.get("firstN", 0)
+    stream_s = (kv.get("last", 0) - kv.get("first", 0)) / 1000
+    stream_tok_s = streamed / stream_s if streamed > 0 and stream_s > 0 else None
     budget = n_tokens / (TARGET_RATIO * engine["tok_s"]) + FIXED_ALLOWANCE_S
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -197,8 +206,12 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         "first_token_to_done_s": round(click_to_done - first, 3), "python_side_wall_s": round(wall, 3),
         "app_tok_s": round(n_tokens / click_to_done, 1), "in_app_metrics": in_app, "done_marker": live_note,
         "engine_cli": engine, "engine_cli_torch_default_threads": engine_default, "ratio_app_vs_engine": round(n_tokens / click_to_done / engine["tok_s"], 3),
+        "cpus_allowed": len(os.sched_getaffinity(0)),  # 1 under `taskset -c 0`: the stand-in for a slower machine
+        "stream_tokens": streamed, "first_to_last_shown_s": round(stream_s, 3),
+        "stream_tok_s": stream_tok_s and round(stream_tok_s, 1),
+        "ratio_stream": stream_tok_s and round(stream_tok_s / engine["decode_tok_s"], 3),
         "browser_busy_s": {k: round(busy1[k] - busy0[k], 3) for k in BUSY_METRICS},
-        "browser_long_tasks_ms": kv["long"],
+        "browser_long_tasks_ms": kv["long"], "browser_long_tasks_total_ms": sum(d for _, d in kv["long"]),
         "budget_s": round(budget, 2), "within_budget": click_to_done <= budget,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -208,3 +221,7 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
     if not report["within_budget"]:
         warnings.warn(f"make run ({settings()} settings, {model}): {n_tokens} tokens took {click_to_done:.2f} s click to done, over the "
                       f"{budget:.2f} s budget (engine {engine['tok_s']} tok/s; load {load_after})", stacklevel=1)
+    if report["ratio_stream"] is not None and report["ratio_stream"] < TARGET_RATIO:
+        warnings.warn(f"make run ({settings()} settings, {model}): the page streamed {stream_tok_s:.1f} tok/s, "
+                      f"{report['ratio_stream']}x the engine's decode {engine['decode_tok_s']} tok/s "
+                      f"(target {TARGET_RATIO}x)", stacklevel=1)
