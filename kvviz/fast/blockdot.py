@@ -6,8 +6,11 @@ one weight matrix in that form, ``w[r, i] = scale[r, i // block] * codes[r, i]
 (``engine/loading/gguf_codes.py`` builds them from the file's blocks). ``BlockDot`` multiplies a
 few fp32 rows by one or more of them side by side, through ``csrc/blockdot.c``: a decode step of a
 quantized model then streams a fraction of the bytes of its fp32 weights (Gemma 3 270M: the Q8_0
-head is 170 MiB of codes and fp16 scales where its fp32 copy is 640 MiB). The activations stay
-fp32; only the order of additions differs from ``F.linear`` on the dequantized weights. Every type
+head is 170 MiB of codes and fp16 scales where its fp32 copy is 640 MiB). The input rows are
+rounded to int16 per block of 32 (``csrc/lblocks.c``: dx_b = max|x_b| / 32767, q = round(x / dx_b))
+and the codes multiply them in integers, so a product equals ``F.linear`` on the dequantized weights
+to within sum_b (dx_b / 2) sum_{i in b} |scale_b code_i| (offsets multiply the unrounded inputs'
+sums, exactly) plus fp32 accumulation: 1/65534 of each block's largest input. Every type
 streams the file's own bytes, unpacked in registers (issue 42; the layouts in ``BlockCodes``):
 SmolLM2's Q4_1 layers read 0.625 bytes a weight, Gemma 3's Q4_K ones 0.5625 (their super-blocks'
 6-bit scales unpacked in ``csrc/kblocks.c``), as llama.cpp reads them.
@@ -27,6 +30,17 @@ from kvviz.engine.loading.gguf_codes import K_BLOCK_BYTES, PACKED_BLOCK_BYTES, Q
 from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
+# The most rows (batch x tokens) a forward sends through these kernels, by thread count; more go to
+# the fp32 path (Llama: llama_flat's C row kernel up to its max_c_rows_fp32, then F.linear's GEMM;
+# Gemma 3: the readable model's F.linear). The kernel unpacks a weight row's codes again for each
+# input row, so its cost grows with the rows where a GEMM's hardly does. SmolLM2's layer matmuls
+# (q|k|v, o, gate|up, down, Q4_1), time on codes over time on the fp32 weights, medians of 9,
+# interleaved, niced on the shared 2-core machine (docs/benchmarks.md, 2026-11-28 16:05):
+#   1 thread, over F.linear (the fallback past 8 rows): m = 8: 0.70, 12: 0.82, 16: 1.02, 24: 1.05, 48: 1.46.
+#   2 threads, over F.linear: 8: 0.60, 16: 0.90, 24: 0.92, 32: 1.07; over the fp32 C row kernel
+#   (Llama's fallback up to 32 rows on 2+ threads): 8: 1.12, 12: 1.05, 24: 1.45. So 8 stays there.
+MAX_CODE_ROWS = {1: 12}
+MAX_CODE_ROWS_MORE_THREADS = 8
 BLOCKS = (16, 32)  # the block sizes the kernel reads: Q6_K's scales cover 16 weights, the rest 32
 
 
@@ -44,6 +58,11 @@ class _Spec(ctypes.Structure):
                 ("post_w", ctypes.c_void_p), ("post_eps", ctypes.c_float),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("n_q", ctypes.c_int), ("n_k", ctypes.c_int),
                 ("head_dim", ctypes.c_int), ("qk_eps", ctypes.c_float)]
+
+
+def max_code_rows(threads: int) -> int:
+    """The most rows a forward on ``threads`` intra-op threads sends through the block-code kernels."""
+    return MAX_CODE_ROWS.get(threads, MAX_CODE_ROWS_MORE_THREADS)
 
 
 def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]

@@ -5,9 +5,10 @@ of it the tied 262,144 x 640 head: at fp32 no kernel gets a step to 3x transform
 machine (docs/performance.md). The file holds the same weights as integer codes with a scale per
 block (Q8_0, Q5_0, Q4_K, Q6_K), 235 MiB as it stores them, and ``fast/blockdot.py`` multiplies by
 them as they are: each weight is exactly the value the readable model holds (gguf's dequantization,
-value for value), only the order of the additions differs, and the activations stay fp32.
+value for value). Each matmul's input rows are rounded to int16 per block of 32 (``csrc/lblocks.c``,
+issue 42: within 1/65534 of each block's largest value) and multiplied by the codes in integers.
 
-So this path changes nothing but where the matmuls read their weights:
+So this path changes nothing but where, and how finely, the matmuls read their operands:
 - per layer, three calls into C: q|k|v side by side, o_proj, gate|up side by side (then down_proj);
   the tied head is a fifth, on the embedding's codes;
 - everything between them is the readable model's own code, called, not copied: the norms (its
@@ -21,9 +22,9 @@ and attention in one call into C (``fast/rowstep.py``, as SmolLM2's), each layer
 (local or global base) and the ``query_pre_attn_scalar`` scale handed to it, while no sliding
 layer's ring has wrapped (slots are positions until then; past it the per-layer path runs).
 
-It serves forwards of up to ``MAX_ROWS`` rows (batch x tokens): decode steps, beams, batches and
-short chunks. Longer forwards (a prefill) go to the readable model, where MKL's GEMM over the fp32
-weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
+It serves forwards of up to ``blockdot.max_code_rows(threads)`` rows (batch x tokens): decode
+steps, beams, batches and short chunks. Longer forwards (a prefill) go to the readable model, where
+MKL's GEMM over the fp32 weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
 does not read) goes through the fp32 row kernel; without any C kernel, or for a bf16 or CUDA
 model, ``plan`` is None and the readable model runs every forward.
 """
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, inv_freq, layer_inputs, rope, softcap
-from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
@@ -45,8 +46,6 @@ from kvviz.fast.rowstep import Rope, step_for
 if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
     from kvviz.engine.generation.capture import ForwardCapture
-
-MAX_ROWS = 8  # the most rows (batch x tokens) a forward sends through the kernels; more: the readable model
 
 
 @dataclass(frozen=True)
@@ -186,9 +185,9 @@ class FastGemma3:
                 capture: "ForwardCapture | None" = None, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T|1, V), as ``Gemma3.forward`` gives them."""
         B, T = idx.shape
-        p = self.plan() if B * T <= MAX_ROWS else None
+        p = self.plan() if B * T <= max_code_rows(torch.get_num_threads()) else None
         if p is None:
-            long = self.plan() if last_only is True and B <= MAX_ROWS else None
+            long = self.plan() if last_only is True and B <= max_code_rows(torch.get_num_threads()) else None
             if long is not None and isinstance(long.head.op, BlockDot):
                 # A prefill: the layers' GEMMs on the readable model (fp32: MKL wins once the rows are
                 # many), the head's one row a sequence on the file's codes: 170 MiB of Q8_0 read,

@@ -5,8 +5,10 @@ A decode step streams every weight once. In fp32 SmolLM2-135M is 513 MiB a step;
 holds the same weights as codes with a scale and an offset per block of 32, and
 ``fast/blockdot.py`` multiplies by them as they are (0.625 bytes a weight, the file's nibbles and
 fp16 scales and offsets, not 4): each weight is exactly the value the readable model holds (gguf's
-dequantization, value for value), only the order of the additions differs, and the activations
-stay fp32. This is Gemma 3's path (``gemma3_flat.py``) for Llama's layer:
+dequantization, value for value). The kernel rounds each matmul's input rows to int16 per block of
+32 (``csrc/lblocks.c``: |x - q dx| <= dx / 2 = max|x_b| / 65534) and multiplies the codes by them in
+integers; a matmul is then exact to within sum_b (dx_b / 2) sum_{i in b} |scale_b code_i| plus
+fp32 accumulation. This is Gemma 3's path (``gemma3_flat.py``) for Llama's layer:
 
 - per layer, four calls into C, the same kernel as Gemma's with Llama's epilogues: input RMSNorm +
   q|k|v (+ Qwen2's biases) + Qwen3's per-head q/k norms + RoPE; o_proj + the residual;
@@ -22,11 +24,11 @@ run it) is one call into C instead: the same calls chained with the K/V write an
 (``fast/rowstep.py``), without the 30 layers of Python between them (1.43x at 1 thread, 1.26x at 2
 on SmolLM2's Q4_1 file).
 
-It serves forwards of up to ``MAX_ROWS`` rows (batch x tokens). A weight whose codes do not
-rebuild its parameter (changed after loading), or a type without codes (F32, F16), goes through
-the fp32 row kernel, its q/k norms and RoPE then in PyTorch. Longer forwards, and every forward
-where ``plan`` is None (bf16, CUDA, no C kernel), go to the fp32 accelerator (``llama_flat.py``)
-where it takes the family, else to the readable model.
+It serves forwards of up to ``blockdot.max_code_rows(threads)`` rows (batch x tokens). A weight
+whose codes do not rebuild its parameter (changed after loading), or a type without codes (F32,
+F16), goes through the fp32 row kernel, its q/k norms and RoPE then in PyTorch. Longer forwards,
+and every forward where ``plan`` is None (bf16, CUDA, no C kernel), go to the fp32 accelerator
+(``llama_flat.py``) where it takes the family, else to the readable model.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from kvviz.engine.models.llama import Llama, apply_rope, forward_mask
-from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache, opt
 from kvviz.fast.rowops import RowDot, row_dot
@@ -47,7 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvviz.engine.kvcache.dense import KVCache
     from kvviz.fast.llama_flat import FastLlama
 
-MAX_ROWS = 8  # the most rows (batch x tokens) a forward sends through the kernels; more: the fp32 path
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class FastLlamaCodes:
         start = cache.pos if cache is not None else 0
         if input_pos is None:
             input_pos = torch.arange(start, start + T, device=idx.device)
-        p = self.plan() if B * T <= MAX_ROWS else None
+        p = self.plan() if B * T <= max_code_rows(torch.get_num_threads()) else None
         if p is None:
             if self.fp32 is not None:
                 return self.fp32.forward(idx, input_pos, cache, capture, last_only)

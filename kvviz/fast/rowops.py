@@ -42,8 +42,9 @@ SOURCE = CSRC / "rowops.c"  # GPT-2's (in, out) layout
 # and nn.Linear's (out, in) layout, for the Llama family, and its whole one-row decode step
 SOURCES = (SOURCE, CSRC / "rowdot.c", CSRC / "rowstep.c",
            CSRC / "logits.c",  # the loop's per-step reads of the logits (fast/logits.py)
-           CSRC / "blockdot.c", CSRC / "kblocks.c")  # and weights kept as a GGUF file's block codes (fast/blockdot.py)
-HEADERS = (CSRC / "rowcommon.h", CSRC / "rowdot.h", CSRC / "kblocks.h")
+           CSRC / "blockdot.c", CSRC / "kblocks.c",
+           CSRC / "lblocks.c")  # and weights kept as a GGUF file's block codes (fast/blockdot.py)
+HEADERS = (CSRC / "rowcommon.h", CSRC / "rowdot.h", CSRC / "kblocks.h", CSRC / "lblocks.h")
 FLAG_SETS = (
     ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"],
     ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"],  # compilers without -march=native

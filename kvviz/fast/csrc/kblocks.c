@@ -1,5 +1,6 @@
 /* A row of a K-type weight (Q4_K, Q5_K, Q6_K) kept as the GGUF's super-blocks of 256, times one fp32
- * input row (issue 42). blockdot.c calls it for each (weight row, input row).
+ * input row rounded to int16 per block of 32 (lblocks.c says how and why; issue 42). blockdot.c calls it for
+ * each (weight row, input row).
  *
  * Why: a step streams every weight once, so the bytes a weight takes bound the speed. ggml stores a
  * Q4_K super-block in 144 bytes (0.5625 a weight): fp16 d and dmin, twelve bytes holding eight 6-bit
@@ -10,7 +11,8 @@
  *
  * The weights are exactly gguf's: d * sc (an fp16 times a 6-bit, or Q6_K's int8, integer) has at
  * most 18 significant bits, so fp32 holds it exactly, the same number gguf's dequantizer forms;
- * a sub-block's sum is scale * sum(code x) - offset * sum(x), as blockdot.c computes every type.
+ * a sub-block's sum is scale * dx * sum(code q) - offset * sum(x): the codes times the rounded input in
+ * int32, exactly, and the offsets times the sums of the unrounded input (fp32), as for every type.
  * Layouts (ggml-common.h's block_q4_K, block_q5_K, block_q6_K; dequantize_row_q*_K in ggml-quants.c):
  *   Q4_K: d, dmin, scales[12], qs[128]: weights 64 j + l (l < 32) are qs[32 j + l]'s low nibble
  *         (sub-block 2 j), 64 j + 32 + l its high nibble (2 j + 1).
@@ -50,8 +52,8 @@ static inline void k4_scales(const uint8_t *b, float sc[8], float mn[8]) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 
-/* Eight bytes widened to eight int32 lanes (zero-extended). */
-static inline __m256i zx8(const uint8_t *c) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c)); }
+static inline __m256i wide16(const uint8_t *c) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c)); }
+static inline __m256i q16(const int16_t *q) { return _mm256_loadu_si256((const __m256i *)q); }
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -60,87 +62,95 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* One Q4_K (five = 0) or Q5_K (1) super-block: each sub-block's products summed in lanes, scaled
- * into acc0 (even sub-blocks) or acc1 (odd); the eight offsets times sx's eight sums, lane by lane, into off.
- * Each 8 bytes of nibbles are widened once and give 8 codes of two sub-blocks (an AND, a shift). */
-static inline __attribute__((always_inline)) void q45k_block(const uint8_t *b, const float *x, const float *sx,
-                                                             const int five, __m256 *acc0, __m256 *acc1, __m256 *off) {
+/* One Q4_K (five = 0) or Q5_K (1) super-block on the rounded input q (dx: its eight steps): each
+ * sub-block's integer products summed in int32 lanes (codes <= 31, so 32 * 31 * 32767 fits), converted
+ * once and scaled by sc * dx into acc0 (even sub-blocks) or acc1 (odd); the eight offsets times sx's
+ * eight sums of the unrounded input, lane by lane, into off. 16 bytes of nibbles are widened to int16
+ * once and give 16 codes of two sub-blocks (an AND, a shift). */
+static inline __attribute__((always_inline)) void q45k_block(const uint8_t *b, const int16_t *q, const float *dx,
+                                                             const float *sx, const int five, __m256 *acc0,
+                                                             __m256 *acc1, __m256 *off) {
     float sc[8], mn[8];
     k4_scales(b, sc, mn);
     *off = _mm256_fmadd_ps(_mm256_loadu_ps(mn), _mm256_loadu_ps(sx), *off);
+    float sd[8];
+    for (int j = 0; j < 8; j++) sd[j] = sc[j] * dx[j];
     const uint8_t *qs = b + (five ? 48 : 16);
-    const __m256i m4 = _mm256_set1_epi32(0x0F), b4 = _mm256_set1_epi32(0x10);
-    __m256i h[4];
-    if (five)
-        for (int g = 0; g < 4; g++) h[g] = zx8(b + 16 + 8 * g); /* qh[8 g .. 8 g + 7]; shifted down 2 a pair */
+    const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
+    __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+    if (five) { /* qh[0..15] and qh[16..31]; shifted down 2 a pair of sub-blocks */
+        h0 = wide16(b + 16);
+        h1 = wide16(b + 32);
+    }
     for (int j = 0; j < 4; j++) { /* sub-blocks 2 j (low nibbles of qs[32 j ..]) and 2 j + 1 (high) */
-        const uint8_t *q = qs + 32 * j;
-        const float *xa = x + 64 * j, *xb = xa + 32;
-        __m256 pa = _mm256_setzero_ps(), pb = pa;
-        for (int g = 0; g < 4; g++) {
-            const __m256i v = zx8(q + 8 * g);
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_srli_epi32(v, 4);
-            if (five) { /* bit 2 j (now bit 0) and 2 j + 1 (bit 1) of qh[l], moved to bit 4 */
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(h[g], 4), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi32(h[g], 3), b4));
-                h[g] = _mm256_srli_epi32(h[g], 2);
-            }
-            pa = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_loadu_ps(xa + 8 * g), pa);
-            pb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_loadu_ps(xb + 8 * g), pb);
+        const __m256i v0 = wide16(qs + 32 * j), v1 = wide16(qs + 32 * j + 16);
+        __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
+        __m256i hi0 = _mm256_srli_epi16(v0, 4), hi1 = _mm256_srli_epi16(v1, 4);
+        if (five) { /* bit 2 j (now bit 0) and 2 j + 1 (bit 1) of qh[l], moved to bit 4 */
+            lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4), b4));
+            lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4), b4));
+            hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_slli_epi16(h0, 3), b4));
+            hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_slli_epi16(h1, 3), b4));
+            h0 = _mm256_srli_epi16(h0, 2);
+            h1 = _mm256_srli_epi16(h1, 2);
         }
-        *acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * j]), pa, *acc0);
-        *acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * j + 1]), pb, *acc1);
+        const int16_t *qa = q + 64 * j;
+        const __m256i ia = _mm256_add_epi32(_mm256_madd_epi16(lo0, q16(qa)), _mm256_madd_epi16(lo1, q16(qa + 16)));
+        const __m256i ib = _mm256_add_epi32(_mm256_madd_epi16(hi0, q16(qa + 32)), _mm256_madd_epi16(hi1, q16(qa + 48)));
+        *acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(sd[2 * j]), *acc0);
+        *acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_set1_ps(sd[2 * j + 1]), *acc1);
     }
 }
 
-float kv_row_q45k(const uint8_t *c, const float *x, int nsb, const float *sx, int bits) {
+float kv_row_q45k(const uint8_t *c, const int16_t *q, const float *dx, int nsb, const float *sx, int bits) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, off = a0;
     const size_t size = kv_k_block_bytes(bits);
     if (bits == 5) /* two loops, each with its constant: the Q4_K loop has no fifth-bit work */
-        for (int k = 0; k < nsb; k++) q45k_block(c + k * size, x + (size_t)k * KV_QK_K, sx + 8 * (size_t)k, 1, &a0, &a1, &off);
+        for (int k = 0; k < nsb; k++)
+            q45k_block(c + k * size, q + (size_t)k * KV_QK_K, dx + 8 * (size_t)k, sx + 8 * (size_t)k, 1, &a0, &a1, &off);
     else
-        for (int k = 0; k < nsb; k++) q45k_block(c + k * size, x + (size_t)k * KV_QK_K, sx + 8 * (size_t)k, 0, &a0, &a1, &off);
+        for (int k = 0; k < nsb; k++)
+            q45k_block(c + k * size, q + (size_t)k * KV_QK_K, dx + 8 * (size_t)k, sx + 8 * (size_t)k, 0, &a0, &a1, &off);
     return hsum8(_mm256_add_ps(a0, a1)) - hsum8(off);
 }
 
-/* Half a Q6_K super-block (128 weights; the layout above): for each l-range of 16, the four
- * sub-blocks' codes (k = 0..3) summed in lanes, then scaled by d * sc into acc. */
-static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, const int8_t *sc, float d, const float *x,
-                            __m256 *acc0, __m256 *acc1) {
-    const __m256i m4 = _mm256_set1_epi32(0x0F), m30 = _mm256_set1_epi32(0x30), c32 = _mm256_set1_epi32(32);
+/* Half a Q6_K super-block (128 weights; the layout above) on the rounded input: for each l-range of
+ * 16, the four sub-blocks' codes (k = 0..3, each -32..31) times q, madd into int32 lanes, converted
+ * once and scaled by d * sc * dx (dx[k]: the block of 32 holding sub-block k's 16) into acc. */
+static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, const int8_t *sc, float d, const int16_t *q,
+                            const float *dx, __m256 *acc0, __m256 *acc1) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30), c32 = _mm256_set1_epi16(32);
     for (int s = 0; s < 2; s++) { /* l in [16 s, 16 s + 16): sub-blocks s, 2 + s, 4 + s, 6 + s */
-        __m256 p[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int g = 2 * s; g < 2 * s + 2; g++) {
-            const __m256i a = zx8(ql + 8 * g), b = zx8(ql + 32 + 8 * g), h = zx8(qh + 8 * g);
-            const __m256i q[4] = {_mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi32(h, 4), m30)),
-                                  _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi32(h, 2), m30)),
-                                  _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_and_si256(h, m30)),
-                                  _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_and_si256(_mm256_srli_epi32(h, 2), m30))};
-            for (int k = 0; k < 4; k++)
-                p[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[k], c32)), _mm256_loadu_ps(x + 32 * k + 8 * g), p[k]);
-        }
+        const __m256i a = wide16(ql + 16 * s), b = wide16(ql + 32 + 16 * s), h = wide16(qh + 16 * s);
+        const __m256i c[4] = {_mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
+                              _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
+                              _mm256_or_si256(_mm256_srli_epi16(a, 4), _mm256_and_si256(h, m30)),
+                              _mm256_or_si256(_mm256_srli_epi16(b, 4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30))};
         for (int k = 0; k < 4; k += 2) {
-            *acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[2 * k + s]), p[k], *acc0);
-            *acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc[2 * k + 2 + s]), p[k + 1], *acc1);
+            const __m256i i0 = _mm256_madd_epi16(_mm256_sub_epi16(c[k], c32), q16(q + 32 * k + 16 * s));
+            const __m256i i1 = _mm256_madd_epi16(_mm256_sub_epi16(c[k + 1], c32), q16(q + 32 * (k + 1) + 16 * s));
+            *acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(d * (float)sc[2 * k + s] * dx[k]), *acc0);
+            *acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(d * (float)sc[2 * k + 2 + s] * dx[k + 1]), *acc1);
         }
     }
 }
 
-float kv_row_q6k(const uint8_t *c, const float *x, int nsb) {
+float kv_row_q6k(const uint8_t *c, const int16_t *q, const float *dx, int nsb) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     for (int k = 0; k < nsb; k++) {
         const uint8_t *b = c + (size_t)k * 210;
         const float d = f16_at(b + 208);
-        const float *xk = x + (size_t)k * KV_QK_K;
-        q6k_half(b, b + 128, (const int8_t *)(b + 192), d, xk, &a0, &a1);
-        q6k_half(b + 64, b + 160, (const int8_t *)(b + 200), d, xk + 128, &a0, &a1);
+        const int16_t *qk = q + (size_t)k * KV_QK_K;
+        const float *dk = dx + 8 * (size_t)k;
+        q6k_half(b, b + 128, (const int8_t *)(b + 192), d, qk, dk, &a0, &a1);
+        q6k_half(b + 64, b + 160, (const int8_t *)(b + 200), d, qk + 128, dk + 4, &a0, &a1);
     }
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
-#else /* portable C: every code unpacked one by one */
+#else /* portable C: every code unpacked one by one, the same integer sums */
 
-float kv_row_q45k(const uint8_t *c, const float *x, int nsb, const float *sx, int bits) {
+float kv_row_q45k(const uint8_t *c, const int16_t *q, const float *dx, int nsb, const float *sx, int bits) {
     const size_t size = kv_k_block_bytes(bits);
     float acc = 0.0f, off = 0.0f;
     for (int k = 0; k < nsb; k++) {
@@ -148,35 +158,37 @@ float kv_row_q45k(const uint8_t *c, const float *x, int nsb, const float *sx, in
         float sc[8], mn[8];
         k4_scales(b, sc, mn);
         for (int j = 0; j < 8; j++) {
-            const float *xj = x + (size_t)k * KV_QK_K + 32 * j;
-            float d = 0.0f;
+            const int16_t *qj = q + (size_t)k * KV_QK_K + 32 * j;
+            int32_t t = 0;
             for (int l = 0; l < 32; l++) {
-                int q = (qs[32 * (j >> 1) + l] >> (4 * (j & 1))) & 0x0F;
-                if (bits == 5) q |= ((qh[l] >> j) & 1) << 4;
-                d += (float)q * xj[l];
+                int v = (qs[32 * (j >> 1) + l] >> (4 * (j & 1))) & 0x0F;
+                if (bits == 5) v |= ((qh[l] >> j) & 1) << 4;
+                t += v * qj[l];
             }
-            acc += sc[j] * d;
+            acc += (float)t * (sc[j] * dx[8 * (size_t)k + j]);
             off += mn[j] * sx[8 * (size_t)k + j];
         }
     }
     return acc - off;
 }
 
-float kv_row_q6k(const uint8_t *c, const float *x, int nsb) {
+float kv_row_q6k(const uint8_t *c, const int16_t *q, const float *dx, int nsb) {
     float acc = 0.0f;
     for (int k = 0; k < nsb; k++)
         for (int n = 0; n < 2; n++) {
             const uint8_t *b = c + (size_t)k * 210, *ql = b + 64 * n, *qh = b + 128 + 32 * n;
             const int8_t *sc = (const int8_t *)(b + 192) + 8 * n;
-            const float d = f16_at(b + 208), *xn = x + (size_t)k * KV_QK_K + 128 * n;
-            float part[8] = {0};
+            const float d = f16_at(b + 208);
+            const int16_t *qn = q + (size_t)k * KV_QK_K + 128 * n;
+            const float *dn = dx + 8 * (size_t)k + 4 * n;
+            int32_t part[8] = {0};
             for (int kk = 0; kk < 4; kk++)
                 for (int l = 0; l < 32; l++) {
                     const int lo = ((kk & 1 ? ql[32 + l] : ql[l]) >> (kk >= 2 ? 4 : 0)) & 0x0F;
-                    const int q = (lo | (((qh[l] >> (2 * kk)) & 3) << 4)) - 32;
-                    part[2 * kk + l / 16] += (float)q * xn[32 * kk + l];
+                    const int v = (lo | (((qh[l] >> (2 * kk)) & 3) << 4)) - 32;
+                    part[2 * kk + l / 16] += v * qn[32 * kk + l];
                 }
-            for (int i = 0; i < 8; i++) acc += (d * (float)sc[i]) * part[i];
+            for (int i = 0; i < 8; i++) acc += (float)part[i] * (d * (float)sc[i] * dn[i / 2]);
         }
     return acc;
 }
