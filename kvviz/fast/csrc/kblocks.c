@@ -52,6 +52,22 @@ static inline void k4_scales(const uint8_t *b, float sc[8], float mn[8]) {
 
 #if defined(__AVX2__) && defined(__FMA__)
 
+/* k4_scales in lanes: the twelve bytes' 6-bit scales and mins regrouped with 32-bit masks and
+ * shifts (as ggml's AVX2 Q4_K code does: four scale bytes a word), widened to fp32 and times d and
+ * dmin: lane j holds sc[j] (mn[j]), the same products k4_scales forms, without its 16 scalar
+ * conversions a super-block. */
+static inline void k4_scales8(const uint8_t *b, __m256 *sc, __m256 *mn) {
+    uint32_t u[3], w[4];
+    memcpy(u, b + 4, 12);
+    w[0] = u[0] & 0x3f3f3f3fu;                                              /* sc 0..3 */
+    w[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);      /* sc 4..7 */
+    w[2] = u[1] & 0x3f3f3f3fu;                                              /* mn 0..3 */
+    w[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mn 4..7 */
+    const __m128i v = _mm_loadu_si128((const __m128i *)w);
+    *sc = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+    *mn = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+}
+
 static inline __m256i wide16(const uint8_t *c) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)c)); }
 static inline __m256i q16(const int16_t *q) { return _mm256_loadu_si256((const __m256i *)q); }
 
@@ -70,11 +86,10 @@ static inline float hsum8(__m256 v) {
 static inline __attribute__((always_inline)) void q45k_block(const uint8_t *b, const int16_t *q, const float *dx,
                                                              const float *sx, const int five, __m256 *acc0,
                                                              __m256 *acc1, __m256 *off) {
-    float sc[8], mn[8];
-    k4_scales(b, sc, mn);
-    *off = _mm256_fmadd_ps(_mm256_loadu_ps(mn), _mm256_loadu_ps(sx), *off);
-    float sd[8];
-    for (int j = 0; j < 8; j++) sd[j] = sc[j] * dx[j];
+    __m256 scv, mnv;
+    k4_scales8(b, &scv, &mnv);
+    *off = _mm256_fmadd_ps(mnv, _mm256_loadu_ps(sx), *off);
+    const __m256 sdv = _mm256_mul_ps(scv, _mm256_loadu_ps(dx)); /* sc * dx, lane j: sub-block j */
     const uint8_t *qs = b + (five ? 48 : 16);
     const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
     __m256i h0 = _mm256_setzero_si256(), h1 = h0;
@@ -97,8 +112,8 @@ static inline __attribute__((always_inline)) void q45k_block(const uint8_t *b, c
         const int16_t *qa = q + 64 * j;
         const __m256i ia = _mm256_add_epi32(_mm256_madd_epi16(lo0, q16(qa)), _mm256_madd_epi16(lo1, q16(qa + 16)));
         const __m256i ib = _mm256_add_epi32(_mm256_madd_epi16(hi0, q16(qa + 32)), _mm256_madd_epi16(hi1, q16(qa + 48)));
-        *acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(sd[2 * j]), *acc0);
-        *acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_set1_ps(sd[2 * j + 1]), *acc1);
+        *acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_permutevar8x32_ps(sdv, _mm256_set1_epi32(2 * j)), *acc0);
+        *acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_permutevar8x32_ps(sdv, _mm256_set1_epi32(2 * j + 1)), *acc1);
     }
 }
 
