@@ -6,7 +6,7 @@
  * Why: for Gemma 3's vocabulary of 262,144 those ops took about 2 ms a decode step on the
  * project's 2-core machine, a tenth of the step. Here the top-k scan looks inside a block of 64
  * only when the block's maximum (a vectorized pass) beats the current k-th, and the sum of
- * exponentials vectorizes with exp_poly.
+ * exponentials runs eight lanes at a time (exp8, rowcommon.h).
  *
  * The maths is torch.softmax's: p_i = exp(x_i - max) / sum_j exp(x_j - max), the sum in double
  * here; ties keep the lower index first (torch.topk leaves their order unspecified).
@@ -17,32 +17,8 @@
 
 #include "rowcommon.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
-
 #define BLOCK 64
 
-#if defined(__AVX2__) && defined(__FMA__)
-/* exp_poly (rowcommon.h) on eight lanes: GCC leaves that scalar loop scalar (its round and
- * float-to-int), so here it is written out, the same constants in the same order. */
-static inline __m256 exp8(__m256 v) {
-    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 r = _mm256_add_ps(_mm256_sub_ps(v, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f))),
-                                   _mm256_mul_ps(k, _mm256_set1_ps(2.12194440e-4f)));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
 
 /* sum_i exp(x_i - mx) over [b, e), in fp32 lanes. */
 static inline float exp_sum(const float *x, int64_t b, int64_t e, float mx) {

@@ -102,25 +102,7 @@ static inline __attribute__((always_inline)) float dot1(const void *r, const flo
     return s;
 }
 
-/* exp_poly on eight lanes, the same operations in the same order (no FMA), so a lane gives
- * what the scalar code gives; then silu(g) * u, (+ res), for n values. */
-static inline __m256 exp8(__m256 v) {
-    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 r = _mm256_add_ps(_mm256_sub_ps(v, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f))),
-                                   _mm256_mul_ps(k, _mm256_set1_ps(2.12194440e-4f)));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
-    const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
-}
-
+/* silu(g) * u, (+ res), for n values, eight lanes at a time with exp8 (rowcommon.h). */
 static inline float silu(float g);
 
 static void silu_mul(float *g, const float *u, const float *res, int n) {
