@@ -185,15 +185,17 @@ class FastGemma3:
                 capture: "ForwardCapture | None" = None, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T|1, V), as ``Gemma3.forward`` gives them."""
         B, T = idx.shape
-        p = self.plan() if B * T <= max_code_rows(torch.get_num_threads()) else None
-        if p is None:
-            long = self.plan() if last_only is True and B <= max_code_rows(torch.get_num_threads()) else None
-            if long is not None and isinstance(long.head.op, BlockDot):
+        rows = max_code_rows(torch.get_num_threads())
+        short = B * T <= rows
+        # A long forward still wants the plan for its head when it keeps one row a sequence
+        p = self.plan() if short or (last_only is True and B <= rows) else None
+        if p is None or not short:
+            if p is not None and isinstance(p.head.op, BlockDot):
                 # A prefill: the layers' GEMMs on the readable model (fp32: MKL wins once the rows are
                 # many), the head's one row a sequence on the file's codes: 170 MiB of Q8_0 read,
                 # not 640 MiB of fp32 (about 20 ms of a 27-token prefill at 2 threads).
                 x = self.model.hidden(idx, input_pos, cache, capture, True).contiguous()  # (B, 1, C)
-                return softcap(self.config, long.head(x).view(B, 1, -1))
+                return softcap(self.config, p.head(x).view(B, 1, -1))
             return self.model(idx, input_pos, cache, capture, last_only)
         c, net = self.config, self.model
         start = cache.pos if cache is not None else 0
