@@ -18,6 +18,16 @@ import pytest
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
 
+# The bits a code streams in, by type: packed, Q8_0 one int8 a weight.
+BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q5_K: 5, Q.Q6_K: 6}
+# Bytes a weight the kernel streams, codes, scales and offsets, hand-computed from ggml's block
+# structs: every type exactly its file size, as llama.cpp reads it. Legacy, per block of 32: Q4_1
+# 16 bytes of nibbles + fp16 d + fp16 m = 20 / 32 = 0.625. K, per super-block of 256: Q4_K fp16 d,
+# dmin + 12 bytes of 6-bit scales and mins + 128 of nibbles = 144 / 256 = 0.5625; Q5_K + 32 bytes of
+# fifth bits = 176; Q6_K 128 + 64 bytes of codes + 16 int8 scales + fp16 d = 210 (0.8203125).
+BYTES_PER_WEIGHT = {Q.Q4_0: 18 / 32, Q.Q4_1: 20 / 32, Q.Q5_0: 22 / 32, Q.Q5_1: 24 / 32, Q.Q8_0: 34 / 32,
+                    Q.Q4_K: 144 / 256, Q.Q5_K: 176 / 256, Q.Q6_K: 210 / 256}
+
 # transformers -> llama.cpp, inside blk.{i}: every Llama-family weight (Qwen2 biases, Qwen3 q/k norms).
 LLAMA_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",

@@ -197,6 +197,11 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
     stream_s = (kv.get("last", 0) - kv.get("first", 0)) / 1000
     stream_tok_s = streamed / stream_s if streamed > 0 and stream_s > 0 else None
     budget = n_tokens / (TARGET_RATIO * engine["tok_s"]) + FIXED_ALLOWANCE_S
+    # Where the page's time went, from the done marker's own sentence (pacing.LiveCost): the app's
+    # forwards against the CLI's on the same tokens (their slowdown beside the page and the browser)
+    # and the loop's time besides them (the live views and the per-step bookkeeping outside the clock).
+    split = re.search(r"of which the forwards took ([\d.,]+) s and the live views ([\d.,]+) s", live_note)
+    app_forwards_s, app_views_s = (float(split.group(i).replace(",", "")) for i in (1, 2)) if split else (None, None)
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -212,6 +217,8 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         "ratio_stream": stream_tok_s and round(stream_tok_s / engine["decode_tok_s"], 3),
         "browser_busy_s": {k: round(busy1[k] - busy0[k], 3) for k in BUSY_METRICS},
         "browser_long_tasks_ms": kv["long"], "browser_long_tasks_total_ms": sum(d for _, d in kv["long"]),
+        "app_forwards_s": app_forwards_s, "app_views_s": app_views_s,
+        "ratio_app_forwards_vs_engine": app_forwards_s and round(engine["forward_ms"] / 1000 / app_forwards_s, 3),
         "budget_s": round(budget, 2), "within_budget": click_to_done <= budget,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

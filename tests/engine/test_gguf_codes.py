@@ -22,6 +22,7 @@ from pathlib import Path  # noqa: E402
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
+from gguf_writers import BITS, BYTES_PER_WEIGHT  # noqa: E402
 from kvviz.engine.loading.gguf_codes import BlockCodes, block_codes, packed_types  # noqa: E402
 from kvviz.engine.loading.gguf_lite import LiteTensor  # noqa: E402
 from kvviz.fast import rowops  # noqa: E402
@@ -57,17 +58,6 @@ def test_codes_rebuild_every_weight_as_gguf_dequantizes_it(qtype: Q) -> None:
     flat = block_codes(t, packed=False)  # one int8 a weight, fp32 scales: the same weights
     assert flat is not None and flat.bits == 8 and flat.scale.dtype == torch.float32
     assert torch.equal(flat.weight(), codes.weight()) and torch.equal(flat.codes, codes.unpacked())
-
-
-# The bits a code streams in, by type: packed, Q8_0 one int8 a weight.
-BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q5_K: 5, Q.Q6_K: 6}
-# Bytes a weight the kernel streams, codes, scales and offsets, hand-computed from ggml's block
-# structs: every type exactly its file size, as llama.cpp reads it. Legacy, per block of 32: Q4_1
-# 16 bytes of nibbles + fp16 d + fp16 m = 20 / 32 = 0.625. K, per super-block of 256: Q4_K fp16 d,
-# dmin + 12 bytes of 6-bit scales and mins + 128 of nibbles = 144 / 256 = 0.5625; Q5_K + 32 bytes of
-# fifth bits = 176; Q6_K 128 + 64 bytes of codes + 16 int8 scales + fp16 d = 210 (0.8203125).
-BYTES_PER_WEIGHT = {Q.Q4_0: 18 / 32, Q.Q4_1: 20 / 32, Q.Q5_0: 22 / 32, Q.Q5_1: 24 / 32, Q.Q8_0: 34 / 32,
-                    Q.Q4_K: 144 / 256, Q.Q5_K: 176 / 256, Q.Q6_K: 210 / 256}
 
 
 @pytest.mark.parametrize("qtype", packed_types(), ids=lambda q: q.name)
@@ -238,7 +228,7 @@ import sys
 import torch
 from kvviz.fast import rowops
 rowops.FLAG_SETS = rowops.FLAG_SETS[1:]  # the flags of a compiler without -march=native, before any load()
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {helpers!r}]  # this folder and tests/ (gguf_writers)
 from test_gguf_codes import assert_as_specified, probe_rows, random_tensor
 from kvviz.engine.loading.gguf_codes import block_codes, packed_types
 from kvviz.fast.blockdot import block_dot
@@ -260,7 +250,7 @@ def test_the_portable_build_without_avx2_unpacks_every_type(tmp_path: Path) -> N
     root = Path(__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "KVVIZ_CACHE_DIR": str(tmp_path)}
     # the timeout is a hang detector, not a speed: a cold build of the C files at load 20 took minutes
-    p = subprocess.run([sys.executable, "-c", PORTABLE.format(tests=str(Path(__file__).parent))], env=env,
+    p = subprocess.run([sys.executable, "-c", PORTABLE.format(tests=str(Path(__file__).parent), helpers=str(root / "tests"))], env=env,
                        capture_output=True, text=True, timeout=900, cwd=root)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["0"]

@@ -40,9 +40,8 @@ from kvviz.fast.rowops import RowDot
 from kvviz.fast.rowstep import LlamaStep
 
 from accel_checks import assert_concurrent_runs_match_sequential
-from gguf_writers import Q, write_llama_gguf
+from gguf_writers import BITS, BYTES_PER_WEIGHT, Q, write_llama_gguf
 from kernel_rounding import assert_records_close, kernel_rounding
-from test_gguf_codes import BITS, BYTES_PER_WEIGHT
 from kvviz import SamplingParams
 from keyword_sets import request_kwargs
 
