@@ -1,5 +1,5 @@
-"""What the generation loop reads off each step's logits besides the sampled token, in C
-(``csrc/logits.c``): whether they are all finite, and the top candidates with their softmax
+"""What the generation loop reads off each step's logits, in C (``csrc/logits.c``): greedy
+decoding's argmax, whether they are all finite, and the top candidates with their softmax
 probabilities (the live views' top-5).
 
 torch does this in five ops, a pass over the vocabulary each (isfinite + all, softmax, topk):
@@ -26,6 +26,22 @@ def all_finite(logits: torch.Tensor) -> bool:
     if _c_row(logits):
         return bool(load().kv_all_finite(logits.data_ptr(), logits.numel()))  # type: ignore[union-attr]
     return bool(torch.isfinite(logits).all())
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits -> (B,) int64 ids of each row's first maximum, as ``torch.argmax(logits, -1)``.
+
+    Rows with a NaN or an infinity take torch's own argmax (its rule for NaN), as does anything the
+    kernel does not read (CUDA, other dtypes, no C compiler).
+    """
+    if logits.dim() == 2 and logits.shape[-1] > 0 and _c_row(logits):
+        lib = load()
+        row = logits.stride(0) * logits.element_size()
+        ids = [lib.kv_argmax(logits.data_ptr() + i * row, logits.shape[-1])  # type: ignore[union-attr]
+               for i in range(logits.shape[0])]
+        if min(ids, default=0) >= 0:
+            return torch.tensor(ids, dtype=torch.int64)
+    return torch.argmax(logits, dim=-1)
 
 
 def top_probs(logits: torch.Tensor, k: int) -> tuple[list[int], list[float]]:

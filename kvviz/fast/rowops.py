@@ -256,6 +256,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.kv_logits_simd.restype = ctypes.c_int
+    fn = lib.kv_argmax
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     fn = lib.kv_top_probs
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]

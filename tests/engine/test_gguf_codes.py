@@ -239,6 +239,10 @@ for qtype in packed_types():
         for threads in (1, 2):
             x = probe_rows(5, 512, 11 + threads)
             assert_as_specified(block_dot([w], threads)(x), w, x, f"{{qtype.name}} packed={{packed}}")
+from kvviz.fast.logits import argmax  # logits.c's plain loops in the same build
+x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(5))
+x[1, 700] = x[1, 300] = 50.0
+assert argmax(x).tolist() == torch.argmax(x, dim=-1).tolist()
 print(rowops.load().kv_dot_simd())
 """
 

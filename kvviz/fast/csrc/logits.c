@@ -84,6 +84,48 @@ int kv_top_probs(const float *x, int64_t n, int k, int64_t *idx, float *prob) {
     return 0;
 }
 
+/* The index of the first largest of n (>= 1) values, or -1 when any value is not finite (the caller
+ * then asks torch, whose argmax has its own rule for NaN). Two passes: the maximum and a finiteness
+ * sum (x - x: 0 for a finite value, NaN for an infinite or NaN one), then the first index holding
+ * the maximum, as torch.argmax returns.
+ * Why: greedy decoding takes an argmax of every step's logits, and torch's took 0.34 ms of Gemma 3's
+ * 262,144 at one thread (a pass at 3 GB/s). */
+int64_t kv_argmax(const float *x, int64_t n) {
+    float m = -INFINITY, bad = 0.0f;
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 vm = _mm256_set1_ps(-INFINITY), vb = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        vm = _mm256_max_ps(vm, v);
+        vb = _mm256_add_ps(vb, _mm256_sub_ps(v, v));
+    }
+    float lm[8], lb[8];
+    _mm256_storeu_ps(lm, vm);
+    _mm256_storeu_ps(lb, vb);
+    for (int j = 0; j < 8; j++) {
+        m = lm[j] > m ? lm[j] : m;
+        bad += lb[j];
+    }
+#endif
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        bad += x[i] - x[i];
+    }
+    if (bad != 0.0f || n < 1) return -1; /* (a NaN lane made max_ps's result arbitrary: no matter) */
+    i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 want = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), want, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+#endif
+    for (; i < n; i++)
+        if (x[i] == m) return i;
+    return -1; /* not reached: m is one of the values */
+}
+
 /* 1 when this build has the AVX2 exponential (kvviz/fast/logits.py uses torch's softmax otherwise:
  * the portable loop stays scalar and would be slower than torch). */
 int kv_logits_simd(void) {
