@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import streamlit as st
+import torch
 
 from kvviz.charts.server import latency_bars, server_timeline
 from kvviz.errors import KVVizError
@@ -139,9 +140,13 @@ def page() -> None:
     header = c2.text_input("Header (optional)", value="", key="live_header", type="password",
                            placeholder="Authorization: Bearer ...", max_chars=4000)
     interval = c3.selectbox("Every (s)", INTERVALS, index=1, key="live_interval")
-    device = c4.selectbox("Runs on", ("cuda", "cpu"), key="live_device", format_func=lambda d: d.upper(),
-                          help="where the server runs; vLLM's CPU backend keeps one batch in flight, a GPU two, "
-                               "which changes what a sliding-window layer holds (its metrics do not say)")
+    # The walkthrough above serves on this machine, so its device is the first guess; a remote server's is the
+    # user's to pick (its metrics do not say).
+    here = 0 if torch.cuda.is_available() else 1
+    device = c4.selectbox("Runs on", ("cuda", "cpu"), index=here, key="live_device", format_func=lambda d: d.upper(),
+                          help="where the server runs (first guess: this machine's device); vLLM's CPU backend keeps "
+                               "one batch in flight, a GPU two, which changes what a sliding-window layer holds (its "
+                               "metrics do not say)")
     watching = st.toggle("Watch live", value=False, key="live_watch",
                          help="read the server every few seconds; off: read once per click of Read now")
     st.button("Read now", key="live_read")
