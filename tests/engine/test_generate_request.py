@@ -47,6 +47,20 @@ def test_request_fields_are_iter_generates_keywords() -> None:
     assert [(n, inspect.Parameter.empty if d is dataclasses.MISSING else d) for n, d in fields] == SIGNATURE[1:]
 
 
+def test_cache_specs_compression_fields_mirror_kvspec() -> None:
+    """CacheSpec is flat for its callers (``CacheSpec(kv_dtype="int4", window=64)``); its compression
+    fields are KVSpec's, in order and with KVSpec's defaults, so ``.kv`` carries every one across."""
+    from kvviz.engine.generation.kv_spec import KVSpec
+
+    kv_fields = [(f.name, f.default) for f in dataclasses.fields(KVSpec)]
+    cache_fields = [(f.name, f.default) for f in dataclasses.fields(CacheSpec)]
+    assert cache_fields[-len(kv_fields):] == kv_fields
+    asked = CacheSpec(kv_dtype="int4", group_size=32, zero_point=True, fp8_scale="head", window=64, sinks=4,
+                      positions="original", track_errors=True)
+    assert asked.kv == KVSpec("int4", 32, True, "head", 64, 4, "original", True)
+    assert CacheSpec().kv == KVSpec()
+
+
 def test_the_package_exports_the_request_objects() -> None:
     assert (kvviz.SamplingParams, kvviz.CacheSpec, kvviz.Beam, kvviz.Speculative) == \
         (SamplingParams, CacheSpec, Beam, Speculative)

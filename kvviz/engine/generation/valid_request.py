@@ -15,7 +15,7 @@ Plain values only (no model, no tensors), so this sits low enough for every stre
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from kvviz.engine.generation.capture import Capture
 from kvviz.engine.generation.sampling import SamplingParams
@@ -49,9 +49,9 @@ class CacheSpec:
 
     @property
     def kv(self) -> KVSpec:
-        """The compressed-cache part, as the caches take it (unresolved: request.kv_spec resolves it)."""
-        return KVSpec(self.kv_dtype, self.group_size, self.zero_point, self.fp8_scale, self.window, self.sinks,
-                      self.positions, self.track_errors)
+        """The compressed-cache part, as the caches take it (unresolved: request.kv_spec resolves it).
+        The fields mirror KVSpec's, name for name and default for default (a test holds them equal)."""
+        return KVSpec(**{f.name: getattr(self, f.name) for f in fields(KVSpec)})
 
 
 @dataclass(frozen=True)
