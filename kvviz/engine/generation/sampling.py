@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from kvviz.errors import KVVizError
-from kvviz.fast.logits import argmax
 
 
 # A smaller temperature is clamped to this one. Both already make the distribution one-hot in
@@ -120,7 +119,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """(B, V) logits -> (B,) token ids, on the logits' device."""
     if params.greedy:
-        return argmax(logits)  # torch.argmax's ids; in one C pass for CPU fp32 rows (fast/logits.py)
+        return torch.argmax(logits, dim=-1)
     logits = logits.float()
     # Shift the row maximum to 0 first (the softmax does not change): divided by a small
     # temperature, the others can then only underflow towards -inf, never overflow to +inf,
