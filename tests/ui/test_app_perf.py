@@ -297,3 +297,25 @@ def test_batching_page_same_and_different_prompts() -> None:
     assert list(diff["distinct outputs"])[:2] == [1, 2] and all(d > 1 for d in list(diff["distinct outputs"])[1:])
     same = table[table["prompts"] == "same prompt"]
     assert set(same["distinct outputs"]) == {1}
+
+
+def test_the_race_runs_the_tokens_its_caption_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate that shortens the race moves as runs calibrate it, and the Start click reruns the
+    page: the race must still run the N the caption said (a browser test once saw "90 new tokens per
+    mode" race 89). Changed inputs (here the sidebar's N) pick again."""
+    from kvviz.measure import measuring, stats
+    from kvviz.ui.pages.race import race
+
+    fits = [12]  # what the estimate says now; the test moves it as a calibration would
+    monkeypatch.setattr(race, "pick_race_tokens", lambda est, prompt, asked: min(fits[0], asked))
+    monkeypatch.setattr(measuring.BusyWindow, "clause", lambda self: None)
+    monkeypatch.setattr(stats, "race_doubts", lambda *args, **kwargs: [])
+    at = fresh(_race, max_new_tokens=40)
+    assert any(c.value.startswith("12 new tokens per mode") for c in at.caption), [c.value for c in at.caption]
+    fits[0] = 11
+    at.button(key="race_start").click().run()
+    no_problems(at)
+    runs = at.session_state["race_runs::random:tiny::cpu::fp32"].runs
+    assert {len(r.events) for r in runs.values()} == {12}
+    at.number_input(key="max_new_tokens").set_value(30).run()
+    assert any(c.value.startswith("11 new tokens per mode") for c in at.caption), [c.value for c in at.caption]

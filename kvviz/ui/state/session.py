@@ -44,6 +44,7 @@ PRESENT_ON = "_kvviz_present"  # the presentation layout's value, kept across pa
 SIZING_CALIBRATION = "sizing_cal"  # the estimator's calibration per (model, device, dtype)
 MACHINE_PROBES = "pd_probes"  # the roofline probe per (device, dtype)
 RACE_NEXT_ID = "race_next_id"  # the race page's run counter
+RACE_TOKENS = "race_tokens"  # (the race's inputs, the new tokens its caption named): a click races the N shown
 BUSY_SUFFIX = "::busy"  # + a results key: the busy warning measured beside a sweep
 # Chat page
 CHAT_CONVERSATION = "chat_conv"  # the Conversation over one cache
