@@ -48,7 +48,9 @@ def top_probs(logits: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
     """The k most likely token ids of one row of finite logits (V,), most likely first, and their
     softmax probabilities over all V; k is clipped to V."""
     k = min(k, logits.shape[-1])
-    if _c_row(logits) and 1 <= k <= 16 and load().kv_logits_simd():  # type: ignore[union-attr]
+    # kv_dot_simd: this build's AVX2 paths, logits.c's exponential among them (one library, one set of
+    # flags); without them the scalar loop would be slower than torch's softmax
+    if _c_row(logits) and 1 <= k <= 16 and load().kv_dot_simd():  # type: ignore[union-attr]
         idx = torch.empty(k, dtype=torch.int64)
         prob = torch.empty(k, dtype=torch.float32)
         if load().kv_top_probs(logits.data_ptr(), logits.numel(), k, idx.data_ptr(), prob.data_ptr()) == 0:  # type: ignore[union-attr]

@@ -255,7 +255,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     fn = lib.kv_all_finite
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    lib.kv_logits_simd.restype = ctypes.c_int
     fn = lib.kv_argmax
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]

@@ -125,13 +125,3 @@ int64_t kv_argmax(const float *x, int64_t n) {
         if (x[i] == m) return i;
     return -1; /* not reached: m is one of the values */
 }
-
-/* 1 when this build has the AVX2 exponential (kvviz/fast/logits.py uses torch's softmax otherwise:
- * the portable loop stays scalar and would be slower than torch). */
-int kv_logits_simd(void) {
-#if defined(__AVX2__) && defined(__FMA__)
-    return 1;
-#else
-    return 0;
-#endif
-}

@@ -300,6 +300,8 @@ int kv_dot_rows(const kv_dot *p, const float *x, int m, const float *res, float 
 /* The constants the Python side checks before it trusts this build. */
 int kv_dot_struct_size(void) { return (int)sizeof(kv_dot); }
 int kv_dot_max_seg(void) { return MAX_SEG; }
+/* 1 when this build has the AVX2 paths. Every file of the library is compiled in one command with
+ * one set of flags, so this answers for all of them (fast/logits.py reads it for logits.c's). */
 int kv_dot_simd(void) {
 #if defined(__AVX2__) && defined(__FMA__)
     return 1;
