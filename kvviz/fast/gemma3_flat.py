@@ -250,7 +250,7 @@ class FastGemma3:
         if not 0 <= pos < self.config.block_size:  # C reads the RoPE tables at pos unchecked
             raise IndexError(f"input_pos must lie in [0, {self.config.block_size})")
         step = step_for(p.step_ops, cache, self.config, rope=self._tables(pos),
-                        scale=self.config.query_pre_attn_scalar ** -0.5)
+                        scale=self.model.model.layers[0].self_attn.scale)  # the attention's own
         if step is None:
             return None
         x = self.model.embed(idx).contiguous()  # (1, 1, C) fp32
