@@ -218,6 +218,13 @@ class CodedCall:
         return 0, sum(t.nbytes for t in keep if isinstance(t, torch.Tensor) and t.dim() == 2)
 
 
+def step_ops(calls: "list[CodedCall]") -> tuple[BlockDot, ...]:
+    """The layers' calls in order for the one-call C step (``fast/rowstep.py``), or () when one of
+    them is not on block codes (a weight whose codes no longer match runs the fp32 row kernel)."""
+    ops = tuple(c.op for c in calls)
+    return ops if all(isinstance(op, BlockDot) for op in ops) else ()  # type: ignore[return-value]
+
+
 def codes_match(codes: BlockCodes, w: torch.Tensor) -> bool:
     """Whether ``codes`` rebuild ``w`` (the model's parameter): its shape, and its first, middle and
     last rows value for value. A model whose weights changed after loading keeps its fp32 path."""

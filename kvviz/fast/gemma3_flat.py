@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from kvviz.engine.models.gemma3 import Gemma3, inv_freq, layer_inputs, rope, softcap
-from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows, step_ops
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache
 from kvviz.fast.rowops import RowDot, row_dot
@@ -149,10 +149,8 @@ def build_plan(model: Gemma3, codes: Mapping[str, BlockCodes], threads: int) -> 
     if head is None:
         return None
     made = [c for lay in layers for c in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [head]
-    ops = tuple(c.op for c in made[:-1])
-    step_ops = ops if all(isinstance(op, BlockDot) for op in ops) else ()
     return Gemma3Plan(threads, tuple(layers), head, sum(c.nbytes[0] for c in made), sum(c.nbytes[1] for c in made),
-                      step_ops)  # type: ignore[arg-type]
+                      step_ops(made[:-1]))
 
 
 class FastGemma3:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 
 from kvviz.engine.models.llama import Llama, apply_rope, forward_mask
-from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows
+from kvviz.fast.blockdot import BlockDot, CodedCall, Group, block_dot, matching_codes, max_code_rows, step_ops
 from kvviz.engine.loading.gguf_codes import BlockCodes
 from kvviz.fast.common import PlanCache, opt
 from kvviz.fast.rowops import RowDot, row_dot
@@ -145,10 +145,8 @@ def build_plan(model: Llama, codes: Mapping[str, BlockCodes], threads: int) -> L
     if head is None:
         return None
     made = [x for lay in layers for x in (lay.qkv, lay.o, lay.gate_up, lay.down)] + [head]
-    ops = tuple(x.op for x in made[:-1])
-    step_ops = ops if all(isinstance(op, BlockDot) for op in ops) else ()
     return LlamaCodesPlan(threads, tuple(layers), head, sum(x.nbytes[0] for x in made),
-                          sum(x.nbytes[1] for x in made), step_ops)  # type: ignore[arg-type]
+                          sum(x.nbytes[1] for x in made), step_ops(made[:-1]))
 
 
 class FastLlamaCodes:
