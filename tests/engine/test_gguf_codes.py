@@ -238,7 +238,10 @@ for qtype in packed_types():
         w = block_codes(random_tensor(qtype, 9, 512, 10), packed=packed)
         for threads in (1, 2):
             x = probe_rows(5, 512, 11 + threads)
-            assert_as_specified(block_dot([w], threads)(x), w, x, f"{{qtype.name}} packed={{packed}}")
+            op = block_dot([w], threads)
+            assert_as_specified(op(x), w, x, f"{{qtype.name}} packed={{packed}}")
+            # five rows in one call: each as the one-row call gives it (test_block_rows.py's AVX2 check)
+            assert torch.equal(op(x), torch.cat([op(x[i:i + 1]) for i in range(5)])), qtype.name
 from kvviz.fast.logits import argmax  # logits.c's plain loops in the same build
 x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(5))
 x[1, 700] = x[1, 300] = 50.0
@@ -250,7 +253,8 @@ print(rowops.load().kv_dot_simd())
 @needs_kernel
 def test_the_portable_build_without_avx2_unpacks_every_type(tmp_path: Path) -> None:
     """Built without -march=native, blockdot.c takes its plain-C loops (the packed codes unpacked
-    one by one, the same int16 rounding and integer sums): within the same bounds as the AVX2 build."""
+    one by one, the same int16 rounding and integer sums): within the same bounds as the AVX2 build,
+    and several rows in one call equal to the rows one at a time."""
     root = Path(__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "KVVIZ_CACHE_DIR": str(tmp_path)}
     # the timeout is a hang detector, not a speed: a cold build of the C files at load 20 took minutes

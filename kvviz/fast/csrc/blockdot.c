@@ -124,34 +124,53 @@ typedef struct {
     int m, nq;
 } rows_in;
 
+#define ROWS_AT_ONCE 4 /* input rows multiplied by a weight row's codes unpacked once (lblocks.h, kblocks.h) */
+
 /* Rows r0..r1 of segment s for every input row; outputs at column col + r of each row of y.
- * sx: each input row's per-block sums of x at this segment's block size (when it has offsets). */
+ * sx: each input row's per-block sums of x at this segment's block size (when it has offsets).
+ * One input row (a decode step) takes the one-row functions; several go ROWS_AT_ONCE at a time
+ * through the many-row ones, which unpack each block (and a K super-block's scales) once for them
+ * and give each row, bit for bit, the one-row value (tests/engine/test_block_rows.py). */
 static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const rows_in *in, const float *sx, int ld,
                     float *y) {
     const int n_in = p->n_in, block = p->block[s], nb = n_in / block, bits = p->bits[s], half = p->half[s];
-    const int zero = p->zero[s], kq = p->kq[s], m = in->m;
-    const size_t rb = row_bytes(bits, kq, n_in);
+    const int zero = p->zero[s], kq = p->kq[s], m = in->m, nsb = n_in / KV_QK_K;
+    const size_t rb = row_bytes(bits, kq, n_in), nq = (size_t)in->nq;
     const float *bias = p->bias[s];
     const kv_lrow row = bits == 4 ? (zero ? kv_row_p4z : kv_row_p4)
                                   : (bits == 5 ? (zero ? kv_row_p5z : kv_row_p5) : (block == 32 ? kv_row_i8_32 : kv_row_i8_16));
-    float sbuf[half ? nb : 1], mbuf[half && p->minv[s] ? nb : 1];
+    const kv_lrows rows = bits == 4 ? (zero ? kv_rows_p4z : kv_rows_p4)
+                                    : (bits == 5 ? (zero ? kv_rows_p5z : kv_rows_p5) : (block == 32 ? kv_rows_i8_32 : kv_rows_i8_16));
+    float sbuf[half ? nb : 1], mbuf[half && p->minv[s] ? nb : 1], v[ROWS_AT_ONCE];
     for (int r = r0; r < r1; r++) {
         const uint8_t *c = (const uint8_t *)p->codes[s] + (size_t)r * rb;
         /* K super-blocks read their scales and offsets inside them (kblocks.c) */
         const float *sc = kq ? NULL : row_floats(p->scale[s], half, r, nb, sbuf);
         const float *mr = !kq && p->minv[s] ? row_floats(p->minv[s], half, r, nb, mbuf) : NULL;
-        for (int i = 0; i < m; i++) { /* the row's codes stay in L1 for the next input row */
-            const int16_t *qi = in->q + (size_t)i * n_in;
-            const float *dxi = in->dx + (size_t)i * in->nq;
-            float v;
-            if (kq)
-                v = bits == 6 ? kv_row_q6k(c, qi, dxi, n_in / KV_QK_K)
-                              : kv_row_q45k(c, qi, dxi, n_in / KV_QK_K, sx + (size_t)i * nb, bits);
+        if (m == 1) { /* decode: the one-row functions, as they always were */
+            float v1 = !kq ? row(c, sc, in->q, in->dx, nb, zero)
+                           : (bits == 6 ? kv_row_q6k(c, in->q, in->dx, nsb) : kv_row_q45k(c, in->q, in->dx, nsb, sx, bits));
+            if (mr) v1 -= offsets(mr, sx, nb); /* times the unrounded input's block sums */
+            if (bias) v1 += bias[r];           /* after the sum, as F.linear adds it */
+            y[col + r] = v1;
+            continue;
+        }
+        for (int i0 = 0; i0 < m; i0 += ROWS_AT_ONCE) { /* the row's codes stay in L1 for the next input rows */
+            const int n = m - i0 < ROWS_AT_ONCE ? m - i0 : ROWS_AT_ONCE;
+            const int16_t *qi = in->q + (size_t)i0 * n_in;
+            const float *dxi = in->dx + (size_t)i0 * nq, *sxi = sx ? sx + (size_t)i0 * nb : NULL;
+            if (!kq)
+                rows(c, sc, qi, (size_t)n_in, dxi, nq, nb, zero, n, v);
+            else if (bits == 6)
+                kv_rows_q6k(c, qi, (size_t)n_in, dxi, nq, nsb, n, v);
             else
-                v = row(c, sc, qi, dxi, nb, zero);
-            if (mr) v -= offsets(mr, sx + (size_t)i * nb, nb); /* times the unrounded input's block sums */
-            if (bias) v += bias[r]; /* after the sum, as F.linear adds it */
-            y[(size_t)i * ld + col + r] = v;
+                kv_rows_q45k(c, qi, (size_t)n_in, dxi, nq, nsb, sxi, (size_t)nb, bits, n, v);
+            for (int k = 0; k < n; k++) {
+                float o = v[k];
+                if (mr) o -= offsets(mr, sx + (size_t)(i0 + k) * nb, nb);
+                if (bias) o += bias[r];
+                y[(size_t)(i0 + k) * ld + col + r] = o;
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 /* A row of a K-type weight (Q4_K, Q5_K, Q6_K) kept as the GGUF's super-blocks of 256, times one fp32
- * input row rounded to int16 per block of 32 (lblocks.c says how and why; issue 42). blockdot.c calls it for
- * each (weight row, input row).
+ * input row rounded to int16 per block of 32 (lblocks.c says how and why; issue 42), or times up to
+ * four such rows at once, each super-block's scales and codes unpacked once for them (a prefill's
+ * rows; each row's result bit for bit the one-row value). blockdot.c calls them.
  *
  * Why: a step streams every weight once, so the bytes a weight takes bound the speed. ggml stores a
  * Q4_K super-block in 144 bytes (0.5625 a weight): fp16 d and dmin, twelve bytes holding eight 6-bit
@@ -163,6 +164,116 @@ float kv_row_q6k(const uint8_t *c, const int16_t *q, const float *dx, int nsb) {
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
+/* The loops over the R rows unrolled early, so each row's accumulators live in registers. */
+#define KV_UNROLL _Pragma("GCC unroll 4")
+
+/* kv_row_q45k for R input rows at once (R a constant, 2..4; row i at q + i * qs, dx + i * dxs,
+ * sx + i * sxs): a super-block's scales are unpacked once and each pair of sub-blocks' codes once,
+ * then multiplied by the R rows, each row's acc0, acc1 and off taking exactly q45k_block's operations
+ * in its order, so out[i] is bit for bit kv_row_q45k's value. */
+static inline __attribute__((always_inline)) void q45k_rows(const uint8_t *c, const int16_t *q, size_t qs,
+                                                            const float *dx, size_t dxs, int nsb, const float *sx,
+                                                            size_t sxs, const int five, const int R, float *out) {
+    const size_t size = kv_k_block_bytes(five ? 5 : 4);
+    const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
+    __m256 a0[4], a1[4], off[4];
+    KV_UNROLL
+    for (int i = 0; i < R; i++) a0[i] = a1[i] = off[i] = _mm256_setzero_ps();
+    for (int k = 0; k < nsb; k++) {
+        const uint8_t *b = c + k * size, *qsb = b + (five ? 48 : 16);
+        __m256 scv, mnv, sdv[4];
+        k4_scales8(b, &scv, &mnv);
+        KV_UNROLL
+        for (int i = 0; i < R; i++) {
+            off[i] = _mm256_fmadd_ps(mnv, _mm256_loadu_ps(sx + i * sxs + 8 * (size_t)k), off[i]);
+            sdv[i] = _mm256_mul_ps(scv, _mm256_loadu_ps(dx + i * dxs + 8 * (size_t)k));
+        }
+        __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+        if (five) {
+            h0 = wide16(b + 16);
+            h1 = wide16(b + 32);
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m256i v0 = wide16(qsb + 32 * j), v1 = wide16(qsb + 32 * j + 16);
+            __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
+            __m256i hi0 = _mm256_srli_epi16(v0, 4), hi1 = _mm256_srli_epi16(v1, 4);
+            if (five) {
+                lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4), b4));
+                lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4), b4));
+                hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_slli_epi16(h0, 3), b4));
+                hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_slli_epi16(h1, 3), b4));
+                h0 = _mm256_srli_epi16(h0, 2);
+                h1 = _mm256_srli_epi16(h1, 2);
+            }
+            KV_UNROLL
+            for (int i = 0; i < R; i++) {
+                const int16_t *qa = q + i * qs + (size_t)k * KV_QK_K + 64 * j;
+                const __m256i ia = _mm256_add_epi32(_mm256_madd_epi16(lo0, q16(qa)), _mm256_madd_epi16(lo1, q16(qa + 16)));
+                const __m256i ib = _mm256_add_epi32(_mm256_madd_epi16(hi0, q16(qa + 32)), _mm256_madd_epi16(hi1, q16(qa + 48)));
+                a0[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_permutevar8x32_ps(sdv[i], _mm256_set1_epi32(2 * j)), a0[i]);
+                a1[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), _mm256_permutevar8x32_ps(sdv[i], _mm256_set1_epi32(2 * j + 1)), a1[i]);
+            }
+        }
+    }
+    KV_UNROLL
+    for (int i = 0; i < R; i++) out[i] = hsum8(_mm256_add_ps(a0[i], a1[i])) - hsum8(off[i]);
+}
+
+/* kv_row_q6k for R input rows at once (as q45k_rows): each l-range's four sub-blocks' codes are
+ * unpacked once (less 32) and multiplied by the R rows in q6k_half's order. */
+static inline __attribute__((always_inline)) void q6k_rows(const uint8_t *c, const int16_t *q, size_t qs,
+                                                           const float *dx, size_t dxs, int nsb, const int R,
+                                                           float *out) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), m30 = _mm256_set1_epi16(0x30), c32 = _mm256_set1_epi16(32);
+    __m256 a0[4], a1[4];
+    KV_UNROLL
+    for (int i = 0; i < R; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+    for (int k = 0; k < nsb; k++) {
+        const uint8_t *blk = c + (size_t)k * 210;
+        const float d = f16_at(blk + 208);
+        for (int n = 0; n < 2; n++) { /* the halves, as kv_row_q6k calls q6k_half */
+            const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+            const int8_t *sc = (const int8_t *)(blk + 192) + 8 * n;
+            for (int s = 0; s < 2; s++) {
+                const __m256i a = wide16(ql + 16 * s), b = wide16(ql + 32 + 16 * s), h = wide16(qh + 16 * s);
+                const __m256i cv[4] = {
+                    _mm256_sub_epi16(_mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)), c32),
+                    _mm256_sub_epi16(_mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)), c32),
+                    _mm256_sub_epi16(_mm256_or_si256(_mm256_srli_epi16(a, 4), _mm256_and_si256(h, m30)), c32),
+                    _mm256_sub_epi16(_mm256_or_si256(_mm256_srli_epi16(b, 4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)), c32)};
+                for (int kk = 0; kk < 4; kk += 2)
+                    KV_UNROLL
+                    for (int i = 0; i < R; i++) {
+                        const int16_t *qn = q + i * qs + (size_t)k * KV_QK_K + 128 * n;
+                        const float *dn = dx + i * dxs + 8 * (size_t)k + 4 * n;
+                        const __m256i i0 = _mm256_madd_epi16(cv[kk], q16(qn + 32 * kk + 16 * s));
+                        const __m256i i1 = _mm256_madd_epi16(cv[kk + 1], q16(qn + 32 * (kk + 1) + 16 * s));
+                        a0[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(d * (float)sc[2 * kk + s] * dn[kk]), a0[i]);
+                        a1[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(d * (float)sc[2 * kk + 2 + s] * dn[kk + 1]), a1[i]);
+                    }
+            }
+        }
+    }
+    KV_UNROLL
+    for (int i = 0; i < R; i++) out[i] = hsum8(_mm256_add_ps(a0[i], a1[i]));
+}
+
+void kv_rows_q45k(const uint8_t *c, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nsb, const float *sx,
+                  size_t sxs, int bits, int r, float *out) {
+    const int five = bits == 5; /* each branch with its constants: R and whether there are fifth bits */
+    if (r == 4) five ? q45k_rows(c, q, qs, dx, dxs, nsb, sx, sxs, 1, 4, out) : q45k_rows(c, q, qs, dx, dxs, nsb, sx, sxs, 0, 4, out);
+    else if (r == 3) five ? q45k_rows(c, q, qs, dx, dxs, nsb, sx, sxs, 1, 3, out) : q45k_rows(c, q, qs, dx, dxs, nsb, sx, sxs, 0, 3, out);
+    else if (r == 2) five ? q45k_rows(c, q, qs, dx, dxs, nsb, sx, sxs, 1, 2, out) : q45k_rows(c, q, qs, dx, dxs, nsb, sx, sxs, 0, 2, out);
+    else out[0] = kv_row_q45k(c, q, dx, nsb, sx, bits);
+}
+
+void kv_rows_q6k(const uint8_t *c, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nsb, int r, float *out) {
+    if (r == 4) q6k_rows(c, q, qs, dx, dxs, nsb, 4, out);
+    else if (r == 3) q6k_rows(c, q, qs, dx, dxs, nsb, 3, out);
+    else if (r == 2) q6k_rows(c, q, qs, dx, dxs, nsb, 2, out);
+    else out[0] = kv_row_q6k(c, q, dx, nsb);
+}
+
 #else /* portable C: every code unpacked one by one, the same integer sums */
 
 float kv_row_q45k(const uint8_t *c, const int16_t *q, const float *dx, int nsb, const float *sx, int bits) {
@@ -206,5 +317,15 @@ float kv_row_q6k(const uint8_t *c, const int16_t *q, const float *dx, int nsb) {
             for (int i = 0; i < 8; i++) acc += (float)part[i] * (d * (float)sc[i] * dn[i / 2]);
         }
     return acc;
+}
+
+/* One row at a time: the portable loops have one order, the same for any number of rows. */
+void kv_rows_q45k(const uint8_t *c, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nsb, const float *sx,
+                  size_t sxs, int bits, int r, float *out) {
+    for (int i = 0; i < r; i++) out[i] = kv_row_q45k(c, q + i * qs, dx + i * dxs, nsb, sx + i * sxs, bits);
+}
+
+void kv_rows_q6k(const uint8_t *c, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nsb, int r, float *out) {
+    for (int i = 0; i < r; i++) out[i] = kv_row_q6k(c, q + i * qs, dx + i * dxs, nsb);
 }
 #endif

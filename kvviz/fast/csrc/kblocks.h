@@ -1,5 +1,5 @@
 /* One row of a K type (Q4_K, Q5_K, Q6_K) kept as the GGUF's super-blocks, times one input row rounded to
- * int16 per block of 32 (lblocks.h's kv_quantize_row): kblocks.c, called by blockdot.c for each (row, input row). */
+ * int16 per block of 32 (lblocks.h's kv_quantize_row): kblocks.c, called by blockdot.c (one input row, or up to four at once). */
 #ifndef KVVIZ_KBLOCKS_H
 #define KVVIZ_KBLOCKS_H
 
@@ -18,5 +18,12 @@ float kv_row_q45k(const uint8_t *c, const int16_t *q, const float *dx, int nsb, 
 
 /* The same for Q6_K (no offsets). */
 float kv_row_q6k(const uint8_t *c, const int16_t *q, const float *dx, int nsb);
+
+/* The same for r (1..4) input rows at once, row i at q + i * qs, dx + i * dxs (and sx + i * sxs): each
+ * super-block's scales and codes are unpacked once for the r rows; out[i] equals, bit for bit, the
+ * one-row function's value for row i. */
+void kv_rows_q45k(const uint8_t *c, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nsb, const float *sx,
+                  size_t sxs, int bits, int r, float *out);
+void kv_rows_q6k(const uint8_t *c, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nsb, int r, float *out);
 
 #endif

@@ -61,8 +61,12 @@ enum { K8_32, K8_16, K4, K5 };
 
 #if defined(__AVX2__) && defined(__FMA__)
 
-/* Sixteen bits of a 5-bit block's fifth-bit word as sixteen int16 lanes of 0 or 16. */
-static inline __m256i fifth16(uint32_t h16) {
+/* Sixteen bits of a 5-bit block's fifth-bit word (the little-endian half at p) as sixteen int16 lanes
+ * of 0 or 16. Read from memory here, so the compiler broadcasts it from memory (vpbroadcastw m16),
+ * not through a general register. */
+static inline __m256i fifth16(const uint8_t *p) {
+    uint16_t h16;
+    memcpy(&h16, p, 2);
     const __m256i m = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                                         (short)0x8000);
     const __m256i v = _mm256_and_si256(_mm256_set1_epi16((short)(uint16_t)h16), m);
@@ -72,31 +76,44 @@ static inline __m256i fifth16(uint32_t h16) {
 static inline __m128i load16(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
 static inline __m256i load16x2(const int16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
-/* One block's integer products with q, summed into eight int32 lanes (exact: see the top). A 4-bit
- * block's 16 bytes (byte k = code k | code k + 16 << 4) are widened to int16 once; an AND gives
- * codes 0-15, a shift 16-31. zf: a zero to subtract (Q4_0, Q5_0), a constant, so the types without
- * one (SmolLM2's Q4_1) pay nothing for it. */
-static inline __attribute__((always_inline)) __m256i iblock(const uint8_t *c, const int16_t *q, const int kind,
-                                                            __m256i zero, const int zf) {
-    const __m256i q0 = load16x2(q);
-    if (kind == K8_16) return _mm256_madd_epi16(_mm256_cvtepi8_epi16(load16(c)), q0);
-    const __m256i q1 = load16x2(q + 16);
-    if (kind == K8_32)
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(load16(c)), q0),
-                                _mm256_madd_epi16(_mm256_cvtepi8_epi16(load16(c + 16)), q1));
+/* A block's codes as int16 lanes, unpacked once however many input rows then multiply them: u[0]
+ * codes 0-15, u[1] codes 16-31 (blocks of 16: u[0] only). A 4-bit block's 16 bytes (byte k = code k |
+ * code k + 16 << 4) are widened to int16 once; an AND gives codes 0-15, a shift 16-31. zf: a zero to
+ * subtract (Q4_0, Q5_0), a constant, so the types without one (SmolLM2's Q4_1) pay nothing for it. */
+static inline __attribute__((always_inline)) void unpack(const uint8_t *c, const int kind, __m256i zero, const int zf,
+                                                         __m256i u[2]) {
+    if (kind == K8_16 || kind == K8_32) {
+        u[0] = _mm256_cvtepi8_epi16(load16(c));
+        if (kind == K8_32) u[1] = _mm256_cvtepi8_epi16(load16(c + 16));
+        return;
+    }
     const __m256i v = _mm256_cvtepu8_epi16(load16(kind == K5 ? c + 4 : c));
     __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0F)), hi = _mm256_srli_epi16(v, 4);
     if (kind == K5) {
-        uint32_t h;
-        memcpy(&h, c, 4);
-        lo = _mm256_or_si256(lo, fifth16(h & 0xFFFFu));
-        hi = _mm256_or_si256(hi, fifth16(h >> 16));
+        lo = _mm256_or_si256(lo, fifth16(c));     /* bits 0-15 of the word: codes 0-15 */
+        hi = _mm256_or_si256(hi, fifth16(c + 2)); /* bits 16-31: codes 16-31 */
     }
     if (zf) {
         lo = _mm256_sub_epi16(lo, zero);
         hi = _mm256_sub_epi16(hi, zero);
     }
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, q0), _mm256_madd_epi16(hi, q1));
+    u[0] = lo;
+    u[1] = hi;
+}
+
+/* An unpacked block's integer products with one input row's q, summed into eight int32 lanes (exact:
+ * see the top). */
+static inline __attribute__((always_inline)) __m256i imul(const __m256i u[2], const int16_t *q, const int kind) {
+    const __m256i p0 = _mm256_madd_epi16(u[0], load16x2(q));
+    return kind == K8_16 ? p0 : _mm256_add_epi32(p0, _mm256_madd_epi16(u[1], load16x2(q + 16)));
+}
+
+/* One block's products with q: unpack, then imul. */
+static inline __attribute__((always_inline)) __m256i iblock(const uint8_t *c, const int16_t *q, const int kind,
+                                                            __m256i zero, const int zf) {
+    __m256i u[2];
+    unpack(c, kind, zero, zf, u);
+    return imul(u, q, kind);
 }
 
 static inline float hsum8(__m256 v) {
@@ -129,6 +146,69 @@ static inline __attribute__((always_inline)) float row_blocks(const uint8_t *c, 
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
+/* Each input row's products s[b] * dx[b'] for a weight row (b' the block of 32 holding block b), eight
+ * at a time: the same fp32 products row_blocks forms one by one, so the main loop below loads them
+ * (a broadcast from memory) instead of spending a multiply and a broadcast a block a row. */
+static inline void block_steps(const float *s, const float *dx, int nb, const int dsh, float *sd) {
+    int b = 0;
+    if (!dsh)
+        for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(sd + b, _mm256_mul_ps(_mm256_loadu_ps(s + b), _mm256_loadu_ps(dx + b)));
+    for (; b < nb; b++) sd[b] = s[b] * dx[b >> dsh];
+}
+
+/* row_blocks for R input rows at once (R a constant, 2..4): each block is unpacked once and multiplied
+ * by the R rows (q + i * qs, dx + i * dxs), each row with its own two accumulators taking exactly the
+ * operations row_blocks gives it, in the same order, so out[i] is bit for bit row_blocks' value. */
+/* The loops over the R rows unrolled early, so each row's accumulators live in registers. */
+#define KV_UNROLL _Pragma("GCC unroll 4")
+
+static inline __attribute__((always_inline)) void rows_blocks(const uint8_t *c, const float *s, const int16_t *q,
+                                                              size_t qs, const float *dx, size_t dxs, int nb,
+                                                              const int kind, int zero, const int zf, const int R,
+                                                              float *out) {
+    const int width = kind == K8_16 ? 16 : 32, stride = kind == K4 ? 16 : (kind == K5 ? 20 : width);
+    const int dsh = kind == K8_16;
+    const __m256i z = _mm256_set1_epi16((short)zero);
+    float sd[R][nb];
+    KV_UNROLL
+    for (int i = 0; i < R; i++) block_steps(s, dx + i * dxs, nb, dsh, sd[i]);
+    __m256 a0[4], a1[4];
+    KV_UNROLL
+    for (int i = 0; i < R; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+    __m256i u[2], v[2];
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *cb = c + (size_t)b * stride;
+        unpack(cb, kind, z, zf, u);
+        unpack(cb + stride, kind, z, zf, v);
+        KV_UNROLL
+        for (int i = 0; i < R; i++) {
+            const int16_t *qb = q + i * qs + (size_t)b * width;
+            a0[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imul(u, qb, kind)), _mm256_broadcast_ss(&sd[i][b]), a0[i]);
+            a1[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imul(v, qb + width, kind)), _mm256_broadcast_ss(&sd[i][b + 1]), a1[i]);
+        }
+    }
+    if (b < nb) {
+        unpack(c + (size_t)b * stride, kind, z, zf, u);
+        KV_UNROLL
+        for (int i = 0; i < R; i++)
+            a0[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imul(u, q + i * qs + (size_t)b * width, kind)),
+                                    _mm256_broadcast_ss(&sd[i][b]), a0[i]);
+    }
+    KV_UNROLL
+    for (int i = 0; i < R; i++) out[i] = hsum8(_mm256_add_ps(a0[i], a1[i]));
+}
+
+/* R (1..4) a constant in each branch, so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void rows_any(const uint8_t *c, const float *s, const int16_t *q,
+                                                           size_t qs, const float *dx, size_t dxs, int nb,
+                                                           const int kind, int zero, const int zf, int R, float *out) {
+    if (R == 4) rows_blocks(c, s, q, qs, dx, dxs, nb, kind, zero, zf, 4, out);
+    else if (R == 3) rows_blocks(c, s, q, qs, dx, dxs, nb, kind, zero, zf, 3, out);
+    else if (R == 2) rows_blocks(c, s, q, qs, dx, dxs, nb, kind, zero, zf, 2, out);
+    else out[0] = row_blocks(c, s, q, dx, nb, kind, zero, zf);
+}
+
 #else /* portable C: every code unpacked one by one, the same integer sums */
 
 /* Code i (0..31) of a block, unpacked and centred. */
@@ -159,6 +239,12 @@ static inline float row_blocks(const uint8_t *c, const float *s, const int16_t *
     }
     return acc;
 }
+
+/* One row at a time: the portable loop has one order, the same for any number of rows. */
+static inline void rows_any(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs,
+                            int nb, int kind, int zero, int zf, int R, float *out) {
+    for (int i = 0; i < R; i++) out[i] = row_blocks(c, s, q + i * qs, dx + i * dxs, nb, kind, zero, zf);
+}
 #endif
 
 float kv_row_i8_32(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int z) { return row_blocks(c, s, q, dx, nb, K8_32, z, 0); }
@@ -167,3 +253,15 @@ float kv_row_p4(const uint8_t *c, const float *s, const int16_t *q, const float 
 float kv_row_p4z(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int z) { return row_blocks(c, s, q, dx, nb, K4, z, 1); }
 float kv_row_p5(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int z) { return row_blocks(c, s, q, dx, nb, K5, z, 0); }
 float kv_row_p5z(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int z) { return row_blocks(c, s, q, dx, nb, K5, z, 1); }
+
+#define KV_ROWS(name, kind, zf)                                                                                          \
+    void name(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb,      \
+              int z, int r, float *out) {                                                                              \
+        rows_any(c, s, q, qs, dx, dxs, nb, kind, z, zf, r, out);                                                       \
+    }
+KV_ROWS(kv_rows_i8_32, K8_32, 0)
+KV_ROWS(kv_rows_i8_16, K8_16, 0)
+KV_ROWS(kv_rows_p4, K4, 0)
+KV_ROWS(kv_rows_p4z, K4, 1)
+KV_ROWS(kv_rows_p5, K5, 0)
+KV_ROWS(kv_rows_p5z, K5, 1)

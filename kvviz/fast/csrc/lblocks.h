@@ -4,6 +4,7 @@
 #ifndef KVVIZ_LBLOCKS_H
 #define KVVIZ_LBLOCKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KV_QB 32        /* inputs sharing one step dx */
@@ -25,5 +26,16 @@ float kv_row_p4(const uint8_t *c, const float *s, const int16_t *q, const float 
 float kv_row_p4z(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int zero);
 float kv_row_p5(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int zero);
 float kv_row_p5z(const uint8_t *c, const float *s, const int16_t *q, const float *dx, int nb, int zero);
+
+/* The same for r (1..4) input rows at once, q + i * qs and dx + i * dxs for row i: each block is unpacked
+ * once for the r rows; out[i] equals, bit for bit, the one-row function's value for row i. */
+typedef void (*kv_lrows)(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs,
+                         int nb, int zero, int r, float *out);
+void kv_rows_i8_32(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb, int zero, int r, float *out);
+void kv_rows_i8_16(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb, int zero, int r, float *out);
+void kv_rows_p4(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb, int zero, int r, float *out);
+void kv_rows_p4z(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb, int zero, int r, float *out);
+void kv_rows_p5(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb, int zero, int r, float *out);
+void kv_rows_p5z(const uint8_t *c, const float *s, const int16_t *q, size_t qs, const float *dx, size_t dxs, int nb, int zero, int r, float *out);
 
 #endif
