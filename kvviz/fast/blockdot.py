@@ -30,17 +30,20 @@ from kvviz.engine.loading.gguf_codes import K_BLOCK_BYTES, PACKED_BLOCK_BYTES, Q
 from kvviz.fast.rowops import load
 
 MAX_SEGMENTS = 3  # matrices side by side in one call (q, k and v)
-# The most rows (batch x tokens) a forward sends through these kernels, by thread count; more go to
-# the fp32 path (Llama: llama_flat's C row kernel up to its max_c_rows_fp32, then F.linear's GEMM;
-# Gemma 3: the readable model's F.linear). The kernel unpacks a weight row's codes again for each
-# input row, so its cost grows with the rows where a GEMM's hardly does. SmolLM2's layer matmuls
-# (q|k|v, o, gate|up, down, Q4_1), time on codes over time on the fp32 weights, medians of 9,
-# interleaved, niced on the shared 2-core machine (docs/benchmarks.md, 2026-11-28 16:05):
-#   1 thread, over F.linear (the fallback past 8 rows): m = 8: 0.70, 12: 0.82, 16: 1.02, 24: 1.05, 48: 1.46.
-#   2 threads, over F.linear: 8: 0.60, 16: 0.90, 24: 0.92, 32: 1.07; over the fp32 C row kernel
-#   (Llama's fallback up to 32 rows on 2+ threads): 8: 1.12, 12: 1.05, 24: 1.45. So 8 stays there.
-MAX_CODE_ROWS = {1: 12}
-MAX_CODE_ROWS_MORE_THREADS = 8
+# The most rows (batch x tokens) a forward sends through these kernels, by family and thread count;
+# more go to the fp32 path (Llama: llama_flat's C row kernel up to its max_c_rows_fp32, then F.linear's
+# GEMM; Gemma 3: the readable model's F.linear). The kernel multiplies each block's codes, unpacked
+# once, by up to four input rows (csrc/blockdot.c), but its integer products still grow with the rows
+# where a GEMM's cost hardly does. A whole forward of m tokens (last_only, as a prefill) on the codes
+# over the same forward on the fallback, medians of 9, interleaved, niced on the shared 2-core AMD
+# EPYC (docs/benchmarks.md, 2026-11-28 21:41-21:59; two or three runs, each figure one run's):
+#   SmolLM2 (Q4_1), 1 thread: m = 12: 0.68-0.78, 16: 0.65-0.96, 20: 0.89-1.03, 24: 0.87-1.12, 32: 1.14-1.42.
+#   SmolLM2, 2 threads (fallback: the fp32 C rows): 8: 0.81-0.93, 12: 1.02-1.14, 16: 1.09-1.20.
+#   Gemma 3 (Q5_0/Q8_0/Q4_K/Q6_K), 1 thread: 12: 0.79-0.89, 16: 0.93-1.03, 20: 0.99-1.19, 24: 1.09-1.25.
+#   Gemma 3, 2 threads (fallback: F.linear): 16: 0.75-0.81, 20: 0.86, 24: 0.97-1.03, 32: 1.02-1.23.
+# "More threads" is measured at 2 (this machine's cores).
+MAX_CODE_ROWS = {"llama": {1: 16}, "gemma3": {1: 16}}
+MAX_CODE_ROWS_MORE_THREADS = {"llama": 8, "gemma3": 20}
 BLOCKS = (16, 32)  # the block sizes the kernel reads: Q6_K's scales cover 16 weights, the rest 32
 
 
@@ -60,9 +63,10 @@ class _Spec(ctypes.Structure):
                 ("head_dim", ctypes.c_int), ("qk_eps", ctypes.c_float)]
 
 
-def max_code_rows(threads: int) -> int:
-    """The most rows a forward on ``threads`` intra-op threads sends through the block-code kernels."""
-    return MAX_CODE_ROWS.get(threads, MAX_CODE_ROWS_MORE_THREADS)
+def max_code_rows(threads: int, family: str) -> int:
+    """The most rows a forward of ``family`` ("llama": ``llama_codes``; "gemma3": ``gemma3_flat``) on
+    ``threads`` intra-op threads sends through the block-code kernels (their fallbacks differ)."""
+    return MAX_CODE_ROWS[family].get(threads, MAX_CODE_ROWS_MORE_THREADS[family])
 
 
 def _fn() -> "ctypes._CFuncPtr | None":  # type: ignore[name-defined]

@@ -22,7 +22,7 @@ and attention in one call into C (``fast/rowstep.py``, as SmolLM2's), each layer
 (local or global base) and the ``query_pre_attn_scalar`` scale handed to it, while no sliding
 layer's ring has wrapped (slots are positions until then; past it the per-layer path runs).
 
-It serves forwards of up to ``blockdot.max_code_rows(threads)`` rows (batch x tokens): decode
+It serves forwards of up to ``blockdot.max_code_rows(threads, "gemma3")`` rows (batch x tokens): decode
 steps, beams, batches and short chunks. Longer forwards (a prefill) go to the readable model, where
 MKL's GEMM over the fp32 weights wins once the rows are many. A weight without codes (an F32/F16 file, a type the kernel
 does not read) goes through the fp32 row kernel; without any C kernel, or for a bf16 or CUDA
@@ -183,7 +183,7 @@ class FastGemma3:
                 capture: "ForwardCapture | None" = None, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T|1, V), as ``Gemma3.forward`` gives them."""
         B, T = idx.shape
-        rows = max_code_rows(torch.get_num_threads())
+        rows = max_code_rows(torch.get_num_threads(), "gemma3")
         short = B * T <= rows
         # A long forward still wants the plan for its head when it keeps one row a sequence
         p = self.plan() if short or (last_only is True and B <= rows) else None

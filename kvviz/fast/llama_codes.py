@@ -24,7 +24,7 @@ run it) is one call into C instead: the same calls chained with the K/V write an
 (``fast/rowstep.py``), without the 30 layers of Python between them (1.43x at 1 thread, 1.26x at 2
 on SmolLM2's Q4_1 file).
 
-It serves forwards of up to ``blockdot.max_code_rows(threads)`` rows (batch x tokens). A weight
+It serves forwards of up to ``blockdot.max_code_rows(threads, "llama")`` rows (batch x tokens). A weight
 whose codes do not rebuild its parameter (changed after loading), or a type without codes (F32,
 F16), goes through the fp32 row kernel, its q/k norms and RoPE then in PyTorch. Longer forwards,
 and every forward where ``plan`` is None (bf16, CUDA, no C kernel), go to the fp32 accelerator
@@ -185,7 +185,7 @@ class FastLlamaCodes:
         start = cache.pos if cache is not None else 0
         if input_pos is None:
             input_pos = torch.arange(start, start + T, device=idx.device)
-        p = self.plan() if B * T <= max_code_rows(torch.get_num_threads()) else None
+        p = self.plan() if B * T <= max_code_rows(torch.get_num_threads(), "llama") else None
         if p is None:
             if self.fp32 is not None:
                 return self.fp32.forward(idx, input_pos, cache, capture, last_only)

@@ -152,7 +152,7 @@ def test_captures_equal_the_readable_model(tiny: LoadedModel) -> None:
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_long_forwards_run_the_readable_model(tiny: LoadedModel, threads: int) -> None:
-    limit = max_code_rows(threads)
+    limit = max_code_rows(threads, "gemma3")
     ids = torch.randint(4, tiny.config.vocab_size, (1, limit + 1), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         assert torch.equal(tiny.fast.forward(ids), tiny.model(ids))  # the same code, the same bits

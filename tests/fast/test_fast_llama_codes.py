@@ -208,7 +208,7 @@ def test_captures_equal_the_readable_model(mixed: tuple[LoadedModel, Path]) -> N
 def test_long_forwards_take_the_fp32_path(mixed: tuple[LoadedModel, Path], threads: int) -> None:
     m, _ = mixed
     assert isinstance(m.fast.fp32, FastLlama)
-    limit = max_code_rows(threads)
+    limit = max_code_rows(threads, "llama")
     ids = torch.randint(0, 96, (1, limit + 1), generator=torch.Generator().manual_seed(4))
     pos = torch.arange(limit + 1)
     with torch.inference_mode():
