@@ -101,9 +101,11 @@ SIZES = [(1366, 768), (1920, 1080)]
 CHART_ON_SCREEN = 200  # px of the presentation layout's charts on the first screen, at least (the title and a plot)
 
 
-def _check(page, name: str, problems: dict[str, list[str]], size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def _check(page, name: str, problems: dict[str, list[str]], size: tuple[int, int],  # type: ignore[no-untyped-def]
+           full: bool = True) -> None:
     """Measure every chart, scrolled into view in turn (Plotly lays out a chart only once shown), then
-    the page; screenshot the page's top."""
+    the page; screenshot the page's top, and with ``full`` the whole page (a tour step's page is the
+    Generate page's, shot whole already: its card is at the top)."""
     page.wait_for_function(PLOTS_DRAWN)
     found = cut_labels(page)
     # A grid dataframe writes its cells' text only while on screen: bring each (and each chart) into view.
@@ -124,7 +126,7 @@ def _check(page, name: str, problems: dict[str, list[str]], size: tuple[int, int
     _shrink_png(SCREENSHOTS / f"cut-{name}-{size[0]}.png")
     # And the whole page: the window grown to the page's height (Streamlit scrolls inside stMain).
     height = page.evaluate("document.querySelector('[data-testid=stMain]').scrollHeight")
-    if height > size[1] + 24:
+    if full and height > size[1] + 24:
         page.set_viewport_size({"width": size[0], "height": int(height) + 24})
         page.wait_for_function(PLOTS_DRAWN)
         page.screenshot(path=str(SCREENSHOTS / f"cut-{name}-{size[0]}-full.png"))
@@ -159,7 +161,7 @@ def test_no_label_is_cut(browser, make_run_url: str, size: tuple[int, int]) -> N
                 page.locator(".st-key-tour_next button:visible").first.click()
                 card.get_by_text(f"step {n} of {total}").first.wait_for()
                 _idle(page)
-            _check(page, f"tour-step{n}", problems, size)
+            _check(page, f"tour-step{n}", problems, size, full=False)
         # The presentation layout, after a short run.
         page.goto(f"{make_run_url}/?present=1")
         page.wait_for_selector("[data-testid=stMain]")
