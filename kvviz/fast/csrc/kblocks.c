@@ -79,6 +79,27 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Sub-blocks 2 j and 2 j + 1 of a Q4_K (five = 0) or Q5_K (1) super-block as int16 lanes, from the 32
+ * bytes of nibbles at qs (qs[32 j ..]): lo0|lo1 sub-block 2 j's 32 codes (low nibbles), hi0|hi1 sub-block
+ * 2 j + 1's (high). Q5_K's fifth bits come from h0, h1 (qh widened; bit 2 j now bit 0, 2 j + 1 bit 1),
+ * moved to bit 4; h0 and h1 are then shifted down 2 for the next pair. */
+static inline __attribute__((always_inline)) void k45_codes(const uint8_t *qs, const int five, __m256i *h0,
+                                                            __m256i *h1, __m256i *lo0, __m256i *lo1, __m256i *hi0,
+                                                            __m256i *hi1) {
+    const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
+    const __m256i v0 = wide16(qs), v1 = wide16(qs + 16);
+    *lo0 = _mm256_and_si256(v0, m4), *lo1 = _mm256_and_si256(v1, m4);
+    *hi0 = _mm256_srli_epi16(v0, 4), *hi1 = _mm256_srli_epi16(v1, 4);
+    if (five) {
+        *lo0 = _mm256_or_si256(*lo0, _mm256_and_si256(_mm256_slli_epi16(*h0, 4), b4));
+        *lo1 = _mm256_or_si256(*lo1, _mm256_and_si256(_mm256_slli_epi16(*h1, 4), b4));
+        *hi0 = _mm256_or_si256(*hi0, _mm256_and_si256(_mm256_slli_epi16(*h0, 3), b4));
+        *hi1 = _mm256_or_si256(*hi1, _mm256_and_si256(_mm256_slli_epi16(*h1, 3), b4));
+        *h0 = _mm256_srli_epi16(*h0, 2);
+        *h1 = _mm256_srli_epi16(*h1, 2);
+    }
+}
+
 /* One Q4_K (five = 0) or Q5_K (1) super-block on the rounded input q (dx: its eight steps): each
  * sub-block's integer products summed in int32 lanes (codes <= 31, so 32 * 31 * 32767 fits), converted
  * once and scaled by sc * dx into acc0 (even sub-blocks) or acc1 (odd); the eight offsets times sx's
@@ -92,24 +113,14 @@ static inline __attribute__((always_inline)) void q45k_block(const uint8_t *b, c
     *off = _mm256_fmadd_ps(mnv, _mm256_loadu_ps(sx), *off);
     const __m256 sdv = _mm256_mul_ps(scv, _mm256_loadu_ps(dx)); /* sc * dx, lane j: sub-block j */
     const uint8_t *qs = b + (five ? 48 : 16);
-    const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
     __m256i h0 = _mm256_setzero_si256(), h1 = h0;
     if (five) { /* qh[0..15] and qh[16..31]; shifted down 2 a pair of sub-blocks */
         h0 = wide16(b + 16);
         h1 = wide16(b + 32);
     }
     for (int j = 0; j < 4; j++) { /* sub-blocks 2 j (low nibbles of qs[32 j ..]) and 2 j + 1 (high) */
-        const __m256i v0 = wide16(qs + 32 * j), v1 = wide16(qs + 32 * j + 16);
-        __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
-        __m256i hi0 = _mm256_srli_epi16(v0, 4), hi1 = _mm256_srli_epi16(v1, 4);
-        if (five) { /* bit 2 j (now bit 0) and 2 j + 1 (bit 1) of qh[l], moved to bit 4 */
-            lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4), b4));
-            lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4), b4));
-            hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_slli_epi16(h0, 3), b4));
-            hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_slli_epi16(h1, 3), b4));
-            h0 = _mm256_srli_epi16(h0, 2);
-            h1 = _mm256_srli_epi16(h1, 2);
-        }
+        __m256i lo0, lo1, hi0, hi1;
+        k45_codes(qs + 32 * j, five, &h0, &h1, &lo0, &lo1, &hi0, &hi1);
         const int16_t *qa = q + 64 * j;
         const __m256i ia = _mm256_add_epi32(_mm256_madd_epi16(lo0, q16(qa)), _mm256_madd_epi16(lo1, q16(qa + 16)));
         const __m256i ib = _mm256_add_epi32(_mm256_madd_epi16(hi0, q16(qa + 32)), _mm256_madd_epi16(hi1, q16(qa + 48)));
@@ -175,7 +186,6 @@ static inline __attribute__((always_inline)) void q45k_rows(const uint8_t *c, co
                                                             const float *dx, size_t dxs, int nsb, const float *sx,
                                                             size_t sxs, const int five, const int R, float *out) {
     const size_t size = kv_k_block_bytes(five ? 5 : 4);
-    const __m256i m4 = _mm256_set1_epi16(0x0F), b4 = _mm256_set1_epi16(0x10);
     __m256 a0[4], a1[4], off[4];
     KV_UNROLL
     for (int i = 0; i < R; i++) a0[i] = a1[i] = off[i] = _mm256_setzero_ps();
@@ -194,17 +204,8 @@ static inline __attribute__((always_inline)) void q45k_rows(const uint8_t *c, co
             h1 = wide16(b + 32);
         }
         for (int j = 0; j < 4; j++) {
-            const __m256i v0 = wide16(qsb + 32 * j), v1 = wide16(qsb + 32 * j + 16);
-            __m256i lo0 = _mm256_and_si256(v0, m4), lo1 = _mm256_and_si256(v1, m4);
-            __m256i hi0 = _mm256_srli_epi16(v0, 4), hi1 = _mm256_srli_epi16(v1, 4);
-            if (five) {
-                lo0 = _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h0, 4), b4));
-                lo1 = _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h1, 4), b4));
-                hi0 = _mm256_or_si256(hi0, _mm256_and_si256(_mm256_slli_epi16(h0, 3), b4));
-                hi1 = _mm256_or_si256(hi1, _mm256_and_si256(_mm256_slli_epi16(h1, 3), b4));
-                h0 = _mm256_srli_epi16(h0, 2);
-                h1 = _mm256_srli_epi16(h1, 2);
-            }
+            __m256i lo0, lo1, hi0, hi1;
+            k45_codes(qsb + 32 * j, five, &h0, &h1, &lo0, &lo1, &hi0, &hi1);
             KV_UNROLL
             for (int i = 0; i < R; i++) {
                 const int16_t *qa = q + i * qs + (size_t)k * KV_QK_K + 64 * j;
