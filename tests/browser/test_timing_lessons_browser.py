@@ -6,7 +6,8 @@ SmolLM2, default settings, Chromium.
   the N tokens its caption promises (EOS ignored).
 - A cold start measured as a user meets it (server start, first page, model loaded) and Step presses
   measured click to idle, beside the forward each one ran; the figures go to
-  ``test-results/timing_lessons.json`` for docs/benchmarks.md and the README.
+  ``test-results/timing_lessons.json`` for docs/benchmarks.md and the README (marked ``bench``:
+  ``make bench`` runs it, ``make test`` does not).
 """
 from __future__ import annotations
 
@@ -93,6 +94,10 @@ def test_prefill_example_and_race_finish_at_defaults_without_nan(browser, make_r
     _report("defaults", figures)
 
 
+# A benchmark (`make bench` runs it): its figures are reports. What it would check, `make test` checks
+# elsewhere: every browser test's server is a cold start (conftest's make_run_url), and Step presses
+# run and draw in test_live_browser's step-mode test.
+@pytest.mark.bench
 def test_cold_start_and_step_presses(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A second server, started here so its cold start is measured from the command, as a user meets it."""
     import socket
