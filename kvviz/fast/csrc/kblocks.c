@@ -175,9 +175,6 @@ float kv_row_q6k(const uint8_t *c, const int16_t *q, const float *dx, int nsb) {
     return hsum8(_mm256_add_ps(a0, a1));
 }
 
-/* The loops over the R rows unrolled early, so each row's accumulators live in registers. */
-#define KV_UNROLL _Pragma("GCC unroll 4")
-
 /* kv_row_q45k for R input rows at once (R a constant, 2..4; row i at q + i * qs, dx + i * dxs,
  * sx + i * sxs): a super-block's scales are unpacked once and each pair of sub-blocks' codes once,
  * then multiplied by the R rows, each row's acc0, acc1 and off taking exactly q45k_block's operations

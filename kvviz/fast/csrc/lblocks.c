@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "lblocks.h"
+#include "rowcommon.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -159,9 +160,6 @@ static inline void block_steps(const float *s, const float *dx, int nb, const in
 /* row_blocks for R input rows at once (R a constant, 2..4): each block is unpacked once and multiplied
  * by the R rows (q + i * qs, dx + i * dxs), each row with its own two accumulators taking exactly the
  * operations row_blocks gives it, in the same order, so out[i] is bit for bit row_blocks' value. */
-/* The loops over the R rows unrolled early, so each row's accumulators live in registers. */
-#define KV_UNROLL _Pragma("GCC unroll 4")
-
 static inline __attribute__((always_inline)) void rows_blocks(const uint8_t *c, const float *s, const int16_t *q,
                                                               size_t qs, const float *dx, size_t dxs, int nb,
                                                               const int kind, int zero, const int zf, const int R,

@@ -10,6 +10,10 @@
 #include <immintrin.h>
 #endif
 
+/* The many-row block loops' loops over their R input rows (lblocks.c, kblocks.c), unrolled early so
+ * each row's accumulators live in registers. */
+#define KV_UNROLL _Pragma("GCC unroll 4")
+
 /* An IEEE half as fp32 (exact: every half is an fp32). blockdot.c and kblocks.c read the GGUF's fp16 scales. */
 static inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
