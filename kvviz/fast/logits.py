@@ -4,7 +4,9 @@ probabilities (the live views' top-5).
 
 torch does this in five ops, a pass over the vocabulary each (isfinite + all, softmax, topk):
 about 2 ms a step for Gemma 3's 262,144 logits on a 2-core CPU, a tenth of a decode step, and
-0.4 ms of SmolLM2's 49,152. The C side makes two passes. Both functions fall back to torch for
+0.4 ms of SmolLM2's 49,152. The C side reads the logits once for the argmax and its finiteness
+(``argmax_checked``: the loop then need not check them again) and once for the top-k and their
+probabilities (``top_probs``). The functions fall back to torch for
 what the kernel does not take (CUDA, other dtypes, no C compiler), with the same results: the
 same finiteness, the same probabilities to fp32 rounding (torch sums in fp32, C in double over
 fp32 blocks), the same tokens but for the order of exact ties (lower index first here). The top-k pass uses AVX2's
@@ -28,11 +30,12 @@ def all_finite(logits: torch.Tensor) -> bool:
     return bool(torch.isfinite(logits).all())
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """(B, V) logits -> (B,) int64 ids of each row's first maximum, as ``torch.argmax(logits, -1)``.
-
-    Rows with a NaN or an infinity take torch's own argmax (its rule for NaN), as does anything the
-    kernel does not read (CUDA, other dtypes, no C compiler).
+def argmax_checked(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(B, V) logits -> (B,) int64 ids of each row's first maximum, as ``torch.argmax(logits, -1)``,
+    and True when the C pass that found them also found every logit finite (it sums x - x beside the
+    maximum), so a caller need not read the logits again to know; False when torch's argmax took
+    them: a row with a NaN or an infinity (its rule for NaN), or what the kernel does not read (CUDA,
+    other dtypes, no C compiler). False says "not known here", not "not finite".
     """
     if logits.dim() == 2 and logits.shape[-1] > 0 and _c_row(logits):
         lib = load()
@@ -40,8 +43,14 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
         ids = [lib.kv_argmax(logits.data_ptr() + i * row, logits.shape[-1])  # type: ignore[union-attr]
                for i in range(logits.shape[0])]
         if min(ids, default=0) >= 0:
-            return torch.tensor(ids, dtype=torch.int64)
-    return torch.argmax(logits, dim=-1)
+            return torch.tensor(ids, dtype=torch.int64), True
+    return torch.argmax(logits, dim=-1), False
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits -> (B,) int64 ids of each row's first maximum, as ``torch.argmax(logits, -1)``
+    (``argmax_checked``'s ids)."""
+    return argmax_checked(logits)[0]
 
 
 def top_probs(logits: torch.Tensor, k: int) -> tuple[list[int], list[float]]:

@@ -287,6 +287,32 @@ def test_non_finite_logits_are_named_with_step_and_layer(overflowing: LoadedMode
     assert run.stop_reason == "error" and run.note == msg and run.generated_ids == []
 
 
+@pytest.mark.parametrize("c_says_finite", [True, False])
+def test_greedy_reads_the_logits_finiteness_once(make_model: Callable[..., LoadedModel],
+                                                 monkeypatch: pytest.MonkeyPatch, c_says_finite: bool) -> None:
+    """Greedy decoding's C argmax reads each step's finiteness in its own pass (fast/logits.py's
+    argmax_checked): the loop checks the logits again only when that pass did not vouch for them
+    (torch's argmax took them), once a step; sampling checks every step before it samples."""
+    from kvviz.engine.core import loop, stream_base
+
+    if c_says_finite:
+        from kvviz.fast import rowops
+        if rowops.load() is None:
+            pytest.skip(f"no C kernel: {rowops.status()}")
+    else:  # as where the kernel cannot read the logits (CUDA, bf16): torch's argmax, not checked
+        monkeypatch.setattr(loop, "argmax_checked", lambda x: (torch.argmax(x, dim=-1), False))
+    scans: list[int] = []
+    real = stream_base.all_finite
+    monkeypatch.setattr(stream_base, "all_finite", lambda x: scans.append(1) or real(x))
+    m = make_model()
+    kvviz.generate(m, prompt=[1, 2, 3], max_new_tokens=5, sampling=SamplingParams(ignore_eos=True))
+    assert len(scans) == (0 if c_says_finite else 5)
+    scans.clear()
+    kvviz.generate(m, prompt=[1, 2, 3], max_new_tokens=5, sampling=SamplingParams(temperature=1.0, seed=1,
+                                                                                  ignore_eos=True))
+    assert len(scans) == 5
+
+
 def test_a_broken_readable_model_is_found_without_the_accelerator(overflowing: LoadedModel) -> None:
     with pytest.raises(NonFiniteLogits, match=re.escape("layer 1 (transformer.h.1.ln_2)")):
         kvviz.generate(overflowing, prompt="Hi", max_new_tokens=2, backend="readable")

@@ -5,11 +5,13 @@ relative, rowcommon.h), so the two normalizers differ by a few fp32 ulps of a su
 terms; the ids are equal (the test values have no ties but the one placed on purpose)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from kvviz.fast import rowops
-from kvviz.fast.logits import all_finite, argmax, top_probs
+from kvviz.fast.logits import all_finite, argmax, argmax_checked, top_probs
 
 pytestmark = pytest.mark.skipif(rowops.load() is None, reason=f"no C kernel: {rowops.status()}")
 
@@ -29,6 +31,113 @@ def test_top_probs_equal_torch_softmax_topk(n: int, k: int) -> None:
     want_ids, want = torch_top(x, k)
     assert ids == want_ids
     torch.testing.assert_close(torch.tensor(probs), torch.tensor(want), rtol=2e-6, atol=0)
+
+
+# The one-pass top_probs against float64. Its error, relative, for p_i = t_i / S (t_j = exp(x_j - max)):
+#   each term: exp_poly's polynomial (< 2e-7, rowcommon.h) and its fp32 evaluation (three roundings
+#   near 1: 3 * 2^-24), so EPS_EXP = 4e-7; plus the fp32 rounding of the argument x_j - M, a relative
+#   2^-24 of it, which moves the term by 2^-24 |x_j - M| (M the maximum the term was taken against,
+#   at most the final one: x_j - M' is smaller in magnitude than x_j - max);
+#   the sum: each term passes at most 16 fp32 additions (8 in its lane, 8 adding the lanes) before
+#   the double sum, 16 * 2^-24; the rescales exp(M' - M) and the double additions: ~1e-16 each;
+#   the division and the fp32 result: 2 * 2^-24.
+# So |p - p64| / p64 <= 2 EPS_EXP + 2^-24 (|x_i - max| + span + 18), span = max - min of the finite
+# logits (the sum's terms are all taken from within it).
+U = 2.0 ** -24
+EPS_EXP = 4e-7
+
+
+def ref_top(x: torch.Tensor, k: int) -> tuple[list[int], torch.Tensor]:
+    """The k largest finite values' ids (ties: lower index first) and their softmax in float64 over
+    the finite values."""
+    x64 = x.double()
+    fin = torch.isfinite(x64)
+    keyed = sorted((-float(v), i) for i, v in enumerate(x64.tolist()) if fin[i])
+    ids = [i for _, i in keyed[:k]]
+    e = torch.exp(x64[fin] - x64[fin].max())
+    return ids, torch.exp(x64[ids] - x64[fin].max()) / e.sum()
+
+
+def within_bound(x: torch.Tensor, k: int) -> tuple[list[int], float, float]:
+    """top_probs(x, k)'s ids (checked equal to the reference's) and the largest relative error of
+    its probabilities against the derived bound for each."""
+    ids, probs = top_probs(x, k)
+    want_ids, want = ref_top(x, k)
+    assert ids == want_ids
+    fin = x[torch.isfinite(x)].double()
+    span = float(fin.max() - fin.min())
+    err = (torch.tensor(probs, dtype=torch.float64) - want).abs() / want
+    bound = 2 * EPS_EXP + U * ((fin.max() - x.double()[ids]).abs() + span + 18)
+    assert bool((err <= bound).all()), (err, bound)
+    return ids, float(err.max()), float(bound.max())
+
+
+@pytest.mark.parametrize("n", [5, 63, 64, 65, 300, 49_152, 262_144])
+@pytest.mark.parametrize("k", [1, 5, 16])
+def test_top_probs_within_the_derived_bound_of_float64(n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(7 * n + k)
+    x = torch.randn(n, generator=g) * 4.0
+    within_bound(x, min(k, n))
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "late_winner"])
+def test_the_sum_rescales_whenever_a_block_raises_the_maximum(order: str) -> None:
+    """Ascending: every block of 64 raises the running maximum (4,096 rescales of the sum taken so
+    far); descending: none after the first; late_winner: the mass sits in the early blocks and the
+    maximum arrives in the last one (a sum not rescaled would be off by e^2)."""
+    n = 262_144
+    g = torch.Generator().manual_seed(11)
+    if order == "late_winner":
+        x = torch.randn(n, generator=g) * 0.5 + 10.0
+        x[-1] = 14.0
+    else:
+        x = torch.linspace(-20.0, 10.0, n) + torch.rand(n, generator=g) * 1e-3
+        if order == "descending":
+            x = x.flip(0).contiguous()
+    ids, err, bound = within_bound(x, 5)
+    assert err < bound
+
+
+def test_ties_across_a_rescale_keep_the_lower_index_first() -> None:
+    x = torch.zeros(1000)
+    x[900], x[3], x[500] = 4.0, 4.0, 4.0  # the maximum first in block 0, equalled in blocks 7 and 14
+    x[100] = 1.0  # block 1 raises nothing
+    ids, probs = top_probs(x, 4)
+    assert ids == [3, 500, 900, 100] and probs[0] == probs[1] == probs[2]
+    within_bound(x, 4)
+
+
+def test_non_finite_logits_go_as_they_went_in_two_passes() -> None:
+    """What the kernel does with values the loop never hands it (it checks finiteness first), as the
+    two-pass form did: -inf never enters the top k and adds nothing; a NaN never enters, and adds
+    nothing where exp8's lanes read it (their clamp takes -88) but makes every probability NaN in the
+    scalar tail (a row not a multiple of 8); +inf comes first and makes every probability NaN; places
+    left unfilled keep id -1, probability 0 (NaN when nothing is finite)."""
+    g = torch.Generator().manual_seed(5)
+    for n in (300, 262_144):
+        x = torch.randn(n, generator=g) * 3.0
+        x[[0, 150, n - 1]] = float("-inf")
+        within_bound(x, 5)  # the reference drops the -inf values
+    x = torch.randn(300, generator=g) * 3.0
+    x[150] = float("nan")  # in block 2, read in lanes
+    ids, probs = top_probs(x, 5)
+    y = x.clone()
+    y[150] = float("-inf")
+    assert ids == top_probs(y, 5)[0] and probs == top_probs(y, 5)[1]
+    x[299] = float("nan")  # 300 = 37 * 8 + 4: index 299 is in the scalar tail
+    ids, probs = top_probs(x, 5)
+    assert 150 not in ids and 299 not in ids and all(p != p for p in probs)
+    x = torch.randn(1000, generator=g)
+    x[[700, 5]] = float("inf")
+    ids, probs = top_probs(x, 5)
+    assert ids[:2] == [5, 700] and all(p != p for p in probs)
+    x = torch.full((300,), float("-inf"))
+    x[10], x[200] = 1.0, 2.0
+    ids, probs = top_probs(x, 5)
+    assert ids == [200, 10, -1, -1, -1] and probs[2:] == [0.0, 0.0, 0.0]
+    assert abs(probs[0] - 1 / (1 + math.exp(-1.0))) < 1e-7
+    ids, probs = top_probs(torch.full((300,), float("-inf")), 3)
+    assert ids == [-1, -1, -1] and all(p != p for p in probs)
 
 
 def test_ties_keep_the_lower_index_first_and_k_is_clipped() -> None:
@@ -85,6 +194,19 @@ def test_argmax_of_rows_with_non_finite_values_is_torchs(bad: float) -> None:
     x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(3))
     x[1, 517] = bad
     assert argmax(x).tolist() == torch.argmax(x, dim=-1).tolist()
+
+
+def test_argmax_checked_says_the_logits_are_finite_only_when_its_pass_saw_it() -> None:
+    x = torch.randn(2, 262_144, generator=torch.Generator().manual_seed(6))
+    ids, checked = argmax_checked(x)
+    assert checked and ids.tolist() == torch.argmax(x, dim=-1).tolist()
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[1, 100_000] = bad
+        ids, checked = argmax_checked(y)
+        assert not checked and ids.tolist() == torch.argmax(y, dim=-1).tolist()
+    # what torch takes is not checked here, finite or not
+    assert argmax_checked(x.to(torch.bfloat16))[1] is False and argmax_checked(x[:, ::2])[1] is False
 
 
 def test_argmax_reads_strided_rows_and_other_dtypes_through_torch() -> None:

@@ -20,7 +20,7 @@ from kvviz.engine.core.step import run_pieces
 from kvviz.engine.generation.capture import Capture, ForwardCapture, record
 from kvviz.engine.generation.events import StepEvent
 from kvviz.engine.core.stream_base import Emitted, StreamBase
-from kvviz.fast.logits import argmax
+from kvviz.fast.logits import argmax_checked
 from kvviz.engine.generation.sampling import make_generator, sample
 from kvviz.engine.kvcache.factory import make_cache
 
@@ -81,15 +81,16 @@ class GenerationStream(StreamBase):
                 logits = logits.select(1, -1)  # (B, V)
                 if not r.params.greedy:  # multinomial raises (CPU) or asserts (CUDA) on NaN
                     self._check_finite(logits, step)
+                checked = False  # the logits known finite (the C argmax's pass read that too)
                 if r.params.greedy:  # torch.argmax's ids, in C for CPU fp32 rows (fast/logits.py)
-                    nxt = argmax(logits)  # (B,)
+                    nxt, checked = argmax_checked(logits)  # (B,)
                 else:
                     nxt = sample(logits if logits.dtype == torch.float32 else logits.float(), r.params, gen)  # (B,)
                 if cache is None:  # recomputing reads the whole sequence back
                     tokens.select(1, t).copy_(nxt)
                 ids = nxt.tolist()  # the one host sync per step (also waits for CUDA)
                 latency_ms = (time.perf_counter() - t0) * 1000.0
-                if r.params.greedy:  # outside the clock: argmax of NaN is a silent token 0
+                if r.params.greedy and not checked:  # outside the clock: argmax of NaN is a silent token 0
                     self._check_finite(logits, step)
 
                 ev = self._plain_event(step, t, start, ids, logits, latency_ms, fc)

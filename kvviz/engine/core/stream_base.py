@@ -213,7 +213,7 @@ class StreamBase:
         tok, cfg = self.model.tokenizer, self.model.config
         top: tuple[TopToken, ...] = ()
         if e.logits is not None:
-            i, p = top_probs(e.logits, 5)  # (in C: two passes over the vocabulary, not five ops)
+            i, p = top_probs(e.logits, 5)  # (in C: one pass over the vocabulary, not five ops)
             top = tuple(TopToken(a, tok.token_display(a), b) for a, b in zip(i, p))
         tid = e.ids[0]
         return StepEvent(
