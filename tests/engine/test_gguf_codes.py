@@ -223,6 +223,36 @@ def test_the_rounding_is_exactly_the_specified_one(block: int) -> None:
     assert float(op(x)[0, 0]) == sum(q) * step != float(x.double().sum())
 
 
+@needs_kernel
+@pytest.mark.parametrize("glu", ["geglu", "swiglu"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_the_fused_glu_is_within_its_bound_of_float64(glu: str, m: int) -> None:
+    """GeGLU (Gemma) and SwiGLU (Llama) fused after the products, on the kernel's own gate and up (the
+    call without the epilogue gives them bit for bit), against float64: gelu_tanh(g) = g / (1 + E),
+    E = exp(-2 u), u = sqrt(2 / pi) (g + 0.044715 g^3) (silu: E = exp(-g)). The bound, relative:
+    E / (1 + E) * (EPS_EXP + 14 |u| 2^-24) + 3 * 2^-24: exp_poly's own error (the polynomial's 2e-7 and
+    its fp32 evaluation: 4e-7) and u's seven fp32 roundings (relative 7 * 2^-24 of u, moving E by
+    2 |u| that much), carried into 1 / (1 + E) by E / (1 + E) <= 1 (no cancellation); then 1 + E, the
+    division and the product with up. Plus |g up| 1e-38 where the exponent passes exp's clamp at
+    +-88, and three roundings at fp32's subnormal spacing 2^-149 (the 1e-20 rows' outputs are 1e-40). 75 outputs: nine lanes of eight and a scalar tail of three."""
+    ws = [block_codes(random_tensor(Q.Q5_0, 75, 256, 12)), block_codes(random_tensor(Q.Q5_0, 75, 256, 13))]
+    fused = block_dot(ws, 1, geglu=glu == "geglu", swiglu=glu == "swiglu")  # type: ignore[arg-type]
+    plain = block_dot(ws, 1)  # type: ignore[arg-type]
+    assert fused is not None and plain is not None
+    x = probe_rows(m, 256, 14) * (3.0 if m == 1 else 1.0)  # gates from about -80 to 80 (and +-1e4, 1e-19)
+    raw = plain(x).double()
+    g, up = raw[:, :75], raw[:, 75:]
+    u = (2 / torch.pi) ** 0.5 * (g + 0.044715 * g ** 3) if glu == "geglu" else g / 2
+    e = torch.exp(-2 * u)
+    want = g / (1 + e) * up
+    frac = torch.where(torch.isinf(e), torch.ones_like(e), e / (1 + e))
+    bound = frac * (4e-7 + 14 * u.abs() * 2.0 ** -24) + 3 * 2.0 ** -24
+    err = (fused(x).double() - want).abs()
+    slack = (g * up).abs() * 1e-38 + 3 * 2.0 ** -149
+    assert (err <= bound * want.abs() + slack).all(), float(((err - slack) / (want.abs() * bound)).max())
+    assert float(g.min()) < -20 and float(g.max()) > 20  # the exponent's both signs, far out
+
+
 PORTABLE = """
 import sys
 import torch

@@ -175,14 +175,42 @@ static void segment(const kv_blocks *p, int s, int r0, int r1, int col, const ro
     }
 }
 
-/* GELU, tanh approximation (PyTorch's approximate="tanh"). */
+/* GELU, tanh approximation (PyTorch's approximate="tanh"): 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g +
+ * 0.044715 g^3), taken as g / (1 + exp(-2 u)) (the same function: 0.5 (1 + tanh(u)) = 1 / (1 + e^-2u)),
+ * so it runs on exp_poly and eight lanes of exp8, where libm's tanhf kept it scalar: 0.76 ms of a
+ * 16-row Gemma 3 gate|up call (32,768 values), 0.03 ms of each decode step's eighteen. The factor
+ * 1 / (1 + E) carries E's relative error times E / (1 + E) <= 1, no cancellation, where 1 + tanh(u)
+ * cancelled for negative g (tests/fast/test_fast_gemma3.py bounds it). */
 static inline float gelu_tanh(float g) {
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + exp_poly(-2.0f * u));
 }
 
 /* SiLU as rowdot.c computes it (exp_poly: no libm call). */
 static inline float silu(float g) { return g / (1.0f + exp_poly(-g)); }
+
+/* r[j] = act(r[j]) * r[n + j] for j < n (gate, then up, in one row): GeGLU (glu 1) or SwiGLU (2), eight
+ * lanes at a time with exp8 (rowcommon.h: exp_poly's operations lane by lane, so a lane gives what the
+ * scalar tail gives; the build does not contract to FMA). */
+static void glu_row(float *r, int n, int glu) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j + 8 <= n; j += 8) {
+        const __m256 g = _mm256_loadu_ps(r + j);
+        __m256 t; /* the exponent: -2 u (GeGLU) or -g (SwiGLU) */
+        if (glu == 1) {
+            const __m256 c = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g), g), g);
+            const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_add_ps(g, c));
+            t = _mm256_mul_ps(_mm256_set1_ps(-2.0f), u);
+        } else {
+            t = _mm256_sub_ps(_mm256_setzero_ps(), g);
+        }
+        const __m256 a = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(t)));
+        _mm256_storeu_ps(r + j, _mm256_mul_ps(a, _mm256_loadu_ps(r + n + j)));
+    }
+#endif
+    for (; j < n; j++) r[j] = (glu == 1 ? gelu_tanh(r[j]) : silu(r[j])) * r[n + j];
+}
 
 static int matmul(const kv_blocks *p, const float *x, int m, float *y, int n_threads);
 
@@ -216,10 +244,7 @@ int kv_block_rows(const kv_blocks *p, const float *x, int m, float *y, const flo
     if (rc == 0 && epilogue) {
         for (int i = 0; i < m; i++) {
             float *r = raw + (size_t)i * width, *yi = y + (size_t)i * outs;
-            if (p->glu == 1)
-                for (int j = 0; j < outs; j++) r[j] = gelu_tanh(r[j]) * r[outs + j];
-            else if (p->glu == 2)
-                for (int j = 0; j < outs; j++) r[j] = silu(r[j]) * r[outs + j];
+            if (p->glu) glu_row(r, outs, p->glu);
             if (p->post_w) rms_norm(r, outs, p->post_w, p->post_eps, r);
             const float *ri = res ? res + (size_t)i * outs : NULL;
             for (int j = 0; j < outs; j++) yi[j] = ri ? ri[j] + r[j] : r[j];
