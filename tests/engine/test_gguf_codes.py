@@ -253,6 +253,32 @@ def test_the_fused_glu_is_within_its_bound_of_float64(glu: str, m: int) -> None:
     assert float(g.min()) < -20 and float(g.max()) > 20  # the exponent's both signs, far out
 
 
+def exp_poly32(v: np.ndarray) -> np.ndarray:
+    """rowcommon.h's exp_poly in numpy's fp32 operations, one by one in its order (IEEE, no FMA)."""
+    f = np.float32
+    v = np.minimum(np.maximum(v, f(-88)), f(88)).astype(f)
+    k = np.rint(v * f(1.44269504088896341)).astype(f)
+    r = ((v - k * f(0.693359375)) + k * f(2.12194440e-4)).astype(f)
+    p = np.full_like(v, f(1.9875691500e-4))
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = (p * r + f(c)).astype(f)
+    p = (p * r * r + r + f(1)).astype(f)
+    return (p * ((k.astype(np.int32) + 127) << 23).view(f)).astype(f)
+
+
+@needs_kernel
+def test_the_fused_swiglu_is_the_scalar_formula_bit_for_bit() -> None:
+    """SwiGLU's eight lanes (exp8) and its scalar tail give silu(g) * up = g / (1 + exp_poly(-g)) * up to
+    the last bit, as the scalar loop did before the lanes: 75 outputs, nine lanes of eight and three."""
+    ws = [block_codes(random_tensor(Q.Q5_0, 75, 256, 12)), block_codes(random_tensor(Q.Q5_0, 75, 256, 13))]
+    x = probe_rows(5, 256, 14)
+    raw = block_dot(ws, 1)(x).numpy()  # type: ignore[arg-type,misc]
+    g, up = raw[:, :75], raw[:, 75:]
+    want = ((g / (np.float32(1) + exp_poly32(-g))).astype(np.float32) * up).astype(np.float32)
+    got = block_dot(ws, 1, swiglu=True)(x).numpy()  # type: ignore[arg-type,misc]
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+
+
 PORTABLE = """
 import sys
 import torch
