@@ -7,7 +7,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import torch
+
+# pytest-xdist runs a worker per core, each with its own OpenMP threads (the C kernels' parallel
+# regions, torch's pool, and the processes tests start): libgomp's default spins a waiting thread
+# for a while before it sleeps, which on shared cores burns the time another worker's test needs.
+# Passive waits change no result, only who holds the core (tests/fast, whose C kernels run on 2, 3
+# and 5 threads, on 2 workers with the machine held alone: 49-62 s -> 42-47 s in 3 runs each).
+# libgomp reads it when it loads: before torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # `pytest tests` (not only `python -m pytest`) must find the kvviz package in the repo root.
 ROOT = Path(__file__).resolve().parent.parent
