@@ -119,15 +119,19 @@ class LlamaStep:
         self(x, pos, slot, want_p, want_n)
         if capture is None:
             return
-        if want_p and self.probs is not None:
+        c_attn, c_norms = want_p and self.probs is not None, want_n and self.norms is not None
+        if c_attn:
             capture.probs = self.probs[:, :, :slot + 1].clone()  # (n_layer, nh, S): rewritten next step
-        if want_n and self.norms is not None:
+        if c_norms:
             capture.new_norms = self.norms.clone()  # (n_layer, 2, nkv)
-        for i in capture.layers:  # what the per-layer path captures: post-RoPE q, the cache's K/V
-            capture.q_last[i] = self.q[i].view(1, self.n_head, 1, self.head_dim).clone()  # rewritten next step
+        # C gave the weights and norms asked for: ``record`` (the consumer that asks) then reads
+        # only the raw K/V layer's references, not 30 query clones and 60 views a step.
+        from_c = (want_p or want_n) and (c_attn or not want_p) and (c_norms or not want_n)
+        for i in (capture.layers & {capture.kv_layer}) if from_c else capture.layers:
+            if not from_c:  # what the per-layer path captures: post-RoPE q, the cache's K/V
+                capture.q_last[i] = self.q[i].view(1, self.n_head, 1, self.head_dim).clone()  # rewritten next step
             k, v = self.buffers[2 * i], self.buffers[2 * i + 1]  # the cache's layer-i buffers
             capture.k[i], capture.v[i] = k.narrow(2, 0, slot + 1), v.narrow(2, 0, slot + 1)
-
 
 _steps: "weakref.WeakKeyDictionary[StaticKVCache, LlamaStep]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()  # the app's sessions decode on several threads, each with its own cache

@@ -38,9 +38,10 @@ def per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[int] = frozenset(),
-           wants: bool = False) -> tuple[torch.Tensor, StaticKVCache, list[ForwardCapture]]:
+           wants: bool = False, kv_layer: int | None = None) -> tuple[torch.Tensor, StaticKVCache, list[ForwardCapture]]:
     """Prefill idx[:, :prefill], then one token at a time: logits (1, T, V), the cache, captures
-    (``wants``: asking for attention weights and new K/V norms, which the C step hands over)."""
+    (``wants``: asking for attention weights and new K/V norms, which the C step hands over;
+    ``kv_layer``: the layer whose raw K/V the capture records)."""
     T = idx.shape[1]
     cache = StaticKVCache(m.config, batch=1, dtype=m.dtype)
     caps = []
@@ -48,7 +49,7 @@ def decode(m: LoadedModel, idx: torch.Tensor, prefill: int, layers: frozenset[in
         out = [m.fast.forward(idx[:, :prefill], torch.arange(prefill), cache)]
         cache.advance(prefill)
         for t in range(prefill, T):
-            fc = ForwardCapture(layers, want_attn=wants, want_norms=wants)
+            fc = ForwardCapture(layers, want_attn=wants, want_norms=wants, kv_layer=kv_layer)
             out.append(m.fast.forward(idx[:, t:t + 1], torch.tensor([t]), cache, fc))
             cache.advance(1)
             caps.append(fc)
@@ -129,17 +130,22 @@ def test_the_step_hands_over_attention_weights_and_new_kv_norms(kind: str, dtype
     c = m.config
     idx = tokens(1, 12, seed=30)
     layers = frozenset(range(c.n_layer))
-    plain, plain_cache, _ = decode(m, idx, 4, layers)
+    plain, plain_cache, refs = decode(m, idx, 4, layers)
     unasked: Any = step_for(m.fast.plan().rows.step_ops, plain_cache, c)
     assert unasked.probs is None and unasked.norms is None  # a run without the request holds no buffers
-    got, cache, caps = decode(m, idx, 4, layers, wants=True)
+    kv_layer = c.n_layer - 1
+    got, cache, caps = decode(m, idx, 4, layers, wants=True, kv_layer=kv_layer)
     assert calls == list(range(4, 12)) * 2
     assert torch.equal(got, plain)  # writing the weights out changes nothing computed
-    for j, fc in enumerate(caps):
+    for j, (fc, ref) in enumerate(zip(caps, refs)):
         S = 5 + j  # positions attended: the prompt, the tokens so far, and this one
         assert fc.probs is not None and fc.probs.shape == (c.n_layer, c.n_head, S)
-        torch.testing.assert_close(fc.probs.double(), softmax_rows(fc, c.n_layer, c.n_head // c.kv_heads),
+        # the reference: the same step's q and keys, as the run that asked for no weights captured them
+        torch.testing.assert_close(fc.probs.double(), softmax_rows(ref, c.n_layer, c.n_head // c.kv_heads),
                                    atol=2e-6, rtol=1e-5)
+        # with the weights and norms from C, only the raw K/V layer's references are taken
+        assert not fc.q_last and set(fc.k) == set(fc.v) == {kv_layer}
+        assert torch.equal(fc.k[kv_layer], cache.k[kv_layer][:, :, :S]) and torch.equal(fc.v[kv_layer], cache.v[kv_layer][:, :, :S])
         new = torch.stack([torch.stack([cache.k[i][0, :, S - 1], cache.v[i][0, :, S - 1]])
                            for i in range(c.n_layer)]).double().norm(dim=-1)  # (L, 2, nkv) of what is stored
         assert fc.new_norms is not None

@@ -68,8 +68,8 @@ class GenerationStream(StreamBase):
             with torch.inference_mode():
                 # A cached decode step feeds only the token just sampled.
                 inp = nxt.view(B, 1) if start else tokens.narrow(1, 0, t)  # (B, T_in), views
-                fc = ForwardCapture(ref_layers, want_attn=want_attn, want_norms=self.capture.kv_norms) \
-                    if ref_layers else None
+                fc = ForwardCapture(ref_layers, want_attn=want_attn, want_norms=self.capture.kv_norms,
+                                    kv_layer=self.capture.kv_layer) if ref_layers else None
                 if on_cuda:
                     torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()

@@ -52,9 +52,12 @@ class ForwardCapture:
 
     layers: frozenset[int]  # layers whose q/k/v references are wanted
     # What the consumer will record (``record`` reads them): a forward that computes either anyway
-    # may hand it over ready in ``probs`` / ``new_norms`` (the whole-step C call does).
+    # may hand it over ready in ``probs`` / ``new_norms`` (the whole-step C call does), and then
+    # fills only the references ``record`` still reads (``kv_layer``'s K/V). A consumer that reads
+    # the references itself asks for neither.
     want_attn: bool = False
     want_norms: bool = False
+    kv_layer: int | None = None  # the layer whose raw new K/V ``record`` copies (Capture.kv_layer)
     q_last: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nh, 1, hs)
     k: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs) all keys so far
     v: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, nkv, S, hs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 from html import escape
 
 import streamlit as st
@@ -167,9 +168,10 @@ def inject_css() -> None:
     st.html(CSS)
 
 
-def render(run: Run | None) -> None:
-    """Draw a run's chips in the current container (call inside the ``output`` container)."""
+def render(run: Run | None, slot: Any) -> None:
+    """Draw a run's chips into ``slot``, the ``output`` placeholder (an ``st.empty``), as one HTML
+    element replaced in place: the browser keeps the element and re-renders only its HTML."""
     if run is None:
-        st.html('<div class="kv-legend">The prompt and the generated tokens appear here, one chip per token.</div>')
+        slot.html('<div class="kv-legend">The prompt and the generated tokens appear here, one chip per token.</div>')
         return
-    st.html(run_html(run))
+    slot.html(run_html(run))

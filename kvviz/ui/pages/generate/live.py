@@ -8,7 +8,7 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
   no greyed copy of the last run shows in or under the new one; the rerun after it draws the
   stored view over the live one, part by part (the live view is laid out as the stored view is).
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
-  the live views may take a tenth of the loop's time (text at most 10 times a second, numbers
+  the live views may take a twentieth of the loop's time (text at most 10 times a second, numbers
   twice, charts once: what a small machine's browser can draw; all slower when several runs are
   live), each chart with a key unique to the run and the draw; the rerun after the loop draws the
   finished run in full. What the views cost is kept in ``run.meta["live_cost"]`` and said under
@@ -328,8 +328,8 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
                     paused = True
                     slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
                                            "they are drawn when this run ends. The text and numbers keep updating.")
-                # The live views get a tenth of the loop's time, and charts at most once a second (what
-                # the browser can draw), so the page streams at about 0.8x the engine's own speed
+                # The live views get a twentieth of the loop's time, and charts at most once a second (what
+                # the browser can draw), so the page streams close to the engine's own speed
                 # click to done; intervals N times longer with N live runs (ui/pages/generate/pacing.py).
                 due = pacer.due(now, engine_ms / 1000, load, steps_left=stream.max_new_tokens - len(stream.events))
                 chart_due = due.charts and not paused

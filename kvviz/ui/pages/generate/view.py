@@ -124,8 +124,7 @@ def draw(run: Run, slots: Slots, opts: ViewOptions, key: str, charts_too: bool =
     charts the browser keeps under their keys and redraws in place on the next script run with the
     same ``key`` (step mode: each Step press is a script run; figs.show says why).
     """
-    with slots.output.container():
-        chips.render(run)
+    chips.render(run, slots.output)
     if numbers_too if numbers_too is not None else charts_too:
         with slots.metrics.container():
             metrics.render(run, per_row=3 if slots.compact else 6)
