@@ -7,7 +7,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import torch
+
+# pytest-xdist runs a worker per core, each with its own OpenMP threads (the C kernels' parallel
+# regions, torch's pool, and the processes tests start): libgomp's default spins a waiting thread
+# for a while before it sleeps, which on shared cores burns the time another worker's test needs.
+# Passive waits change no result, only who holds the core (tests/fast, whose C kernels run on 2, 3
+# and 5 threads, on 2 workers with the machine held alone: 49-62 s -> 42-47 s in 3 runs each).
+# libgomp reads it when it loads: before torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # `pytest tests` (not only `python -m pytest`) must find the kvviz package in the repo root.
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +56,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {what}")
 
 
+# The suite's longest tests without a browser, longest first, a minute or two each on a 2-core box
+# (a wheel installed into a fresh venv, one build folder's three C builds, the tour notebook in a
+# real kernel), by node id prefix (tests/project/test_suite_order.py holds each to a test that exists).
+LONGEST_FIRST = (
+    "tests/packaging/test_fresh_install.py::",
+    "tests/fast/test_rowops.py::test_a_build_is_made_once_reused_and_rebuilt_when_damaged_or_tampered",
+    "tests/notebook/test_tour_notebook.py::",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark by what a test needs, so a new test lands in the right subset without remembering to:
     everything under tests/browser/ is `browser`; a test that takes a SmolLM2 fixture (`smollm2`,
     the tokenizer tests' `smol*`) or is named for the model (`test_smollm2.py`,
-    `test_smollm2_paged_...`) is `smollm2`; one that takes the `gemma3` fixture is `gemma3`."""
+    `test_smollm2_paged_...`) is `smollm2`; one that takes the `gemma3` fixture is `gemma3`. Then
+    the longest tests first (LONGEST_FIRST)."""
     browser_dir = Path(__file__).resolve().parent / "browser"
     for item in items:
         if browser_dir in Path(str(item.fspath)).resolve().parents:
@@ -62,6 +83,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gemma3)
         if starts_a_process(item):
             item.add_marker(pytest.mark.process)
+    # The longest first: pytest-xdist hands tests out in this order, so they start at once on
+    # both workers, rather than one worker running a two-minute test alone at the phase's end.
+    first = {prefix: i for i, prefix in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: next((i for p, i in first.items() if item.nodeid.startswith(p)), len(first)))
+    # (a stable sort: the rest keep their order)
 
 
 

@@ -103,6 +103,31 @@ def make_run_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def screen_walk(browser: "sync_api.Browser", make_run_url: str):  # type: ignore[no-untyped-def]
+    """``screen_walk(size, present)``: the walk of every page at that screen (screen_walks.py), taken
+    on first use and kept for the session, so test_cut_labels and test_layout_fit load and run each
+    page once per screen between them. A walk that failed fails every test that asks for it again,
+    without walking again."""
+    from screen_walks import TIGHT, walk_screen  # this folder is on sys.path (pytest's rootdir conftest mode)
+
+    walks: dict[tuple[tuple[int, int], bool], object] = {}
+
+    def get(size: tuple[int, int], present: bool):  # type: ignore[no-untyped-def]
+        key = (tuple(size), present if tuple(size) == TIGHT else True)
+        if key not in walks:
+            try:
+                walks[key] = walk_screen(browser, make_run_url, key[0], key[1])
+            except Exception as e:  # noqa: BLE001 - kept, and raised to every test that uses this walk
+                walks[key] = e
+        got = walks[key]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def browser() -> Iterator["sync_api.Browser"]:
     _require_browser()
     with sync_api.sync_playwright() as p:
