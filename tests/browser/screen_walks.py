@@ -60,12 +60,13 @@ def _idle(page, timeout: int = RUN_MS) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_selector(IDLE, timeout=timeout)
 
 
-def _set_number(page, key: str, value: int) -> None:  # type: ignore[no-untyped-def]
+def set_number(page, key: str, value: int, timeout: int = RUN_MS) -> None:  # type: ignore[no-untyped-def]
+    """Type ``value`` into the number input ``key``, leave it, and wait for the app's rerun."""
     box = page.locator(f".st-key-{key} input").first
     box.fill(str(value))
     box.press("Tab")
     page.wait_for_function(f"() => document.querySelector('.st-key-{key} input').value === '{value}'")
-    _idle(page)
+    _idle(page, timeout)
 
 
 def _click_until(page, key: str, done: str) -> None:  # type: ignore[no-untyped-def]
@@ -86,18 +87,18 @@ def _click_until(page, key: str, done: str) -> None:  # type: ignore[no-untyped-
 
 def _generate(page) -> None:  # type: ignore[no-untyped-def]
     """A 6-token answer on Generate, so its numbers, chips and charts are drawn."""
-    _set_number(page, "max_new_tokens", 6)
+    set_number(page, "max_new_tokens", 6)
     _click_until(page, "generate", ".st-key-view_metrics [data-testid=stMetric]")
 
 
 def _race(page) -> None:  # type: ignore[no-untyped-def]
-    _set_number(page, "max_new_tokens", 8)
+    set_number(page, "max_new_tokens", 8)
     _click_until(page, "race_start", ".st-key-race_verdict")
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=RUN_MS)
 
 
 def _compress(page) -> None:  # type: ignore[no-untyped-def]
-    _set_number(page, "kvq_new", 8)
+    set_number(page, "kvq_new", 8)
     _click_until(page, "kvq_run", ".js-plotly-plot")
 
 
@@ -115,7 +116,7 @@ def _calculator(page) -> None:  # type: ignore[no-untyped-def]
 def _serving(page) -> None:  # type: ignore[no-untyped-def]
     for key, value in (("serve_requests", 3), ("serve_prompt_max", 12), ("serve_output_max", 4),
                        ("serve_shared_len", 8)):
-        _set_number(page, key, value)
+        set_number(page, key, value)
     _click_until(page, "serve_run", ".st-key-serve_numbers [data-testid=stMetric]")
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=RUN_MS)
 

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from conftest import SCREENSHOTS, _shrink_png
+from screen_walks import set_number
 from kvviz.charts import serving_data as sd
 from kvviz.engine.serving.records import RequestRecord, Scheduled, StepRecord
 
@@ -24,14 +25,6 @@ CHART_TITLES = ("Each request's life, step by step", "Block pool after step", "T
 
 def _idle(page, timeout: int = RUN_MS) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_selector(IDLE, timeout=timeout)
-
-
-def _set_number(page, key: str, value: int) -> None:  # type: ignore[no-untyped-def]
-    box = page.locator(f".st-key-{key} input").first
-    box.fill(str(value))
-    box.press("Tab")
-    page.wait_for_function(f"() => document.querySelector('.st-key-{key} input').value === '{value}'")
-    _idle(page)
 
 
 def _titles(page) -> list[str]:  # type: ignore[no-untyped-def]
@@ -75,8 +68,8 @@ def test_serving_page_runs_and_shows_its_records(browser, app_url: str, size: tu
         page.goto(f"{app_url}/serving")
         page.get_by_role("heading", name="Serving: many requests at once").wait_for()
         _idle(page)
-        _set_number(page, "serve_requests", 6)
-        _set_number(page, "serve_output_max", 10)
+        set_number(page, "serve_requests", 6, RUN_MS)
+        set_number(page, "serve_output_max", 10, RUN_MS)
         page.locator(".st-key-serve_run button").click()
         page.wait_for_selector(".st-key-serve_numbers [data-testid=stMetric]", timeout=RUN_MS)
         _idle(page)
