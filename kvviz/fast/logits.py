@@ -47,12 +47,6 @@ def argmax_checked(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return torch.argmax(logits, dim=-1), False
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """(B, V) logits -> (B,) int64 ids of each row's first maximum, as ``torch.argmax(logits, -1)``
-    (``argmax_checked``'s ids)."""
-    return argmax_checked(logits)[0]
-
-
 def top_probs(logits: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
     """The k most likely token ids of one row of finite logits (V,), most likely first, and their
     softmax probabilities over all V; k is clipped to V."""

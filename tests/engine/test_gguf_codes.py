@@ -298,10 +298,10 @@ for qtype in packed_types():
             assert_as_specified(op(x), w, x, f"{{qtype.name}} packed={{packed}}")
             # five rows in one call: each as the one-row call gives it (test_block_rows.py's AVX2 check)
             assert torch.equal(op(x), torch.cat([op(x[i:i + 1]) for i in range(5)])), qtype.name
-from kvviz.fast.logits import argmax  # logits.c's plain loops in the same build
+from kvviz.fast.logits import argmax_checked  # logits.c's plain loops in the same build
 x = torch.randn(3, 1001, generator=torch.Generator().manual_seed(5))
 x[1, 700] = x[1, 300] = 50.0
-assert argmax(x).tolist() == torch.argmax(x, dim=-1).tolist()
+assert argmax_checked(x)[0].tolist() == torch.argmax(x, dim=-1).tolist()
 print(rowops.load().kv_dot_simd())
 """
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvviz.fast import rowops
-from kvviz.fast.logits import all_finite, argmax, argmax_checked, top_probs
+from kvviz.fast.logits import all_finite, argmax_checked, top_probs
 
 pytestmark = pytest.mark.skipif(rowops.load() is None, reason=f"no C kernel: {rowops.status()}")
 
@@ -177,7 +177,7 @@ def test_what_the_kernel_does_not_take_falls_back_to_torch() -> None:
 def test_argmax_equals_torch_argmax(n: int) -> None:
     g = torch.Generator().manual_seed(n)
     x = torch.randn(3, n, generator=g) * 4.0
-    assert argmax(x).tolist() == torch.argmax(x, dim=-1).tolist()
+    assert argmax_checked(x)[0].tolist() == torch.argmax(x, dim=-1).tolist()
 
 
 def test_argmax_takes_the_first_of_equal_maxima_across_and_within_blocks() -> None:
@@ -186,14 +186,14 @@ def test_argmax_takes_the_first_of_equal_maxima_across_and_within_blocks() -> No
     x[1, 130], x[1, 129] = 5.0, 5.0  # in one block: the lower index
     x[2, :] = -3.0  # all equal: index 0
     x[3, 299] = float("-inf")  # a -inf is not finite: torch's argmax decides (index 0 here)
-    assert argmax(x).tolist() == [70, 129, 0, 0] == torch.argmax(x, dim=-1).tolist()
+    assert argmax_checked(x)[0].tolist() == [70, 129, 0, 0] == torch.argmax(x, dim=-1).tolist()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_argmax_of_rows_with_non_finite_values_is_torchs(bad: float) -> None:
     x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(3))
     x[1, 517] = bad
-    assert argmax(x).tolist() == torch.argmax(x, dim=-1).tolist()
+    assert argmax_checked(x)[0].tolist() == torch.argmax(x, dim=-1).tolist()
 
 
 def test_argmax_checked_says_the_logits_are_finite_only_when_its_pass_saw_it() -> None:
@@ -212,8 +212,8 @@ def test_argmax_checked_says_the_logits_are_finite_only_when_its_pass_saw_it() -
 def test_argmax_reads_strided_rows_and_other_dtypes_through_torch() -> None:
     wide = torch.randn(3, 400, generator=torch.Generator().manual_seed(4))
     rows = wide[:, :300]  # rows 400 apart: not contiguous, torch's own
-    assert argmax(rows).tolist() == torch.argmax(rows, dim=-1).tolist()
+    assert argmax_checked(rows)[0].tolist() == torch.argmax(rows, dim=-1).tolist()
     cols = wide.t()  # not contiguous: torch's own
-    assert argmax(cols).tolist() == torch.argmax(cols, dim=-1).tolist()
+    assert argmax_checked(cols)[0].tolist() == torch.argmax(cols, dim=-1).tolist()
     half = wide.to(torch.bfloat16)
-    assert argmax(half).tolist() == torch.argmax(half, dim=-1).tolist()
+    assert argmax_checked(half)[0].tolist() == torch.argmax(half, dim=-1).tolist()
