@@ -58,7 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The suite's longest tests without a browser, longest first, a minute or two each on a 2-core box
 # (a wheel installed into a fresh venv, one build folder's three C builds, the tour notebook in a
-# real kernel), by node id prefix (tests/project/test_suite_order.py holds each to a test that exists).
+# real kernel), by node id prefix (tests/project/test_suite_phases.py holds each to a test that exists).
 LONGEST_FIRST = (
     "tests/packaging/test_fresh_install.py::",
     "tests/fast/test_rowops.py::test_a_build_is_made_once_reused_and_rebuilt_when_damaged_or_tampered",
@@ -85,8 +85,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.process)
     # The longest first: pytest-xdist hands tests out in this order, so they start at once on
     # both workers, rather than one worker running a two-minute test alone at the phase's end.
-    first = {prefix: i for i, prefix in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: next((i for p, i in first.items() if item.nodeid.startswith(p)), len(first)))
+    items.sort(key=lambda item: next((i for i, p in enumerate(LONGEST_FIRST) if item.nodeid.startswith(p)),
+                                     len(LONGEST_FIRST)))
     # (a stable sort: the rest keep their order)
 
 

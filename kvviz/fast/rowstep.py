@@ -133,6 +133,7 @@ class LlamaStep:
             k, v = self.buffers[2 * i], self.buffers[2 * i + 1]  # the cache's layer-i buffers
             capture.k[i], capture.v[i] = k.narrow(2, 0, slot + 1), v.narrow(2, 0, slot + 1)
 
+
 _steps: "weakref.WeakKeyDictionary[StaticKVCache, LlamaStep]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()  # the app's sessions decode on several threads, each with its own cache
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 from html import escape
+from typing import Any
 
 import streamlit as st
 
