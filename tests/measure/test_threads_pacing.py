@@ -1,10 +1,20 @@
 """The app's thread rule (kvviz.measure.threads) and the live loop's pacing (kvviz.ui.pages.generate.pacing): plain values."""
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from kvviz.measure.threads import MAX_RULE_THREADS, choose
-from kvviz.ui.pages.generate.pacing import LiveCost, Pacer
+from kvviz.ui.pages.generate import pacing
+from kvviz.ui.pages.generate.pacing import MAX_GAP_CAP_S, LiveCost, Pacer
+
+
+@pytest.fixture(autouse=True)
+def fresh_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from the process's first guesses (a Pacer learns what draws cost, process-wide)."""
+    monkeypatch.setattr(pacing, "_last_cost", {"text": 0.005, "charts": 0.1})
+    monkeypatch.setattr(pacing, "_prices", {"text": deque(maxlen=3), "charts": deque(maxlen=3)})
 
 
 @pytest.mark.parametrize("cores, torch_default, want", [
@@ -26,20 +36,24 @@ def test_overrides_and_bad_values() -> None:
         assert (c.threads, c.source) == (1, "rule") and "was ignored" in c.describe()
 
 
-def simulate(p: Pacer, steps: int, step_s: float, text_s: float, numbers_s: float, chart_s: float
-             ) -> tuple[float, list[tuple[float, str]]]:
+def simulate(p: Pacer, steps: int, step_s: float, text_s: float, numbers_s: float, chart_s: float,
+             after_draw: tuple[float, int] = (0.0, 0)) -> tuple[float, list[tuple[float, str]]]:
     """Run ``steps`` engine steps of ``step_s`` through the pacer with draws of the given costs;
-    the end time and every draw (when, what)."""
-    t, engine, drawn = 0.0, 0.0, []
+    the end time and every draw (when, what). ``after_draw`` (extra s, steps): a browser drawing on
+    the engine's core makes that many steps after each draw that much slower."""
+    t, engine, drawn, slowed = 0.0, 0.0, [], 0
     for step in range(steps):
-        t += step_s
-        engine += step_s
+        took_step = step_s + (after_draw[0] if slowed > 0 else 0.0)
+        slowed -= 1
+        t += took_step
+        engine += took_step
         due = p.due(t, engine, steps_left=steps - step - 1)
         if due.text:
             took = text_s + (numbers_s if due.numbers else 0.0) + (chart_s if due.charts else 0.0)
             p.drew(t, t + took, due.charts, due.numbers)
             drawn.append((t, "charts" if due.charts else "numbers" if due.numbers else "text"))
             t += took
+            slowed = after_draw[1]
     p.finish(t, engine)
     return t, drawn
 
@@ -107,3 +121,49 @@ def test_live_cost_round_trips_through_run_meta() -> None:
     assert LiveCost(**c.as_dict()) == c
     assert c.share == pytest.approx(0.2)
     assert "charts 9×" in c.sentence(200) and "100 end-to-end tokens/s" in c.sentence(200)
+
+
+def test_the_browsers_price_is_measured_and_stretches_the_redraws() -> None:
+    """One core shared with the browser (measured: the 3-5 steps after a redraw 15-25 ms slower than
+    the 11-12 ms of the others): 4 steps 20 ms slower after each draw, an 80 ms price. The pacer
+    measures it from the step times alone, counts it in the run's cost, and spaces the text so that
+    the views (server and browser) keep to a twentieth: (5 ms + 80 ms) / 0.05 = 1.7 s apart."""
+    p = Pacer(0.0)
+    end, drawn = simulate(p, 600, 0.012, 0.005, 0.002, 0.100, after_draw=(0.020, 4))
+    measured = len(drawn) - 1  # the first draw comes before any quiet step to compare with
+    # (the last draw's slowed steps may run past the end of the run)
+    assert 0.080 * (measured - 1) - 1e-9 <= p.cost.browser_s <= 0.080 * measured + 1e-9, p.cost
+    assert Pacer(0.0)._est_browser == pytest.approx(0.080, rel=0.05)  # the next run starts from it
+    later = [t for t, _ in drawn[2:]]  # from the first measured price on
+    assert len(later) >= 4 and all(1.6 <= b - a <= 1.85 for a, b in zip(later, later[1:])), drawn
+    assert (p.cost.overhead_s + p.cost.browser_s) / end <= 0.065, p.cost  # the first two draws before the price was known
+    assert "slowed the forwards by about" in p.cost.sentence(600)
+    # The same machine with a core to spare: no price, the text every max_gap as before.
+    pacing._prices["text"].clear()
+    free = Pacer(0.0)
+    _, drawn_free = simulate(free, 400, 0.012, 0.005, 0.002, 0.100)
+    assert free.cost.browser_s == 0.0 and free._est_browser == 0.0
+    gaps = [b - a for (a, _), (b, _) in zip(drawn_free[2:], drawn_free[3:])]
+    assert gaps and all(b <= 0.5 + 0.012 + 0.01 for b in gaps), gaps
+    assert "slowed the forwards" not in free.cost.sentence(400)
+
+
+def test_a_dear_browser_waits_at_most_the_cap() -> None:
+    """A browser whose redraw costs the engine 0.2 s (a twentieth would space them 4.1 s apart):
+    the text still moves every MAX_GAP_CAP_S."""
+    p = Pacer(0.0)
+    _, drawn = simulate(p, 800, 0.012, 0.005, 0.0, 0.100, after_draw=(0.050, 4))
+    assert p.max_gap_now() == MAX_GAP_CAP_S
+    later = [t for t, _ in drawn[2:]]
+    assert len(later) >= 3 and all(MAX_GAP_CAP_S <= b - a <= MAX_GAP_CAP_S + 0.3 for a, b in zip(later, later[1:])), drawn
+
+
+def test_one_hiccup_does_not_stretch_the_gaps() -> None:
+    """The price is the median of the last three measured: one interval slowed by something else
+    (a 60 ms hiccup) leaves the text every max_gap; a price paid twice running counts."""
+    p = Pacer(0.0)
+    pacing._prices["text"].extend([0.0, 0.0])
+    pacing._prices["text"].append(0.060)
+    assert p._est_browser == 0.0 and p.max_gap_now() == pytest.approx(0.5)
+    pacing._prices["text"].append(0.060)
+    assert p._est_browser == pytest.approx(0.060) and p.max_gap_now() == pytest.approx((0.005 + 0.060) / 0.05)

@@ -8,9 +8,9 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
   no greyed copy of the last run shows in or under the new one; the rerun after it draws the
   stored view over the live one, part by part (the live view is laid out as the stored view is).
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
-  the live views may take a twentieth of the loop's time (text at most 10 times a second, numbers
-  twice, charts once: what a small machine's browser can draw; all slower when several runs are
-  live), each chart with a key unique to the run and the draw; the rerun after the loop draws the
+  the live views may take a twentieth of the loop's time, the browser's drawing included where it
+  slows the engine (text at most 10 times a second, numbers twice, charts once: what a small
+  machine's browser can draw; all slower when several runs are live), each chart with a key unique to the run and the draw; the rerun after the loop draws the
   finished run in full. What the views cost is kept in ``run.meta["live_cost"]`` and said under
   the finished run.
 - Any rerun during a live run (a Stop click, a changed control, or the browser reconnecting after
@@ -318,8 +318,6 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
         with live_runs() as live:
             for ev in it:
                 engine_ms += ev.latency_ms
-                run = _with_meta(stream.run, meta)
-                store.put(run_id, run, trim=False)  # before drawing: a Stop click interrupts the draw
                 now = time.perf_counter()
                 load = max(1, live.count)
                 if not paused and load > LIVE_CHARTS_MAX_RUNS:
@@ -328,12 +326,14 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
                     paused = True
                     slots.notebook.caption(f"The charts are paused while {load} sessions generate on this server; "
                                            "they are drawn when this run ends. The text and numbers keep updating.")
-                # The live views get a twentieth of the loop's time, and charts at most once a second (what
-                # the browser can draw), so the page streams close to the engine's own speed
-                # click to done; intervals N times longer with N live runs (ui/pages/generate/pacing.py).
+                # The live views get a twentieth of the loop's time, counting the browser's drawing where it
+                # slows the steps after a draw (one core), and charts at most once a second; intervals N
+                # times longer with N live runs (ui/pages/generate/pacing.py).
                 due = pacer.due(now, engine_ms / 1000, load, steps_left=stream.max_new_tokens - len(stream.events))
                 chart_due = due.charts and not paused
                 if due.text:
+                    run = _with_meta(stream.run, meta)  # stored before the draw a Stop click interrupts
+                    store.put(run_id, run, trim=False)  # (between draws, the finally below stores it)
                     numbers = due.numbers or paused
                     draw(run, slots, opts, f"{run_id}-{draws}", charts_too=chart_due, numbers_too=numbers)
                     draws += chart_due

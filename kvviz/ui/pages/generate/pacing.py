@@ -28,12 +28,25 @@ Within that:
 - every interval ``load`` times longer with ``load`` runs live in the process, so a busy server
   sends its browsers about what one run would;
 - whatever the share says, the text at least every ``max_gap`` s, so a slow, capture-heavy
-  model still shows signs of life;
+  model still shows signs of life; stretched, up to ``MAX_GAP_CAP_S``, where the browser's own
+  price shows (below), so that even these draws stay within the share;
 - presenting (a slowed-down run, ``every_token``) draws every token's text and numbers, and the
   charts every ``PRESENT_CHART_INTERVAL_S``: the loop waits anyway, and the browser must keep up.
+
+**The browser's price, where the server can feel it.** Where the browser has no core of its own (a
+1-core machine, or a busy one), its drawing takes the engine's core: on one core of the project's
+machine the 3-5 steps after each text redraw took 15-25 ms longer than the 11-12 ms of the others,
+about 75 ms a redraw, 15% of a run redrawn twice a second. The pacer measures that: the steps
+beginning more than ``SETTLE_S`` after a draw are quiet, the mean of the last ``QUIET_STEPS`` of them
+is the undisturbed step time, and what the steps between one draw and the next took beyond it is that
+draw's price in engine time (``LiveCost.browser_s``). Its running estimate joins the server's in
+every decision; with a core to spare it is near zero and changes nothing. Text redrawn faster than
+``SETTLE_S`` leaves no quiet step, so every ``PROBE_S`` one redraw waits for three.
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 SHARE = 0.05  # the server's price: a twentieth of the loop's time (issue 42: the page at >= 0.9x the engine)
@@ -43,8 +56,16 @@ CHART_INTERVAL_S = 1.0  # the browser's price: a chart frame keeps Chromium busy
 PRESENT_CHART_INTERVAL_S = 0.5
 TAIL_S = 0.6  # no chart frame when the run should end sooner: the finished run's redraw draws them
 MAX_GAP_S = 0.5
+MAX_GAP_CAP_S = 2.0  # the longest the text waits, however dear the browser's drawing is
+SETTLE_S = 0.25  # a step ending this soon after a draw may be paying for it: not a quiet step
+QUIET_STEPS = 9  # the undisturbed step time: the mean of this many recent quiet steps (a median would
+# count every step's ordinary hiccups, a right-skewed few tenths of a ms, as the browser's)
+PROBE_S = 2.0  # with no quiet step for this long (text redrawn faster than SETTLE_S), the next text waits for some
 # What the last draws cost, process-wide: the first live run of a process starts from these guesses.
 _last_cost = {"text": 0.005, "charts": 0.1}
+# The browser's price in engine time of the last few text redraws and chart frames, process-wide: the
+# estimate is their median (none measured: 0), so one step's ordinary hiccup does not stretch the gaps.
+_prices: dict[str, deque[float]] = {"text": deque(maxlen=3), "charts": deque(maxlen=3)}
 
 
 @dataclass
@@ -56,9 +77,11 @@ class LiveCost:
     text_draws: int = 0
     chart_draws: int = 0
     draw_s: float = 0.0  # time spent inside the draw calls on the loop's thread
+    browser_s: float = 0.0  # the engine's steps slower after the draws than before them (the browser's price)
 
     @property
     def overhead_s(self) -> float:
+        """The loop's time outside the forwards: capture, events and the draws on the server."""
         return max(0.0, self.wall_s - self.engine_s)
 
     @property
@@ -72,11 +95,13 @@ class LiveCost:
                 f"and the live views {self.overhead_s:,.2f} s ({self.share:.0%}: text redrawn {self.text_draws:,}×, "
                 f"charts {self.chart_draws:,}×): {tokens / self.wall_s:,.0f} end-to-end tokens/s on the page "
                 f"(every token over the wall clock, prefill and views included) where the engine alone ran "
-                f"{tokens / max(self.engine_s, 1e-9):,.0f} (the decode tokens/s above counts decode steps only).")
+                f"{tokens / max(self.engine_s, 1e-9):,.0f} (the decode tokens/s above counts decode steps only)."
+                + (f" The browser's drawing slowed the forwards by about {self.browser_s:,.2f} s (measured as the "
+                   "steps after each redraw against the undisturbed ones)." if self.browser_s >= 0.01 else ""))
 
     def as_dict(self) -> dict[str, float]:
         return {"wall_s": round(self.wall_s, 4), "engine_s": round(self.engine_s, 4), "text_draws": self.text_draws,
-                "chart_draws": self.chart_draws, "draw_s": round(self.draw_s, 4)}
+                "chart_draws": self.chart_draws, "draw_s": round(self.draw_s, 4), "browser_s": round(self.browser_s, 4)}
 
 
 @dataclass(frozen=True)
@@ -107,15 +132,70 @@ class Pacer:
         self._steps = 0
         self._last_text = self._last_numbers = self._last_chart = float("-inf")
         self._est_text, self._est_chart = _last_cost["text"], _last_cost["charts"]  # what a draw of each kind costs
+        self._engine_prev = 0.0
+        self._quiet: deque[tuple[float, float]] = deque(maxlen=QUIET_STEPS)  # recent undisturbed steps: (end, s)
+        self._quiet_since_draw = 0
+        self._quiet_sum = 0.0  # of the step times in _quiet (a running sum: due() runs after every step)
+        self._pending: float | None = None  # the steps since the last draw, beyond the quiet time (None: unmeasured)
+        self._pending_chart = False  # the last draw was a chart frame
+
+    @property
+    def _est_browser(self) -> float:
+        """A text redraw's price in engine time, as recently measured (0 until measured)."""
+        return statistics.median(_prices["text"]) if _prices["text"] else 0.0
+
+    @property
+    def _est_chart_browser(self) -> float:
+        return statistics.median(_prices["charts"]) if _prices["charts"] else 0.0
 
     def _affordable(self, now: float, engine_s: float, est: float) -> bool:
+        """Would one more draw costing ``est`` on the server (and the browser's measured price) keep
+        the views within the share?"""
         wall = now - self.t0
-        return (wall - engine_s) + est <= self.share * (wall + est)
+        spent = (wall - engine_s) + self.cost.browser_s + max(0.0, self._pending or 0.0)
+        return spent + est <= self.share * (wall + est)
+
+    def max_gap_now(self) -> float:
+        """The longest the text waits: ``max_gap``, or longer where a redraw (server and browser) costs
+        more than a share of that gap, so the views' signs of life stay within the share too."""
+        if self.every_token:
+            return self.max_gap
+        return min(max(self.max_gap, (self._est_text + self._est_browser) / self.share), max(self.max_gap, MAX_GAP_CAP_S))
+
+    def _observe(self, now: float, step_s: float) -> None:
+        """Note one decode step's forward time: a quiet step, or part of the last draw's price."""
+        if self._pending is not None and len(self._quiet) >= 3:
+            self._pending += step_s - self._quiet_sum / len(self._quiet)
+        if now - step_s - self._last_text > SETTLE_S:  # began after the last draw had settled
+            if len(self._quiet) == self._quiet.maxlen:
+                self._quiet_sum -= self._quiet[0][1]
+            self._quiet.append((now, step_s))
+            self._quiet_sum += step_s
+            self._quiet_since_draw += 1
+
+    def _measuring(self, now: float) -> bool:
+        """Three quiet steps in the last PROBE_S, or since the last draw: the browser's price can be told."""
+        return self._quiet_since_draw >= 3 or (len(self._quiet) >= 3 and now - self._quiet[-3][0] < PROBE_S)
+
+    def _settle(self, estimate: bool = True) -> None:
+        """The interval since the last draw is over: its price joins the run's and (unless the run
+        cut it short) the estimate."""
+        if self._pending is None:
+            return
+        price = max(0.0, self._pending)
+        self.cost.browser_s += price
+        self._pending = None
+        if not estimate:
+            return
+        _prices["charts" if self._pending_chart else "text"].append(price)
 
     def due(self, now: float, engine_s: float, load: int = 1, steps_left: int | None = None) -> Due:
         """What to draw after a step ending at ``now``, with ``engine_s`` of forwards so far, ``load``
         live runs in the process and at most ``steps_left`` steps to come (None: unknown)."""
         self._steps += 1
+        step_s, self._engine_prev = engine_s - self._engine_prev, engine_s
+        if self._steps > 1:  # the first step is the prefill, no measure of a decode step
+            self._observe(now, step_s)
         first = self.cost.text_draws == 0
         chart_gap, text_gap = self.chart_interval * load, self.text_interval * load
         numbers = now - self._last_numbers >= self.numbers_interval * load
@@ -127,14 +207,21 @@ class Pacer:
         # The run's expected rest, at its pace so far: a chart frame the browser is still drawing
         # when the run ends only delays the finished run's own, complete one.
         ending = steps_left is not None and steps_left * (now - self.t0) / self._steps < self.tail
-        charts = (not ending and now - self._last_chart >= chart_gap
-                  and self._affordable(now, engine_s, self._est_chart + self._est_text))
-        text = charts or (now - self._last_text >= text_gap and self._affordable(now, engine_s, self._est_text))
-        if not text and now - self._last_text >= self.max_gap:
+        charts = (not ending and now - self._last_chart >= chart_gap and self._affordable(
+            now, engine_s, self._est_chart + self._est_chart_browser + self._est_text))
+        # Draws so close that no step is undisturbed leave nothing to measure the browser's price by:
+        # every PROBE_S, the text waits for three quiet steps.
+        text = charts or (now - self._last_text >= text_gap and self._measuring(now)
+                          and self._affordable(now, engine_s, self._est_text + self._est_browser))
+        if not text and now - self._last_text >= self.max_gap_now():
             text = True
         return Due(text, text and (numbers or charts), charts)
 
     def drew(self, start: float, end: float, charts: bool, numbers: bool = False) -> None:
+        self._settle()
+        self._pending = 0.0 if len(self._quiet) >= 3 else None  # measured from the next step on
+        self._quiet_since_draw = 0
+        self._pending_chart = charts
         took = max(0.0, end - start)
         self.cost.draw_s += took
         self.cost.text_draws += 1
@@ -149,6 +236,7 @@ class Pacer:
             self._est_text = _last_cost["text"] = took
 
     def finish(self, now: float, engine_s: float) -> LiveCost:
+        self._settle(estimate=False)
         self.cost.wall_s = max(0.0, now - self.t0)
         self.cost.engine_s = engine_s
         return self.cost
