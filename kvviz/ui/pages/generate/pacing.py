@@ -57,7 +57,7 @@ PRESENT_CHART_INTERVAL_S = 0.5
 TAIL_S = 0.6  # no chart frame when the run should end sooner: the finished run's redraw draws them
 MAX_GAP_S = 0.5
 MAX_GAP_CAP_S = 2.0  # the longest the text waits, however dear the browser's drawing is
-SETTLE_S = 0.25  # a step ending this soon after a draw may be paying for it: not a quiet step
+SETTLE_S = 0.25  # a step beginning this soon after a draw may be paying for it: not a quiet step
 QUIET_STEPS = 9  # the undisturbed step time: the mean of this many recent quiet steps (a median would
 # count every step's ordinary hiccups, a right-skewed few tenths of a ms, as the browser's)
 PROBE_S = 2.0  # with no quiet step for this long (text redrawn faster than SETTLE_S), the next text waits for some
