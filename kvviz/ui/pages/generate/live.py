@@ -10,9 +10,9 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
   the live views may take a twentieth of the loop's time, the browser's drawing included where it
   slows the engine (text at most 10 times a second, numbers twice, charts once: what a small
-  machine's browser can draw; all slower when several runs are live), each chart with a key unique to the run and the draw; the rerun after the loop draws the
-  finished run in full. What the views cost is kept in ``run.meta["live_cost"]`` and said under
-  the finished run.
+  machine's browser can draw; all slower when several runs are live), each chart with a key
+  unique to the run and the draw; the rerun after the loop draws the finished run in full. What
+  the views cost is kept in ``run.meta["live_cost"]`` and said under the finished run.
 - Any rerun during a live run (a Stop click, a changed control, or the browser reconnecting after
   its WebSocket dropped) interrupts it: with Streamlit's fast reruns the next script run starts
   at once on another thread, and this one raises at its next Streamlit call or session-state

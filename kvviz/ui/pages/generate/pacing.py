@@ -160,7 +160,8 @@ class Pacer:
         more than a share of that gap, so the views' signs of life stay within the share too."""
         if self.every_token:
             return self.max_gap
-        return min(max(self.max_gap, (self._est_text + self._est_browser) / self.share), max(self.max_gap, MAX_GAP_CAP_S))
+        stretched = (self._est_text + self._est_browser) / self.share
+        return min(max(self.max_gap, stretched), max(self.max_gap, MAX_GAP_CAP_S))
 
     def _observe(self, now: float, step_s: float) -> None:
         """Note one decode step's forward time: a quiet step, or part of the last draw's price."""
