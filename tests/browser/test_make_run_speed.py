@@ -77,7 +77,7 @@ TIMER_JS = """done_marker => {  // the run's done marker's selector
       k.shown = n; k.last = now;
     }
     const marker = document.querySelector(done_marker);
-    if (marker) { k.done = now; k.doneText = marker.innerText; obs.disconnect(); }
+    if (marker) { k.done = now; obs.disconnect(); }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
 
@@ -150,9 +150,12 @@ def app_run(page, cdp, k: int) -> dict:  # type: ignore[no-untyped-def]
     # page about 0.5% of a core, where wait_for_selector's polling took 1.5-3% of one on a bare page
     # (more on this one): on one core, taken from the engine it measures. browser_busy_s runs to
     # that read, up to 0.25 s past the done marker.
-    page.wait_for_function("window.__kv.done !== undefined", polling=250, timeout=DONE_TIMEOUT_MS)
+    # The marker is drawn before its sentence: wait for the whole note ("finished: ... Live: ...").
+    page.wait_for_function("""marker => window.__kv.done !== undefined &&
+        /finished: \\d+ tokens[\\s\\S]*Live:/.test(document.querySelector(marker)?.innerText || '')""",
+                           arg=f".st-key-run_done_{k}", polling=250, timeout=DONE_TIMEOUT_MS)
     wall = time.monotonic() - t0
-    note = page.evaluate("window.__kv.doneText")
+    note = page.locator(f".st-key-run_done_{k}").inner_text()
     done = re.search(r"finished: (\d+) tokens", note)
     assert done, note
     n_tokens = int(done.group(1))

@@ -9,7 +9,7 @@ Flow (ARCHITECTURE.md): Settings -> ``iter_generate`` -> StepEvents appended to 
   stored view over the live one, part by part (the live view is laid out as the stored view is).
 - Live: the view's placeholders are created once and redrawn in place, paced by ``pacing.Pacer``:
   the live views may take a twentieth of the loop's time, the browser's drawing included where it
-  slows the engine (text at most 10 times a second, numbers twice, charts once: what a small
+  slows the engine (text at most 10 times a second, numbers and charts once: what a small
   machine's browser can draw; all slower when several runs are live), each chart with a key
   unique to the run and the draw; the rerun after the loop draws the finished run in full. What
   the views cost is kept in ``run.meta["live_cost"]`` and said under the finished run.

@@ -51,7 +51,10 @@ from dataclasses import dataclass
 
 SHARE = 0.05  # the server's price: a twentieth of the loop's time (issue 42: the page at >= 0.9x the engine)
 TEXT_INTERVAL_S = 0.1  # a tiny model makes 1,000 tokens/s; ten redraws a second read as a stream
-NUMBERS_INTERVAL_S = 0.5
+# The numbers (six metric tiles and the formula, several deltas) cost the browser as much as the text:
+# about 31 ms of Chromium's main thread each on the project's machine, most of it Streamlit
+# re-rendering the whole page per delta (docs/benchmarks.md, 2026-11-29). Once a second is enough.
+NUMBERS_INTERVAL_S = 1.0
 CHART_INTERVAL_S = 1.0  # the browser's price: a chart frame keeps Chromium busy about 0.5 s on a small machine
 PRESENT_CHART_INTERVAL_S = 0.5
 TAIL_S = 0.6  # no chart frame when the run should end sooner: the finished run's redraw draws them
