@@ -76,8 +76,7 @@ TIMER_JS = """done_marker => {  // the run's done marker's selector
       if (k.first === undefined) { k.first = now; k.firstN = n; }
       k.shown = n; k.last = now;
     }
-    const marker = document.querySelector(done_marker);
-    if (marker) { k.done = now; obs.disconnect(); }
+    if (document.querySelector(done_marker)) { k.done = now; obs.disconnect(); }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
 

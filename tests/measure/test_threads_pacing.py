@@ -1,8 +1,6 @@
 """The app's thread rule (kvviz.measure.threads) and the live loop's pacing (kvviz.ui.pages.generate.pacing): plain values."""
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 
 from kvviz.measure.threads import MAX_RULE_THREADS, choose
@@ -13,8 +11,8 @@ from kvviz.ui.pages.generate.pacing import MAX_GAP_CAP_S, LiveCost, Pacer
 @pytest.fixture(autouse=True)
 def fresh_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts from the process's first guesses (a Pacer learns what draws cost, process-wide)."""
-    monkeypatch.setattr(pacing, "_last_cost", {"text": 0.005, "charts": 0.1})
-    monkeypatch.setattr(pacing, "_prices", {"text": deque(maxlen=3), "charts": deque(maxlen=3)})
+    monkeypatch.setattr(pacing, "_last_cost", dict(pacing.FIRST_GUESSES))
+    monkeypatch.setattr(pacing, "_prices", pacing.no_prices())
 
 
 @pytest.mark.parametrize("cores, torch_default, want", [

@@ -65,10 +65,24 @@ QUIET_STEPS = 9  # the undisturbed step time: the mean of this many recent quiet
 # count every step's ordinary hiccups, a right-skewed few tenths of a ms, as the browser's)
 PROBE_S = 2.0  # with no quiet step for this long (text redrawn faster than SETTLE_S), the next text waits for some
 # What the last draws cost, process-wide: the first live run of a process starts from these guesses.
-_last_cost = {"text": 0.005, "charts": 0.1}
+FIRST_GUESSES = {"text": 0.005, "charts": 0.1}
+_last_cost = dict(FIRST_GUESSES)
+PRICES_KEPT = 3
+
+
+def no_prices() -> dict[str, deque[float]]:
+    """An empty record of the browser's prices: the last ``PRICES_KEPT`` of each kind of draw."""
+    return {"text": deque(maxlen=PRICES_KEPT), "charts": deque(maxlen=PRICES_KEPT)}
+
+
 # The browser's price in engine time of the last few text redraws and chart frames, process-wide: the
 # estimate is their median (none measured: 0), so one step's ordinary hiccup does not stretch the gaps.
-_prices: dict[str, deque[float]] = {"text": deque(maxlen=3), "charts": deque(maxlen=3)}
+_prices = no_prices()
+
+
+def _price(kind: str) -> float:
+    """A draw's price in engine time ("text" or "charts"), as recently measured (0 until measured)."""
+    return statistics.median(_prices[kind]) if _prices[kind] else 0.0
 
 
 @dataclass
@@ -145,11 +159,7 @@ class Pacer:
     @property
     def _est_browser(self) -> float:
         """A text redraw's price in engine time, as recently measured (0 until measured)."""
-        return statistics.median(_prices["text"]) if _prices["text"] else 0.0
-
-    @property
-    def _est_chart_browser(self) -> float:
-        return statistics.median(_prices["charts"]) if _prices["charts"] else 0.0
+        return _price("text")
 
     def _affordable(self, now: float, engine_s: float, est: float) -> bool:
         """Would one more draw costing ``est`` on the server (and the browser's measured price) keep
@@ -212,7 +222,7 @@ class Pacer:
         # when the run ends only delays the finished run's own, complete one.
         ending = steps_left is not None and steps_left * (now - self.t0) / self._steps < self.tail
         charts = (not ending and now - self._last_chart >= chart_gap and self._affordable(
-            now, engine_s, self._est_chart + self._est_chart_browser + self._est_text))
+            now, engine_s, self._est_chart + _price("charts") + self._est_text))
         # Draws so close that no step is undisturbed leave nothing to measure the browser's price by:
         # every PROBE_S, the text waits for three quiet steps.
         text = charts or (now - self._last_text >= text_gap and self._measuring(now)
