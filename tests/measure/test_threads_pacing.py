@@ -165,3 +165,25 @@ def test_one_hiccup_does_not_stretch_the_gaps() -> None:
     assert p._est_browser == 0.0 and p.max_gap_now() == pytest.approx(0.5)
     pacing._prices["text"].append(0.060)
     assert p._est_browser == pytest.approx(0.060) and p.max_gap_now() == pytest.approx((0.005 + 0.060) / 0.05)
+
+
+def test_no_spare_core_starts_from_a_guessed_price() -> None:
+    """A process's first live run, before any price is measured: with a core to spare the text moves
+    every max_gap; where the model's threads take every core, the browser's drawing will slow the
+    engine, so the first run already spaces its text as if a redraw cost NO_SPARE_CORE_PRICE_S:
+    (5 ms + 50 ms) / 0.05 = 1.1 s apart, not 0.5 s (measured: the first run on one core redrew 5
+    times in 2 s, the next ones 2-3). Once measured, the measured price rules."""
+    free = Pacer(0.0, spare_cores=1)
+    assert free._est_browser == 0.0 and free.max_gap_now() == pytest.approx(0.5)
+    busy = Pacer(0.0, spare_cores=0)
+    assert busy._est_browser == pacing.NO_SPARE_CORE_PRICE_S == 0.05
+    assert busy.max_gap_now() == pytest.approx((0.005 + 0.05) / 0.05)
+    # 200 steps of 10 ms with a browser that costs nothing measurable: drawn at the first step, then
+    # at most every 1.1 s until the first price is measured.
+    _, drawn = simulate(busy, 200, 0.010, 0.005, 0.002, 0.100)
+    _, drawn_free = simulate(Pacer(0.0, spare_cores=1), 200, 0.010, 0.005, 0.002, 0.100)
+    assert len(drawn) < len(drawn_free), (drawn, drawn_free)
+    assert drawn[1][0] - drawn[0][0] >= 1.1 - 0.011, drawn
+    # measured now (a free browser: 0), the next run on the same machine follows the measurement
+    assert Pacer(0.0, spare_cores=0)._est_browser == 0.0
+    assert Pacer(0.0, spare_cores=None)._est_browser == 0.0

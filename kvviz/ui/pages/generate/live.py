@@ -311,7 +311,7 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
     t_loop = time.perf_counter()
     # Presentation pacing counts from the run's first token, also across a resume.
     t0 = t_loop - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
-    pacer = Pacer(t_loop, every_token=bool(settings.speed_tps))
+    pacer = Pacer(t_loop, every_token=bool(settings.speed_tps), spare_cores=(c := threads.ensure()).cores - c.threads)
     engine_ms = 0.0  # this loop's forwards, as the events measured them
     store.begin_live(run_id)
     try:

@@ -41,7 +41,10 @@ beginning more than ``SETTLE_S`` after a draw are quiet, the mean of the last ``
 is the undisturbed step time, and what the steps between one draw and the next took beyond it is that
 draw's price in engine time (``LiveCost.browser_s``). Its running estimate joins the server's in
 every decision; with a core to spare it is near zero and changes nothing. Text redrawn faster than
-``SETTLE_S`` leaves no quiet step, so every ``PROBE_S`` one redraw waits for three.
+``SETTLE_S`` leaves no quiet step, so every ``PROBE_S`` one redraw waits for three. Until a price is
+measured (a process's first live run), a machine whose model threads leave no core spare starts
+from ``NO_SPARE_CORE_PRICE_S`` instead of nothing: the first run redrew 5 times where later ones
+redrew 2-3, and was the slowest of its three in 3 of 3 benchmarks on one core (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -68,6 +71,9 @@ PROBE_S = 2.0  # with no quiet step for this long (text redrawn faster than SETT
 FIRST_GUESSES = {"text": 0.005, "charts": 0.1}
 _last_cost = dict(FIRST_GUESSES)
 PRICES_KEPT = 3
+# A text redraw's price in engine time before any is measured, where no core is spare for the browser:
+# measured on one core, 30-40 ms (AMD EPYC with AVX-512, 2026-11-29) to 75 ms (AMD EPYC, AVX2).
+NO_SPARE_CORE_PRICE_S = 0.05
 
 
 def no_prices() -> dict[str, deque[float]]:
@@ -80,9 +86,10 @@ def no_prices() -> dict[str, deque[float]]:
 _prices = no_prices()
 
 
-def _price(kind: str) -> float:
-    """A draw's price in engine time ("text" or "charts"), as recently measured (0 until measured)."""
-    return statistics.median(_prices[kind]) if _prices[kind] else 0.0
+def _price(kind: str, unmeasured: float = 0.0) -> float:
+    """A draw's price in engine time ("text" or "charts"), as recently measured (``unmeasured`` until
+    one is)."""
+    return statistics.median(_prices[kind]) if _prices[kind] else unmeasured
 
 
 @dataclass
@@ -136,7 +143,7 @@ class Pacer:
     def __init__(self, t0: float, share: float = SHARE, text_interval: float = TEXT_INTERVAL_S,
                  chart_interval: float = CHART_INTERVAL_S, max_gap: float = MAX_GAP_S,
                  every_token: bool = False, numbers_interval: float = NUMBERS_INTERVAL_S,
-                 tail: float = TAIL_S) -> None:
+                 tail: float = TAIL_S, spare_cores: int | None = None) -> None:
         self.t0 = t0
         self.share = share
         self.text_interval = text_interval
@@ -145,6 +152,9 @@ class Pacer:
         self.tail = tail
         self.max_gap = max_gap
         self.every_token = every_token
+        # The price assumed until one is measured: the browser draws on the engine's cores where none is
+        # spare (``spare_cores`` 0: cores this process may use minus the model's threads; None: unknown).
+        self._unmeasured = NO_SPARE_CORE_PRICE_S if spare_cores is not None and spare_cores <= 0 else 0.0
         self.cost = LiveCost()
         self._steps = 0
         self._last_text = self._last_numbers = self._last_chart = float("-inf")
@@ -158,8 +168,8 @@ class Pacer:
 
     @property
     def _est_browser(self) -> float:
-        """A text redraw's price in engine time, as recently measured (0 until measured)."""
-        return _price("text")
+        """A text redraw's price in engine time, as recently measured (the first guess until then)."""
+        return _price("text", self._unmeasured)
 
     def _affordable(self, now: float, engine_s: float, est: float) -> bool:
         """Would one more draw costing ``est`` on the server (and the browser's measured price) keep
@@ -222,7 +232,7 @@ class Pacer:
         # when the run ends only delays the finished run's own, complete one.
         ending = steps_left is not None and steps_left * (now - self.t0) / self._steps < self.tail
         charts = (not ending and now - self._last_chart >= chart_gap and self._affordable(
-            now, engine_s, self._est_chart + _price("charts") + self._est_text))
+            now, engine_s, self._est_chart + _price("charts", self._unmeasured) + self._est_text))
         # Draws so close that no step is undisturbed leave nothing to measure the browser's price by:
         # every PROBE_S, the text waits for three quiet steps.
         text = charts or (now - self._last_text >= text_gap and self._measuring(now)
