@@ -15,7 +15,7 @@ bookkeeping for kvviz, ``generate()`` for transformers (CUDA synchronized before
 generation through the readable model alone (``fast=False``), so both engines are measured.
 Variants ending in ``_bf16`` run the model loaded again with bf16 weights (SmolLM2: the
 accelerator widens them to fp32 as it reads), against llama.cpp on the same GGUF file (its Q4_1
-weights): measured in the same run (``llama_cpp_q4_1``) when ``llama-cpp-python`` is installed
+weights): measured in the same run (``llama_cpp``) when ``llama-cpp-python`` is installed
 here or in its own venv (``make bench-llamacpp`` compiles it for this CPU into ``.venv-llamacpp``;
 the bench runs it there as a subprocess, ``measure/llamacpp.py``; never a kvviz dependency), else
 issue 17's quoted figures, said to be quoted.
@@ -86,7 +86,7 @@ CASES = (
 # as issue 17 quotes them: the comparison when llama-cpp-python is not installed to measure it.
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
 LLAMA_CPP_SOURCE = "llama.cpp, SmolLM2-135M-Instruct Q4_1, 64 new tokens, quoted from issue 17 (not measured here)"
-LLAMA_CPP = "llama_cpp_q4_1"  # the measured variant's name
+LLAMA_CPP = "llama_cpp"  # the measured variant's name (on SmolLM2's Q4_1 file and Gemma 3's Q4_K_M alike)
 
 
 def have_llama_cpp() -> bool:
@@ -279,7 +279,7 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         d = res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
                                   "runs": len(tps), "runs_tok_s": runs, "dtype": models[v].dtype_name,
                                   "tokens_match": None if floor else tokens[v] == ref}
-        if v == LLAMA_CPP:  # the variant's name is SmolLM2's Q4_1 (a JSON key kept); Gemma 3's file is Q4_K_M
+        if v == LLAMA_CPP:
             d["dtype"] = "the GGUF's own block types (llama.cpp)"
         if not floor and (models[v].dtype != model.dtype or v == LLAMA_CPP):  # other weights: tokens may part ways
             d["tokens_match"] = None
