@@ -1,5 +1,6 @@
 """AppTest over the calculator page's Engine section: the three engines side by side and the
-vLLM log reconciler (pasted text shown as cells, a log without KV lines answered in a sentence)."""
+startup-log reconciler, for each engine's log (pasted text shown as cells, a log without KV lines
+answered in a sentence)."""
 from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
@@ -33,6 +34,44 @@ def test_engines_side_by_side_and_reconciler() -> None:
     at.text_area(key="mem_eng_log").input("<b>not a log</b>").run()
     assert not at.exception
     assert "no vLLM KV-cache line found" in unescape(at.error[0].value)
+
+
+def test_reconciler_reads_llamacpp_and_sglang_logs() -> None:
+    """The reconciler's engine choice: llama.cpp's and SGLang's own lines for Llama 3 8B, worked by hand
+    (32 layers x 8 KV heads x 128 x 2 B = 64 KiB a token for K and as much for V): -c 8192 is 512 MiB each,
+    1,024 MiB in all; SGLang's pool of 81,920 tokens is 81,920 x 64 KiB x 32 layers = 5.00 GB (GiB) each.
+    A changed figure disagrees, and a log without the engine's line is one sentence naming that line."""
+    at = AppTest.from_function(_script, default_timeout=60).run()
+    at.number_input(key="mem_seq_len").set_value(8192).run()
+    at.radio(key="mem_eng_log_engine").set_value("llama.cpp").run()
+    line = ("llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, "
+            "V (f16):  512.00 MiB")
+    at.text_area(key="mem_eng_log").input("llama_context: n_ctx = 8192\n" + line).run()
+    assert not at.exception and not at.error
+    rows = next(d.value for d in at.table if "why" in d.value.columns)
+    assert list(rows["agrees"]) == [True] and "8,192 cells, 32 layers" in rows["kvviz"][0]
+    at.text_area(key="mem_eng_log").input(line.replace("512.00 MiB, V", "256.00 MiB, V")).run()
+    rows = next(d.value for d in at.table if "why" in d.value.columns)
+    assert list(rows["agrees"]) == [False]
+    at.text_area(key="mem_eng_log").input("<b>not a log</b>").run()
+    assert not at.exception and "no llama.cpp KV-cache line found" in unescape(at.error[0].value)
+
+    at.radio(key="mem_eng_log_engine").set_value("SGLang").run()
+    pool = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB"
+    at.text_area(key="mem_eng_log").input(pool).run()
+    assert not at.exception and not at.error
+    rows = next(d.value for d in at.table if "why" in d.value.columns)
+    assert list(rows["line"]) == ["K size / V size"] and list(rows["agrees"]) == [True]
+    assert any("only the sizes are compared" in c.value for c in at.caption)
+    at.text_area(key="mem_eng_log").input(pool.replace("#tokens: 81920", "#tokens: 163840")).run()
+    rows = next(d.value for d in at.table if "why" in d.value.columns)
+    assert list(rows["agrees"]) == [False]
+    at.text_area(key="mem_eng_log").input("hello").run()
+    assert not at.exception and "no SGLang KV-cache line found" in unescape(at.error[0].value)
+    # the pasted text stays as typed across the engine choice
+    at.radio(key="mem_eng_log_engine").set_value("vLLM").run()
+    assert at.text_area(key="mem_eng_log").value == "hello" and "no vLLM KV-cache line found" in unescape(
+        at.error[0].value)
 
 
 def test_length_mix_box() -> None:

@@ -1,5 +1,5 @@
 """The calculator page's Engine section: vLLM, llama.cpp and SGLang side by side for the model and
-GPU in the sidebar, each in its own log's words, and the vLLM startup-log reconciler.
+GPU in the sidebar, each in its own log's words, and the startup-log reconciler (any of the three).
 
 All arithmetic is kvviz.calculator's (servers.py, server_*.py); this module reads widgets and writes
 text. Pasted log text is shown only as table cells and code blocks, never as Markdown.
@@ -15,7 +15,10 @@ from kvviz.calculator.hf_config import MAX_CONFIG_BYTES
 from kvviz.calculator.server_llamacpp import CACHE_TYPES
 from kvviz.calculator.server_mix import lengths_from_percentiles, parse_percentiles
 from kvviz.calculator.server_sglang import MM_TRANSPORTS
-from kvviz.calculator.server_log import MAX_LOG_CHARS, parse_vllm_log, profile_rows, reconcile, settings_from_log
+from kvviz.calculator.server_log import MAX_LOG_CHARS, Row, parse_vllm_log, profile_rows, reconcile, settings_from_log
+from kvviz.calculator.server_log_engines import (
+    parse_llamacpp_log, parse_sglang_log, reconcile_llamacpp, reconcile_sglang,
+)
 from kvviz.calculator.server_vllm import VLLMSettings
 from kvviz.calculator.server_vllm_defaults import DEVICES, default_batched_tokens, default_block_size
 from kvviz.calculator.servers import EngineRequest, engine_report, estimate_parts
@@ -29,7 +32,16 @@ DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_e
             "mem_eng_np": 1, "mem_eng_ctk": "f16", "mem_eng_ctv": "f16", "mem_eng_swa_full": False,
             "mem_eng_frac": 0.9, "mem_eng_log": "", "mem_eng_pcts": "", "mem_eng_device": "cuda",
             "mem_eng_async": True, "mem_eng_ub": 512, "mem_eng_fa": "auto", "mem_eng_sgl_mm": False,
-            "mem_eng_sgl_transport": "cpu"}
+            "mem_eng_sgl_transport": "cpu", "mem_eng_log_engine": "vLLM"}
+# The reconciler's engines, and what each one's cache lines look like (the text box's placeholder): Llama 3
+# 8B's, as kvviz predicts them (30 GiB for vLLM, -c 8192, 10 GiB for SGLang).
+LOG_EXAMPLES = {
+    "vLLM": "Available KV cache memory: 30.00 GiB\nGPU KV cache size: 245,760 tokens, Maximum concurrency for 8,192 "
+            "tokens per request: 30.00x",
+    "llama.cpp": "llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, "
+                 "V (f16):  512.00 MiB",
+    "SGLang": "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB",
+}
 
 
 def _controls() -> None:
@@ -190,31 +202,25 @@ def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
 
 
 def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
-    st.markdown("**Reconcile a vLLM startup log**")
-    text = st.text_area("Paste vLLM's startup lines", key="mem_eng_log", height=140, max_chars=MAX_LOG_CHARS,
-                        placeholder="Available KV cache memory: 30.00 GiB\nGPU KV cache size: 245,760 tokens, "
-                                    "Maximum concurrency for 8,192 tokens per request: 30.00x")
+    """A pasted startup log's cache lines beside kvviz's figures for the sidebar's model: vLLM's, llama.cpp's
+    or SGLang's (the CLI's ``memory [--engine E] --reconcile LOG``)."""
+    st.markdown("**Reconcile an engine's startup log**")
+    engine = st.radio("The log is from", tuple(LOG_EXAMPLES), key="mem_eng_log_engine", horizontal=True,
+                      help="Each engine's log says its KV cache in its own lines; kvviz reads them and sets its "
+                           "own figure for the sidebar's model beside each.")
+    text = st.text_area(f"Paste {engine}'s startup lines", key="mem_eng_log", height=140, max_chars=MAX_LOG_CHARS,
+                        placeholder=LOG_EXAMPLES[engine])
     if not text.strip():
         return
+    said: list[str] = []
     try:
-        log = parse_vllm_log(text)
-        given = {"max_model_len": None, "tp": req.tp if req.tp > 1 else None, "block_size": None,
-                 "kv_dtype": req.kv_dtype if req.kv_dtype == "fp8" else None}
-        flags, said = settings_from_log(log, given)
-        if not log.found:
-            reconcile(spec, log, VLLMSettings(0, 1))  # the sentence for a log without KV lines
-        device = "cpu" if log.device == "CPU" else str(session.read("mem_eng_device"))
-        s = VLLMSettings(0, flags.get("max_model_len") or req.seq_len, flags.get("block_size")
-                         or _block_size(req, device), flags.get("tp") or req.tp,
-                         flags.get("pp") or int(session.read("mem_eng_pp")), flags.get("kv_dtype") or req.kv_dtype,
-                         flags.get("max_num_batched_tokens") or int(session.read("mem_eng_batched"))
-                         or default_batched_tokens(usable_gpu(req)[0], _gpu_name(), device, req.tp),
-                         req.use_windows, device, bool(session.read("mem_eng_async")), draft_spec())
-        rows, notes = reconcile(spec, log, s)
-        params = req.params if req.params is not None else spec.params
-        weights = None if params is None else -(-weight_bytes(params, req.weight_dtype) // (s.tp * s.pp))
-        rows += profile_rows(log, weights, estimate_parts(spec, EngineRequest(
-            "vllm", s.max_model_len, tp=s.tp, max_num_batched_tokens=s.max_num_batched_tokens)))
+        if engine == "llama.cpp":  # -c where an older build's line does not state its cells
+            rows, notes = reconcile_llamacpp(spec, parse_llamacpp_log(text), req.seq_len)
+        elif engine == "SGLang":  # the log's TP and dtype unless the sidebar's differ from the defaults
+            rows, notes = reconcile_sglang(spec, parse_sglang_log(text), req.tp if req.tp > 1 else None,
+                                           "fp8" if req.kv_dtype == "fp8" else None)
+        else:
+            rows, said, notes = _vllm_rows(spec, req, text)
     except CalcError as e:
         st.error("Cannot reconcile:\n\n" + "\n".join(f"- {md_plain(p)}" for p in e.problems))
         return
@@ -226,3 +232,26 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
         st.table(table, hide_index=True)
     for n in said + notes:
         st.caption(md_plain(n))
+
+
+def _vllm_rows(spec: ModelSpec, req: MemoryRequest, text: str) -> tuple[list[Row], list[str], list[str]]:
+    """vLLM's log: its rows, what the log said of its flags, and the notes (raises CalcError)."""
+    log = parse_vllm_log(text)
+    given = {"max_model_len": None, "tp": req.tp if req.tp > 1 else None, "block_size": None,
+             "kv_dtype": req.kv_dtype if req.kv_dtype == "fp8" else None}
+    flags, said = settings_from_log(log, given)
+    if not log.found:
+        reconcile(spec, log, VLLMSettings(0, 1))  # the sentence for a log without KV lines
+    device = "cpu" if log.device == "CPU" else str(session.read("mem_eng_device"))
+    s = VLLMSettings(0, flags.get("max_model_len") or req.seq_len, flags.get("block_size")
+                     or _block_size(req, device), flags.get("tp") or req.tp,
+                     flags.get("pp") or int(session.read("mem_eng_pp")), flags.get("kv_dtype") or req.kv_dtype,
+                     flags.get("max_num_batched_tokens") or int(session.read("mem_eng_batched"))
+                     or default_batched_tokens(usable_gpu(req)[0], _gpu_name(), device, req.tp),
+                     req.use_windows, device, bool(session.read("mem_eng_async")), draft_spec())
+    rows, notes = reconcile(spec, log, s)
+    params = req.params if req.params is not None else spec.params
+    weights = None if params is None else -(-weight_bytes(params, req.weight_dtype) // (s.tp * s.pp))
+    rows += profile_rows(log, weights, estimate_parts(spec, EngineRequest(
+        "vllm", s.max_model_len, tp=s.tp, max_num_batched_tokens=s.max_num_batched_tokens)))
+    return rows, said, notes
