@@ -19,11 +19,6 @@ from memory_cli_checks import run_error, run_json
 MIB = 1024**2
 
 
-@pytest.fixture(scope="module")
-def presets():
-    return load_presets()
-
-
 # ----------------------------------------------------------------------------- rule 1: the one tokens line
 def test_cpu_backend_smollm2_measured_by_vllm(capsys):
     """Issue 40: vLLM's CPU build served SmolLM2-135M with VLLM_CPU_KVCACHE_SPACE=1 and printed "CPU KV cache

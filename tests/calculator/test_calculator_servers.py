@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.calculator import CalcError, load_presets, parse_config
+from kvviz.calculator import CalcError, parse_config
 from kvviz.calculator.server_llamacpp import llamacpp_sizing, row_bytes
 from kvviz.calculator.server_log import gib_range, parse_vllm_log, reconcile
 from kvviz.calculator.server_sglang import sglang_sizing
@@ -15,11 +15,6 @@ from kvviz.calculator.server_vllm import VLLMSettings, pp_partition, vllm_sizing
 from kvviz.units import GIB
 
 MIB = 1024**2
-
-
-@pytest.fixture(scope="module")
-def presets():
-    return load_presets()
 
 
 # ----------------------------------------------------------------------------- held-out real logs

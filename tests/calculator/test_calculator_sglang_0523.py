@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvviz.calculator import CalcError, load_presets
+from kvviz.calculator import CalcError
 from kvviz.calculator.server_log_engines import parse_sglang_log, reconcile_sglang
 from kvviz.calculator.server_sglang import mm_reserve_gib, sglang_sizing
 from kvviz.units import GIB
 from memory_cli_checks import run_error, run_json
-
-
-@pytest.fixture(scope="module")
-def presets():
-    return load_presets()
 
 
 LLAMA = ("--preset", "llama-3-8b", "--engine", "sglang", "--seq-len", "8192", "--kv-cache-dtype", "bf16")
