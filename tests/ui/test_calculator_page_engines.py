@@ -3,6 +3,7 @@ startup-log reconciler, for each engine's log (pasted text shown as cells, a log
 answered in a sentence)."""
 from __future__ import annotations
 
+import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from kvviz.ui.common.plain_text import unescape
@@ -46,32 +47,31 @@ def test_reconciler_reads_llamacpp_and_sglang_logs() -> None:
     at.radio(key="mem_eng_log_engine").set_value("llama.cpp").run()
     line = ("llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, "
             "V (f16):  512.00 MiB")
-    at.text_area(key="mem_eng_log").input("llama_context: n_ctx = 8192\n" + line).run()
-    assert not at.exception and not at.error
-    rows = next(d.value for d in at.table if "why" in d.value.columns)
+    rows = _paste(at, "llama_context: n_ctx = 8192\n" + line)
     assert list(rows["agrees"]) == [True] and "8,192 cells, 32 layers" in rows["kvviz"][0]
-    at.text_area(key="mem_eng_log").input(line.replace("512.00 MiB, V", "256.00 MiB, V")).run()
-    rows = next(d.value for d in at.table if "why" in d.value.columns)
-    assert list(rows["agrees"]) == [False]
-    at.text_area(key="mem_eng_log").input("<b>not a log</b>").run()
-    assert not at.exception and "no llama.cpp KV-cache line found" in unescape(at.error[0].value)
+    assert list(_paste(at, line.replace("512.00 MiB, V", "256.00 MiB, V"))["agrees"]) == [False]
+    assert _paste(at, "<b>not a log</b>") is None and "no llama.cpp KV-cache line found" in unescape(at.error[0].value)
 
     at.radio(key="mem_eng_log_engine").set_value("SGLang").run()
     pool = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB"
-    at.text_area(key="mem_eng_log").input(pool).run()
-    assert not at.exception and not at.error
-    rows = next(d.value for d in at.table if "why" in d.value.columns)
+    rows = _paste(at, pool)
     assert list(rows["line"]) == ["K size / V size"] and list(rows["agrees"]) == [True]
     assert any("only the sizes are compared" in c.value for c in at.caption)
-    at.text_area(key="mem_eng_log").input(pool.replace("#tokens: 81920", "#tokens: 163840")).run()
-    rows = next(d.value for d in at.table if "why" in d.value.columns)
-    assert list(rows["agrees"]) == [False]
-    at.text_area(key="mem_eng_log").input("hello").run()
-    assert not at.exception and "no SGLang KV-cache line found" in unescape(at.error[0].value)
+    assert list(_paste(at, pool.replace("#tokens: 81920", "#tokens: 163840"))["agrees"]) == [False]
+    assert _paste(at, "hello") is None and "no SGLang KV-cache line found" in unescape(at.error[0].value)
     # the pasted text stays as typed across the engine choice
     at.radio(key="mem_eng_log_engine").set_value("vLLM").run()
     assert at.text_area(key="mem_eng_log").value == "hello" and "no vLLM KV-cache line found" in unescape(
         at.error[0].value)
+
+
+def _paste(at: AppTest, text: str) -> pd.DataFrame | None:
+    """Paste ``text`` into the reconciler: its table of rows, or None where it answered with an error."""
+    at.text_area(key="mem_eng_log").input(text).run()
+    assert not at.exception
+    if at.error:
+        return None
+    return next(d.value for d in at.table if "why" in d.value.columns)
 
 
 def test_length_mix_box() -> None:
