@@ -184,6 +184,14 @@ def pair_figures(r: dict) -> None:
     split = re.search(r"of which the forwards took ([\d.,]+) s and the live views ([\d.,]+) s", note)
     fw, views = (float(split.group(i).replace(",", "")) for i in (1, 2)) if split else (None, None)
     draws = re.search(r"text redrawn ([\d,]+)×", note)
+    # The same stream by the server's clock: the decode tokens over the loop's time after the prefill
+    # (the sentence's wall time, first step to last, less the prefill's, which is the in-app TTFT). On
+    # one core the page shows the first token late (Chromium is still drawing the click's rerun), so
+    # its own window is shorter than the loop's and its ratio flatters the engine's pace (2026-11-29).
+    loop = re.search(r"Live: ([\d,]+) tokens in ([\d.,]+) s", note)
+    ttft = re.match(r"([\d.,]+) (ms|s)$", r["in_app_metrics"].get("TTFT") or "")  # metrics.fmt_ms's two units
+    server_s = (float(loop.group(2).replace(",", "")) - float(ttft.group(1).replace(",", ""))
+                / (1000 if ttft.group(2) == "ms" else 1) if loop and ttft else None)
     r.update({
         "click_to_done_s": round(click_to_done, 3), "click_to_first_token_s": round(first, 3),
         "first_token_to_done_s": round(click_to_done - first, 3), "app_tok_s": round(n_tokens / click_to_done, 1),
@@ -193,6 +201,8 @@ def pair_figures(r: dict) -> None:
         "ratio_stream": stream_tok_s and round(stream_tok_s / engine["decode_tok_s"], 3),
         # Against the old yardstick (1000 / the median decode step), for figures taken before 2026-11-29.
         "ratio_stream_vs_median_step": stream_tok_s and round(stream_tok_s / engine["decode_median_tok_s"], 3),
+        "ratio_server_clock": round((n_tokens - 1) / server_s / engine["decode_tok_s"], 3)
+        if server_s and server_s > 0 and n_tokens > 1 else None,
         "browser_long_tasks_ms": kv["long"], "browser_long_tasks_total_ms": sum(d for _, d in kv["long"]),
         "app_forwards_s": fw, "app_views_s": views, "text_draws": int(draws.group(1).replace(",", "")) if draws else None,
         "ratio_app_forwards_vs_engine": fw and round(engine["forward_ms"] / 1000 / fw, 3),
@@ -267,6 +277,9 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
         "ratio_stream": statistics.median(measured) if (measured := [r["ratio_stream"] for r in runs
                                                                      if r["ratio_stream"]]) else None,
         "ratio_stream_vs_median_step_pairs": [r["ratio_stream_vs_median_step"] for r in runs],
+        "ratio_server_clock_pairs": [r["ratio_server_clock"] for r in runs],
+        "ratio_server_clock": statistics.median(clock) if (clock := [r["ratio_server_clock"] for r in runs
+                                                                     if r["ratio_server_clock"]]) else None,
         "ratio_app_forwards_pairs": [r["ratio_app_forwards_vs_engine"] for r in runs],
         "text_draws_pairs": [r["text_draws"] for r in runs],
         # Every pair whole (the first run of a process has been the slowest: what differs is in here).
@@ -280,6 +293,10 @@ def test_make_run_generates_200_tokens(browser, make_run_url: str, case: str) ->
     if not report["within_budget"]:
         warnings.warn(f"make run ({settings()} settings, {model}): {n_tokens} tokens took {click_to_done:.2f} s click to done, over the "
                       f"{budget:.2f} s budget (engine {mid['engine_cli']['tok_s']} tok/s; load {load_after})", stacklevel=1)
+    if report["ratio_server_clock"] is not None and report["ratio_server_clock"] < TARGET_RATIO:
+        warnings.warn(f"make run ({settings()} settings, {model}): by the server's clock the loop decoded at "
+                      f"{report['ratio_server_clock']}x the engine alone, the median of "
+                      f"{report['ratio_server_clock_pairs']} (target {TARGET_RATIO}x)", stacklevel=1)
     if report["ratio_stream"] is not None and report["ratio_stream"] < TARGET_RATIO:
         warnings.warn(f"make run ({settings()} settings, {model}): the page streamed at {report['ratio_stream']}x the "
                       f"engine's decode, the median of {report['ratio_stream_pairs']} (target {TARGET_RATIO}x)",
