@@ -187,3 +187,16 @@ def test_no_spare_core_starts_from_a_guessed_price() -> None:
     # measured now (a free browser: 0), the next run on the same machine follows the measurement
     assert Pacer(0.0, spare_cores=0)._est_browser == 0.0
     assert Pacer(0.0, spare_cores=None)._est_browser == 0.0
+
+
+def test_no_forced_redraw_just_before_the_end() -> None:
+    """A dear browser (a redraw measured at 0.2 s of engine time: the text forced every MAX_GAP_CAP_S).
+    In a 2.5 s run the forced redraw would fall 2.0 s in, 0.5 s before the end, whose final redraw
+    shows the same a moment later: it is skipped (TAIL_S 0.6). In a 4 s run it is drawn at 2.0 s."""
+    pacing._prices["text"].extend([0.2, 0.2, 0.2])
+    short = Pacer(0.0)
+    _, drawn = simulate(short, 250, 0.010, 0.005, 0.0, 0.100)
+    assert short.max_gap_now() == MAX_GAP_CAP_S and len(drawn) == 1, drawn  # the first token's only
+    long = Pacer(0.0)
+    _, drawn = simulate(long, 400, 0.010, 0.005, 0.0, 0.100)
+    assert len(drawn) >= 2 and 2.0 <= drawn[1][0] - drawn[0][0] <= 2.0 + 0.011, drawn
