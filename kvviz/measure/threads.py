@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 ENV = "KVVIZ_THREADS"
@@ -104,3 +105,33 @@ def set_threads(n: int) -> ThreadChoice:
         torch.set_num_threads(n)
         _current = ThreadChoice(n, usable_cores(), "sidebar")
         return _current
+
+
+# Where the model's threads leave no core spare, the browser draws the page on the engine's core. After
+# a Generate click it redraws the whole page (Streamlit's rerun): drawn beside the prefill, the two
+# slowed each other, on one core the prefill took 370-540 ms instead of 170-190 and the first 20
+# decode steps 12-18 ms instead of about 9. Letting the browser finish first showed the first token
+# sooner (0.51 s after the click instead of 0.62, docs/benchmarks.md, 2026-11-29).
+WAIT_LIMIT_S = 0.5  # never longer: a browser that keeps drawing must not hold the run back
+PROBE_S = 0.005  # each look: spin this long and see how much of it this thread ran
+REST_S = 0.02  # between looks, the core is left to the browser
+FAIR_SHARE = 0.8  # this thread had the core to itself: nothing else was waiting for it
+
+
+def wait_for_core(limit_s: float = WAIT_LIMIT_S, clock: Callable[[], float] = time.perf_counter,
+                  cpu: Callable[[], float] = time.thread_time, sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until this thread has its core to itself (it ran at least ``FAIR_SHARE`` of a short spin),
+    at most ``limit_s``; the seconds waited. Called only where no core is spare (``ThreadChoice``).
+    The first look comes after a rest: the page's last deltas are still on their way to the browser,
+    which has not begun to draw them (a look at once found the core free and the prefill shared it)."""
+    t0 = clock()
+    sleep(REST_S)
+    while clock() - t0 < limit_s:
+        w0, c0 = clock(), cpu()
+        while clock() - w0 < PROBE_S:
+            pass  # a busy spin: the scheduler shares the core with whatever else is runnable
+        if (cpu() - c0) / max(clock() - w0, 1e-9) >= FAIR_SHARE:
+            break
+        sleep(REST_S)
+    return clock() - t0
+

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvviz.measure import threads
 from kvviz.measure.threads import MAX_RULE_THREADS, choose
 from kvviz.ui.pages.generate import pacing
 from kvviz.ui.pages.generate.pacing import MAX_GAP_CAP_S, LiveCost, Pacer
@@ -200,3 +201,41 @@ def test_no_forced_redraw_just_before_the_end() -> None:
     long = Pacer(0.0)
     _, drawn = simulate(long, 400, 0.010, 0.005, 0.0, 0.100)
     assert len(drawn) >= 2 and 2.0 <= drawn[1][0] - drawn[0][0] <= 2.0 + 0.011, drawn
+
+
+class SharedCore:
+    """A fake clock for ``wait_for_core``: each reading moves time on by 1 ms, and this thread runs
+    half of it while the browser draws (until ``busy_until``), all of it after; a sleep runs none."""
+
+    def __init__(self, busy_until: float) -> None:
+        self.t, self.ran, self.busy_until = 0.0, 0.0, busy_until
+
+    def clock(self) -> float:
+        self.t += 0.001
+        self.ran += 0.0005 if self.t <= self.busy_until else 0.001
+        return self.t
+
+    def cpu(self) -> float:
+        return self.ran
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+@pytest.mark.parametrize("busy_until, low, high", [
+    (0.0, threads.REST_S, threads.REST_S + 0.01),  # a free core: one rest, one look
+    (0.1, 0.1, 0.1 + threads.REST_S + 0.02),  # the browser draws for 0.1 s: the wait ends soon after it
+    (9.0, threads.WAIT_LIMIT_S, threads.WAIT_LIMIT_S + threads.REST_S + 0.02),  # it never stops: the limit
+])
+def test_wait_for_core_waits_while_the_browser_draws(busy_until: float, low: float, high: float) -> None:
+    core = SharedCore(busy_until)
+    waited = threads.wait_for_core(clock=core.clock, cpu=core.cpu, sleep=core.sleep)
+    assert low <= waited <= high, waited
+
+
+def test_the_wait_is_said_under_the_run() -> None:
+    cost = Pacer(0.0, spare_cores=0, waited_s=0.21).finish(2.0, 1.8)
+    assert cost.as_dict()["waited_s"] == 0.21
+    assert "left its only core to the browser for 0.21 s" in cost.sentence(200)
+    assert "left its only core" not in Pacer(0.0).finish(2.0, 1.8).sentence(200)
+    assert LiveCost(**{k: v for k, v in cost.as_dict().items() if k != "waited_s"}).waited_s == 0.0  # older runs

@@ -305,13 +305,13 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
     shape = _shape(model)
     slots, opts = _live_view(place, run_id, status, shape)
     error: Exception | None = None
-    finished = False
-    draws = 0
-    paused = False  # charts paused for the rest of this run (see LIVE_CHARTS_MAX_RUNS)
+    finished, draws, paused = False, 0, False  # paused: the charts, for the rest of this run (LIVE_CHARTS_MAX_RUNS)
+    spare = (c := threads.ensure()).cores - c.threads  # no core spare: the browser first draws the click's rerun
+    waited = threads.wait_for_core() if spare <= 0 and resume is None else 0.0
     t_loop = time.perf_counter()
     # Presentation pacing counts from the run's first token, also across a resume.
     t0 = t_loop - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
-    pacer = Pacer(t_loop, every_token=bool(settings.speed_tps), spare_cores=(c := threads.ensure()).cores - c.threads)
+    pacer = Pacer(t_loop, every_token=bool(settings.speed_tps), spare_cores=spare, waited_s=waited)
     engine_ms = 0.0  # this loop's forwards, as the events measured them
     store.begin_live(run_id)
     try:

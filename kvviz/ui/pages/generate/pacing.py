@@ -104,6 +104,7 @@ class LiveCost:
     chart_draws: int = 0
     draw_s: float = 0.0  # time spent inside the draw calls on the loop's thread
     browser_s: float = 0.0  # the engine's steps slower after the draws than before them (the browser's price)
+    waited_s: float = 0.0  # before the loop, the core left to the browser (threads.wait_for_core; no core spare)
 
     @property
     def overhead_s(self) -> float:
@@ -123,11 +124,14 @@ class LiveCost:
                 f"(every token over the wall clock, prefill and views included) where the engine alone ran "
                 f"{tokens / max(self.engine_s, 1e-9):,.0f} (the decode tokens/s above counts decode steps only)."
                 + (f" The browser's drawing slowed the forwards by about {self.browser_s:,.2f} s (measured as the "
-                   "steps after each redraw against the undisturbed ones)." if self.browser_s >= 0.01 else ""))
+                   "steps after each redraw against the undisturbed ones)." if self.browser_s >= 0.01 else "")
+                + (f" Before the prefill the engine left its only core to the browser for {self.waited_s:,.2f} s, "
+                   "while it drew the page (not counted above)." if self.waited_s >= 0.01 else ""))
 
     def as_dict(self) -> dict[str, float]:
         return {"wall_s": round(self.wall_s, 4), "engine_s": round(self.engine_s, 4), "text_draws": self.text_draws,
-                "chart_draws": self.chart_draws, "draw_s": round(self.draw_s, 4), "browser_s": round(self.browser_s, 4)}
+                "chart_draws": self.chart_draws, "draw_s": round(self.draw_s, 4), "browser_s": round(self.browser_s, 4),
+                "waited_s": round(self.waited_s, 4)}
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ class Pacer:
     def __init__(self, t0: float, share: float = SHARE, text_interval: float = TEXT_INTERVAL_S,
                  chart_interval: float = CHART_INTERVAL_S, max_gap: float = MAX_GAP_S,
                  every_token: bool = False, numbers_interval: float = NUMBERS_INTERVAL_S,
-                 tail: float = TAIL_S, spare_cores: int | None = None) -> None:
+                 tail: float = TAIL_S, spare_cores: int | None = None, waited_s: float = 0.0) -> None:
         self.t0 = t0
         self.share = share
         self.text_interval = text_interval
@@ -157,7 +161,7 @@ class Pacer:
         # The price assumed until one is measured: the browser draws on the engine's cores where none is
         # spare (``spare_cores`` 0: cores this process may use minus the model's threads; None: unknown).
         self._unmeasured = NO_SPARE_CORE_PRICE_S if spare_cores is not None and spare_cores <= 0 else 0.0
-        self.cost = LiveCost()
+        self.cost = LiveCost(waited_s=waited_s)
         self._steps = 0
         self._last_text = self._last_numbers = self._last_chart = float("-inf")
         self._est_text, self._est_chart = _last_cost["text"], _last_cost["charts"]  # what a draw of each kind costs
