@@ -31,11 +31,16 @@ class ThreadChoice:
     source: str  # "rule", "KVVIZ_THREADS", "OMP_NUM_THREADS" or "sidebar"
     note: str = ""  # why an override was ignored, if one was
 
+    @property
+    def spare_cores(self) -> int:
+        """Cores the model's threads leave to the browser and the page (0: they share the engine's)."""
+        return max(0, self.cores - self.threads)
+
     def describe(self) -> str:
         """One line for the sidebar: cores, threads, and why."""
         t = f"{self.threads} thread{'s' if self.threads != 1 else ''} for the model"
         if self.source == "rule":
-            left = self.cores - self.threads
+            left = self.spare_cores
             why = (f"leaving {left} core{'s' if left != 1 else ''} for the browser and the page" if left > 0
                    else "the only core")
             how = f"{why}; set {ENV}=N to change"
@@ -134,4 +139,3 @@ def wait_for_core(limit_s: float = WAIT_LIMIT_S, clock: Callable[[], float] = ti
             break
         sleep(REST_S)
     return clock() - t0
-

@@ -23,10 +23,12 @@ def test_rule_leaves_a_core_for_the_browser(cores: int, torch_default: int, want
     c = choose(cores, torch_default, {})
     assert (c.threads, c.source) == (want, "rule")
     assert f"{cores} CPU core" in c.describe() and f"{want} thread" in c.describe()
+    assert c.spare_cores == cores - want  # one core: none spare (the live run lets the browser draw first)
 
 
 def test_overrides_and_bad_values() -> None:
     assert choose(2, 2, {"KVVIZ_THREADS": "2"}).threads == 2
+    assert choose(2, 2, {"KVVIZ_THREADS": "4"}).spare_cores == 0  # more threads than cores: none spare, not -2
     assert choose(2, 2, {"KVVIZ_THREADS": " 3 "}).source == "KVVIZ_THREADS"
     omp = choose(4, 4, {"OMP_NUM_THREADS": "4"})  # torch already obeys it: keep its count
     assert (omp.threads, omp.source) == (4, "OMP_NUM_THREADS") and "set by OMP_NUM_THREADS" in omp.describe()

@@ -117,7 +117,7 @@ def page() -> None:
         if not projecting:  # a projector gets the cache, not the settings
             st.caption(_settings_line(settings))
         # Live speed suffers when others hold the cores; said beside the buttons, in one sentence.
-        busy_note(free_cores=max(0, choice.cores - choice.threads), short=True)
+        busy_note(free_cores=choice.spare_cores, short=True)
     asked = tour.card(_model_or_none(settings), settings.dtype)
     generate = generate or asked == "generate"
     step = step or asked == "step"
@@ -306,8 +306,8 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
     slots, opts = _live_view(place, run_id, status, shape)
     error: Exception | None = None
     finished, draws, paused = False, 0, False  # paused: the charts, for the rest of this run (LIVE_CHARTS_MAX_RUNS)
-    spare = (c := threads.ensure()).cores - c.threads  # no core spare: the browser first draws the click's rerun
-    waited = threads.wait_for_core() if spare <= 0 and resume is None else 0.0
+    spare = threads.ensure().spare_cores  # none: the browser first draws the click's rerun on the engine's core
+    waited = threads.wait_for_core() if spare == 0 and resume is None else 0.0
     t_loop = time.perf_counter()
     # Presentation pacing counts from the run's first token, also across a resume.
     t0 = t_loop - (len(stream.events) / settings.speed_tps if settings.speed_tps else 0.0)
