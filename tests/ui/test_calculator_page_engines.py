@@ -51,6 +51,12 @@ def test_reconciler_reads_llamacpp_and_sglang_logs() -> None:
     assert list(rows["agrees"]) == [True] and "8,192 cells, 32 layers" in rows["kvviz"][0]
     assert list(_paste(at, line.replace("512.00 MiB, V", "256.00 MiB, V"))["agrees"]) == [False]
     assert _paste(at, "<b>not a log</b>") is None and "no llama.cpp KV-cache line found" in unescape(at.error[0].value)
+    # An older build's line states no cells: the log's own n_ctx sizes it (4,096 cells: 256 MiB each for K
+    # and V), not the sidebar's 8,192; without it, the sidebar's context does, and a note says so.
+    old = "KV self size  =  512.00 MiB, K (f16):  256.00 MiB, V (f16):  256.00 MiB"
+    assert list(_paste(at, "llama_new_context_with_model: n_ctx = 4096\n" + old)["agrees"]) == [True]
+    assert list(_paste(at, old)["agrees"]) == [False]
+    assert any("sized at the sidebar's context, 8,192 tokens" in unescape(c.value) for c in at.caption)
 
     at.radio(key="mem_eng_log_engine").set_value("SGLang").run()
     pool = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 81920, K size: 5.00 GB, V size: 5.00 GB"

@@ -214,8 +214,8 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
         return
     said: list[str] = []
     try:
-        if engine == "llama.cpp":  # -c where an older build's line does not state its cells
-            rows, notes = reconcile_llamacpp(spec, parse_llamacpp_log(text), req.seq_len)
+        if engine == "llama.cpp":
+            rows, notes = _llamacpp_rows(spec, req, text)
         elif engine == "SGLang":  # the log's TP and dtype unless the sidebar's differ from the defaults
             rows, notes = reconcile_sglang(spec, parse_sglang_log(text), req.tp if req.tp > 1 else None,
                                            "fp8" if req.kv_dtype == "fp8" else None)
@@ -232,6 +232,17 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
         st.table(table, hide_index=True)
     for n in said + notes:
         st.caption(md_plain(n))
+
+
+def _llamacpp_rows(spec: ModelSpec, req: MemoryRequest, text: str) -> tuple[list[Row], list[str]]:
+    """llama.cpp's log: its rows and notes (raises CalcError). An older build's line states no cells:
+    the log's own n_ctx line sizes it, else the sidebar's context, which a note then names."""
+    log = parse_llamacpp_log(text)
+    rows, notes = reconcile_llamacpp(spec, log, None if log.n_ctx else req.seq_len)
+    if log.lines[0].cells is None and log.n_ctx is None:
+        notes = [f"the log states neither its cells nor n_ctx: sized at the sidebar's context, {req.seq_len:,} "
+                 "tokens"] + notes
+    return rows, notes
 
 
 def _vllm_rows(spec: ModelSpec, req: MemoryRequest, text: str) -> tuple[list[Row], list[str], list[str]]:
