@@ -174,22 +174,53 @@ def test_no_spare_core_starts_from_a_guessed_price() -> None:
     """A process's first live run, before any price is measured: with a core to spare the text moves
     every max_gap; where the model's threads take every core, the browser's drawing will slow the
     engine, so the first run already spaces its text as if a redraw cost NO_SPARE_CORE_PRICE_S:
-    (5 ms + 50 ms) / 0.05 = 1.1 s apart, not 0.5 s (measured: the first run on one core redrew 5
+    (5 ms + 80 ms) / 0.05 = 1.7 s apart, not 0.5 s (measured: the first run on one core redrew 5
     times in 2 s, the next ones 2-3). Once measured, the measured price rules."""
     free = Pacer(0.0, spare_cores=1)
     assert free._est_browser == 0.0 and free.max_gap_now() == pytest.approx(0.5)
     busy = Pacer(0.0, spare_cores=0)
-    assert busy._est_browser == pacing.NO_SPARE_CORE_PRICE_S == 0.05
-    assert busy.max_gap_now() == pytest.approx((0.005 + 0.05) / 0.05)
-    # 200 steps of 10 ms with a browser that costs nothing measurable: drawn at the first step, then
-    # at most every 1.1 s until the first price is measured.
-    _, drawn = simulate(busy, 200, 0.010, 0.005, 0.002, 0.100)
-    _, drawn_free = simulate(Pacer(0.0, spare_cores=1), 200, 0.010, 0.005, 0.002, 0.100)
+    assert busy._est_browser == pacing.NO_SPARE_CORE_PRICE_S == 0.08
+    assert busy.max_gap_now() == pytest.approx((0.005 + 0.08) / 0.05)
+    # 300 steps of 10 ms with a browser that costs nothing measurable: drawn at the first step, then
+    # at most every 1.7 s until the first price is measured.
+    _, drawn = simulate(busy, 300, 0.010, 0.005, 0.002, 0.100)
+    _, drawn_free = simulate(Pacer(0.0, spare_cores=1), 300, 0.010, 0.005, 0.002, 0.100)
     assert len(drawn) < len(drawn_free), (drawn, drawn_free)
-    assert drawn[1][0] - drawn[0][0] >= 1.1 - 0.011, drawn
+    assert drawn[1][0] - drawn[0][0] >= 1.7 - 0.011, drawn
     # measured now (a free browser: 0), the next run on the same machine follows the measurement
     assert Pacer(0.0, spare_cores=0)._est_browser == 0.0
     assert Pacer(0.0, spare_cores=None)._est_browser == 0.0
+
+
+def test_the_last_draw_is_priced_once_it_settled() -> None:
+    """On one core a 200-token run redraws once after its first token (the first draw comes before any
+    quiet step to compare with), so the run's last draw is its only measured one: its price, 4 steps
+    22.5 ms slower (90 ms), joins the estimate once three quiet steps followed it, and the next run
+    spaces its text by it. A run that ends two steps after its last draw cut the price short: it is
+    counted in the run's cost but not learnt."""
+    p = Pacer(0.0, spare_cores=0)
+    _, drawn = simulate(p, 300, 0.010, 0.005, 0.0, 0.100, after_draw=(0.0225, 4))
+    assert len(drawn) == 2 and p.cost.browser_s == pytest.approx(0.090), (drawn, p.cost)
+    assert Pacer(0.0, spare_cores=0)._est_browser == pytest.approx(0.090)  # learnt, not the 80 ms guess
+    assert Pacer(0.0).max_gap_now() == pytest.approx((0.005 + 0.090) / 0.05)
+    pacing._prices["text"].clear()
+    cut = Pacer(0.0, spare_cores=0)
+    t, engine = 0.0, 0.0
+    for step in range(175):  # the forced redraw 1.7 s after the first, then the run ends 2 slowed steps later
+        took = 0.010 + (0.025 if cut.cost.text_draws == 2 else 0.0)
+        t, engine = t + took, engine + took
+        due = cut.due(t, engine)
+        if due.text:
+            cut.drew(t, t + 0.005, due.charts, due.numbers)
+            t += 0.005
+            if cut.cost.text_draws == 2:
+                break
+    for _ in range(2):
+        t, engine = t + 0.035, engine + 0.035
+        assert not cut.due(t, engine).text
+    cut.finish(t, engine)
+    assert cut.cost.text_draws == 2 and cut.cost.browser_s == pytest.approx(0.050), cut.cost
+    assert not pacing._prices["text"] and Pacer(0.0, spare_cores=0)._est_browser == pacing.NO_SPARE_CORE_PRICE_S
 
 
 def test_no_forced_redraw_just_before_the_end() -> None:

@@ -47,6 +47,8 @@ every decision; with a core to spare it is near zero and changes nothing. Text r
 measured (a process's first live run), a machine whose model threads leave no core spare starts
 from ``NO_SPARE_CORE_PRICE_S`` instead of nothing: the first run redrew 5 times where later ones
 redrew 2-3, and was the slowest of its three in 3 of 3 benchmarks on one core (docs/benchmarks.md).
+The last draw of a run is priced too, where three quiet steps followed it (a 200-token run on one
+core has only that one), so the next run spaces its text by it.
 """
 from __future__ import annotations
 
@@ -74,8 +76,10 @@ FIRST_GUESSES = {"text": 0.005, "charts": 0.1}
 _last_cost = dict(FIRST_GUESSES)
 PRICES_KEPT = 3
 # A text redraw's price in engine time before any is measured, where no core is spare for the browser:
-# measured on one core, 30-40 ms (AMD EPYC with AVX-512, 2026-11-29) to 75 ms (AMD EPYC, AVX2).
-NO_SPARE_CORE_PRICE_S = 0.05
+# measured on one core (SmolLM2, the forced redraw with its numbers), a median of 80 ms over 93 runs
+# (20-210; AMD EPYC with AVX-512, 2026-11-29) and 75 ms (AMD EPYC, AVX2). A text redraw alone took
+# 30-40 ms of Chromium's main thread.
+NO_SPARE_CORE_PRICE_S = 0.08
 
 
 def no_prices() -> dict[str, deque[float]]:
@@ -268,7 +272,11 @@ class Pacer:
             self._est_text = _last_cost["text"] = took
 
     def finish(self, now: float, engine_s: float) -> LiveCost:
-        self._settle(estimate=False)
+        # The last draw's price is whole once three quiet steps followed it: it joins the estimate. A
+        # run ending sooner cut it short (an underestimate). Before 2026-11-29 it never joined, so on
+        # one core, where a 2 s run redraws only once after its first token, no price was ever learnt
+        # and every run kept the first guess.
+        self._settle(estimate=self._quiet_since_draw >= 3)
         self.cost.wall_s = max(0.0, now - self.t0)
         self.cost.engine_s = engine_s
         return self.cost
