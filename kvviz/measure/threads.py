@@ -117,25 +117,33 @@ def set_threads(n: int) -> ThreadChoice:
 # slowed each other, on one core the prefill took 370-540 ms instead of 170-190 and the first 20
 # decode steps 12-18 ms instead of about 9. Letting the browser finish first showed the first token
 # sooner (0.51 s after the click instead of 0.62, docs/benchmarks.md, 2026-11-29).
-WAIT_LIMIT_S = 0.5  # never longer: a browser that keeps drawing must not hold the run back
+WAIT_LIMIT_S = 0.8  # never longer: a browser that keeps drawing must not hold the run back
 PROBE_S = 0.005  # each look: spin this long and see how much of it this thread ran
 REST_S = 0.02  # between looks, the core is left to the browser
 FAIR_SHARE = 0.8  # this thread had the core to itself: nothing else was waiting for it
+# Free looks in a row that end the wait. One was not enough: the browser draws in frames and may
+# idle between them, and a single look there ended the wait in 3 of 9 runs with the rerun still
+# being drawn (the prefill then took 340-377 ms instead of 165-180); with three (about 75 ms of a
+# free core) it took 164-215 ms in 12 of 12, after waits of 0.27-0.44 s (2026-11-29).
+FREE_LOOKS = 3
 
 
 def wait_for_core(limit_s: float = WAIT_LIMIT_S, clock: Callable[[], float] = time.perf_counter,
                   cpu: Callable[[], float] = time.thread_time, sleep: Callable[[float], None] = time.sleep) -> float:
-    """Wait until this thread has its core to itself (it ran at least ``FAIR_SHARE`` of a short spin),
-    at most ``limit_s``; the seconds waited. Called only where no core is spare (``ThreadChoice``).
-    The first look comes after a rest: the page's last deltas are still on their way to the browser,
-    which has not begun to draw them (a look at once found the core free and the prefill shared it)."""
+    """Wait until this thread has its core to itself (it ran at least ``FAIR_SHARE`` of a short spin,
+    ``FREE_LOOKS`` looks in a row), at most ``limit_s``; the seconds waited. Called only where no core
+    is spare (``ThreadChoice``). The first look comes after a rest: the page's last deltas are still on
+    their way to the browser, which has not begun to draw them (a look at once found the core free and
+    the prefill shared it)."""
     t0 = clock()
+    free = 0
     sleep(REST_S)
     while clock() - t0 < limit_s:
         w0, c0 = clock(), cpu()
         while clock() - w0 < PROBE_S:
             pass  # a busy spin: the scheduler shares the core with whatever else is runnable
-        if (cpu() - c0) / max(clock() - w0, 1e-9) >= FAIR_SHARE:
+        free = free + 1 if (cpu() - c0) / max(clock() - w0, 1e-9) >= FAIR_SHARE else 0
+        if free >= FREE_LOOKS:
             break
         sleep(REST_S)
     return clock() - t0

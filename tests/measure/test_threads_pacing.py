@@ -238,14 +238,21 @@ def test_no_forced_redraw_just_before_the_end() -> None:
 
 class SharedCore:
     """A fake clock for ``wait_for_core``: each reading moves time on by 1 ms, and this thread runs
-    half of it while the browser draws (until ``busy_until``), all of it after; a sleep runs none."""
+    half of it while the browser draws (until ``busy_until``; with ``frame`` (period, drawn), only the
+    first ``drawn`` s of every ``period``: a browser drawing frame by frame, idle between), all of it
+    after; a sleep runs none."""
 
-    def __init__(self, busy_until: float) -> None:
-        self.t, self.ran, self.busy_until = 0.0, 0.0, busy_until
+    def __init__(self, busy_until: float, frame: tuple[float, float] | None = None) -> None:
+        self.t, self.ran, self.busy_until, self.frame = 0.0, 0.0, busy_until, frame
+
+    def drawing(self) -> bool:
+        if self.t > self.busy_until:
+            return False
+        return self.frame is None or self.t % self.frame[0] < self.frame[1]
 
     def clock(self) -> float:
         self.t += 0.001
-        self.ran += 0.0005 if self.t <= self.busy_until else 0.001
+        self.ran += 0.0005 if self.drawing() else 0.001
         return self.t
 
     def cpu(self) -> float:
@@ -255,13 +262,19 @@ class SharedCore:
         self.t += s
 
 
-@pytest.mark.parametrize("busy_until, low, high", [
-    (0.0, threads.REST_S, threads.REST_S + 0.01),  # a free core: one rest, one look
-    (0.1, 0.1, 0.1 + threads.REST_S + 0.02),  # the browser draws for 0.1 s: the wait ends soon after it
-    (9.0, threads.WAIT_LIMIT_S, threads.WAIT_LIMIT_S + threads.REST_S + 0.02),  # it never stops: the limit
+LOOKS_S = threads.FREE_LOOKS * (threads.PROBE_S + 0.002) + (threads.FREE_LOOKS - 1) * threads.REST_S  # a free core's looks
+
+
+@pytest.mark.parametrize("busy_until, frame, low, high", [
+    (0.0, None, threads.REST_S, threads.REST_S + LOOKS_S + 0.005),  # a free core: one rest, the looks in a row
+    (0.1, None, 0.1, 0.1 + threads.REST_S + LOOKS_S + 0.01),  # the browser draws for 0.1 s: the wait ends soon after it
+    # frame by frame for 0.3 s, 20 ms of every 50 ms: one look in an idle moment does not end the wait
+    (0.3, (0.05, 0.02), 0.3, 0.3 + threads.REST_S + LOOKS_S + 0.01),
+    (9.0, None, threads.WAIT_LIMIT_S, threads.WAIT_LIMIT_S + threads.REST_S + 0.02),  # it never stops: the limit
 ])
-def test_wait_for_core_waits_while_the_browser_draws(busy_until: float, low: float, high: float) -> None:
-    core = SharedCore(busy_until)
+def test_wait_for_core_waits_while_the_browser_draws(busy_until: float, frame: tuple[float, float] | None,
+                                                     low: float, high: float) -> None:
+    core = SharedCore(busy_until, frame)
     waited = threads.wait_for_core(clock=core.clock, cpu=core.cpu, sleep=core.sleep)
     assert low <= waited <= high, waited
 
