@@ -115,8 +115,9 @@ def set_threads(n: int) -> ThreadChoice:
 # Where the model's threads leave no core spare, the browser draws the page on the engine's core. After
 # a Generate click it redraws the whole page (Streamlit's rerun): drawn beside the prefill, the two
 # slowed each other, on one core the prefill took 370-540 ms instead of 170-190 and the first 20
-# decode steps 12-18 ms instead of about 9. Letting the browser finish first showed the first token
-# sooner (0.51 s after the click instead of 0.62, docs/benchmarks.md, 2026-11-29).
+# decode steps 12-18 ms instead of about 9. Letting the browser finish first shows the first token about
+# as soon (0.61 s after the click, median of 12, against 0.62 before any wait), the TTFT tile reads the
+# prefill alone and the decode runs undisturbed (docs/benchmarks.md, 2026-11-29).
 WAIT_LIMIT_S = 0.8  # never longer: a browser that keeps drawing must not hold the run back
 PROBE_S = 0.005  # each look: spin this long and see how much of it this thread ran
 REST_S = 0.02  # between looks, the core is left to the browser
