@@ -99,11 +99,11 @@ def format_table(obj: dict[str, Any]) -> str:
              f" · device {m['device']}{' · ' + m['gpu'] if 'gpu' in m else ''}",
              f"one-row kernel: {m.get('row_kernel', 'n/a')}",
              f"median of {obj['repeats']} interleaved runs (min-max), greedy, batch 1", ""]
-    lines.append(f"{'shape':<11} {'new':>4}  {'variant':<15} {'tok/s':>9}  {'min-max':>17}  same tokens")
+    lines.append(f"{'shape':<11} {'new':>4}  {'variant':<19} {'tok/s':>9}  {'min-max':>17}  same tokens")
     for r in obj["results"]:
         for v, d in r["variants"].items():
             same = {True: "yes", False: "NO", None: "-"}[d["tokens_match"]]
-            lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<15} {d['tok_s_median']:>9.1f}  "
+            lines.append(f"{r['shape']:<11} {r['new_tokens']:>4}  {v:<19} {d['tok_s_median']:>9.1f}  "
                          f"{d['tok_s_min']:>8.1f}-{d['tok_s_max']:<8.1f}  {same}")
         if not r.get("accelerator", True):
             lines.append(f"{'':<11} {'':>4}  kvviz_static = the readable model: kvviz.fast has no {r['shape']} step")
@@ -111,6 +111,9 @@ def format_table(obj: dict[str, Any]) -> str:
             if "weight_bytes" in d:
                 lines.append(f"{'':<11} {'':>4}  {v} = weight matmuls only: {fmt_bytes(d['weight_bytes'])} per "
                              f"token at {d['GB_s_median']:.1f} GB/s")
+            if v == "kvviz_static_decode":
+                lines.append(f"{'':<11} {'':>4}  {v} = kvviz_static's decode: its tokens after the first over "
+                             "the run's time after the prefill")
             if "same_tokens_before_divergence" in d:
                 lines.append(f"{'':<11} {'':>4}  {v}: other weights ({d['dtype']}); the first "
                              f"{d['same_tokens_before_divergence']} tokens equal kvviz_static's")

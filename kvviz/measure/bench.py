@@ -87,6 +87,7 @@ CASES = (
 LLAMA_CPP_Q4_1 = {1: 68.0, 2: 99.0}
 LLAMA_CPP_SOURCE = "llama.cpp, SmolLM2-135M-Instruct Q4_1, 64 new tokens, quoted from issue 17 (not measured here)"
 LLAMA_CPP = "llama_cpp"  # the measured variant's name (on SmolLM2's Q4_1 file and Gemma 3's Q4_K_M alike)
+DECODE = "kvviz_static_decode"  # kvviz_static's decode steps alone, where a floor is measured beside it
 
 
 def have_llama_cpp() -> bool:
@@ -198,7 +199,10 @@ def _floor_runner(model: LoadedModel, n: int, fp32: bool = False) -> Callable[[]
     return run_floor
 
 
-def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
+def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int,
+            prefill_s: dict[str, float] | None = None) -> Callable[[], list[int]]:
+    """One timed run of ``variant``: the ids it generated. A kvviz variant notes its last run's prefill
+    (the first step's forward and sampling, in seconds) in ``prefill_s``, where given."""
     if variant.startswith("floor"):
         return _floor_runner(model, n, fp32=variant == "floor_fp32")
     if variant == LLAMA_CPP:
@@ -215,7 +219,13 @@ def _runner(variant: str, model: LoadedModel, hf: Any, prompt: list[int], n: int
                       kind="concat" if variant.startswith("kvviz_concat") else "static")
     backend = "readable" if variant == "readable_static" else "fast"  # readable: the model's own forward
     greedy = SamplingParams(ignore_eos=True)  # exactly n steps, as transformers runs with eos_token_id unset
-    return lambda: generate(model, prompt, max_new_tokens=n, sampling=greedy, cache=cache, backend=backend).generated_ids
+
+    def run_kvviz() -> list[int]:
+        run = generate(model, prompt, max_new_tokens=n, sampling=greedy, cache=cache, backend=backend)
+        if prefill_s is not None and run.events:
+            prefill_s[variant] = run.events[0].latency_ms / 1000.0
+        return run.generated_ids
+    return run_kvviz
 
 
 def _timed(fn: Callable[[], list[int]], device: torch.device) -> tuple[float, list[int]]:
@@ -253,9 +263,11 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
     before = read_cpu()
     with tempfile.TemporaryDirectory() as tmp:
         hf = _hf_model(model, Path(tmp) / "hf") if "hf" in variants else None
-        runners = {v: _runner(v, models[v], hf, prompt, n) for v in variants}
+        prefill_s: dict[str, float] = {}
+        runners = {v: _runner(v, models[v], hf, prompt, n, prefill_s) for v in variants}
         freeze_long_lived()  # for every variant alike: no full-heap GC pauses while timing
         times: dict[str, list[float]] = {v: [] for v in variants}
+        decode_times: list[float] = []  # kvviz_static's runs less their prefill
         tokens: dict[str, list[int]] = {}
         for r in range(repeats + 1):
             for v in variants:
@@ -263,6 +275,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
                 tokens[v] = ids
                 if r > 0:  # run 0 warms caches and allocators
                     times[v].append(dt)
+                    if v == "kvviz_static" and v in prefill_s:
+                        decode_times.append(dt - prefill_s[v])
     after = read_cpu()
     ref = tokens[variants[0]]
     res: dict[str, Any] = {"shape": case.shape, "new_tokens": n, "prompt_len": prompt_len,
@@ -291,6 +305,15 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
             d["GB_s_median"] = nbytes * d["tok_s_median"] / 1e9
     if "floor" in variants:
         res["weight_bytes"] = res["variants"]["floor"]["weight_bytes"]
+    if "floor" in variants and decode_times and len(tokens["kvviz_static"]) > 1:
+        # The floor bounds a decode step: kvviz's decode alone, the tokens after the first over the
+        # run's wall time after the prefill (a 16-token prompt's prefill is compute, not a weight
+        # stream: 12% of SmolLM2's run at 2 threads), with everything else the run did counted.
+        runs = [(len(tokens["kvviz_static"]) - 1) / t for t in decode_times]
+        tps = sorted(runs)
+        res["variants"][DECODE] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
+                                   "runs": len(tps), "runs_tok_s": runs, "dtype": model.dtype_name,
+                                   "tokens_match": None}
     vs = res["variants"]
     pairs = [(f"{a}_vs_{b}" if name is None else name, a, b) for name, a, b in RATIOS if a in vs and b in vs]
     # The ratio of the medians, and the spread of the same ratio taken repeat by repeat (the two
@@ -318,6 +341,7 @@ RATIOS = (
     ("fast_vs_readable", "kvviz_static", "readable_static"),
     ("cached_vs_uncached", "kvviz_static", "kvviz_uncached"),
     (None, "kvviz_static", "floor"),
+    (None, DECODE, "floor"),
     (None, "floor", "hf"),
     ("static_vs_concat", "kvviz_static", "kvviz_concat"),
     ("bf16_vs_fp32", "kvviz_static_bf16", "kvviz_static"),

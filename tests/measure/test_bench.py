@@ -43,7 +43,7 @@ def test_quick_bench_writes_the_contract(tmp_path: Path, capsys: pytest.CaptureF
     main_case, cache_case = written["results"]
     assert (main_case["shape"], main_case["new_tokens"], written["repeats"]) == ("tiny", 16, 2)
     v = main_case["variants"]
-    assert set(v) == {"kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor"}
+    assert set(v) == {"kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_decode"}
     # Every generator produced the same greedy tokens as kvviz cached; the floor generates none.
     assert [v[k]["tokens_match"] for k in ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor")] == [
         True, True, True, True, None]
@@ -57,6 +57,7 @@ def test_quick_bench_writes_the_contract(tmp_path: Path, capsys: pytest.CaptureF
     assert r["readable_static_vs_hf"] == pytest.approx(med["readable_static"] / med["hf"], rel=1e-12)
     assert r["floor_vs_hf"] == pytest.approx(med["floor"] / med["hf"], rel=1e-12)
     assert r["kvviz_static_vs_floor"] == pytest.approx(med["kvviz_static"] / med["floor"], rel=1e-12)
+    assert r["kvviz_static_decode_vs_floor"] == pytest.approx(med["kvviz_static_decode"] / med["floor"], rel=1e-12)
     # Repeat by repeat: repeat i of kvviz over repeat i of transformers, from the runs in order.
     runs = {k: d["runs_tok_s"] for k, d in v.items()}
     assert all(len(x) == 2 and sorted(x) == [v[k]["tok_s_min"], v[k]["tok_s_max"]] for k, x in runs.items())
@@ -148,7 +149,11 @@ def test_a_llama_case_measures_both_engines_bf16_and_the_floors(tmp_path: Path,
     variants = ("kvviz_static", "readable_static", "kvviz_uncached", "hf", "floor", "kvviz_static_bf16", "floor_bf16")
     r = bench_case(Case("llama", 6, variants, model=str(folder)), repeats=1, prompt_len=4, device="cpu", with_hf=True)
     v = r["variants"]
-    assert set(v) == set(variants) and r["new_tokens"] == 6
+    assert set(v) == set(variants) | {"kvviz_static_decode"} and r["new_tokens"] == 6
+    # the decode alone: 5 tokens over each run's time less its prefill, so faster than the whole run's 6
+    d = v["kvviz_static_decode"]
+    assert d["runs"] == 1 and d["tokens_match"] is None and d["tok_s_median"] > v["kvviz_static"]["tok_s_median"] * 5 / 6
+    assert r["ratios"]["kvviz_static_decode_vs_floor"] == pytest.approx(d["tok_s_median"] / v["floor"]["tok_s_median"])
     assert [v[k]["tokens_match"] for k in variants[:4]] == [True] * 4
     assert v["kvviz_static_bf16"]["tokens_match"] is None and v["kvviz_static_bf16"]["dtype"] == "bf16"
     assert 0 <= v["kvviz_static_bf16"]["same_tokens_before_divergence"] <= 6
