@@ -302,8 +302,8 @@ def _live(settings: Settings, model: LoadedModel, store: RunStore, place: Any,
         stream, meta, run_id, it = resume.stream, resume.meta, resume.run_id, resume.it
         status = (f"**Run #{run_id}: generating…** (resumed at token {len(stream.events)} after the page "
                   "reconnected) Stop ends it at the next step.")
-    shape = _shape(model)
-    slots, opts = _live_view(place, run_id, status, shape)
+    slots, opts = _live_view(place, run_id, status, _shape(model))
+    chips.render(stream.run, slots.output)  # the prompt's chips at once (resumed: the tokens so far), before the prefill
     error: Exception | None = None
     finished, draws, paused = False, 0, False  # paused: the charts, for the rest of this run (LIVE_CHARTS_MAX_RUNS)
     spare = threads.ensure().spare_cores  # none: the browser first draws the click's rerun on the engine's core
