@@ -63,9 +63,11 @@ def label_margin(labels: list[str], least: int = MARGIN["l"]) -> int:
     return max(least, 20 + 8 * max((visible_len(t) for t in labels), default=0))
 
 
-def rate_axis_margin(fastest: float | None) -> int:
-    """Right margin for a tokens/s axis whose widest label is about ``fastest``'s (None: no rate yet)."""
-    widest = len(f"{fastest:,.0f}") if fastest is not None else 1
+def rate_axis_margin(highest: float | None) -> int:
+    """Right margin for a tokens/s axis whose highest tick label is ``highest`` (None: no rate yet).
+    The highest tick, not the fastest point: 96 tok/s draws a tick at 100, and a margin sized for "96"
+    was grown by Plotly (a second layout)."""
+    widest = len(f"{highest:,.0f}") if highest is not None else 1
     return LATENCY_R_BASE + LATENCY_R_PER_CHAR * widest
 
 

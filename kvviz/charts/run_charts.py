@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvviz.charts.fast_layout import set_layout
-from kvviz.charts.style import integer_ticks
+from kvviz.charts.style import integer_ticks, top_tick
 from kvviz.charts.render_cost import (  # noqa: F401 (COLUMN_GAP_MAX: the tests read it here)
     AXIS, AXIS_MARGIN_FLAT, COLORBAR_R, COLORBAR_TITLE_R, COLUMN_GAP_MAX, MARGIN, axis_margin, column_gap, label_margin,
     rate_axis_margin,
@@ -418,6 +418,7 @@ def latency_chart(run: Run) -> go.Figure:
                                  line=dict(color="#2b8a3e", width=3),
                                  hovertemplate="step %{x}<br>%{y:,.0f} tokens/s (median of nearby steps)<extra></extra>"))
     fig = go.Figure(traces)
+    rate_ticks = integer_ticks(float(tps.max()) if decode.size else 1.0)
     n_steps = max(run.max_new_tokens, len(steps))
     notes = [dict(x=0, y=float(lat[0]), text=f"prefill: {run.events[0].input_len} tokens", showarrow=True,
                   arrowhead=0, ax=40, ay=-30, font=dict(size=14, color=PROMPT_COLOR))]
@@ -437,8 +438,7 @@ def latency_chart(run: Run) -> go.Figure:
         xaxis=dict(title=dict(text="step (0 = prefill, then one decode step per token)"), range=[-0.7, n_steps - 0.3]),
         yaxis=yaxis,
         yaxis2=dict(title=dict(text="tokens/s", font=dict(color="#2b8a3e")), overlaying="y", side="right",
-                    showgrid=False, tickformat=",.0f", tickfont=dict(color="#2b8a3e"),
-                    **integer_ticks(float(tps.max()) if decode.size else 1.0)),
+                    showgrid=False, tickformat=",.0f", tickfont=dict(color="#2b8a3e"), **rate_ticks),
         annotations=notes,
         legend=dict(orientation="h", x=1.0, xanchor="right", y=1.0, yanchor="bottom", bgcolor="rgba(255,255,255,0.85)"),
         bargap=0.15,
@@ -447,4 +447,4 @@ def latency_chart(run: Run) -> go.Figure:
         f"{run.cache_kind} cache: each decode step feeds one token"
     sub = f"Blue: prefill (the whole prompt at once). Orange: decode steps; {mode}.{cut}"
     return _layout(fig, f"Time per step, {len(steps)} of {run.max_new_tokens} steps", sub, HEIGHTS["latency"],
-                   dict(r=rate_axis_margin(float(tps.max()) if decode.size else None), b=AXIS_MARGIN_FLAT))
+                   dict(r=rate_axis_margin(top_tick(rate_ticks) if decode.size else None), b=AXIS_MARGIN_FLAT))

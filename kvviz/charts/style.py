@@ -174,6 +174,12 @@ def integer_ticks(top: float, most: int = 6) -> dict:
     return dict(range=[0.0, top * 1.05], tick0=0, dtick=step, tickmode="linear")
 
 
+def top_tick(ticks: dict) -> float:
+    """The highest tick an ``integer_ticks`` axis draws: 100 for a top of 96 (the axis runs to 100.8),
+    a digit more than the top itself."""
+    return math.floor(ticks["range"][1] / ticks["dtick"]) * ticks["dtick"]
+
+
 def _next_step(step: int) -> int:
     """1 -> 2 -> 5 -> 10 -> 20 -> 50 -> 100 ..."""
     lead = int(str(step)[0])

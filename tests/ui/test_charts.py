@@ -202,6 +202,9 @@ def test_latency_chart_marks_prefill_and_plots_tokens_per_second(runs: dict[str,
     from kvviz.charts.style import integer_ticks
 
     assert [integer_ticks(t)["dtick"] for t in (0.3, 9.4, 13, 65.15, 1320)] == [1, 2, 5, 20, 500]
+    from kvviz.charts.style import top_tick
+
+    assert [top_tick(integer_ticks(t)) for t in (0.3, 9.4, 96, 99.9, 1320)] == [1, 8, 100, 100, 1000]
 
 
 def test_empty_and_capture_free_runs_give_message_figures(runs: dict[str, Run]) -> None:
@@ -322,6 +325,9 @@ def test_each_live_chart_presets_the_margins_its_labels_need(runs: dict[str, Run
         return dataclasses.replace(run, events=tuple(dataclasses.replace(e, latency_ms=ms) for e in run.events))
     assert charts.latency_chart(at(0.5)).layout.margin.r == 71
     assert charts.latency_chart(at(50.0)).layout.margin.r == 50
+    # 96 tok/s: the axis runs to 100.8 and labels its top tick "100", three digits (a margin sized for
+    # "96" was grown by Plotly in the browser test of SmolLM2's answer, 2026-11-29)
+    assert charts.latency_chart(at(10.4)).layout.margin.r == 36 + 7 * 3
 
 
 def test_chat_turn_charts_write_their_numbers_level_and_compare_reuse() -> None:
