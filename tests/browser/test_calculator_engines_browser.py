@@ -4,6 +4,8 @@ name (--device cpu) shows the figure vLLM's CPU build printed for SmolLM2 at VLL
 22.75x"), on one line as vLLM 0.33 prints it. Elements are found by ``.st-key-<key>``."""
 from __future__ import annotations
 
+import warnings
+
 from conftest import _wait_idle
 
 LINE = "CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x"
@@ -55,7 +57,8 @@ DRAFT_LINE = "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 45100, K si
 
 
 def test_draft_config_upload_gives_sglang_its_draft_pool(page, app_url: str, screenshot, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    page.goto(f"{app_url}/calculator?mem_preset=smollm2-135m&mem_seq_len=2048")
+    link = f"{app_url}/calculator?mem_preset=smollm2-135m&mem_seq_len=2048"
+    page.goto(link)
     _wait_idle(page, 180_000)
     page.wait_for_selector(".st-key-mem_eng_kv_gib input", timeout=180_000)
     draft = tmp_path / "draft.json"
@@ -64,7 +67,15 @@ def test_draft_config_upload_gives_sglang_its_draft_pool(page, app_url: str, scr
     # loaded machine it never came (180 s): the Enter's rerun had not begun when the idle wait passed,
     # and the upload landed in it. So each try types the size again, waits for the file's name in the
     # uploader, and gives the line 90 s; the line asserted is the same.
+    # Once (a clean CI run, 2026-11-29) every setting of the page read its lowest value or first option
+    # (GPT-2, context 1, bandwidth 1 GB/s) by the end of its three tries, so SmolLM2's draft line never came;
+    # not reproduced in 8 runs since, loaded or not. A try that finds the link's settings gone says so
+    # (a warning in the report) and opens the link again.
     for _ in range(3):
+        if "mem_preset=smollm2-135m" not in page.url:
+            warnings.warn(f"the calculator's settings were reset to {page.url.split('?')[-1][:80]!r}; opening the link again")
+            page.goto(link)
+            _wait_idle(page, 180_000)
         kv = page.locator(".st-key-mem_eng_kv_gib input")
         kv.fill("1")
         kv.press("Enter")
