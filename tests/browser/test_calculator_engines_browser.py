@@ -93,3 +93,31 @@ def test_draft_config_upload_gives_sglang_its_draft_pool(page, app_url: str, scr
     _wait_idle(page, 180_000)
     page.get_by_text(DRAFT_LINE).first.scroll_into_view_if_needed()
     assert screenshot(page, "calculator-engines-sglang-draft.png").exists()
+
+
+def test_the_calculation_survives_a_visit_to_another_page(page, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    """Streamlit forgets a widget's value after a run of a page that does not draw it: the calculator's
+    settings, the engine's and a pasted log came back as the defaults (Llama 3 8B, 8,192 tokens, an
+    empty box) after a visit to the Generate page, until each was kept in its shadow."""
+    import re
+
+    page.goto(f"{app_url}/calculator?mem_preset=smollm2-135m&mem_seq_len=2048")
+    _wait_idle(page, 180_000)
+    kv = page.locator(".st-key-mem_eng_kv_gib input")
+    kv.fill("1.5")
+    kv.press("Enter")
+    _wait_idle(page, 180_000)
+    log = page.locator(".st-key-mem_eng_log textarea")
+    log.fill(LINE)
+    log.press("Control+Enter")
+    _wait_idle(page, 180_000)
+    page.get_by_role("link", name=re.compile("^Generate")).click()
+    page.wait_for_selector(".st-key-prompt textarea")
+    _wait_idle(page, 180_000)
+    page.get_by_role("link", name=re.compile("KV memory calculator")).click()
+    page.wait_for_selector(".st-key-mem_eng_kv_gib input")
+    _wait_idle(page, 180_000)
+    assert "mem_preset=smollm2-135m" in page.url and "mem_seq_len=2048" in page.url, page.url
+    assert page.locator(".st-key-mem_seq_len input").input_value() == "2048"
+    assert page.locator(".st-key-mem_eng_kv_gib input").input_value() == "1.50"
+    assert page.locator(".st-key-mem_eng_log textarea").input_value() == LINE

@@ -28,7 +28,7 @@ from kvviz.ui.pages.calculator.calculator_links import (
 from kvviz.ui.common.plain_text import md_plain
 from kvviz.ui.common.frames import safe_frame
 from kvviz.units import exact_ratio
-from kvviz.ui.state import session
+from kvviz.ui.state import persist, session
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -286,8 +286,11 @@ def page() -> None:
     st.caption("Exact bytes for the KV cache and weights of real models: GQA, MQA, MLA, sliding, chunked and linear "
                "layers, tensor parallelism, and the cost per token on a GPU.")
     presets = _presets()
+    # Streamlit forgets a widget's value after a run of another page: each setting comes back from its
+    # shadow (persist.keep), so a round trip through the Generate page keeps the calculation.
     for key, value in DEFAULTS.items():
-        session.setdefault(key, list(value) if isinstance(value, list) else value)
+        persist.keep(key, list(value) if isinstance(value, list) else value)
+    persist.keep("mem_config_text", "")  # a pasted config.json (an uploaded file is the browser's to keep)
     for msg in read_query_params(list(presets)):
         st.warning(f"Link setting {md_plain(msg)}")  # the value is whatever the link says: never Markdown
     # A preset that disappeared (e.g. the shipped model is missing) falls back to the default one.
@@ -298,6 +301,7 @@ def page() -> None:
     with st.sidebar:
         spec = _model_controls(presets)
         _settings_controls(isinstance(spec, ModelSpec) and spec.state is not None)
+    persist.remember(*DEFAULTS, "mem_config_text")
     write_query_params()
     if spec is None:
         st.info("Upload or paste a Hugging Face config.json in the sidebar to size it.")

@@ -25,7 +25,7 @@ from kvviz.calculator.servers import EngineRequest, engine_report, estimate_part
 from kvviz.calculator.formulas import weight_bytes
 from kvviz.ui.common.frames import safe_frame
 from kvviz.ui.common.plain_text import md_plain
-from kvviz.ui.state import session
+from kvviz.ui.state import persist, session
 from kvviz.units import exact_ratio
 
 DEFAULTS = {"mem_eng_kv_gib": 0.0, "mem_eng_batched": 0, "mem_eng_pp": 1, "mem_eng_util": 0.9,
@@ -177,7 +177,8 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
 def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
     """The three engines for the sidebar's model, context (as max_model_len), TP, KV dtype and GPU."""
     for k, v in DEFAULTS.items():
-        session.setdefault(k, v)
+        persist.keep(k, v)  # back from its shadow after a run of another page (calculator.page says why)
+    persist.remember(*DEFAULTS)
     st.subheader("Engine: what vLLM, llama.cpp and SGLang allocate")
     st.caption("The context is the engines' max_model_len / -c; TP, the KV dtype, the block size and the GPU come "
                "from the sidebar. Only vLLM's tokens from a logged available memory are exact; an estimate says so.")
