@@ -72,3 +72,18 @@ def remember(*keys: str) -> None:
     for key in keys:
         if session.has(key):
             shadow[key] = session.read(key)
+
+
+def now(key: str, kind: type | None = None) -> Any:
+    """The value ``key`` holds now, for its widget's ``value=`` (a multiselect's ``default=``), cast to
+    ``kind`` where given (a float box refuses an int). A widget whose state Streamlit registers afresh
+    falls back to that argument, not to its own lowest value or first option (the docstring above)."""
+    value = session.read(key)
+    return kind(value) if kind is not None else value
+
+
+def index_of(key: str, options: Sequence[Any]) -> int:
+    """``index=`` for a selectbox or radio: where ``key``'s value sits in ``options`` (0 where it is not one)."""
+    opts = list(options)
+    value = session.get(key)
+    return opts.index(value) if value in opts else 0

@@ -44,14 +44,16 @@ def _pair(n: int) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- controls
 def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | None:
     """The chosen preset or the imported config; the config's problems; or None when nothing was given."""
-    source = st.radio("Model", list(SOURCES), format_func=SOURCES.get, key="mem_source", horizontal=True)
+    source = st.radio("Model", list(SOURCES), format_func=SOURCES.get,
+                      index=persist.index_of("mem_source", list(SOURCES)), key="mem_source", horizontal=True)
     if source == "preset":
         key = st.selectbox("Preset", list(presets), format_func=lambda k: f"{presets[k].name}  ({k})",
-                           key="mem_preset")
+                           index=persist.index_of("mem_preset", list(presets)), key="mem_preset")
         return presets[key]
     up = st.file_uploader("Upload a config.json", type=["json"], key="mem_config_file", max_upload_size=1,
                           help=f"At most {MAX_CONFIG_BYTES:,} bytes.")
-    text = st.text_area("...or paste it", key="mem_config_text", height=160, max_chars=MAX_CONFIG_BYTES,
+    text = st.text_area("...or paste it", value=persist.now("mem_config_text"), key="mem_config_text", height=160,
+                        max_chars=MAX_CONFIG_BYTES,
                         placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
     data: str | bytes = up.getvalue() if up is not None else text
     where = up.name if up is not None else "pasted config.json"
@@ -66,60 +68,79 @@ def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | 
 def _settings_controls(has_state: bool) -> None:
     """Context, multipliers, formats, GPUs and cost; values are read back from st.session_state."""
     st.number_input("Context: prompt + output tokens", min_value=1, max_value=MAX_SEQ_LEN, step=1024,
-                    key="mem_seq_len")
-    st.number_input("Batch (concurrent requests)", min_value=1, max_value=MAX_BATCH, step=1, key="mem_batch")
-    st.slider("Parallel samples / beams", 1, MAX_BEAMS, key="mem_beams",
+                    value=persist.now("mem_seq_len", int), key="mem_seq_len")
+    st.number_input("Batch (concurrent requests)", min_value=1, max_value=MAX_BATCH, step=1,
+                    value=persist.now("mem_batch", int), key="mem_batch")
+    st.slider("Parallel samples / beams", 1, MAX_BEAMS, value=persist.now("mem_beams", int), key="mem_beams",
               help="Each beam or sample keeps its own cache (no prefix sharing is counted).")
     c1, c2 = st.columns(2)
-    c1.selectbox("KV cache dtype", DTYPES, key="mem_dtype")
-    c2.selectbox("Weight dtype", DTYPES, key="mem_weight_dtype")
+    c1.selectbox("KV cache dtype", DTYPES, index=persist.index_of("mem_dtype", DTYPES), key="mem_dtype")
+    c2.selectbox("Weight dtype", DTYPES, index=persist.index_of("mem_weight_dtype", DTYPES), key="mem_weight_dtype")
     quant = session.read("mem_dtype") in ("int8", "int4")
     with st.expander("int8 / int4 scales", expanded=quant):
-        st.number_input("Group size", min_value=1, max_value=4096, step=32, key="mem_group_size",
+        st.number_input("Group size", min_value=1, max_value=4096, step=32, value=persist.now("mem_group_size", int),
+                        key="mem_group_size",
                         disabled=not quant, help="Values sharing one scale.")
-        st.selectbox("Scale dtype", tuple(SCALE_DTYPE_BYTES), key="mem_scale_dtype", disabled=not quant)
-        st.checkbox("Zero point per group too", key="mem_zero_point", disabled=not quant)
-    st.checkbox("Apply sliding windows and chunks", key="mem_windows",
+        st.selectbox("Scale dtype", tuple(SCALE_DTYPE_BYTES),
+                     index=persist.index_of("mem_scale_dtype", tuple(SCALE_DTYPE_BYTES)), key="mem_scale_dtype",
+                     disabled=not quant)
+        st.checkbox("Zero point per group too", value=persist.now("mem_zero_point", bool), key="mem_zero_point",
+                    disabled=not quant)
+    st.checkbox("Apply sliding windows and chunks", value=persist.now("mem_windows", bool), key="mem_windows",
                 help="Off: every layer keeps every token, as a runtime without window support would.")
     windowed = bool(session.read("mem_cache_window"))
     with st.expander("Cache window (StreamingLLM)", expanded=windowed):
-        st.checkbox("Keep only sinks + the last W positions", key="mem_cache_window",
+        st.checkbox("Keep only sinks + the last W positions", value=persist.now("mem_cache_window", bool),
+                    key="mem_cache_window",
                     help="A run-time cache window on every layer, as kvviz's own --window/--sinks caches "
                          "(the Compression lab): bytes stop growing at sinks + W positions.")
         c1, c2 = st.columns(2)
-        c1.number_input("Window W", min_value=1, max_value=MAX_SEQ_LEN, step=256, key="mem_window",
+        c1.number_input("Window W", min_value=1, max_value=MAX_SEQ_LEN, step=256,
+                        value=persist.now("mem_window", int), key="mem_window",
                         disabled=not windowed)
-        c2.number_input("Sinks S", min_value=0, max_value=MAX_SINKS, step=1, key="mem_sinks", disabled=not windowed,
+        c2.number_input("Sinks S", min_value=0, max_value=MAX_SINKS, step=1, value=persist.now("mem_sinks", int),
+                        key="mem_sinks", disabled=not windowed,
                         help="The first positions, kept forever (StreamingLLM keeps 4).")
-    st.selectbox("Linear-layer state dtype", STATE_DTYPES, key="mem_state_dtype", disabled=not has_state,
+    st.selectbox("Linear-layer state dtype", STATE_DTYPES, index=persist.index_of("mem_state_dtype", STATE_DTYPES),
+                 key="mem_state_dtype", disabled=not has_state,
                  help="Linear-attention and Mamba layers keep a fixed state instead of K/V. auto = the weight "
                       "dtype when it is a float (vLLM's default); transformers keeps the recurrent part in fp32.")
     c1, c2 = st.columns(2)
-    c1.checkbox("Paged", key="mem_paged", help="vLLM-style: each layer's tokens rounded up to whole blocks.")
-    c2.number_input("Block size (tokens)", min_value=1, max_value=4096, key="mem_block_size",
+    c1.checkbox("Paged", value=persist.now("mem_paged", bool), key="mem_paged",
+                help="vLLM-style: each layer's tokens rounded up to whole blocks.")
+    c2.number_input("Block size (tokens)", min_value=1, max_value=4096, value=persist.now("mem_block_size", int),
+                    key="mem_block_size",
                     disabled=not session.read("mem_paged"))
     st.divider()
     gpus = load_gpus()
-    st.selectbox("GPU", [*gpus, CUSTOM_GPU], key="mem_gpu_kind", on_change=apply_gpu_kind,
+    st.selectbox("GPU", [*gpus, CUSTOM_GPU], index=persist.index_of("mem_gpu_kind", [*gpus, CUSTOM_GPU]),
+                 key="mem_gpu_kind", on_change=apply_gpu_kind,
                  format_func=lambda k: gpus[k].name if k in gpus else "custom",
                  help="Fills in memory, peak bandwidth (from the spec sheet) and an example price; edit any of them.")
     c1, c2 = st.columns(2)
-    c1.selectbox("GPU memory", GPU_OPTIONS, key="mem_gpu", format_func=lambda g: "custom" if g == CUSTOM_GPU else f"{g} GiB",
+    c1.selectbox("GPU memory", GPU_OPTIONS, index=persist.index_of("mem_gpu", GPU_OPTIONS), key="mem_gpu",
+                 format_func=lambda g: "custom" if g == CUSTOM_GPU else f"{g} GiB",
                  help='Nominal sizes read as GiB: an "80 GB" A100 has 80 GiB (81,920 MiB).')
-    c2.number_input("Custom (GiB)", min_value=0.5, max_value=100_000.0, step=1.0, key="mem_gpu_custom",
+    c2.number_input("Custom (GiB)", min_value=0.5, max_value=100_000.0, step=1.0,
+                    value=persist.now("mem_gpu_custom", float), key="mem_gpu_custom",
                     disabled=session.read("mem_gpu") != CUSTOM_GPU)
-    st.number_input("Tensor-parallel GPUs", min_value=1, max_value=MAX_TP, step=1, key="mem_tp",
+    st.number_input("Tensor-parallel GPUs", min_value=1, max_value=MAX_TP, step=1, value=persist.now("mem_tp", int),
+                    key="mem_tp",
                     help="KV heads and weights split across the GPUs; heads are replicated when there are more GPUs "
                          "than KV heads. MLA's latent is never split.")
-    st.slider("Reserve (% of the GPU)", 0, 50, key="mem_reserve",
+    st.slider("Reserve (% of the GPU)", 0, 50, value=persist.now("mem_reserve", int), key="mem_reserve",
               help="Kept free for activations, the CUDA context and fragmentation (vLLM keeps 10% by default).")
     c1, c2 = st.columns(2)
-    c1.number_input("Peak bandwidth (GB/s)", min_value=1.0, max_value=1e6, step=100.0, key="mem_bandwidth")
-    c2.number_input("Price ($/GPU-hour)", min_value=0.0, max_value=1e6, step=0.1, key="mem_price",
+    c1.number_input("Peak bandwidth (GB/s)", min_value=1.0, max_value=1e6, step=100.0,
+                    value=persist.now("mem_bandwidth", float), key="mem_bandwidth")
+    c2.number_input("Price ($/GPU-hour)", min_value=0.0, max_value=1e6, step=0.1,
+                    value=persist.now("mem_price", float), key="mem_price",
                     help="An example on-demand price: use yours.")
-    st.slider("Bandwidth efficiency", 0.05, 1.0, step=0.05, key="mem_efficiency",
+    st.slider("Bandwidth efficiency", 0.05, 1.0, step=0.05, value=persist.now("mem_efficiency", float),
+              key="mem_efficiency",
               help="Achieved / peak bandwidth in decode (MBU). 0.7 is a good engine on a large model.")
-    st.number_input("Parameter count (0 = from the config)", min_value=0, max_value=10**15, step=1, key="mem_params",
+    st.number_input("Parameter count (0 = from the config)", min_value=0, max_value=10**15, step=1,
+                    value=persist.now("mem_params", int), key="mem_params",
                     help="Needed when the architecture is not one kvviz can count; overrides the config's count.")
 
 

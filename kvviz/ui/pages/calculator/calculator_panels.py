@@ -24,7 +24,7 @@ from kvviz.ui.common.plain_text import md_plain
 from kvviz.units import fmt_bytes, fmt_usd
 from kvviz.ui.common.figs import show
 from kvviz.ui.common.frames import safe_frame
-from kvviz.ui.state import session
+from kvviz.ui.state import persist, session
 
 MAX_STRIP_LAYERS = 2000  # a bar per layer; past this the strip shows the first layers only
 
@@ -65,10 +65,11 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
                   compared: list[tuple[ModelSpec, MemoryResult]], presets: dict[str, ModelSpec]) -> None:
     st.subheader("Charts")
     c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
-    c1.multiselect("Compare with", list(presets), key="mem_compare", format_func=lambda k: presets[k].name)
-    c2.multiselect("Dtypes to plot", DTYPES, key="mem_chart_dtypes")
-    c3.checkbox("Log axes", key="mem_log")
-    c4.checkbox("Add weights", key="mem_chart_weights")
+    c1.multiselect("Compare with", list(presets), default=persist.now("mem_compare"), key="mem_compare",
+                   format_func=lambda k: presets[k].name)
+    c2.multiselect("Dtypes to plot", DTYPES, default=persist.now("mem_chart_dtypes"), key="mem_chart_dtypes")
+    c3.checkbox("Log axes", value=persist.now("mem_log", bool), key="mem_log")
+    c4.checkbox("Add weights", value=persist.now("mem_chart_weights", bool), key="mem_chart_weights")
     dtypes = session.read("mem_chart_dtypes") or [req.kv_dtype]
     add_w = session.read("mem_chart_weights")
     ctx = _contexts(req.seq_len)
@@ -145,7 +146,8 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
                    ("no price set" if c.usd_per_million_tokens is None else fmt_usd(c.usd_per_million_tokens)))
     if why:
         st.caption(f"— : {why[0].upper() + why[1:]}. The charts below stop at the batch that fits.")
-    quant = st.selectbox("Compare with KV dtype", DTYPES, key="mem_cost_dtype",
+    quant = st.selectbox("Compare with KV dtype", DTYPES, index=persist.index_of("mem_cost_dtype", DTYPES),
+                         key="mem_cost_dtype",
                          help="The same curves with the KV cache in another dtype: smaller KV, bigger batches.")
     series = []
     for dt in dict.fromkeys([req.kv_dtype, quant]):
