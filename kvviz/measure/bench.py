@@ -288,11 +288,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         floor = v.startswith("floor")
         # in run order: repeat r of every variant ran back to back; a generator that stopped
         # early (an end-of-sequence token) is timed over the tokens it made
-        runs = [(n if floor else len(tokens[v])) / t for t in times[v]]
-        tps = sorted(runs)
-        d = res["variants"][v] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
-                                  "runs": len(tps), "runs_tok_s": runs, "dtype": models[v].dtype_name,
-                                  "tokens_match": None if floor else tokens[v] == ref}
+        d = res["variants"][v] = _speeds([(n if floor else len(tokens[v])) / t for t in times[v]],
+                                         models[v].dtype_name, None if floor else tokens[v] == ref)
         if v == LLAMA_CPP:
             d["dtype"] = "the GGUF's own block types (llama.cpp)"
         if not floor and (models[v].dtype != model.dtype or v == LLAMA_CPP):  # other weights: tokens may part ways
@@ -309,11 +306,8 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         # The floor bounds a decode step: kvviz's decode alone, the tokens after the first over the
         # run's wall time after the prefill (a 16-token prompt's prefill is compute, not a weight
         # stream: 12% of SmolLM2's run at 2 threads), with everything else the run did counted.
-        runs = [(len(tokens["kvviz_static"]) - 1) / t for t in decode_times]
-        tps = sorted(runs)
-        res["variants"][DECODE] = {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1],
-                                   "runs": len(tps), "runs_tok_s": runs, "dtype": model.dtype_name,
-                                   "tokens_match": None}
+        res["variants"][DECODE] = _speeds([(len(tokens["kvviz_static"]) - 1) / t for t in decode_times],
+                                          model.dtype_name, None)
     vs = res["variants"]
     pairs = [(f"{a}_vs_{b}" if name is None else name, a, b) for name, a, b in RATIOS if a in vs and b in vs]
     # The ratio of the medians, and the spread of the same ratio taken repeat by repeat (the two
@@ -332,6 +326,13 @@ def bench_case(case: Case, repeats: int, prompt_len: int, device: str, with_hf: 
         res["ratio_spread"]["kvviz_static_bf16_vs_llama_cpp_q4_1"] = {"min": runs_bf16[0] / quoted,
                                                                       "max": runs_bf16[-1] / quoted}
     return res
+
+
+def _speeds(runs: list[float], dtype: str, tokens_match: bool | None) -> dict[str, Any]:
+    """A variant's entry: its tokens/s run by run (in run order), their median and range."""
+    tps = sorted(runs)
+    return {"tok_s_median": median(tps), "tok_s_min": tps[0], "tok_s_max": tps[-1], "runs": len(tps),
+            "runs_tok_s": runs, "dtype": dtype, "tokens_match": tokens_match}
 
 
 # (name or None for "a_vs_b", numerator, denominator); floor / hf bounds what any implementation could gain.
