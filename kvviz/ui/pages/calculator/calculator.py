@@ -45,14 +45,17 @@ def _pair(n: int) -> tuple[str, str]:
 def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | None:
     """The chosen preset or the imported config; the config's problems; or None when nothing was given."""
     source = st.radio("Model", list(SOURCES), format_func=SOURCES.get,
-                      index=persist.index_of("mem_source", list(SOURCES)), key="mem_source", horizontal=True)
+                      index=persist.index_of("mem_source", list(SOURCES)), key="mem_source", persist_state="session",
+                      horizontal=True)
     if source == "preset":
         key = st.selectbox("Preset", list(presets), format_func=lambda k: f"{presets[k].name}  ({k})",
-                           index=persist.index_of("mem_preset", list(presets)), key="mem_preset")
+                           index=persist.index_of("mem_preset", list(presets)), key="mem_preset",
+                           persist_state="session")
         return presets[key]
     up = st.file_uploader("Upload a config.json", type=["json"], key="mem_config_file", max_upload_size=1,
                           help=f"At most {MAX_CONFIG_BYTES:,} bytes.")
-    text = st.text_area("...or paste it", value=persist.now("mem_config_text"), key="mem_config_text", height=160,
+    text = st.text_area("...or paste it", value=persist.now("mem_config_text"), key="mem_config_text",
+                        persist_state="session", height=160,
                         max_chars=MAX_CONFIG_BYTES,
                         placeholder='{"model_type": "llama", "num_hidden_layers": 32, ...}')
     data: str | bytes = up.getvalue() if up is not None else text
@@ -68,79 +71,87 @@ def _model_controls(presets: dict[str, ModelSpec]) -> ModelSpec | ConfigError | 
 def _settings_controls(has_state: bool) -> None:
     """Context, multipliers, formats, GPUs and cost; values are read back from st.session_state."""
     st.number_input("Context: prompt + output tokens", min_value=1, max_value=MAX_SEQ_LEN, step=1024,
-                    value=persist.now("mem_seq_len", int), key="mem_seq_len")
+                    value=persist.now("mem_seq_len", int), key="mem_seq_len", persist_state="session")
     st.number_input("Batch (concurrent requests)", min_value=1, max_value=MAX_BATCH, step=1,
-                    value=persist.now("mem_batch", int), key="mem_batch")
+                    value=persist.now("mem_batch", int), key="mem_batch", persist_state="session")
     st.slider("Parallel samples / beams", 1, MAX_BEAMS, value=persist.now("mem_beams", int), key="mem_beams",
+              persist_state="session",
               help="Each beam or sample keeps its own cache (no prefix sharing is counted).")
     c1, c2 = st.columns(2)
-    c1.selectbox("KV cache dtype", DTYPES, index=persist.index_of("mem_dtype", DTYPES), key="mem_dtype")
-    c2.selectbox("Weight dtype", DTYPES, index=persist.index_of("mem_weight_dtype", DTYPES), key="mem_weight_dtype")
+    c1.selectbox("KV cache dtype", DTYPES, index=persist.index_of("mem_dtype", DTYPES), key="mem_dtype",
+                 persist_state="session")
+    c2.selectbox("Weight dtype", DTYPES, index=persist.index_of("mem_weight_dtype", DTYPES), key="mem_weight_dtype",
+                 persist_state="session")
     quant = session.read("mem_dtype") in ("int8", "int4")
     with st.expander("int8 / int4 scales", expanded=quant):
         st.number_input("Group size", min_value=1, max_value=4096, step=32, value=persist.now("mem_group_size", int),
-                        key="mem_group_size",
+                        key="mem_group_size", persist_state="session",
                         disabled=not quant, help="Values sharing one scale.")
         st.selectbox("Scale dtype", tuple(SCALE_DTYPE_BYTES),
                      index=persist.index_of("mem_scale_dtype", tuple(SCALE_DTYPE_BYTES)), key="mem_scale_dtype",
+                     persist_state="session",
                      disabled=not quant)
         st.checkbox("Zero point per group too", value=persist.now("mem_zero_point", bool), key="mem_zero_point",
+                    persist_state="session",
                     disabled=not quant)
     st.checkbox("Apply sliding windows and chunks", value=persist.now("mem_windows", bool), key="mem_windows",
+                persist_state="session",
                 help="Off: every layer keeps every token, as a runtime without window support would.")
     windowed = bool(session.read("mem_cache_window"))
     with st.expander("Cache window (StreamingLLM)", expanded=windowed):
         st.checkbox("Keep only sinks + the last W positions", value=persist.now("mem_cache_window", bool),
-                    key="mem_cache_window",
+                    key="mem_cache_window", persist_state="session",
                     help="A run-time cache window on every layer, as kvviz's own --window/--sinks caches "
                          "(the Compression lab): bytes stop growing at sinks + W positions.")
         c1, c2 = st.columns(2)
         c1.number_input("Window W", min_value=1, max_value=MAX_SEQ_LEN, step=256,
-                        value=persist.now("mem_window", int), key="mem_window",
+                        value=persist.now("mem_window", int), key="mem_window", persist_state="session",
                         disabled=not windowed)
         c2.number_input("Sinks S", min_value=0, max_value=MAX_SINKS, step=1, value=persist.now("mem_sinks", int),
-                        key="mem_sinks", disabled=not windowed,
+                        key="mem_sinks", persist_state="session", disabled=not windowed,
                         help="The first positions, kept forever (StreamingLLM keeps 4).")
     st.selectbox("Linear-layer state dtype", STATE_DTYPES, index=persist.index_of("mem_state_dtype", STATE_DTYPES),
-                 key="mem_state_dtype", disabled=not has_state,
+                 key="mem_state_dtype", persist_state="session", disabled=not has_state,
                  help="Linear-attention and Mamba layers keep a fixed state instead of K/V. auto = the weight "
                       "dtype when it is a float (vLLM's default); transformers keeps the recurrent part in fp32.")
     c1, c2 = st.columns(2)
-    c1.checkbox("Paged", value=persist.now("mem_paged", bool), key="mem_paged",
+    c1.checkbox("Paged", value=persist.now("mem_paged", bool), key="mem_paged", persist_state="session",
                 help="vLLM-style: each layer's tokens rounded up to whole blocks.")
     c2.number_input("Block size (tokens)", min_value=1, max_value=4096, value=persist.now("mem_block_size", int),
-                    key="mem_block_size",
+                    key="mem_block_size", persist_state="session",
                     disabled=not session.read("mem_paged"))
     st.divider()
     gpus = load_gpus()
     st.selectbox("GPU", [*gpus, CUSTOM_GPU], index=persist.index_of("mem_gpu_kind", [*gpus, CUSTOM_GPU]),
-                 key="mem_gpu_kind", on_change=apply_gpu_kind,
+                 key="mem_gpu_kind", persist_state="session", on_change=apply_gpu_kind,
                  format_func=lambda k: gpus[k].name if k in gpus else "custom",
                  help="Fills in memory, peak bandwidth (from the spec sheet) and an example price; edit any of them.")
     c1, c2 = st.columns(2)
     c1.selectbox("GPU memory", GPU_OPTIONS, index=persist.index_of("mem_gpu", GPU_OPTIONS), key="mem_gpu",
+                 persist_state="session",
                  format_func=lambda g: "custom" if g == CUSTOM_GPU else f"{g} GiB",
                  help='Nominal sizes read as GiB: an "80 GB" A100 has 80 GiB (81,920 MiB).')
     c2.number_input("Custom (GiB)", min_value=0.5, max_value=100_000.0, step=1.0,
-                    value=persist.now("mem_gpu_custom", float), key="mem_gpu_custom",
+                    value=persist.now("mem_gpu_custom", float), key="mem_gpu_custom", persist_state="session",
                     disabled=session.read("mem_gpu") != CUSTOM_GPU)
     st.number_input("Tensor-parallel GPUs", min_value=1, max_value=MAX_TP, step=1, value=persist.now("mem_tp", int),
-                    key="mem_tp",
+                    key="mem_tp", persist_state="session",
                     help="KV heads and weights split across the GPUs; heads are replicated when there are more GPUs "
                          "than KV heads. MLA's latent is never split.")
     st.slider("Reserve (% of the GPU)", 0, 50, value=persist.now("mem_reserve", int), key="mem_reserve",
+              persist_state="session",
               help="Kept free for activations, the CUDA context and fragmentation (vLLM keeps 10% by default).")
     c1, c2 = st.columns(2)
     c1.number_input("Peak bandwidth (GB/s)", min_value=1.0, max_value=1e6, step=100.0,
-                    value=persist.now("mem_bandwidth", float), key="mem_bandwidth")
+                    value=persist.now("mem_bandwidth", float), key="mem_bandwidth", persist_state="session")
     c2.number_input("Price ($/GPU-hour)", min_value=0.0, max_value=1e6, step=0.1,
-                    value=persist.now("mem_price", float), key="mem_price",
+                    value=persist.now("mem_price", float), key="mem_price", persist_state="session",
                     help="An example on-demand price: use yours.")
     st.slider("Bandwidth efficiency", 0.05, 1.0, step=0.05, value=persist.now("mem_efficiency", float),
-              key="mem_efficiency",
+              key="mem_efficiency", persist_state="session",
               help="Achieved / peak bandwidth in decode (MBU). 0.7 is a good engine on a large model.")
     st.number_input("Parameter count (0 = from the config)", min_value=0, max_value=10**15, step=1,
-                    value=persist.now("mem_params", int), key="mem_params",
+                    value=persist.now("mem_params", int), key="mem_params", persist_state="session",
                     help="Needed when the architecture is not one kvviz can count; overrides the config's count.")
 
 
@@ -307,11 +318,12 @@ def page() -> None:
     st.caption("Exact bytes for the KV cache and weights of real models: GQA, MQA, MLA, sliding, chunked and linear "
                "layers, tensor parallelism, and the cost per token on a GPU.")
     presets = _presets()
-    # Streamlit forgets a widget's value after a run of another page: each setting comes back from its
-    # shadow (persist.keep), so a round trip through the Generate page keeps the calculation.
+    # Each setting's widget keeps its value across pages (persist_state="session"), so a round trip
+    # through the Generate page keeps the calculation, a pasted config.json too (an uploaded file is
+    # the browser's to keep); these are the first visit's values.
     for key, value in DEFAULTS.items():
-        persist.keep(key, list(value) if isinstance(value, list) else value)
-    persist.keep("mem_config_text", "")  # a pasted config.json (an uploaded file is the browser's to keep)
+        session.setdefault(key, list(value) if isinstance(value, list) else value)
+    session.setdefault("mem_config_text", "")
     for msg in read_query_params(list(presets)):
         st.warning(f"Link setting {md_plain(msg)}")  # the value is whatever the link says: never Markdown
     # A preset that disappeared (e.g. the shipped model is missing) falls back to the default one.
@@ -322,7 +334,6 @@ def page() -> None:
     with st.sidebar:
         spec = _model_controls(presets)
         _settings_controls(isinstance(spec, ModelSpec) and spec.state is not None)
-    persist.remember(*DEFAULTS, "mem_config_text")
     write_query_params()
     if spec is None:
         st.info("Upload or paste a Hugging Face config.json in the sidebar to size it.")

@@ -66,10 +66,13 @@ def memory_charts(spec: ModelSpec, req: MemoryRequest, res: MemoryResult,
     st.subheader("Charts")
     c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
     c1.multiselect("Compare with", list(presets), default=persist.now("mem_compare"), key="mem_compare",
+                   persist_state="session",
                    format_func=lambda k: presets[k].name)
-    c2.multiselect("Dtypes to plot", DTYPES, default=persist.now("mem_chart_dtypes"), key="mem_chart_dtypes")
-    c3.checkbox("Log axes", value=persist.now("mem_log", bool), key="mem_log")
-    c4.checkbox("Add weights", value=persist.now("mem_chart_weights", bool), key="mem_chart_weights")
+    c2.multiselect("Dtypes to plot", DTYPES, default=persist.now("mem_chart_dtypes"), key="mem_chart_dtypes",
+                   persist_state="session")
+    c3.checkbox("Log axes", value=persist.now("mem_log", bool), key="mem_log", persist_state="session")
+    c4.checkbox("Add weights", value=persist.now("mem_chart_weights", bool), key="mem_chart_weights",
+                persist_state="session")
     dtypes = session.read("mem_chart_dtypes") or [req.kv_dtype]
     add_w = session.read("mem_chart_weights")
     ctx = _contexts(req.seq_len)
@@ -147,7 +150,7 @@ def cost(spec: ModelSpec, req: MemoryRequest, res: MemoryResult) -> None:
     if why:
         st.caption(f"— : {why[0].upper() + why[1:]}. The charts below stop at the batch that fits.")
     quant = st.selectbox("Compare with KV dtype", DTYPES, index=persist.index_of("mem_cost_dtype", DTYPES),
-                         key="mem_cost_dtype",
+                         key="mem_cost_dtype", persist_state="session",
                          help="The same curves with the KV cache in another dtype: smaller KV, bigger batches.")
     series = []
     for dt in dict.fromkeys([req.kv_dtype, quant]):

@@ -47,39 +47,42 @@ LOG_EXAMPLES = {
 def _controls() -> None:
     c = st.columns(4)
     c[0].number_input("Available KV memory (GiB, 0 = estimate)", min_value=0.0, max_value=100_000.0, step=1.0,
-                      value=persist.now("mem_eng_kv_gib", float), key="mem_eng_kv_gib",
+                      value=persist.now("mem_eng_kv_gib", float), key="mem_eng_kv_gib", persist_state="session",
                       help="vLLM's 'Available KV cache memory' line: with it the blocks are exact. 0 estimates it "
                            "from the GPU, the weights and typical overheads (each part shown, with its spread).")
     c[1].number_input("max_num_batched_tokens (0 = default)", min_value=0, max_value=1 << 22, step=1024,
-                      value=persist.now("mem_eng_batched", int), key="mem_eng_batched",
+                      value=persist.now("mem_eng_batched", int), key="mem_eng_batched", persist_state="session",
                       help="vLLM --max-num-batched-tokens: a sliding-window group holds its window plus the tokens "
                            "in flight (2 batches under async scheduling) per request. 0: `vllm serve`'s default for "
                            "the device (16,384 on >= 160 GiB GPUs, 8,192 on >= 70 GiB ones but the A100 and GB10, "
                            "else 2,048; the CPU backend 2,048 a worker).")
     c[2].number_input("Pipeline stages (vLLM)", min_value=1, max_value=1024, step=1,
-                      value=persist.now("mem_eng_pp", int), key="mem_eng_pp")
+                      value=persist.now("mem_eng_pp", int), key="mem_eng_pp", persist_state="session")
     c[3].slider("gpu_memory_utilization", 0.05, 1.0, step=0.01, value=persist.now("mem_eng_util", float),
-                key="mem_eng_util")
+                key="mem_eng_util", persist_state="session")
     c = st.columns(4)
     c[0].number_input("llama.cpp -np", min_value=1, max_value=1024, step=1, value=persist.now("mem_eng_np", int),
-                      key="mem_eng_np")
+                      key="mem_eng_np", persist_state="session")
     c[1].selectbox("llama.cpp -ctk", tuple(CACHE_TYPES), index=persist.index_of("mem_eng_ctk", tuple(CACHE_TYPES)),
-                   key="mem_eng_ctk")
+                   key="mem_eng_ctk", persist_state="session")
     c[2].selectbox("llama.cpp -ctv", tuple(CACHE_TYPES), index=persist.index_of("mem_eng_ctv", tuple(CACHE_TYPES)),
-                   key="mem_eng_ctv")
+                   key="mem_eng_ctv", persist_state="session")
     c[3].slider("SGLang mem_fraction_static", 0.05, 0.99, step=0.01, value=persist.now("mem_eng_frac", float),
-                key="mem_eng_frac")
+                key="mem_eng_frac", persist_state="session")
     c = st.columns(4)
     c[0].selectbox("vLLM --device", DEVICES, index=persist.index_of("mem_eng_device", DEVICES), key="mem_eng_device",
+                   persist_state="session",
                    help="cpu: vLLM's CPU backend: block size 128 (unless the sidebar's block size is changed), the "
                         "available KV memory is VLLM_CPU_KVCACHE_SPACE (whole GiB), no async scheduling.")
     c[1].checkbox("vLLM async scheduling", value=persist.now("mem_eng_async", bool), key="mem_eng_async",
+                  persist_state="session",
                   help="On by default on GPUs (two batches in flight); off is --no-async-scheduling.")
     c[2].number_input("llama.cpp -ub (--ubatch-size)", min_value=1, max_value=1 << 20, step=256,
-                      value=persist.now("mem_eng_ub", int), key="mem_eng_ub",
+                      value=persist.now("mem_eng_ub", int), key="mem_eng_ub", persist_state="session",
                       help="n_ubatch: the sliding-window cache keeps window + n_ubatch cells (default 512).")
     c[3].selectbox("llama.cpp -fa (--flash-attn)", ("auto", "on", "off"),
                    index=persist.index_of("mem_eng_fa", ("auto", "on", "off")), key="mem_eng_fa",
+                   persist_state="session",
                    help="Off stores V transposed, padded to the widest layer, and refuses a quantized V cache.")
     st.file_uploader("vLLM/SGLang --draft-config: a speculative draft's config.json (EAGLE or a draft model)", type=["json"],
                      key="mem_eng_draft", max_upload_size=1,
@@ -87,16 +90,19 @@ def _controls() -> None:
                           "of its own with the target's #tokens.")
     c = st.columns(4)
     c[0].checkbox("SGLang: multimodal model", value=persist.now("mem_eng_sgl_mm", bool), key="mem_eng_sgl_mm",
+                  persist_state="session",
                   help="SGLang 0.5.23 takes a multimodal model's reserve out of the pool's budget: "
                        "SGLANG_VLM_CACHE_SIZE_MB (100 MiB), plus SGLANG_MM_FEATURE_CACHE_MB (1,024 MiB) when the "
                        "features travel by cuda_ipc or cuda_vmm.")
     c[1].selectbox("SGLang --mm-feature-transport", MM_TRANSPORTS,
                    index=persist.index_of("mem_eng_sgl_transport", MM_TRANSPORTS), key="mem_eng_sgl_transport",
+                   persist_state="session",
                    help="cpu is the default on one node; cuda_ipc and cuda_vmm keep a GPU pool for the features.")
     c = st.columns([1, 3])
-    c[0].checkbox("llama.cpp --swa-full", value=persist.now("mem_eng_swa_full", bool), key="mem_eng_swa_full")
+    c[0].checkbox("llama.cpp --swa-full", value=persist.now("mem_eng_swa_full", bool), key="mem_eng_swa_full",
+                  persist_state="session")
     c[1].text_input("Request lengths as percentiles (vLLM), e.g. 50:2000,90:8000,99:16000",
-                    value=persist.now("mem_eng_pcts"), key="mem_eng_pcts",
+                    value=persist.now("mem_eng_pcts"), key="mem_eng_pcts", persist_state="session",
                     max_chars=400, help="Prompt + output tokens of real requests: how many of them vLLM's blocks "
                                         "hold at once, against everyone at max_model_len.")
 
@@ -187,8 +193,7 @@ def _column(col: DeltaGenerator, title: str, spec: ModelSpec, er: EngineRequest)
 def section(spec: ModelSpec, req: MemoryRequest, params: int | None) -> None:
     """The three engines for the sidebar's model, context (as max_model_len), TP, KV dtype and GPU."""
     for k, v in DEFAULTS.items():
-        persist.keep(k, v)  # back from its shadow after a run of another page (calculator.page says why)
-    persist.remember(*DEFAULTS)
+        session.setdefault(k, v)
     st.subheader("Engine: what vLLM, llama.cpp and SGLang allocate")
     st.caption("The context is the engines' max_model_len / -c; TP, the KV dtype, the block size and the GPU come "
                "from the sidebar. Only vLLM's tokens from a logged available memory are exact; an estimate says so.")
@@ -218,10 +223,12 @@ def _reconciler(spec: ModelSpec, req: MemoryRequest) -> None:
     st.markdown("**Reconcile an engine's startup log**")
     engine = st.radio("The log is from", tuple(LOG_EXAMPLES),
                       index=persist.index_of("mem_eng_log_engine", tuple(LOG_EXAMPLES)), key="mem_eng_log_engine",
+                      persist_state="session",
                       horizontal=True,
                       help="Each engine's log says its KV cache in its own lines; kvviz reads them and sets its "
                            "own figure for the sidebar's model beside each.")
     text = st.text_area(f"Paste {engine}'s startup lines", value=persist.now("mem_eng_log"), key="mem_eng_log",
+                        persist_state="session",
                         height=140, max_chars=MAX_LOG_CHARS,
                         placeholder=LOG_EXAMPLES[engine])
     if not text.strip():
