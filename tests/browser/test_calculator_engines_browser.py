@@ -4,6 +4,7 @@ name (--device cpu) shows the figure vLLM's CPU build printed for SmolLM2 at VLL
 22.75x"), on one line as vLLM 0.33 prints it. Elements are found by ``.st-key-<key>``."""
 from __future__ import annotations
 
+import re
 import warnings
 
 from conftest import _wait_idle
@@ -95,12 +96,20 @@ def test_draft_config_upload_gives_sglang_its_draft_pool(page, app_url: str, scr
     assert screenshot(page, "calculator-engines-sglang-draft.png").exists()
 
 
+def _generate_and_back(page, back: str) -> None:  # type: ignore[no-untyped-def]
+    """Through the sidebar to the Generate page, and back to the calculator until ``back`` is drawn."""
+    page.get_by_role("link", name=re.compile("^Generate")).click()
+    page.wait_for_selector(".st-key-prompt textarea")
+    _wait_idle(page, 180_000)
+    page.get_by_role("link", name=re.compile("KV memory calculator")).click()
+    page.wait_for_selector(back)
+    _wait_idle(page, 180_000)
+
+
 def test_the_calculation_survives_a_visit_to_another_page(page, app_url: str) -> None:  # type: ignore[no-untyped-def]
     """Streamlit forgets a widget's value after a run of a page that does not draw it: the calculator's
     settings, the engine's and a pasted log came back as the defaults (Llama 3 8B, 8,192 tokens, an
     empty box) after a visit to the Generate page, until each widget kept its state across pages."""
-    import re
-
     page.goto(f"{app_url}/calculator?mem_preset=smollm2-135m&mem_seq_len=2048")
     _wait_idle(page, 180_000)
     kv = page.locator(".st-key-mem_eng_kv_gib input")
@@ -111,12 +120,7 @@ def test_the_calculation_survives_a_visit_to_another_page(page, app_url: str) ->
     log.fill(LINE)
     log.press("Control+Enter")
     _wait_idle(page, 180_000)
-    page.get_by_role("link", name=re.compile("^Generate")).click()
-    page.wait_for_selector(".st-key-prompt textarea")
-    _wait_idle(page, 180_000)
-    page.get_by_role("link", name=re.compile("KV memory calculator")).click()
-    page.wait_for_selector(".st-key-mem_eng_kv_gib input")
-    _wait_idle(page, 180_000)
+    _generate_and_back(page, ".st-key-mem_eng_kv_gib input")
     assert "mem_preset=smollm2-135m" in page.url and "mem_seq_len=2048" in page.url, page.url
     assert page.locator(".st-key-mem_seq_len input").input_value() == "2048"
     assert page.locator(".st-key-mem_eng_kv_gib input").input_value() == "1.50"
@@ -129,10 +133,5 @@ def test_the_calculation_survives_a_visit_to_another_page(page, app_url: str) ->
     config.fill(DRAFT)
     config.press("Control+Enter")
     page.get_by_text("1 layers").first.wait_for(timeout=180_000)
-    page.get_by_role("link", name=re.compile("^Generate")).click()
-    page.wait_for_selector(".st-key-prompt textarea")
-    _wait_idle(page, 180_000)
-    page.get_by_role("link", name=re.compile("KV memory calculator")).click()
-    page.wait_for_selector(".st-key-mem_config_text textarea")
-    _wait_idle(page, 180_000)
+    _generate_and_back(page, ".st-key-mem_config_text textarea")
     assert page.locator(".st-key-mem_config_text textarea").input_value() == DRAFT
